@@ -1,0 +1,93 @@
+"""``pymq-broker``: run a broker process.
+
+    pymq-broker --data-dir DIR --host 127.0.0.1 --port PORT \
+        [--flush-disk-type ASYNC_FLUSH|SYNC_FLUSH] [--auto-create-topic-enable]
+
+``--port 0`` picks a free port. The broker prints ``pymq broker listening on
+HOST:PORT`` once it serves, and shuts down cleanly on SIGTERM or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from .controller import BrokerController, build_configs
+from .store.config import DEFAULT_MESSAGE_DELAY_LEVEL, FLUSH_DISK_TYPES, parse_delay_levels
+
+
+def _delay_levels(text: str) -> str:
+    try:
+        parse_delay_levels(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pymq-broker", description="Run a pymq broker.")
+    p.add_argument("--data-dir", required=True, help="where the store and configs live")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8081, help="port; 0 picks a free one (default 8081)")
+    p.add_argument("--broker-name", default="broker-a")
+    p.add_argument("--flush-disk-type", choices=FLUSH_DISK_TYPES, default="ASYNC_FLUSH")
+    p.add_argument("--auto-create-topic-enable", action="store_true",
+                   help="create unknown topics on first send (4 queues); off by default")
+    p.add_argument("--message-delay-level", type=_delay_levels, default=DEFAULT_MESSAGE_DELAY_LEVEL,
+                   help=f"delay of each level, units ms s m h d (default {DEFAULT_MESSAGE_DELAY_LEVEL!r})")
+    p.add_argument("--file-reserved-time", type=float, default=72.0,
+                   help="hours a commit log segment is kept (default 72)")
+    p.add_argument("--mapped-file-size-commit-log", type=int, default=256 * 1024 * 1024,
+                   help="bytes per commit log segment (default 256 MiB)")
+    p.add_argument("--clean-resource-interval", type=int, default=10_000,
+                   help="ms between retention checks (default 10000)")
+    p.add_argument("--sync-flush-timeout", type=int, default=5_000, help="ms (default 5000)")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    broker_config, store_config = build_configs(
+        args.data_dir,
+        host=args.host,
+        port=args.port,
+        broker_name=args.broker_name,
+        auto_create_topic_enable=args.auto_create_topic_enable,
+        flush_disk_type=args.flush_disk_type,
+        message_delay_level=args.message_delay_level,
+        file_reserved_time=args.file_reserved_time,
+        mapped_file_size_commit_log=args.mapped_file_size_commit_log,
+        clean_resource_interval=args.clean_resource_interval,
+        sync_flush_timeout=args.sync_flush_timeout,
+    )
+    controller = BrokerController(broker_config, store_config)
+    endpoint = await controller.start()
+    print(f"pymq broker listening on {endpoint}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await controller.shutdown()
+    print("pymq broker stopped", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return asyncio.run(_serve(args))
+    except (ValueError, OSError) as err:
+        print(f"pymq-broker: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Broker-wide names and rules shared by every layer."""

@@ -1,0 +1,1 @@
+"""Broker managers: topic configs, consumer offsets, subscription groups."""

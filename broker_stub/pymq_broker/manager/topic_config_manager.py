@@ -1,0 +1,139 @@
+"""TopicConfigManager: which topics exist, their queues, permissions and options."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pymq_proto.v1 import pymq_pb2
+
+from ..common.broker_exception import BrokerException
+from ..common.mix_all import (
+    SCHEDULE_TOPIC,
+    get_dlq_topic,
+    get_retry_topic,
+    is_system_topic,
+    topic_name_problem,
+)
+from ..common.perm import PERM_READ, PERM_WRITE
+from ..common.config_manager import ConfigManager
+
+MAX_QUEUE_NUMS = 1024
+
+
+@dataclass
+class TopicConfig:
+    """RocketMQ's TopicConfig, plus pymq's UNIQ_KEY de-duplication window."""
+
+    topic_name: str
+    read_queue_nums: int = 4
+    write_queue_nums: int = 4
+    perm: int = PERM_READ | PERM_WRITE
+    dedup_window_ms: int = 0
+    order: bool = False
+
+    def to_proto(self) -> pymq_pb2.TopicConfig:
+        return pymq_pb2.TopicConfig(
+            topic_name=self.topic_name,
+            read_queue_nums=self.read_queue_nums,
+            write_queue_nums=self.write_queue_nums,
+            perm=self.perm,
+            dedup_window_ms=self.dedup_window_ms,
+            order=self.order,
+        )
+
+
+class TopicConfigManager(ConfigManager):
+    """Topics of this broker; system topics are created by the broker as needed."""
+
+    def __init__(self, path: Path, *, auto_create_topic_enable: bool = False,
+                 default_topic_queue_nums: int = 4, max_delay_level: int = 18) -> None:
+        super().__init__(path)
+        self.auto_create_topic_enable = auto_create_topic_enable
+        self.default_topic_queue_nums = default_topic_queue_nums
+        self.topic_config_table: dict[str, TopicConfig] = {}
+        self.topic_config_table[SCHEDULE_TOPIC] = TopicConfig(
+            SCHEDULE_TOPIC, max_delay_level, max_delay_level, PERM_READ | PERM_WRITE
+        )
+
+    def encode(self) -> dict[str, Any]:
+        return {"topicConfigTable": {k: asdict(v) for k, v in self.topic_config_table.items()}}
+
+    def decode(self, data: dict[str, Any]) -> None:
+        for name, cfg in data.get("topicConfigTable", {}).items():
+            self.topic_config_table[name] = TopicConfig(**cfg)
+
+    def select_topic_config(self, topic: str) -> TopicConfig | None:
+        return self.topic_config_table.get(topic)
+
+    def create_topic(self, config: TopicConfig, *, update_if_exists: bool,
+                     allow_system: bool = False) -> tuple[TopicConfig, bool]:
+        """Create or update a topic after validating it; returns (config, created)."""
+        problem = topic_name_problem(config.topic_name)
+        if problem:
+            raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT, problem)
+        if not allow_system and is_system_topic(config.topic_name):
+            raise BrokerException(
+                pymq_pb2.NO_PERMISSION,
+                f"topic {config.topic_name!r} is reserved for the broker (%RETRY%, %DLQ%, "
+                "SCHEDULE_TOPIC_XXXX, RMQ_SYS_*, TBW102); choose another name",
+            )
+        for label, n in (("read", config.read_queue_nums), ("write", config.write_queue_nums)):
+            if not 1 <= n <= MAX_QUEUE_NUMS:
+                raise BrokerException(
+                    pymq_pb2.ILLEGAL_ARGUMENT,
+                    f"{label} queue count {n} for topic {config.topic_name!r} is out of "
+                    f"range 1..{MAX_QUEUE_NUMS}",
+                )
+        if config.perm & ~0xF or not config.perm & (PERM_READ | PERM_WRITE):
+            raise BrokerException(
+                pymq_pb2.ILLEGAL_ARGUMENT,
+                f"perm {config.perm} for topic {config.topic_name!r} must include read (4) "
+                "and/or write (2)",
+            )
+        if config.dedup_window_ms < 0:
+            raise BrokerException(
+                pymq_pb2.ILLEGAL_ARGUMENT,
+                f"dedup window {config.dedup_window_ms} ms must be >= 0",
+            )
+        old = self.topic_config_table.get(config.topic_name)
+        if old is not None and not update_if_exists:
+            raise BrokerException(
+                pymq_pb2.TOPIC_EXIST_ALREADY, f"topic {config.topic_name!r} already exists"
+            )
+        self.topic_config_table[config.topic_name] = config
+        self.persist()
+        return config, old is None
+
+    def create_topic_in_send_message_method(self, topic: str) -> TopicConfig | None:
+        """autoCreateTopicEnable: a send to an unknown topic creates it (4 queues)."""
+        if not self.auto_create_topic_enable:
+            return None
+        cfg = TopicConfig(topic, self.default_topic_queue_nums, self.default_topic_queue_nums)
+        self.create_topic(cfg, update_if_exists=False)
+        return cfg
+
+    def create_topic_of_retry(self, group: str, retry_queue_nums: int) -> TopicConfig:
+        """%RETRY%<group>: created on first use, readable and writable."""
+        return self._system_topic(get_retry_topic(group), retry_queue_nums)
+
+    def create_topic_of_dlq(self, group: str) -> TopicConfig:
+        """%DLQ%<group>: one queue, readable (people inspect and re-send from it)."""
+        return self._system_topic(get_dlq_topic(group), 1)
+
+    def _system_topic(self, topic: str, queues: int) -> TopicConfig:
+        cfg = self.topic_config_table.get(topic)
+        if cfg is None:
+            cfg = TopicConfig(topic, queues, queues, PERM_READ | PERM_WRITE)
+            self.topic_config_table[topic] = cfg
+            self.persist()
+        return cfg
+
+    def delete_topic(self, topic: str) -> None:
+        if topic not in self.topic_config_table:
+            raise BrokerException(pymq_pb2.TOPIC_NOT_EXIST, f"topic {topic!r} does not exist")
+        if topic == SCHEDULE_TOPIC:
+            raise BrokerException(pymq_pb2.NO_PERMISSION, f"topic {topic!r} belongs to the broker")
+        del self.topic_config_table[topic]
+        self.persist()

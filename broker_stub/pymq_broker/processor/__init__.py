@@ -1,0 +1,1 @@
+"""Request processors: one per RocketMQ request family (send, pull, send back, offsets, admin)."""

@@ -1,0 +1,176 @@
+"""AdminBrokerProcessor: topics, routes, stats, groups, message look-ups."""
+
+from __future__ import annotations
+
+import time
+
+from pymq_proto.v1 import pymq_pb2
+
+from ..common.broker_exception import BrokerException
+from ..common.mix_all import is_system_topic
+from ..manager.subscription_group_manager import SubscriptionGroupConfig
+from ..manager.topic_config_manager import TopicConfig
+from .context import BrokerContext
+from .dedup import DedupWindow
+
+
+class AdminBrokerProcessor:
+    def __init__(self, ctx: BrokerContext, dedup: DedupWindow) -> None:
+        self.ctx = ctx
+        self.dedup = dedup
+
+    def query_route(self, req: pymq_pb2.QueryRouteRequest) -> pymq_pb2.TopicRouteData:
+        """GET_ROUTEINFO_BY_TOPIC: the topic's queues and the endpoint of each broker."""
+        cfg = self.ctx.topic_config(req.topic)
+        return pymq_pb2.TopicRouteData(
+            topic=req.topic,
+            brokers=[pymq_pb2.BrokerData(broker_name=self.ctx.broker_name, endpoint=self.ctx.endpoint)],
+            queues=[
+                pymq_pb2.QueueData(
+                    broker_name=self.ctx.broker_name,
+                    read_queue_nums=cfg.read_queue_nums,
+                    write_queue_nums=cfg.write_queue_nums,
+                    perm=cfg.perm,
+                )
+            ],
+        )
+
+    def create_topic(self, req: pymq_pb2.CreateTopicRequest) -> pymq_pb2.CreateTopicResponse:
+        c = req.config
+        cfg, created = self.ctx.topic_config_manager.create_topic(
+            TopicConfig(c.topic_name, c.read_queue_nums, c.write_queue_nums, c.perm,
+                        c.dedup_window_ms, c.order),
+            update_if_exists=req.update_if_exists,
+        )
+        return pymq_pb2.CreateTopicResponse(config=cfg.to_proto(), created=created)
+
+    def delete_topic(self, req: pymq_pb2.DeleteTopicRequest) -> pymq_pb2.DeleteTopicResponse:
+        self.ctx.topic_config_manager.delete_topic(req.topic)
+        self.ctx.store.delete_topic(req.topic)
+        self.ctx.consumer_offset_manager.remove_topic(req.topic)
+        self.dedup.forget_topic(req.topic)
+        return pymq_pb2.DeleteTopicResponse()
+
+    def list_topics(self, req: pymq_pb2.ListTopicsRequest) -> pymq_pb2.ListTopicsResponse:
+        table = self.ctx.topic_config_manager.topic_config_table
+        return pymq_pb2.ListTopicsResponse(
+            topics=[
+                cfg.to_proto()
+                for name, cfg in sorted(table.items())
+                if req.include_system or not is_system_topic(name)
+            ]
+        )
+
+    def topic_stats(self, req: pymq_pb2.TopicStatsRequest) -> pymq_pb2.TopicStatsResponse:
+        cfg = self.ctx.topic_config(req.topic)
+        store = self.ctx.store
+        queues = []
+        for qid in range(max(cfg.read_queue_nums, cfg.write_queue_nums)):
+            queues.append(
+                pymq_pb2.QueueStats(
+                    message_queue=pymq_pb2.MessageQueue(
+                        topic=req.topic, broker_name=self.ctx.broker_name, queue_id=qid
+                    ),
+                    min_offset=store.get_min_offset_in_queue(req.topic, qid),
+                    max_offset=store.get_max_offset_in_queue(req.topic, qid),
+                    last_store_timestamp=store.get_last_store_timestamp(req.topic, qid),
+                )
+            )
+        return pymq_pb2.TopicStatsResponse(queues=queues)
+
+    def consumer_progress(
+        self, req: pymq_pb2.ConsumerProgressRequest
+    ) -> pymq_pb2.ConsumerProgressResponse:
+        """GET_CONSUME_STATS: per queue, the broker's max offset and the group's offset."""
+        store = self.ctx.store
+        progress = self.ctx.consumer_offset_manager.query_group(req.consumer_group)
+        if req.topic:
+            progress = {req.topic: progress.get(req.topic, {})}
+            cfg = self.ctx.topic_config(req.topic)
+            for qid in range(cfg.read_queue_nums):
+                progress[req.topic].setdefault(qid, -1)
+        out = []
+        for topic in sorted(progress):
+            for qid, offset in sorted(progress[topic].items()):
+                out.append(
+                    pymq_pb2.QueueProgress(
+                        message_queue=pymq_pb2.MessageQueue(
+                            topic=topic, broker_name=self.ctx.broker_name, queue_id=qid
+                        ),
+                        broker_offset=store.get_max_offset_in_queue(topic, qid),
+                        consumer_offset=offset,
+                        last_store_timestamp=store.get_last_store_timestamp(topic, qid),
+                    )
+                )
+        return pymq_pb2.ConsumerProgressResponse(queues=out)
+
+    def list_groups(self, req: pymq_pb2.ListGroupsRequest) -> pymq_pb2.ListGroupsResponse:
+        mgr = self.ctx.subscription_group_manager
+        names = set(mgr.subscription_group_table) | self.ctx.consumer_offset_manager.groups()
+        return pymq_pb2.ListGroupsResponse(
+            groups=[
+                mgr.subscription_group_table.get(n, SubscriptionGroupConfig(n)).to_proto()
+                for n in sorted(names)
+            ]
+        )
+
+    def update_subscription_group(
+        self, req: pymq_pb2.UpdateSubscriptionGroupRequest
+    ) -> pymq_pb2.SubscriptionGroupResponse:
+        c = req.config
+        cfg = self.ctx.subscription_group_manager.update_subscription_group_config(
+            SubscriptionGroupConfig(
+                c.group_name, c.retry_queue_nums or 1, c.retry_max_times,
+                c.consume_from_where or "CONSUME_FROM_LAST_OFFSET", c.consume_enable,
+                c.consume_broadcast_enable,
+            )
+        )
+        return pymq_pb2.SubscriptionGroupResponse(config=cfg.to_proto())
+
+    def get_subscription_group(
+        self, req: pymq_pb2.GetSubscriptionGroupRequest
+    ) -> pymq_pb2.SubscriptionGroupResponse:
+        cfg = self.ctx.subscription_group_manager.find_subscription_group_config(req.group_name)
+        return pymq_pb2.SubscriptionGroupResponse(config=cfg.to_proto())
+
+    def view_message(self, req: pymq_pb2.ViewMessageRequest) -> pymq_pb2.RecordsResponse:
+        """VIEW_MESSAGE_BY_ID: by physical offset, or by msgId (UNIQ_KEY) within a topic."""
+        if req.commit_log_offset >= 0:
+            record = self.ctx.store.look_message_by_offset(req.commit_log_offset)
+            if record is None:
+                raise BrokerException(
+                    pymq_pb2.QUERY_NOT_FOUND,
+                    f"no message at commit log offset {req.commit_log_offset}",
+                )
+            return pymq_pb2.RecordsResponse(records=record, message_count=1, store_host=self.ctx.endpoint)
+        self.ctx.topic_config(req.topic)
+        found = self.ctx.store.query_message(req.topic, req.msg_id, 1, 0, int(time.time() * 1000))
+        if not found:
+            raise BrokerException(
+                pymq_pb2.QUERY_NOT_FOUND, f"no message with msg id {req.msg_id!r} in {req.topic!r}"
+            )
+        return pymq_pb2.RecordsResponse(records=found[0], message_count=1, store_host=self.ctx.endpoint)
+
+    def query_message(self, req: pymq_pb2.QueryMessageRequest) -> pymq_pb2.RecordsResponse:
+        """QUERY_MESSAGE: by KEYS (or UNIQ_KEY) within a time range."""
+        self.ctx.topic_config(req.topic)
+        if not req.key:
+            raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT, "query key must not be empty")
+        max_num = req.max_num or self.ctx.store.config.default_query_max_num
+        if not 1 <= max_num <= 10_000:
+            raise BrokerException(
+                pymq_pb2.ILLEGAL_ARGUMENT, f"max_num {req.max_num} is out of range 1..10000"
+            )
+        end = req.end_timestamp or int(time.time() * 1000) + 1000
+        found = self.ctx.store.query_message(req.topic, req.key, max_num, req.begin_timestamp, end)
+        return pymq_pb2.RecordsResponse(
+            records=b"".join(found), message_count=len(found), store_host=self.ctx.endpoint
+        )
+
+    def runtime_info(self, req: pymq_pb2.BrokerRuntimeInfoRequest) -> pymq_pb2.BrokerRuntimeInfoResponse:
+        return pymq_pb2.BrokerRuntimeInfoResponse(
+            broker_name=self.ctx.broker_name,
+            endpoint=self.ctx.endpoint,
+            info=self.ctx.store.runtime_info(),
+        )
+

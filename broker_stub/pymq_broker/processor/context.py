@@ -1,0 +1,70 @@
+"""What every processor needs: the store and the managers (the controller builds it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pymq_proto.v1 import pymq_pb2
+
+from ..broker_config import BrokerConfig
+from ..common.broker_exception import BrokerException
+from ..common.mix_all import topic_name_problem
+from ..common.perm import is_readable, is_writeable
+from ..manager.consumer_offset_manager import ConsumerOffsetManager
+from ..manager.subscription_group_manager import SubscriptionGroupManager
+from ..manager.topic_config_manager import TopicConfig, TopicConfigManager
+from ..store.message_store import DefaultMessageStore
+
+
+@dataclass
+class BrokerContext:
+    broker_config: BrokerConfig
+    store: DefaultMessageStore
+    topic_config_manager: TopicConfigManager
+    consumer_offset_manager: ConsumerOffsetManager
+    subscription_group_manager: SubscriptionGroupManager
+    endpoint: str = ""  # host:port the gRPC server is bound to (set once it is)
+
+    @property
+    def broker_name(self) -> str:
+        return self.broker_config.broker_name
+
+    def topic_config(self, topic: str) -> TopicConfig:
+        """The topic's config, or TOPIC_NOT_EXIST naming it."""
+        problem = topic_name_problem(topic)
+        if problem:
+            raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT, problem)
+        cfg = self.topic_config_manager.select_topic_config(topic)
+        if cfg is None:
+            raise BrokerException(
+                pymq_pb2.TOPIC_NOT_EXIST,
+                f"topic {topic!r} does not exist on broker {self.broker_name}; create it first "
+                "(Admin.create_topic / pymq-admin create-topic) or start the broker with "
+                "--auto-create-topic-enable",
+            )
+        return cfg
+
+    def check_queue(self, topic: str, queue_id: int, *, write: bool) -> TopicConfig:
+        """The topic's config once ``queue_id`` is valid for reading or writing."""
+        cfg = self.topic_config(topic)
+        if write and not is_writeable(cfg.perm):
+            raise BrokerException(pymq_pb2.NO_PERMISSION, f"topic {topic!r} is not writable")
+        if not write and not is_readable(cfg.perm):
+            raise BrokerException(pymq_pb2.NO_PERMISSION, f"topic {topic!r} is not readable")
+        nums = cfg.write_queue_nums if write else cfg.read_queue_nums
+        if not 0 <= queue_id < nums:
+            raise BrokerException(
+                pymq_pb2.ILLEGAL_ARGUMENT,
+                f"queue id {queue_id} is out of range for topic {topic!r}: it has {nums} "
+                f"{'write' if write else 'read'} queues (0..{nums - 1})",
+            )
+        return cfg
+
+    def check_mq(self, mq: pymq_pb2.MessageQueue, *, write: bool = False) -> TopicConfig:
+        if mq.broker_name and mq.broker_name != self.broker_name:
+            raise BrokerException(
+                pymq_pb2.ILLEGAL_ARGUMENT,
+                f"message queue {mq.topic}#{mq.queue_id} names broker {mq.broker_name!r}, but "
+                f"this is broker {self.broker_name!r}",
+            )
+        return self.check_queue(mq.topic, mq.queue_id, write=write)

@@ -1,0 +1,92 @@
+"""PullMessageProcessor: PULL_MESSAGE with long polling.
+
+Answers with the stored records as they are (one bytes field, no per-message
+objects): the broker copies, the client decodes.
+"""
+
+from __future__ import annotations
+
+import time
+
+from pymq_proto.v1 import pymq_pb2
+
+from ..common.broker_exception import BrokerException
+from ..store.results import GetMessageResult, GetMessageStatus
+from .context import BrokerContext
+from .pull_request_hold_service import PullRequestHoldService
+from .subscription import parse_tag_expression
+
+MAX_SUSPEND_MS = 60_000
+
+_NO_NEW = {GetMessageStatus.OFFSET_OVERFLOW_ONE, GetMessageStatus.NO_MESSAGE_IN_QUEUE,
+           GetMessageStatus.NO_MATCHED_LOGIC_QUEUE}
+
+
+class PullMessageProcessor:
+    def __init__(self, ctx: BrokerContext, hold: PullRequestHoldService) -> None:
+        self.ctx = ctx
+        self.hold = hold
+
+    async def pull_message(self, req: pymq_pb2.PullMessageRequest) -> pymq_pb2.PullMessageResponse:
+        ctx = self.ctx
+        mq = req.message_queue
+        ctx.check_mq(mq)
+        if req.queue_offset < 0:
+            raise BrokerException(
+                pymq_pb2.ILLEGAL_ARGUMENT, f"queue offset {req.queue_offset} must be >= 0"
+            )
+        if req.max_msg_nums < 1:
+            raise BrokerException(
+                pymq_pb2.ILLEGAL_ARGUMENT, f"max messages {req.max_msg_nums} must be >= 1"
+            )
+        if req.max_bytes < 0:
+            raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT, f"max bytes {req.max_bytes} must be >= 0")
+        if not 0 <= req.suspend_timeout_ms <= MAX_SUSPEND_MS:
+            raise BrokerException(
+                pymq_pb2.ILLEGAL_ARGUMENT,
+                f"suspend timeout {req.suspend_timeout_ms} ms is out of range 0..{MAX_SUSPEND_MS}",
+            )
+        if req.consumer_group:
+            ctx.subscription_group_manager.find_subscription_group_config(req.consumer_group)
+        tag_hashes = parse_tag_expression(req.subscription, req.expression_type)
+        max_nums = min(req.max_msg_nums, ctx.broker_config.max_pull_batch_size)
+        deadline = time.monotonic() + req.suspend_timeout_ms / 1000.0
+        while True:
+            result = ctx.store.get_message(
+                mq.topic, mq.queue_id, req.queue_offset, max_nums, req.max_bytes, tag_hashes
+            )
+            left = deadline - time.monotonic()
+            if (
+                result.status not in _NO_NEW
+                or left <= 0
+                or not ctx.broker_config.long_polling_enable
+                or req.queue_offset < result.min_offset
+            ):
+                return self._response(req, result)
+            await self.hold.suspend(mq.topic, mq.queue_id, req.queue_offset, left)
+
+    def _response(
+        self, req: pymq_pb2.PullMessageRequest, r: GetMessageResult
+    ) -> pymq_pb2.PullMessageResponse:
+        s = r.status
+        if s == GetMessageStatus.FOUND:
+            status = pymq_pb2.FOUND
+        elif s == GetMessageStatus.NO_MATCHED_MESSAGE:
+            status = pymq_pb2.NO_MATCHED_MSG
+        elif s == GetMessageStatus.OFFSET_OVERFLOW_ONE:
+            status = pymq_pb2.NO_NEW_MSG
+        elif s == GetMessageStatus.NO_MATCHED_LOGIC_QUEUE:  # a queue never written to
+            status = pymq_pb2.NO_NEW_MSG if req.queue_offset == 0 else pymq_pb2.OFFSET_ILLEGAL
+        elif s == GetMessageStatus.NO_MESSAGE_IN_QUEUE:
+            status = pymq_pb2.NO_NEW_MSG if req.queue_offset == r.min_offset else pymq_pb2.OFFSET_ILLEGAL
+        else:  # OFFSET_TOO_SMALL, OFFSET_OVERFLOW_BADLY
+            status = pymq_pb2.OFFSET_ILLEGAL
+        return pymq_pb2.PullMessageResponse(
+            status=status,
+            next_begin_offset=r.next_begin_offset,
+            min_offset=r.min_offset,
+            max_offset=r.max_offset,
+            message_count=r.message_count,
+            records=r.records,
+            store_host=self.ctx.endpoint,
+        )

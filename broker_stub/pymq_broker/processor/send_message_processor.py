@@ -1,0 +1,141 @@
+"""SendMessageProcessor: SEND_MESSAGE and SEND_BATCH_MESSAGE.
+
+Checks the topic, queue and message, stores, and under SYNC_FLUSH answers only
+once the messages are on disk (FLUSH_DISK_TIMEOUT past syncFlushTimeout).
+A direct send to %RETRY%<group> (a consumer's fallback when its send back
+failed) follows RocketMQ's handleRetryAndDLQ: past maxReconsumeTimes it goes
+to %DLQ%<group> instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from concurrent.futures import Future
+
+from pymq_proto.record import MessageConst, find_property
+from pymq_proto.v1 import pymq_pb2
+
+from ..common.broker_exception import BrokerException
+from ..common.mix_all import (
+    RETRY_GROUP_TOPIC_PREFIX,
+    get_dlq_topic,
+    is_system_topic,
+    topic_name_problem,
+)
+from ..store.commit_log import MessageToStore
+from ..store.results import PutMessageResult, PutMessageStatus
+from .context import BrokerContext
+from .dedup import DedupWindow
+
+_DELAY = MessageConst.PROPERTY_DELAY_TIME_LEVEL.encode()
+_UNIQ = MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX.encode()
+_MAX_RECONSUME = MessageConst.PROPERTY_MAX_RECONSUME_TIMES.encode()
+
+PUT_STATUS_TO_CODE = {
+    PutMessageStatus.MESSAGE_ILLEGAL: pymq_pb2.MESSAGE_ILLEGAL,
+    PutMessageStatus.PROPERTIES_SIZE_EXCEEDED: pymq_pb2.MESSAGE_ILLEGAL,
+    PutMessageStatus.SERVICE_NOT_AVAILABLE: pymq_pb2.SERVICE_NOT_AVAILABLE,
+    PutMessageStatus.UNKNOWN_ERROR: pymq_pb2.SYSTEM_ERROR,
+}
+
+
+async def wait_store_ok(ctx: BrokerContext, result: PutMessageResult) -> int:
+    """Raise for a failed put; under SYNC_FLUSH wait for the disk. Returns the SendStatus."""
+    if not result.ok:
+        raise BrokerException(
+            PUT_STATUS_TO_CODE.get(result.status, pymq_pb2.SYSTEM_ERROR),
+            result.remark or result.status.value,
+        )
+    fut: Future[bool] | None = ctx.store.wait_flush(result)
+    if fut is None:
+        return int(pymq_pb2.SEND_OK)
+    try:
+        await asyncio.wait_for(
+            asyncio.wrap_future(fut), ctx.store.config.sync_flush_timeout / 1000.0
+        )
+    except TimeoutError:
+        return int(pymq_pb2.FLUSH_DISK_TIMEOUT_STATUS)
+    return int(pymq_pb2.SEND_OK)
+
+
+class SendMessageProcessor:
+    def __init__(self, ctx: BrokerContext) -> None:
+        self.ctx = ctx
+        self.dedup = DedupWindow()
+        self._round_robin = itertools.count()
+
+    async def send_message(self, req: pymq_pb2.SendMessageRequest) -> pymq_pb2.SendMessageResponse:
+        ctx = self.ctx
+        topic = req.topic
+        if not req.messages:
+            raise BrokerException(pymq_pb2.MESSAGE_ILLEGAL, "the request carries no message")
+        if len(req.messages) > 1 and not req.batch:
+            raise BrokerException(
+                pymq_pb2.MESSAGE_ILLEGAL, "several messages in one request must be sent as a batch"
+            )
+        cfg = ctx.topic_config_manager.select_topic_config(topic)
+        if cfg is None and topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            group = topic[len(RETRY_GROUP_TOPIC_PREFIX):]
+            sub = ctx.subscription_group_manager.find_subscription_group_config(group)
+            cfg = ctx.topic_config_manager.create_topic_of_retry(group, sub.retry_queue_nums)
+        elif cfg is None:
+            if topic_name_problem(topic) is None and not is_system_topic(topic):
+                cfg = ctx.topic_config_manager.create_topic_in_send_message_method(topic)
+        if cfg is None:
+            ctx.topic_config(topic)  # raises the right error
+            raise AssertionError
+        if is_system_topic(topic) and not topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
+            raise BrokerException(
+                pymq_pb2.NO_PERMISSION, f"topic {topic!r} belongs to the broker; send elsewhere"
+            )
+        queue_id = req.queue_id
+        if queue_id < 0:
+            queue_id = next(self._round_robin) % cfg.write_queue_nums
+        ctx.check_queue(topic, queue_id, write=True)
+        born = req.born_timestamp
+        messages = []
+        dropped = 0
+        for i, m in enumerate(req.messages):
+            if req.batch and find_property(m.properties, _DELAY) not in (None, b"0"):
+                raise BrokerException(
+                    pymq_pb2.MESSAGE_ILLEGAL,
+                    f"message {i} of the batch has a delay level; batch messages cannot be delayed",
+                )
+            if cfg.dedup_window_ms > 0:
+                uniq = find_property(m.properties, _UNIQ)
+                if uniq and self.dedup.seen_recently(topic, uniq, cfg.dedup_window_ms):
+                    dropped += 1
+                    continue
+            messages.append(MessageToStore(m.body, m.flag, m.properties, born, req.reconsume_times))
+        if topic.startswith(RETRY_GROUP_TOPIC_PREFIX) and messages:
+            topic, queue_id = self._retry_or_dlq(topic, queue_id, req.reconsume_times, messages[0])
+        if not messages:
+            return pymq_pb2.SendMessageResponse(
+                status=pymq_pb2.SEND_OK, queue_id=queue_id, queue_offset=-1,
+                store_host=ctx.endpoint, broker_name=ctx.broker_name,
+                duplicates_dropped=dropped,
+            )
+        result = ctx.store.put_messages(topic, queue_id, messages)
+        status = await wait_store_ok(ctx, result)
+        return pymq_pb2.SendMessageResponse(
+            status=status,
+            queue_id=queue_id,
+            queue_offset=result.queue_offset,
+            commit_log_offsets=result.physical_offsets,
+            store_host=ctx.endpoint,
+            broker_name=ctx.broker_name,
+            duplicates_dropped=dropped,
+        )
+
+    def _retry_or_dlq(
+        self, topic: str, queue_id: int, reconsume_times: int, msg: MessageToStore
+    ) -> tuple[str, int]:
+        group = topic[len(RETRY_GROUP_TOPIC_PREFIX):]
+        sub = self.ctx.subscription_group_manager.find_subscription_group_config(group)
+        raw_max = find_property(msg.properties, _MAX_RECONSUME)
+        max_times = int(raw_max) if raw_max and raw_max.isdigit() else sub.retry_max_times
+        if reconsume_times >= max_times:
+            self.ctx.topic_config_manager.create_topic_of_dlq(group)
+            return get_dlq_topic(group), 0
+        return topic, queue_id

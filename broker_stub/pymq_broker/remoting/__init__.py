@@ -1,0 +1,1 @@
+"""The one thin gRPC layer: requests in, processors called, errors mapped."""

@@ -1,0 +1,86 @@
+"""BrokerGrpcService: the gRPC servicer. It only routes requests to processors.
+
+A processor's BrokerException becomes a gRPC error whose trailing metadata
+carries the RocketMQ ResponseCode (``pymq-response-code``); any other failure
+becomes SYSTEM_ERROR with its message. Either way the broker keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from pymq_proto.v1 import pymq_pb2, pymq_pb2_grpc
+
+from ..common.broker_exception import BrokerException
+
+log = logging.getLogger(__name__)
+
+CODE_METADATA_KEY = "pymq-response-code"
+_GRPC_STATUS = {
+    pymq_pb2.ILLEGAL_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    pymq_pb2.MESSAGE_ILLEGAL: grpc.StatusCode.INVALID_ARGUMENT,
+    pymq_pb2.SUBSCRIPTION_PARSE_FAILED: grpc.StatusCode.INVALID_ARGUMENT,
+    pymq_pb2.TOPIC_NOT_EXIST: grpc.StatusCode.NOT_FOUND,
+    pymq_pb2.QUERY_NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    pymq_pb2.SUBSCRIPTION_GROUP_NOT_EXIST: grpc.StatusCode.NOT_FOUND,
+    pymq_pb2.TOPIC_EXIST_ALREADY: grpc.StatusCode.ALREADY_EXISTS,
+    pymq_pb2.NO_PERMISSION: grpc.StatusCode.PERMISSION_DENIED,
+    pymq_pb2.SYSTEM_BUSY: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    pymq_pb2.SERVICE_NOT_AVAILABLE: grpc.StatusCode.UNAVAILABLE,
+}
+
+Handler = Callable[[Any], Any]
+
+
+def _rpc(handler_name: str, processor_attr: str) -> Callable[..., Awaitable[Any]]:
+    async def method(self: BrokerGrpcService, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        handler = getattr(getattr(self, processor_attr), handler_name)
+        try:
+            result = handler(request)
+            if hasattr(result, "__await__"):
+                result = await result
+            return result
+        except BrokerException as err:
+            context.set_trailing_metadata(((CODE_METADATA_KEY, err.code_name),))
+            await context.abort(_GRPC_STATUS.get(err.code, grpc.StatusCode.INTERNAL), err.remark)
+        except Exception as err:  # a bug must not take the broker down
+            log.exception("%s failed", handler_name)
+            context.set_trailing_metadata(((CODE_METADATA_KEY, "SYSTEM_ERROR"),))
+            await context.abort(grpc.StatusCode.INTERNAL, f"{handler_name} failed: {err!r}")
+
+    method.__name__ = handler_name
+    return method
+
+
+class BrokerGrpcService(pymq_pb2_grpc.BrokerServicer):
+    """Maps each RPC of ``pymq_proto.v1.Broker`` to its processor method."""
+
+    def __init__(self, send: Any, pull: Any, send_back: Any, consumer_manage: Any, admin: Any) -> None:
+        self.send = send
+        self.pull = pull
+        self.send_back = send_back
+        self.consumer_manage = consumer_manage
+        self.admin = admin
+
+    SendMessage = _rpc("send_message", "send")
+    PullMessage = _rpc("pull_message", "pull")
+    ConsumerSendMsgBack = _rpc("consumer_send_msg_back", "send_back")
+    QueryOffset = _rpc("query_offset", "consumer_manage")
+    GetOffset = _rpc("get_offset", "consumer_manage")
+    UpdateOffset = _rpc("update_offset", "consumer_manage")
+    QueryRoute = _rpc("query_route", "admin")
+    CreateTopic = _rpc("create_topic", "admin")
+    DeleteTopic = _rpc("delete_topic", "admin")
+    ListTopics = _rpc("list_topics", "admin")
+    TopicStats = _rpc("topic_stats", "admin")
+    ConsumerProgress = _rpc("consumer_progress", "admin")
+    ListGroups = _rpc("list_groups", "admin")
+    UpdateSubscriptionGroup = _rpc("update_subscription_group", "admin")
+    GetSubscriptionGroup = _rpc("get_subscription_group", "admin")
+    ViewMessage = _rpc("view_message", "admin")
+    QueryMessage = _rpc("query_message", "admin")
+    BrokerRuntimeInfo = _rpc("runtime_info", "admin")

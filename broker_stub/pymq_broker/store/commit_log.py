@@ -1,0 +1,218 @@
+"""CommitLog: one append-only log of every message, in segment files.
+
+Records are laid out as in :mod:`pymq_proto.record`. A batch is written with one
+``pwrite``; a record never spans two segments: the rest of a full segment is
+filled with a BLANK record and the batch goes to the next one (as RocketMQ).
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pymq_proto.record import (
+    BLANK_MAGIC_CODE,
+    HEADER,
+    HEADER_SIZE,
+    MESSAGE_MAGIC_CODE,
+    record_is_valid,
+)
+
+from .config import MessageStoreConfig
+from .mapped_file import MappedFile, MappedFileQueue
+
+log = logging.getLogger(__name__)
+
+_U16 = struct.Struct("<H")
+_BLANK = struct.Struct("<ii")
+RECOVER_READ_CHUNK = 8 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class MessageToStore:
+    """What the store writes for one message (RocketMQ's MessageExtBrokerInner)."""
+
+    body: bytes
+    flag: int
+    properties: bytes
+    born_timestamp: int
+    reconsume_times: int = 0
+    sys_flag: int = 0
+
+
+@dataclass(slots=True)
+class AppendMessageResult:
+    """Where a put landed: physical offset and size of each record, first queue offset."""
+
+    wrote_offset: int
+    physical_offsets: list[int]
+    sizes: list[int]
+    queue_offset: int
+    store_timestamp: int
+
+    @property
+    def end_offset(self) -> int:
+        return self.physical_offsets[-1] + self.sizes[-1]
+
+
+class CommitLog:
+    """The commit log. Not thread-safe: the store calls it from one thread."""
+
+    def __init__(self, config: MessageStoreConfig, store_host: bytes) -> None:
+        self.config = config
+        self.store_host = store_host
+        self.mapped_file_queue = MappedFileQueue(
+            config.store_path_commit_log, config.mapped_file_size_commit_log
+        )
+        # "topic-queueId" -> next queue offset (RocketMQ's topicQueueTable)
+        self.topic_queue_table: dict[str, int] = {}
+
+    def load(self) -> None:
+        self.mapped_file_queue.load()
+
+    @property
+    def min_offset(self) -> int:
+        return self.mapped_file_queue.min_offset
+
+    @property
+    def max_offset(self) -> int:
+        return self.mapped_file_queue.max_offset
+
+    def put_messages(
+        self, topic: str, queue_id: int, messages: Sequence[MessageToStore]
+    ) -> AppendMessageResult:
+        """Append ``messages`` to queue ``queue_id`` of ``topic``; one write for all."""
+        topic_b = topic.encode()
+        topic_part = _U16.pack(len(topic_b)) + topic_b
+        tails = [
+            b"".join((m.body, topic_part, _U16.pack(len(m.properties)), m.properties))
+            for m in messages
+        ]
+        total = sum(len(t) for t in tails) + HEADER_SIZE * len(tails)
+        mf = self._mapped_file_for(total)
+        phy = mf.file_from_offset + mf.wrote_position
+        key = f"{topic}-{queue_id}"
+        queue_offset = first_queue_offset = self.topic_queue_table.get(key, 0)
+        now = int(time.time() * 1000)
+        host = self.store_host
+        parts: list[bytes] = []
+        physical_offsets: list[int] = []
+        sizes: list[int] = []
+        pack = HEADER.pack
+        crc32 = zlib.crc32
+        for m, tail in zip(messages, tails, strict=True):
+            size = HEADER_SIZE + len(tail)
+            parts.append(
+                pack(size, MESSAGE_MAGIC_CODE, crc32(tail), queue_id, m.flag, queue_offset, phy,
+                     m.sys_flag, m.born_timestamp, now, host, m.reconsume_times, 0, len(m.body))
+            )
+            parts.append(tail)
+            physical_offsets.append(phy)
+            sizes.append(size)
+            phy += size
+            queue_offset += 1
+        wrote = mf.append(b"".join(parts))
+        self.topic_queue_table[key] = queue_offset
+        return AppendMessageResult(wrote, physical_offsets, sizes, first_queue_offset, now)
+
+    def _mapped_file_for(self, size: int) -> MappedFile:
+        mfq = self.mapped_file_queue
+        mf = mfq.last_mapped_file(create_offset=0)
+        assert mf is not None
+        if size > mf.remaining():
+            left = mf.remaining()
+            if left >= _BLANK.size:  # END_OF_FILE: pad with a blank record
+                mf.append(_BLANK.pack(left, BLANK_MAGIC_CODE) + bytes(left - _BLANK.size))
+            else:
+                mf.wrote_position = mf.file_size
+            mf = mfq.last_mapped_file(create_offset=0)
+            assert mf is not None
+            if size > mf.remaining():
+                raise ValueError(
+                    f"a put of {size} bytes does not fit in a commit log segment of "
+                    f"{mf.file_size} bytes"
+                )
+        return mf
+
+    def get_data(self, offset: int, size: int) -> bytes:
+        """``size`` bytes of the log from ``offset`` (they must lie in one segment)."""
+        mf = self.mapped_file_queue.find_mapped_file_by_offset(offset)
+        if mf is None:
+            return b""
+        return mf.read(offset - mf.file_from_offset, size)
+
+    def get_message(self, offset: int) -> bytes | None:
+        """The whole record at ``offset``, or None if there is none."""
+        head = self.get_data(offset, HEADER_SIZE)
+        if len(head) < HEADER_SIZE:
+            return None
+        total, magic = _BLANK.unpack_from(head)
+        if magic != MESSAGE_MAGIC_CODE or total < HEADER_SIZE:
+            return None
+        data = self.get_data(offset, total)
+        return data if len(data) == total else None
+
+    def scan(self, start: int, visit: Callable[[int, bytes, int], None] | None = None) -> int:
+        """Walk the good records from ``start``; returns where the good log ends.
+
+        ``visit(physical offset, chunk, position in chunk)`` is called per record.
+        The walk stops at the first torn or corrupt record: recovery cuts there.
+        """
+        mfq = self.mapped_file_queue
+        offset = start
+        while True:
+            mf = mfq.find_mapped_file_by_offset(offset)
+            if mf is None:
+                return offset
+            rel = offset - mf.file_from_offset
+            want = min(RECOVER_READ_CHUNK, mf.file_size - rel)
+            chunk = mf.read(rel, want)
+            pos = 0
+            while True:
+                size = record_is_valid(chunk, pos, offset)
+                if size > 0:
+                    if visit is not None:
+                        visit(offset, chunk, pos)
+                    pos += size
+                    offset += size
+                elif size == 0:  # blank record: the rest of the segment is padding
+                    offset = mf.end_offset
+                    break
+                elif pos > 0 and len(chunk) == want == RECOVER_READ_CHUNK:
+                    break  # may only be cut by the chunk's end: read again from here
+                else:
+                    return offset
+
+    def recover(self, start: int) -> int:
+        """Verify records from ``start`` on and cut the torn or corrupt tail; returns the end."""
+        files = self.mapped_file_queue.files
+        if not files:
+            return 0
+        end = self.scan(max(start, files[0].file_from_offset))
+        log.info("commit log recovered up to offset %d", end)
+        self.mapped_file_queue.truncate_dirty_files(end)
+        return end
+
+    def flush(self) -> int:
+        """fdatasync what was written; returns the offset durable up to."""
+        target = self.max_offset
+        self.mapped_file_queue.flush()
+        return target
+
+    def delete_expired_files(self, expired_time_s: float, now: float | None = None) -> int:
+        """Delete segments (never the last) not written for ``expired_time_s``."""
+        now = time.time() if now is None else now
+        deleted = 0
+        mfq = self.mapped_file_queue
+        while len(mfq.files) > 1 and now - mfq.files[0].mtime() >= expired_time_s:
+            mf = mfq.delete_first()
+            log.info("retention deleted commit log segment %s", mf.file_name.name)
+            deleted += 1
+        return deleted
+
+    def shutdown(self) -> None:
+        self.mapped_file_queue.shutdown()

@@ -1,0 +1,196 @@
+"""ConsumeQueue: the per-MessageQueue index into the commit log.
+
+Fixed 20-byte entries (physical offset int64, size int32, tag hash code int64),
+one per message, so queue offset N is at byte N * 20. For SCHEDULE_TOPIC_XXXX
+the tag slot holds the delivery time instead (RocketMQ's trick, kept).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from pathlib import Path
+
+from .mapped_file import MappedFileQueue
+
+CQ_STORE_UNIT_SIZE = 20
+CQ_ENTRY = np.dtype([("phy", "<i8"), ("size", "<i4"), ("tag", "<i8")])
+assert CQ_ENTRY.itemsize == CQ_STORE_UNIT_SIZE
+
+EntryArray = npt.NDArray[np.void]
+
+
+def pack_entries(phys: list[int], sizes: list[int], tags: list[int]) -> bytes:
+    arr = np.empty(len(phys), dtype=CQ_ENTRY)
+    arr["phy"] = phys
+    arr["size"] = sizes
+    arr["tag"] = tags
+    return arr.tobytes()
+
+
+class ConsumeQueue:
+    """The consume queue of (topic, queue id); offsets are entry indexes."""
+
+    def __init__(self, topic: str, queue_id: int, root: Path, mapped_file_size: int) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.mapped_file_size = mapped_file_size
+        self.queue = MappedFileQueue(root / topic / str(queue_id), mapped_file_size)
+        self.min_logic_offset = 0  # bytes; raised by retention
+        self.max_physic_offset = 0  # end of the last message it indexes
+        self.last_store_timestamp = 0  # cached by the store, 0 = unknown
+        self.dirty = False
+
+    def load(self) -> None:
+        self.queue.load()
+
+    def recover(self) -> None:
+        """Find the real end of the last segment: the first entry with size 0."""
+        files = self.queue.files
+        if not files:
+            return
+        for mf in reversed(files):
+            raw = mf.read(0, mf.file_size)
+            arr = np.frombuffer(raw[: len(raw) - len(raw) % 20], dtype=CQ_ENTRY)
+            empty = np.flatnonzero(arr["size"] <= 0)
+            used = int(empty[0]) if len(empty) else len(arr)
+            mf.wrote_position = mf.flushed_position = used * CQ_STORE_UNIT_SIZE
+            if used:
+                last = arr[used - 1]
+                self.max_physic_offset = int(last["phy"]) + int(last["size"])
+                break
+            if mf is not files[0]:  # an empty trailing segment: drop it
+                self.queue.files.remove(mf)
+                mf.destroy()
+        if not self.min_logic_offset:
+            self.min_logic_offset = files[0].file_from_offset if files else 0
+
+    @property
+    def min_offset_in_queue(self) -> int:
+        return self.min_logic_offset // CQ_STORE_UNIT_SIZE
+
+    @property
+    def max_offset_in_queue(self) -> int:
+        """One past the last entry."""
+        return self.queue.max_offset // CQ_STORE_UNIT_SIZE
+
+    def put_entries(self, start_offset: int, data: bytes, end_physic_offset: int) -> None:
+        """Append entries for queue offsets ``start_offset``... (already present ones skipped)."""
+        expected = self.max_offset_in_queue
+        if start_offset < expected:  # re-dispatch after recovery: keep what is there
+            skip = (expected - start_offset) * CQ_STORE_UNIT_SIZE
+            if skip >= len(data):
+                return
+            data = data[skip:]
+            start_offset = expected
+        if start_offset > expected:
+            if expected == 0 and not self.queue.files:
+                # a queue that begins later (its first segments expired, or it was
+                # rebuilt from a commit log whose head is gone)
+                first = start_offset * CQ_STORE_UNIT_SIZE
+                file_start = first - first % self.mapped_file_size
+                mf = self.queue.last_mapped_file(create_offset=file_start)
+                assert mf is not None
+                mf.wrote_position = first - file_start
+                self.min_logic_offset = first
+            else:
+                raise ValueError(
+                    f"consume queue {self.topic}#{self.queue_id} expected offset {expected}, "
+                    f"got {start_offset}"
+                )
+        view = memoryview(data)
+        while view:
+            mf = self.queue.last_mapped_file(create_offset=0)
+            assert mf is not None
+            n = min(len(view), mf.remaining())
+            mf.append(view[:n])
+            view = view[n:]
+        self.max_physic_offset = max(self.max_physic_offset, end_physic_offset)
+        self.dirty = True
+
+    def get_entries(self, offset: int, count: int) -> EntryArray:
+        """Entries ``offset`` .. ``offset + count`` (fewer at the end of the queue)."""
+        count = min(count, self.max_offset_in_queue - offset)
+        if count <= 0:
+            return np.empty(0, dtype=CQ_ENTRY)
+        chunks = []
+        pos = offset * CQ_STORE_UNIT_SIZE
+        want = count * CQ_STORE_UNIT_SIZE
+        while want > 0:
+            mf = self.queue.find_mapped_file_by_offset(pos)
+            if mf is None:
+                break
+            rel = pos - mf.file_from_offset
+            n = min(want, mf.wrote_position - rel)
+            if n <= 0:
+                break
+            chunks.append(mf.read(rel, n))
+            pos += n
+            want -= n
+        raw = b"".join(chunks)
+        return np.frombuffer(raw[: len(raw) - len(raw) % 20], dtype=CQ_ENTRY)
+
+    def truncate_dirty_logic_files(self, phy_offset: int) -> None:
+        """Drop entries that point at or past ``phy_offset`` (a cut commit log tail)."""
+        if self.max_physic_offset <= phy_offset or not self.queue.files:
+            return
+        # binary search over entries for the first with phy >= phy_offset
+        lo, hi = self.min_offset_in_queue, self.max_offset_in_queue
+        while lo < hi:
+            mid = (lo + hi) // 2
+            e = self.get_entries(mid, 1)
+            if len(e) and int(e[0]["phy"]) < phy_offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        self.queue.truncate_dirty_files(lo * CQ_STORE_UNIT_SIZE)
+        if lo > self.min_offset_in_queue:
+            last = self.get_entries(lo - 1, 1)
+            self.max_physic_offset = int(last[0]["phy"]) + int(last[0]["size"])
+        else:
+            self.max_physic_offset = 0
+
+    def correct_min_offset(self, phy_min: int) -> None:
+        """After retention: the queue starts at its first entry still in the commit log."""
+        lo, hi = self.min_offset_in_queue, self.max_offset_in_queue
+        while lo < hi:
+            mid = (lo + hi) // 2
+            e = self.get_entries(mid, 1)
+            if len(e) and int(e[0]["phy"]) < phy_min:
+                lo = mid + 1
+            else:
+                hi = mid
+        self.min_logic_offset = max(self.min_logic_offset, lo * CQ_STORE_UNIT_SIZE)
+
+    def delete_expired_files(self, phy_min: int) -> int:
+        """Delete whole segments whose last entry is below ``phy_min``."""
+        deleted = 0
+        while len(self.queue.files) > 1:
+            first = self.queue.files[0]
+            last_entry = self.get_entries(
+                (first.file_from_offset + first.file_size) // CQ_STORE_UNIT_SIZE - 1, 1
+            )
+            if len(last_entry) and int(last_entry[0]["phy"]) + int(last_entry[0]["size"]) <= phy_min:
+                self.queue.delete_first()
+                deleted += 1
+            else:
+                break
+        self.correct_min_offset(phy_min)
+        return deleted
+
+    def flush(self) -> None:
+        if self.dirty:
+            self.dirty = False
+            self.queue.flush()
+
+    def destroy(self) -> None:
+        for mf in list(self.queue.files):
+            mf.destroy()
+        self.queue.files = []
+        import shutil
+
+        shutil.rmtree(self.queue.store_path, ignore_errors=True)
+
+    def shutdown(self) -> None:
+        self.queue.shutdown()

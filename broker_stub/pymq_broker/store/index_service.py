@@ -1,0 +1,181 @@
+"""IndexService: look messages up by KEYS and UNIQ_KEY (RocketMQ's IndexFile).
+
+An index file is a fixed hash table on disk: a 40-byte header, ``max_hash_slot_num``
+4-byte slots holding the newest entry of each slot, then ``max_index_num`` 20-byte
+entries (key hash, physical offset, seconds since the file began, previous
+entry) chained per slot. The slots of the file being written live in memory
+(a fixed size, whatever is stored) and reach the disk at each flush; older files
+are read with pread. Hash collisions are resolved by the caller, which checks
+the record itself.
+"""
+
+from __future__ import annotations
+
+import array
+import logging
+import os
+import struct
+import time
+import zlib
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+INDEX_HEADER = struct.Struct("<qqqqii")  # begin ts, end ts, begin phy, end phy, slots, count
+INDEX_ENTRY = struct.Struct("<iqii")  # key hash, phy offset, time diff (s), prev index
+SLOT = struct.Struct("<i")
+
+
+def key_hash(topic: str, key: str) -> int:
+    return zlib.crc32(f"{topic}#{key}".encode()) & 0x7FFFFFFF
+
+
+class IndexFile:
+    def __init__(self, path: Path, slots: int, max_index: int, *, load: bool) -> None:
+        self.path = path
+        self.slots_num = slots
+        self.max_index = max_index
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.entries_pos = INDEX_HEADER.size + slots * SLOT.size
+        self.begin_ts = self.end_ts = self.begin_phy = self.end_phy = 0
+        self.index_count = 1  # entry 0 means "none", as in RocketMQ
+        self.slots: array.array[int] | None = None
+        if load:
+            head = os.pread(self.fd, INDEX_HEADER.size, 0)
+            if len(head) == INDEX_HEADER.size:
+                (self.begin_ts, self.end_ts, self.begin_phy, self.end_phy, _n,
+                 count) = INDEX_HEADER.unpack(head)
+                self.index_count = max(1, count)
+        else:
+            os.ftruncate(self.fd, self.entries_pos + max_index * INDEX_ENTRY.size)
+
+    def is_full(self) -> bool:
+        return self.index_count >= self.max_index
+
+    def load_slots(self) -> None:
+        """Bring the slot table into memory (the file being written)."""
+        raw = os.pread(self.fd, self.slots_num * SLOT.size, INDEX_HEADER.size)
+        self.slots = array.array("i", raw.ljust(self.slots_num * SLOT.size, b"\0"))
+
+    def release_slots(self) -> None:
+        self.flush()
+        self.slots = None
+
+    def put_keys(self, hashes: list[int], phy: int, store_ts: int) -> None:
+        slots = self.slots
+        assert slots is not None
+        if self.begin_ts == 0:
+            self.begin_ts, self.begin_phy = store_ts, phy
+        diff = max(0, (store_ts - self.begin_ts) // 1000)
+        buf = []
+        idx = self.index_count
+        for h in hashes:
+            s = h % self.slots_num
+            buf.append(INDEX_ENTRY.pack(h, phy, diff, slots[s]))
+            slots[s] = idx
+            idx += 1
+        os.pwrite(self.fd, b"".join(buf), self.entries_pos + self.index_count * INDEX_ENTRY.size)
+        self.index_count = idx
+        self.end_ts, self.end_phy = store_ts, phy
+
+    def lookup(self, h: int, max_num: int, begin_ms: int, end_ms: int) -> list[int]:
+        """Physical offsets of entries with hash ``h`` stored in [begin_ms, end_ms]."""
+        s = h % self.slots_num
+        if self.slots is not None:
+            idx = self.slots[s]
+        else:
+            idx = SLOT.unpack(os.pread(self.fd, SLOT.size, INDEX_HEADER.size + s * SLOT.size))[0]
+        out: list[int] = []
+        seen = 0
+        while 0 < idx < self.index_count and len(out) < max_num and seen < 100_000:
+            seen += 1
+            raw = os.pread(self.fd, INDEX_ENTRY.size, self.entries_pos + idx * INDEX_ENTRY.size)
+            eh, phy, diff, prev = INDEX_ENTRY.unpack(raw)
+            ts = self.begin_ts + diff * 1000
+            if eh == h and begin_ms - 1000 <= ts <= end_ms + 1000:
+                out.append(phy)
+            if prev >= idx:
+                break
+            idx = prev
+        return out
+
+    def flush(self) -> None:
+        if self.slots is not None:
+            os.pwrite(self.fd, self.slots.tobytes(), INDEX_HEADER.size)
+        os.pwrite(
+            self.fd,
+            INDEX_HEADER.pack(self.begin_ts, self.end_ts, self.begin_phy, self.end_phy,
+                              self.slots_num, self.index_count),
+            0,
+        )
+        os.fdatasync(self.fd)
+
+    def destroy(self) -> None:
+        os.close(self.fd)
+        self.path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class IndexService:
+    """Index files by time; only the newest one is written."""
+
+    def __init__(self, root: Path, slots: int, max_index: int) -> None:
+        self.root = root
+        self.slots = slots
+        self.max_index = max_index
+        self.files: list[IndexFile] = []
+        self.dirty = False
+
+    def load(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        for path in sorted(self.root.iterdir()):
+            if path.name.isdigit():
+                self.files.append(IndexFile(path, self.slots, self.max_index, load=True))
+        if self.files:
+            self.files[-1].load_slots()
+
+    def _writable(self) -> IndexFile:
+        if not self.files or self.files[-1].is_full():
+            if self.files:
+                self.files[-1].release_slots()
+            name = f"{time.strftime('%Y%m%d%H%M%S')}{int(time.time() * 1000) % 1000:03d}"
+            while (self.root / name).exists():
+                name = str(int(name) + 1)
+            f = IndexFile(self.root / name, self.slots, self.max_index, load=False)
+            f.load_slots()
+            self.files.append(f)
+        return self.files[-1]
+
+    def build_index(self, topic: str, keys: list[str], phy: int, store_ts: int) -> None:
+        f = self._writable()
+        f.put_keys([key_hash(topic, k) for k in keys], phy, store_ts)
+        self.dirty = True
+
+    def query_offsets(
+        self, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int
+    ) -> list[int]:
+        h = key_hash(topic, key)
+        out: list[int] = []
+        for f in reversed(self.files):
+            if f.end_ts and f.end_ts < begin_ms - 1000:
+                break
+            out.extend(f.lookup(h, max_num - len(out), begin_ms, end_ms))
+            if len(out) >= max_num:
+                break
+        return out
+
+    def flush(self) -> None:
+        if self.dirty and self.files:
+            self.dirty = False
+            self.files[-1].flush()
+
+    def delete_expired_files(self, phy_min: int) -> None:
+        while len(self.files) > 1 and self.files[0].end_phy < phy_min:
+            self.files.pop(0).destroy()
+
+    def shutdown(self) -> None:
+        self.flush()
+        for f in self.files:
+            f.close()

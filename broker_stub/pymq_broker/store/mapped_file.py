@@ -1,0 +1,178 @@
+"""Segment files: RocketMQ's MappedFile and MappedFileQueue, read and written by offset.
+
+RocketMQ maps its segments into memory; pymq writes them with ``os.pwrite`` and
+reads them with ``os.pread`` instead, so the broker's resident memory stays flat
+however much is stored (the page cache does the caching, outside the process).
+A segment is named after the offset of its first byte, 20 digits, as in RocketMQ.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+
+class MappedFile:
+    """One fixed-size segment. ``wrote_position`` is how far it has been written."""
+
+    __slots__ = ("_dirty", "fd", "file_from_offset", "file_name", "file_size", "flushed_position",
+                 "wrote_position")
+
+    def __init__(self, path: Path, file_from_offset: int, file_size: int) -> None:
+        self.file_name = path
+        self.file_from_offset = file_from_offset
+        self.file_size = file_size
+        existed = path.exists()
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        if not existed or os.fstat(self.fd).st_size < file_size:
+            os.ftruncate(self.fd, file_size)  # sparse: no disk used until written
+        self.wrote_position = 0
+        self.flushed_position = 0
+        self._dirty = False
+
+    @property
+    def end_offset(self) -> int:
+        return self.file_from_offset + self.file_size
+
+    def remaining(self) -> int:
+        return self.file_size - self.wrote_position
+
+    def append(self, data: bytes | bytearray | memoryview) -> int:
+        """Write ``data`` at the write position; returns the global offset it starts at."""
+        pos = self.wrote_position
+        n = os.pwrite(self.fd, data, pos)
+        if n != len(data):  # a short write is a full disk: never leave a half record behind
+            raise OSError(f"short write to {self.file_name}: {n} of {len(data)} bytes")
+        self.wrote_position = pos + n
+        self._dirty = True
+        return self.file_from_offset + pos
+
+    def write_at(self, position: int, data: bytes) -> None:
+        os.pwrite(self.fd, data, position)
+        self._dirty = True
+
+    def read(self, position: int, size: int) -> bytes:
+        """``size`` bytes from ``position`` within this file (fewer at its end)."""
+        return os.pread(self.fd, size, position)
+
+    def flush(self) -> int:
+        """fdatasync if anything was written since the last flush; returns the flushed position."""
+        if self._dirty:
+            target = self.wrote_position
+            self._dirty = False
+            os.fdatasync(self.fd)
+            self.flushed_position = max(self.flushed_position, target)
+        return self.flushed_position
+
+    def is_full(self) -> bool:
+        return self.wrote_position >= self.file_size
+
+    def close(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+    def destroy(self) -> None:
+        self.close()
+        try:
+            self.file_name.unlink()
+        except FileNotFoundError:
+            pass
+
+    def mtime(self) -> float:
+        return os.fstat(self.fd).st_mtime
+
+
+class MappedFileQueue:
+    """The ordered segments of one log (the commit log, or one consume queue)."""
+
+    def __init__(self, store_path: Path, mapped_file_size: int) -> None:
+        self.store_path = store_path
+        self.mapped_file_size = mapped_file_size
+        self.files: list[MappedFile] = []
+        self.lock = threading.Lock()
+
+    def load(self) -> None:
+        """Open the existing segments (all marked fully written; recovery fixes the last)."""
+        if not self.store_path.exists():
+            return
+        for path in sorted(self.store_path.iterdir()):
+            if not path.name.isdigit():
+                continue
+            mf = MappedFile(path, int(path.name), self.mapped_file_size)
+            mf.wrote_position = mf.flushed_position = self.mapped_file_size
+            self.files.append(mf)
+
+    def last_mapped_file(self, create_offset: int | None = None) -> MappedFile | None:
+        """The segment being written; a new one (from ``create_offset``) if it is full."""
+        last = self.files[-1] if self.files else None
+        if create_offset is not None and (last is None or last.is_full()):
+            start = create_offset if last is None else last.end_offset
+            self.store_path.mkdir(parents=True, exist_ok=True)
+            last = MappedFile(self.store_path / f"{start:020d}", start, self.mapped_file_size)
+            with self.lock:
+                self.files.append(last)
+        return last
+
+    def find_mapped_file_by_offset(self, offset: int) -> MappedFile | None:
+        files = self.files
+        if not files or offset < files[0].file_from_offset:
+            return None
+        index = (offset - files[0].file_from_offset) // self.mapped_file_size
+        if 0 <= index < len(files):
+            mf = files[index]
+            if mf.file_from_offset <= offset < mf.end_offset:
+                return mf
+        for mf in files:  # segments after a gap (should not happen): search
+            if mf.file_from_offset <= offset < mf.end_offset:
+                return mf
+        return None
+
+    @property
+    def min_offset(self) -> int:
+        return self.files[0].file_from_offset if self.files else 0
+
+    @property
+    def max_offset(self) -> int:
+        """One past the last written byte."""
+        if not self.files:
+            return 0
+        last = self.files[-1]
+        return last.file_from_offset + last.wrote_position
+
+    def truncate_dirty_files(self, offset: int) -> None:
+        """Cut everything at and after ``offset`` (a torn tail): zero it, drop later files."""
+        keep: list[MappedFile] = []
+        for mf in self.files:
+            if mf.end_offset <= offset:
+                keep.append(mf)
+            elif mf.file_from_offset <= offset:
+                pos = offset - mf.file_from_offset
+                os.ftruncate(mf.fd, pos)
+                os.ftruncate(mf.fd, mf.file_size)  # zeroes the cut part, stays sparse
+                mf.wrote_position = mf.flushed_position = pos
+                keep.append(mf)
+            else:
+                mf.destroy()
+        with self.lock:
+            self.files = keep
+
+    def flush(self) -> None:
+        for mf in list(self.files):
+            try:
+                mf.flush()
+            except OSError:  # destroyed by retention while we flushed: nothing to keep
+                pass
+
+    def delete_first(self) -> MappedFile:
+        with self.lock:
+            mf = self.files.pop(0)
+        mf.destroy()
+        return mf
+
+    def shutdown(self) -> None:
+        for mf in self.files:
+            mf.flush()
+            mf.close()

@@ -1,0 +1,494 @@
+"""DefaultMessageStore: the commit log, consume queues, index and their services.
+
+Single-writer by design: every put and every dispatch happens on the caller's
+thread (the broker's event loop); the flush services only fsync. Reads go
+through pread, so memory stays flat however much is stored.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+
+import numpy as np
+
+from pymq_proto.record import (
+    HEADER,
+    HEADER_SIZE,
+    MAX_PROPERTIES_SIZE,
+    MessageConst,
+    decode_properties,
+    encode_properties,
+    find_property,
+    split_tail,
+    tag_hash,
+)
+
+from ..common.mix_all import SCHEDULE_TOPIC
+from .commit_log import AppendMessageResult, CommitLog, MessageToStore
+from .config import SYNC_FLUSH, MessageStoreConfig
+from .consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue, pack_entries
+from .flush import FlushRealTimeService, GroupCommitService, ServiceThread, StoreCheckpoint
+from .index_service import IndexService
+from .results import GetMessageResult, GetMessageStatus, PutMessageResult, PutMessageStatus
+
+log = logging.getLogger(__name__)
+
+_KEYS = MessageConst.PROPERTY_KEYS.encode()
+_TAGS = MessageConst.PROPERTY_TAGS.encode()
+_UNIQ = MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX.encode()
+_DELAY = MessageConst.PROPERTY_DELAY_TIME_LEVEL.encode()
+
+MessageArrivingListener = Callable[[str, int, int], None]
+
+
+class _FlushConsumeQueueService(ServiceThread):
+    def __init__(self, store: DefaultMessageStore, interval_ms: int) -> None:
+        super().__init__("FlushConsumeQueueService", interval_ms / 1000)
+        self.store = store
+
+    def run_once(self) -> None:
+        self.store.checkpoint_now()
+
+
+class DefaultMessageStore:
+    """The broker's store. Call :meth:`load` then :meth:`start`; :meth:`shutdown` at the end.
+
+    ``message_arriving_listener(topic, queue_id, max_offset)`` is told of every
+    dispatch: the long-polling service wakes held pulls with it.
+    """
+
+    def __init__(self, config: MessageStoreConfig, store_host: bytes) -> None:
+        self.config = config
+        self.commit_log = CommitLog(config, store_host)
+        self.consume_queue_table: dict[str, dict[int, ConsumeQueue]] = {}
+        self.index_service = IndexService(
+            config.store_path_index, config.max_hash_slot_num, config.max_index_num
+        )
+        self.checkpoint = StoreCheckpoint(config.store_checkpoint)
+        self.dispatched_offset = 0  # every record before it is in its consume queue
+        self.message_arriving_listener: MessageArrivingListener | None = None
+        self._group_commit: GroupCommitService | None = None
+        self._services: list[ServiceThread] = []
+        self._running = False
+
+    # -- life cycle -------------------------------------------------------------
+
+    def load(self) -> None:
+        """Open the files and recover: cut a torn tail, rebuild missing queue entries."""
+        self.config.store_path_root_dir.mkdir(parents=True, exist_ok=True)
+        self.commit_log.load()
+        root = self.config.store_path_consume_queue
+        if root.exists():
+            for topic_dir in sorted(root.iterdir()):
+                for qdir in sorted(topic_dir.iterdir()):
+                    if qdir.name.isdigit():
+                        cq = self.find_consume_queue(topic_dir.name, int(qdir.name))
+                        cq.load()
+                        cq.recover()
+        self.index_service.load()
+        self._recover()
+
+    def _recover(self) -> None:
+        cl = self.commit_log
+        start = self.checkpoint.logics_msg_offset
+        if cl.mapped_file_queue.files and start < cl.min_offset:
+            start = cl.min_offset
+        end = cl.recover(start)
+        min_phy = cl.min_offset
+        for cq in self._all_consume_queues():
+            cq.truncate_dirty_logic_files(end)
+            cq.correct_min_offset(min_phy)
+        for topic, queues in self.consume_queue_table.items():
+            for qid, cq in queues.items():
+                cl.topic_queue_table[f"{topic}-{qid}"] = cq.max_offset_in_queue
+        redispatched = 0
+
+        def visit(offset: int, chunk: bytes, pos: int) -> None:
+            nonlocal redispatched
+            redispatched += 1
+            self._redispatch(offset, chunk, pos)
+
+        cl.scan(start, visit)
+        self.dispatched_offset = end
+        log.info(
+            "store recovered: commit log [%d, %d), %d records re-dispatched from offset %d",
+            min_phy, end, redispatched, start,
+        )
+
+    def _redispatch(self, offset: int, chunk: bytes, pos: int) -> None:
+        h = HEADER.unpack_from(chunk, pos)
+        total, queue_id, queue_offset, store_ts, body_len = h[0], h[3], h[5], h[9], h[13]
+        t0, t1, p0, p1 = split_tail(chunk, pos, total, body_len)
+        topic = chunk[t0:t1].decode()
+        props = chunk[p0:p1]
+        cq = self.find_consume_queue(topic, queue_id)
+        key = f"{topic}-{queue_id}"
+        if queue_offset >= cq.max_offset_in_queue:
+            tag = self._tag_code(topic, props, store_ts)
+            cq.put_entries(queue_offset, pack_entries([offset], [total], [tag]), offset + total)
+            self.commit_log.topic_queue_table[key] = queue_offset + 1
+            self._index(topic, [props], [offset], store_ts)
+
+    def start(self) -> None:
+        cfg = self.config
+        if cfg.flush_disk_type == SYNC_FLUSH:
+            self._group_commit = GroupCommitService(self.commit_log.flush)
+            self._services.append(self._group_commit)
+        else:
+            self._services.append(
+                FlushRealTimeService(self.commit_log.flush, cfg.flush_interval_commit_log)
+            )
+        self._services.append(_FlushConsumeQueueService(self, cfg.flush_interval_consume_queue))
+        for s in self._services:
+            s.start()
+        self._running = True
+
+    def shutdown(self) -> None:
+        """Flush everything and write the checkpoint (a clean stop recovers instantly)."""
+        if not self._running:
+            return
+        self._running = False
+        for s in self._services:
+            s.shutdown()
+        self.checkpoint_now()
+        self.commit_log.shutdown()
+        for cq in self._all_consume_queues():
+            cq.shutdown()
+        self.index_service.shutdown()
+        self.checkpoint.close()
+
+    def checkpoint_now(self) -> None:
+        """Flush queues, index and log, then record how far all of them are durable."""
+        upto = self.dispatched_offset
+        for cq in self._all_consume_queues():
+            cq.flush()
+        self.index_service.flush()
+        self.commit_log.flush()
+        self.checkpoint.flush(upto, int(time.time() * 1000))
+
+    # -- put --------------------------------------------------------------------
+
+    def check_message(self, topic: str, msg: MessageToStore) -> str | None:
+        """Why ``msg`` cannot be stored, or None."""
+        if len(msg.body) > self.config.max_message_size:
+            return (
+                f"message body of {len(msg.body)} bytes is over maxMessageSize "
+                f"{self.config.max_message_size} (topic {topic!r})"
+            )
+        if len(msg.properties) > MAX_PROPERTIES_SIZE:
+            return (
+                f"message properties of {len(msg.properties)} bytes are over the limit of "
+                f"{MAX_PROPERTIES_SIZE} (topic {topic!r})"
+            )
+        return None
+
+    def put_messages(
+        self, topic: str, queue_id: int, messages: Sequence[MessageToStore]
+    ) -> PutMessageResult:
+        """Store ``messages`` (one or a batch) in queue ``queue_id`` of ``topic``.
+
+        A single message with a DELAY property goes to SCHEDULE_TOPIC_XXXX, queue
+        level-1, its real topic and queue kept in REAL_TOPIC / REAL_QID.
+        """
+        if not self._running and self._services:
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, remark="store is shut down")
+        if not messages:
+            return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, remark="no message to store")
+        total = 0
+        for i, m in enumerate(messages):
+            problem = self.check_message(topic, m)
+            if problem:
+                status = (
+                    PutMessageStatus.PROPERTIES_SIZE_EXCEEDED
+                    if len(m.properties) > MAX_PROPERTIES_SIZE
+                    else PutMessageStatus.MESSAGE_ILLEGAL
+                )
+                where = f"message {i} of the batch: " if len(messages) > 1 else ""
+                return PutMessageResult(status, remark=where + problem)
+            total += len(m.body)
+        if len(messages) > 1 and total > self.config.max_message_size:
+            return PutMessageResult(
+                PutMessageStatus.MESSAGE_ILLEGAL,
+                remark=(
+                    f"batch of {len(messages)} messages carries {total} bytes, over "
+                    f"maxMessageSize {self.config.max_message_size}; split it"
+                ),
+            )
+        if len(messages) == 1 and topic != SCHEDULE_TOPIC:
+            level = find_property(messages[0].properties, _DELAY)
+            if level and level.isdigit() and int(level) > 0:
+                topic, queue_id, messages = self._to_schedule(topic, queue_id, messages[0], int(level))
+        appended = self.commit_log.put_messages(topic, queue_id, messages)
+        self._dispatch(topic, queue_id, messages, appended)
+        return PutMessageResult(
+            PutMessageStatus.PUT_OK,
+            topic=topic,
+            queue_id=queue_id,
+            queue_offset=appended.queue_offset,
+            physical_offsets=appended.physical_offsets,
+            end_offset=appended.end_offset,
+            store_timestamp=appended.store_timestamp,
+        )
+
+    def _to_schedule(
+        self, topic: str, queue_id: int, msg: MessageToStore, level: int
+    ) -> tuple[str, int, list[MessageToStore]]:
+        level = min(level, self.config.max_delay_level)
+        props = decode_properties(msg.properties)
+        props[MessageConst.PROPERTY_DELAY_TIME_LEVEL] = str(level)
+        props[MessageConst.PROPERTY_REAL_TOPIC] = topic
+        props[MessageConst.PROPERTY_REAL_QUEUE_ID] = str(queue_id)
+        scheduled = MessageToStore(
+            msg.body, msg.flag, encode_properties(props), msg.born_timestamp,
+            msg.reconsume_times, msg.sys_flag,
+        )
+        return SCHEDULE_TOPIC, level - 1, [scheduled]
+
+    def _tag_code(self, topic: str, props: bytes, store_ts: int) -> int:
+        if topic == SCHEDULE_TOPIC:  # the delivery time, as RocketMQ
+            level = find_property(props, _DELAY)
+            lvl = min(int(level), self.config.max_delay_level) if level and level.isdigit() else 1
+            return store_ts + self.config.delay_levels_ms[max(lvl, 1) - 1]
+        return tag_hash(find_property(props, _TAGS))
+
+    def _dispatch(
+        self, topic: str, queue_id: int, messages: Sequence[MessageToStore],
+        appended: AppendMessageResult,
+    ) -> None:
+        cq = self.find_consume_queue(topic, queue_id)
+        ts = appended.store_timestamp
+        tags = [self._tag_code(topic, m.properties, ts) for m in messages]
+        cq.put_entries(
+            appended.queue_offset,
+            pack_entries(appended.physical_offsets, appended.sizes, tags),
+            appended.end_offset,
+        )
+        cq.last_store_timestamp = ts
+        self._index(topic, [m.properties for m in messages], appended.physical_offsets, ts)
+        self.dispatched_offset = appended.end_offset
+        listener = self.message_arriving_listener
+        if listener is not None:
+            listener(topic, queue_id, cq.max_offset_in_queue)
+
+    def _index(self, topic: str, props_list: Iterable[bytes], phys: Sequence[int], ts: int) -> None:
+        if not self.config.message_index_enable:
+            return
+        build = self.index_service.build_index
+        for props, phy in zip(props_list, phys, strict=True):
+            keys = []
+            uniq = find_property(props, _UNIQ)
+            if uniq:
+                keys.append(uniq.decode())
+            k = find_property(props, _KEYS)
+            if k:
+                keys.extend(k.decode().split(MessageConst.KEY_SEPARATOR))
+            if keys:
+                build(topic, keys, phy, ts)
+
+    def wait_flush(self, result: PutMessageResult) -> Future[bool] | None:
+        """Under SYNC_FLUSH: a future done once the put is on disk; None under ASYNC_FLUSH."""
+        if self._group_commit is None:
+            return None
+        return self._group_commit.put_request(result.end_offset)
+
+    # -- queues -----------------------------------------------------------------
+
+    def find_consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        queues = self.consume_queue_table.setdefault(topic, {})
+        cq = queues.get(queue_id)
+        if cq is None:
+            cq = ConsumeQueue(
+                topic, queue_id, self.config.store_path_consume_queue,
+                self.config.mapped_file_size_consume_queue,
+            )
+            queues[queue_id] = cq
+        return cq
+
+    def _existing_queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        return self.consume_queue_table.get(topic, {}).get(queue_id)
+
+    def _all_consume_queues(self) -> list[ConsumeQueue]:
+        return [cq for queues in list(self.consume_queue_table.values()) for cq in list(queues.values())]
+
+    def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        cq = self._existing_queue(topic, queue_id)
+        return cq.min_offset_in_queue if cq else 0
+
+    def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        cq = self._existing_queue(topic, queue_id)
+        return cq.max_offset_in_queue if cq else 0
+
+    def get_last_store_timestamp(self, topic: str, queue_id: int) -> int:
+        cq = self._existing_queue(topic, queue_id)
+        if cq is None or cq.max_offset_in_queue <= cq.min_offset_in_queue:
+            return 0
+        if not cq.last_store_timestamp:
+            cq.last_store_timestamp = self._store_timestamp_at(cq, cq.max_offset_in_queue - 1)
+        return cq.last_store_timestamp
+
+    def _store_timestamp_at(self, cq: ConsumeQueue, offset: int) -> int:
+        e = cq.get_entries(offset, 1)
+        if not len(e):
+            return 0
+        head = self.commit_log.get_data(int(e[0]["phy"]), HEADER_SIZE)
+        return int(HEADER.unpack(head)[9]) if len(head) == HEADER_SIZE else 0
+
+    def get_offset_in_queue_by_time(self, topic: str, queue_id: int, timestamp: int) -> int:
+        """The first offset stored at or after ``timestamp`` (max offset if none)."""
+        cq = self._existing_queue(topic, queue_id)
+        if cq is None:
+            return 0
+        lo, hi = cq.min_offset_in_queue, cq.max_offset_in_queue
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._store_timestamp_at(cq, mid) < timestamp:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def delete_topic(self, topic: str) -> None:
+        """Drop the topic's consume queues (its records expire with the commit log)."""
+        queues = self.consume_queue_table.pop(topic, {})
+        for qid, cq in queues.items():
+            cq.destroy()
+            self.commit_log.topic_queue_table.pop(f"{topic}-{qid}", None)
+        shutil.rmtree(self.config.store_path_consume_queue / topic, ignore_errors=True)
+
+    # -- get --------------------------------------------------------------------
+
+    def get_message(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_msg_nums: int,
+        max_bytes: int = 0,
+        tag_hashes: frozenset[int] | None = None,
+    ) -> GetMessageResult:
+        """Up to ``max_msg_nums`` records from ``offset``, as stored, back to back.
+
+        ``tag_hashes`` filters by the consume queue's tag hash (None: all).
+        """
+        cq = self._existing_queue(topic, queue_id)
+        if cq is None:
+            return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
+        min_off, max_off = cq.min_offset_in_queue, cq.max_offset_in_queue
+        if max_off == 0 or max_off == min_off:
+            status = GetMessageStatus.NO_MESSAGE_IN_QUEUE
+            nxt = min_off if offset != min_off else offset
+            return GetMessageResult(status, nxt, min_off, max_off)
+        if offset < min_off:
+            return GetMessageResult(GetMessageStatus.OFFSET_TOO_SMALL, min_off, min_off, max_off)
+        if offset == max_off:
+            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, min_off, max_off)
+        if offset > max_off:
+            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, max_off, min_off, max_off)
+        cfg = self.config
+        max_bytes = min(max_bytes or cfg.max_transfer_bytes_on_message_in_disk,
+                        cfg.max_transfer_bytes_on_message_in_disk)
+        want = min(max_msg_nums, cfg.max_transfer_count_on_message_in_disk)
+        scan = want if tag_hashes is None else min(max(want * 4, 1024), 64_000)
+        entries = cq.get_entries(offset, scan)
+        mask = entries["phy"] >= self.commit_log.min_offset
+        if tag_hashes is not None:
+            mask &= np.isin(entries["tag"], np.fromiter(tag_hashes, dtype=np.int64))
+        matched = np.flatnonzero(mask)[:want]
+        if len(matched):
+            sizes = entries["size"][matched].astype(np.int64)
+            fits = int(np.searchsorted(np.cumsum(sizes), max_bytes, side="right"))
+            matched = matched[: max(fits, 1)]
+            if len(matched) == want or fits < len(sizes):
+                scanned = int(matched[-1]) + 1
+            else:
+                scanned = len(entries)
+        else:
+            scanned = len(entries)
+        nxt = offset + scanned
+        if not len(matched):
+            return GetMessageResult(GetMessageStatus.NO_MATCHED_MESSAGE, nxt, min_off, max_off)
+        records = self.read_records(entries["phy"][matched], entries["size"][matched])
+        return GetMessageResult(GetMessageStatus.FOUND, nxt, min_off, max_off, records, len(matched))
+
+    def read_records(self, phys: np.ndarray, sizes: np.ndarray) -> bytes:
+        """The records at ``phys``: one pread per contiguous run in one segment."""
+        file_size = self.config.mapped_file_size_commit_log
+        ends = phys + sizes
+        breaks = np.flatnonzero(
+            (phys[1:] != ends[:-1]) | (phys[1:] // file_size != phys[:-1] // file_size)
+        ) + 1
+        starts = np.concatenate(([0], breaks))
+        stops = np.concatenate((breaks, [len(phys)]))
+        get = self.commit_log.get_data
+        if len(starts) == 1:
+            return get(int(phys[0]), int(ends[-1] - phys[0]))
+        return b"".join(
+            get(int(phys[a]), int(ends[b - 1] - phys[a])) for a, b in zip(starts, stops, strict=True)
+        )
+
+    def look_message_by_offset(self, phy: int) -> bytes | None:
+        """The whole record at physical offset ``phy``."""
+        if phy < self.commit_log.min_offset or phy >= self.commit_log.max_offset:
+            return None
+        return self.commit_log.get_message(phy)
+
+    def query_message(
+        self, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int
+    ) -> list[bytes]:
+        """Records of ``topic`` whose UNIQ_KEY or KEYS holds ``key`` (newest first)."""
+        out: list[bytes] = []
+        seen: set[int] = set()
+        for phy in self.index_service.query_offsets(topic, key, max_num * 4, begin_ms, end_ms):
+            if phy in seen:
+                continue
+            seen.add(phy)
+            rec = self.look_message_by_offset(phy)
+            if rec is None:
+                continue
+            h = HEADER.unpack_from(rec)
+            t0, t1, p0, p1 = split_tail(rec, 0, h[0], h[13])
+            if rec[t0:t1].decode() != topic:
+                continue
+            props = rec[p0:p1]
+            keys = (find_property(props, _KEYS) or b"").decode().split(MessageConst.KEY_SEPARATOR)
+            uniq = (find_property(props, _UNIQ) or b"").decode()
+            if key == uniq or key in keys:
+                out.append(rec)
+                if len(out) >= max_num:
+                    break
+        return out
+
+    # -- retention --------------------------------------------------------------
+
+    def clean_expired_files(self, now: float | None = None) -> int:
+        """Delete commit-log segments older than fileReservedTime, then what pointed at them."""
+        deleted = self.commit_log.delete_expired_files(self.config.file_reserved_time * 3600, now)
+        if deleted:
+            phy_min = self.commit_log.min_offset
+            for cq in self._all_consume_queues():
+                cq.delete_expired_files(phy_min)
+            self.index_service.delete_expired_files(phy_min)
+        return deleted
+
+    # -- stats ------------------------------------------------------------------
+
+    def runtime_info(self) -> dict[str, str]:
+        cl = self.commit_log
+        return {
+            "commitLogMinOffset": str(cl.min_offset),
+            "commitLogMaxOffset": str(cl.max_offset),
+            "dispatchedOffset": str(self.dispatched_offset),
+            "flushDiskType": self.config.flush_disk_type,
+            "consumeQueues": str(len(self._all_consume_queues())),
+            "storePath": str(self.config.store_path_root_dir),
+        }
+
+
+
+
+__all__ = ["CQ_STORE_UNIT_SIZE", "DefaultMessageStore", "MessageToStore"]

@@ -1,0 +1,132 @@
+"""ScheduleMessageService: delivers delayed messages when their level's delay has passed.
+
+A message with delay level L waits in queue L-1 of SCHEDULE_TOPIC_XXXX; its
+consume-queue entry holds the delivery time. Each level's queue is in delivery
+order, so only its head is ever checked. When the head is due the message is
+written again to REAL_TOPIC / REAL_QID with the delay cleared. Progress per
+level is persisted (delayOffset.json) after each delivery round: a restart
+neither loses nor skips a delayed message (at-least-once: a crash between a
+delivery and its progress write delivers that message again).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pymq_proto.record import HEADER, MessageConst, decode_properties, encode_properties, split_tail
+
+from ..common.config_manager import ConfigManager
+from ..common.mix_all import SCHEDULE_TOPIC
+from .commit_log import MessageToStore
+from .config import SYNC_FLUSH
+from .message_store import DefaultMessageStore
+
+log = logging.getLogger(__name__)
+
+DELIVER_BATCH = 4096
+RUN_MAX_BYTES = 1024 * 1024
+_DROP = (MessageConst.PROPERTY_DELAY_TIME_LEVEL, MessageConst.PROPERTY_REAL_TOPIC,
+         MessageConst.PROPERTY_REAL_QUEUE_ID)
+
+
+class ScheduleMessageService(ConfigManager):
+    """Call :meth:`deliver_due` periodically; it returns seconds until the next due message."""
+
+    def __init__(self, store: DefaultMessageStore, path: Path) -> None:
+        super().__init__(path)
+        self.store = store
+        self.offset_table: dict[int, int] = {}  # delay level -> next schedule-queue offset
+        self.delivered = 0
+
+    def encode(self) -> dict[str, Any]:
+        return {"offsetTable": {str(k): v for k, v in sorted(self.offset_table.items())}}
+
+    def decode(self, data: dict[str, Any]) -> None:
+        self.offset_table = {int(k): int(v) for k, v in data.get("offsetTable", {}).items()}
+
+    def compute_deliver_timestamp(self, level: int, store_ts: int) -> int:
+        levels = self.store.config.delay_levels_ms
+        return store_ts + levels[min(max(level, 1), len(levels)) - 1]
+
+    def deliver_due(self, now_ms: int | None = None) -> float:
+        """Deliver every due message of every level; seconds until the next one is due."""
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        next_due: int | None = None
+        delivered = 0
+        for level in range(1, self.store.config.max_delay_level + 1):
+            count, due = self._deliver_level(level, now_ms)
+            delivered += count
+            if due is not None:
+                next_due = due if next_due is None else min(next_due, due)
+        if delivered:
+            if self.store.config.flush_disk_type == SYNC_FLUSH:
+                self.store.commit_log.flush()
+            self.persist()
+        if next_due is None:
+            return 0.05
+        return max(0.0, (next_due - now_ms) / 1000.0)
+
+    def _deliver_level(self, level: int, now_ms: int) -> tuple[int, int | None]:
+        """Deliver the due head of one level: (delivered, next due time or None if drained)."""
+        cq = self.store.consume_queue_table.get(SCHEDULE_TOPIC, {}).get(level - 1)
+        if cq is None:
+            return 0, None
+        offset = max(self.offset_table.get(level, 0), cq.min_offset_in_queue)
+        if offset >= cq.max_offset_in_queue:
+            return 0, None
+        entries = cq.get_entries(offset, DELIVER_BATCH)
+        tags = entries["tag"]
+        not_due = np.flatnonzero(tags > now_ms)
+        due = int(not_due[0]) if len(not_due) else len(entries)
+        if due:
+            records = self.store.read_records(entries["phy"][:due], entries["size"][:due])
+            self._message_timeup(records)
+            self.offset_table[level] = offset + due
+            self.delivered += due
+        if due < len(entries):
+            return due, int(tags[due])
+        return due, (now_ms if len(entries) == DELIVER_BATCH else None)
+
+    def _message_timeup(self, records: bytes) -> None:
+        """Write each record again to its real topic and queue, the delay cleared."""
+        pos = 0
+        run: list[MessageToStore] = []
+        run_key: tuple[str, int] | None = None
+        run_bytes = 0
+        while pos < len(records):
+            h = HEADER.unpack_from(records, pos)
+            total, flag, born, reconsume, sys_flag, body_len = h[0], h[4], h[8], h[11], h[7], h[13]
+            t0, t1, p0, p1 = split_tail(records, pos, total, body_len)
+            props = decode_properties(records[p0:p1])
+            real_topic = props.get(MessageConst.PROPERTY_REAL_TOPIC, "")
+            real_qid = int(props.get(MessageConst.PROPERTY_REAL_QUEUE_ID, "0") or 0)
+            for name in _DROP:
+                props.pop(name, None)
+            body = records[pos + 80 : pos + 80 + body_len]
+            msg = MessageToStore(body, flag, encode_properties(props), born, reconsume, sys_flag)
+            key = (real_topic, real_qid)
+            if run and (key != run_key or run_bytes + len(body) > RUN_MAX_BYTES):
+                self._put(run_key, run)
+                run, run_bytes = [], 0
+            run_bytes += len(body)
+            run_key = key
+            run.append(msg)
+            pos += total
+        if run:
+            self._put(run_key, run)
+
+    def _put(self, key: tuple[str, int] | None, run: list[MessageToStore]) -> None:
+        assert key is not None
+        topic, qid = key
+        if not topic:
+            log.error("delayed message without REAL_TOPIC dropped")
+            return
+        # consecutive messages for one queue share a write
+        result = self.store.put_messages(topic, qid, run)
+        if not result.ok:
+            log.error("delivering %d delayed message(s) to %s failed: %s", len(run), topic, result.remark)

@@ -1,0 +1,227 @@
+"""Administration: topics, stats, group progress and message look-ups.
+
+Tables come back as pandas DataFrames, ready for a notebook.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pymq_proto.record import parse_offset_msg_id
+from pymq_proto.v1 import pymq_pb2
+
+from ..errors import TopicNotExistError
+from .codec import decode_records
+from .consumer import mq_proto
+from .message import MessageExt, MessageQueue
+from .route import PERM_READ, PERM_WRITE
+from .transport import BrokerClient
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["Admin", "TopicConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    """A topic's configuration on the broker (RocketMQ's TopicConfig)."""
+
+    topic_name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+    dedup_window_ms: int = 0
+
+    @staticmethod
+    def from_proto(c: Any) -> TopicConfig:
+        return TopicConfig(
+            c.topic_name, c.read_queue_nums, c.write_queue_nums, c.perm, c.dedup_window_ms
+        )
+
+
+def _frame(rows: list[dict[str, Any]], columns: list[str]) -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.DataFrame(rows, columns=columns)
+
+
+class Admin:
+    """Topic and group administration for one broker.
+
+    Example::
+
+        admin = Admin("127.0.0.1:8081")
+        admin.create_topic("orders", queues=4)
+        admin.topic_stats("orders")        # DataFrame: one row per queue
+        admin.group_progress("analytics")  # DataFrame: offsets and lag per queue
+    """
+
+    def __init__(self, endpoint: str, *, timeout_ms: int = 10_000) -> None:
+        self._client = BrokerClient(endpoint, timeout_ms / 1000.0)
+
+    @property
+    def endpoint(self) -> str:
+        return self._client.endpoint
+
+    def create_topic(
+        self,
+        name: str,
+        queues: int = 4,
+        *,
+        read_queues: int | None = None,
+        write_queues: int | None = None,
+        perm: int = PERM_READ | PERM_WRITE,
+        dedup_window_ms: int = 0,
+        update_if_exists: bool = True,
+    ) -> TopicConfig:
+        """Create ``name`` (or update it) with ``queues`` read and write queues.
+
+        ``dedup_window_ms`` > 0 makes the broker drop a message whose UNIQ_KEY it
+        stored on this topic within that window (idempotent retries).
+        """
+        if not isinstance(queues, int) or queues < 1:
+            raise ValueError(f"queues must be an int >= 1, got {queues!r}")
+        config = pymq_pb2.TopicConfig(
+            topic_name=name,
+            read_queue_nums=queues if read_queues is None else read_queues,
+            write_queue_nums=queues if write_queues is None else write_queues,
+            perm=perm,
+            dedup_window_ms=dedup_window_ms,
+        )
+        resp = self._client.call(
+            "CreateTopic",
+            pymq_pb2.CreateTopicRequest(config=config, update_if_exists=update_if_exists),
+        )
+        return TopicConfig.from_proto(resp.config)
+
+    def delete_topic(self, name: str) -> None:
+        self._client.call("DeleteTopic", pymq_pb2.DeleteTopicRequest(topic=name))
+
+    def topic_config(self, name: str) -> TopicConfig:
+        for t in self._client.call("ListTopics", pymq_pb2.ListTopicsRequest(include_system=True)).topics:
+            if t.topic_name == name:
+                return TopicConfig.from_proto(t)
+        raise TopicNotExistError(f"topic {name!r} does not exist on {self.endpoint}")
+
+    def topic_names(self, include_system: bool = False) -> list[str]:
+        resp = self._client.call(
+            "ListTopics", pymq_pb2.ListTopicsRequest(include_system=include_system)
+        )
+        return [t.topic_name for t in resp.topics]
+
+    def topics(self, include_system: bool = False) -> pd.DataFrame:
+        """One row per topic: queues, permissions, messages, offsets, last store time."""
+        resp = self._client.call(
+            "ListTopics", pymq_pb2.ListTopicsRequest(include_system=include_system)
+        )
+        rows = []
+        for t in resp.topics:
+            stats = self._client.call("TopicStats", pymq_pb2.TopicStatsRequest(topic=t.topic_name))
+            rows.append(
+                {
+                    "topic": t.topic_name,
+                    "read_queues": t.read_queue_nums,
+                    "write_queues": t.write_queue_nums,
+                    "perm": t.perm,
+                    "messages": sum(q.max_offset - q.min_offset for q in stats.queues),
+                    "min_offset": min((q.min_offset for q in stats.queues), default=0),
+                    "max_offset": max((q.max_offset for q in stats.queues), default=0),
+                    "last_store_timestamp": max(
+                        (q.last_store_timestamp for q in stats.queues), default=0
+                    ),
+                }
+            )
+        return _frame(
+            rows,
+            ["topic", "read_queues", "write_queues", "perm", "messages", "min_offset",
+             "max_offset", "last_store_timestamp"],
+        )
+
+    def topic_stats(self, name: str) -> pd.DataFrame:
+        """One row per queue of ``name``: min/max offset, message count, last store time."""
+        resp = self._client.call("TopicStats", pymq_pb2.TopicStatsRequest(topic=name))
+        rows = [
+            {
+                "topic": q.message_queue.topic,
+                "broker_name": q.message_queue.broker_name,
+                "queue_id": q.message_queue.queue_id,
+                "min_offset": q.min_offset,
+                "max_offset": q.max_offset,
+                "messages": q.max_offset - q.min_offset,
+                "last_store_timestamp": q.last_store_timestamp,
+            }
+            for q in resp.queues
+        ]
+        return _frame(
+            rows,
+            ["topic", "broker_name", "queue_id", "min_offset", "max_offset", "messages",
+             "last_store_timestamp"],
+        )
+
+    def group_progress(self, group: str, topic: str | None = None) -> pd.DataFrame:
+        """One row per queue the group has progress on: broker and consumer offset, lag."""
+        resp = self._client.call(
+            "ConsumerProgress",
+            pymq_pb2.ConsumerProgressRequest(consumer_group=group, topic=topic or ""),
+        )
+        rows = [
+            {
+                "group": group,
+                "topic": q.message_queue.topic,
+                "broker_name": q.message_queue.broker_name,
+                "queue_id": q.message_queue.queue_id,
+                "broker_offset": q.broker_offset,
+                "consumer_offset": q.consumer_offset,
+                "lag": max(0, q.broker_offset - max(q.consumer_offset, 0)),
+            }
+            for q in resp.queues
+        ]
+        return _frame(
+            rows,
+            ["group", "topic", "broker_name", "queue_id", "broker_offset", "consumer_offset",
+             "lag"],
+        )
+
+    def view_message(self, msg_id: str, topic: str | None = None) -> MessageExt:
+        """A message by its offsetMsgId, or by its msgId (UNIQ_KEY) within ``topic``."""
+        try:
+            _ip, _port, phy = parse_offset_msg_id(msg_id)
+            req = pymq_pb2.ViewMessageRequest(commit_log_offset=phy)
+        except ValueError:
+            if topic is None:
+                raise ValueError(
+                    f"{msg_id!r} is not an offsetMsgId; pass topic= to look it up as a msgId"
+                ) from None
+            req = pymq_pb2.ViewMessageRequest(commit_log_offset=-1, topic=topic, msg_id=msg_id)
+        resp = self._client.call("ViewMessage", req)
+        info = self._client.call("BrokerRuntimeInfo", pymq_pb2.BrokerRuntimeInfoRequest())
+        return decode_records(resp.records, info.broker_name)[0]
+
+    def query_message(
+        self, topic: str, key: str, max_num: int = 64, begin_ms: int = 0, end_ms: int = 0
+    ) -> list[MessageExt]:
+        """Messages of ``topic`` whose KEYS (or UNIQ_KEY) include ``key``."""
+        resp = self._client.call(
+            "QueryMessage",
+            pymq_pb2.QueryMessageRequest(
+                topic=topic, key=key, max_num=max_num, begin_timestamp=begin_ms,
+                end_timestamp=end_ms,
+            ),
+        )
+        info = self._client.call("BrokerRuntimeInfo", pymq_pb2.BrokerRuntimeInfoRequest())
+        return decode_records(resp.records, info.broker_name)
+
+    def min_max_offset(self, mq: MessageQueue) -> tuple[int, int]:
+        lo = self._client.call(
+            "QueryOffset", pymq_pb2.QueryOffsetRequest(message_queue=mq_proto(mq), type=pymq_pb2.BEGINNING)
+        ).offset
+        hi = self._client.call(
+            "QueryOffset", pymq_pb2.QueryOffsetRequest(message_queue=mq_proto(mq), type=pymq_pb2.END)
+        ).offset
+        return int(lo), int(hi)
+
+    def broker_info(self) -> dict[str, str]:
+        resp = self._client.call("BrokerRuntimeInfo", pymq_pb2.BrokerRuntimeInfoRequest())
+        return {"broker_name": resp.broker_name, "endpoint": resp.endpoint, **dict(resp.info)}

@@ -1,0 +1,222 @@
+"""Typed value objects of the client API: what you send and what you receive."""
+
+from __future__ import annotations
+
+import enum
+import os
+import struct
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from pymq_proto.record import MessageConst, encode_properties
+
+__all__ = [
+    "Message",
+    "MessageExt",
+    "MessageQueue",
+    "PullResult",
+    "PullStatus",
+    "SendResult",
+    "SendStatus",
+]
+
+MAX_DELAY_LEVEL_HINT = 18
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class MessageQueue:
+    """RocketMQ's MessageQueue: (topic, broker name, queue id)."""
+
+    topic: str
+    broker_name: str
+    queue_id: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}@{self.broker_name}#{self.queue_id}"
+
+
+@dataclass(slots=True)
+class Message:
+    """A message to send.
+
+    Args:
+        topic: the topic name.
+        body: the payload; ``str`` is encoded as UTF-8.
+        tags: one tag (RocketMQ's TAGS), used by tag subscriptions ``"A || B"``.
+        keys: business keys (RocketMQ's KEYS), indexed for look-ups by key.
+        properties: user properties (strings).
+        delay_level: 0 to send now, N to deliver after the broker's delay level N
+            (default levels: 1s 5s 10s 30s 1m 2m 3m ... 2h).
+        sharding_key: messages with the same key go to the same queue, in order.
+
+    Example::
+
+        Message("orders", b'{"id": 7}', tags="created", keys=["order-7"], sharding_key="7")
+    """
+
+    topic: str
+    body: bytes
+    tags: str | None = None
+    keys: tuple[str, ...] = ()
+    properties: dict[str, str] = field(default_factory=dict)
+    delay_level: int = 0
+    sharding_key: str | None = None
+    flag: int = 0
+
+    def __init__(
+        self,
+        topic: str,
+        body: bytes | bytearray | memoryview | str,
+        tags: str | None = None,
+        keys: Iterable[str] | str = (),
+        properties: Mapping[str, str] | None = None,
+        delay_level: int = 0,
+        sharding_key: str | None = None,
+        flag: int = 0,
+    ) -> None:
+        if not isinstance(topic, str) or not topic:
+            raise ValueError(f"Message topic must be a non-empty string, got {topic!r}")
+        if isinstance(body, str):
+            body = body.encode()
+        elif isinstance(body, (bytearray, memoryview)):
+            body = bytes(body)
+        elif not isinstance(body, bytes):
+            raise TypeError(f"Message body must be bytes or str, got {type(body).__name__}")
+        if tags is not None and not isinstance(tags, str):
+            raise TypeError(f"Message tags must be a string, got {type(tags).__name__}")
+        if isinstance(keys, str):
+            keys = (keys,)
+        keys = tuple(keys)
+        for k in keys:
+            if not isinstance(k, str) or not k or " " in k:
+                raise ValueError(f"Message key {k!r} must be a non-empty string without spaces")
+        if not isinstance(delay_level, int) or delay_level < 0:
+            raise ValueError(f"Message delay_level must be an int >= 0, got {delay_level!r}")
+        props = dict(properties or {})
+        for name, value in props.items():
+            if not isinstance(name, str) or not isinstance(value, str):
+                raise TypeError(
+                    f"Message properties must map str to str, got {name!r}: {value!r}"
+                )
+            if "\x01" in name or "\x02" in name or "\x01" in value or "\x02" in value:
+                raise ValueError(f"Message property {name!r} contains a reserved \\x01/\\x02")
+        self.topic = topic
+        self.body = body
+        self.tags = tags
+        self.keys = keys
+        self.properties = props
+        self.delay_level = delay_level
+        self.sharding_key = sharding_key
+        self.flag = flag
+
+
+_uniq_lock = threading.Lock()
+_uniq_counter = 0
+_UNIQ_PREFIX = struct.pack(">iH", os.getpid() & 0x7FFFFFFF, 0).hex()
+
+
+def new_uniq_key() -> str:
+    """A msgId (UNIQ_KEY): unique per send, 32 hex digits like RocketMQ's."""
+    global _uniq_counter
+    with _uniq_lock:
+        _uniq_counter += 1
+        n = _uniq_counter
+    return f"{_UNIQ_PREFIX}{time.time_ns() // 1000 & 0xFFFFFFFFFFFF:012X}{n & 0xFFFFFFFF:08X}"
+
+
+def encode_message_properties(msg: Message, uniq_key: str) -> bytes:
+    """The stored properties of ``msg``: the user's plus RocketMQ's system ones."""
+    props = dict(msg.properties)
+    if msg.tags:
+        props[MessageConst.PROPERTY_TAGS] = msg.tags
+    if msg.keys:
+        props[MessageConst.PROPERTY_KEYS] = MessageConst.KEY_SEPARATOR.join(msg.keys)
+    if msg.delay_level:
+        props[MessageConst.PROPERTY_DELAY_TIME_LEVEL] = str(msg.delay_level)
+    if msg.sharding_key is not None:
+        props[MessageConst.PROPERTY_SHARDING_KEY] = msg.sharding_key
+    props[MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = uniq_key
+    return encode_properties(props)
+
+
+@dataclass(slots=True)
+class MessageExt:
+    """A received message, with where and when the broker stored it.
+
+    ``topic`` is the topic it was read from; for a retried message
+    (read from ``%RETRY%<group>``) ``retry_topic`` holds the original one
+    (RocketMQ's RETRY_TOPIC property) and ``reconsume_times`` counts deliveries.
+    """
+
+    topic: str
+    queue_id: int
+    broker_name: str
+    queue_offset: int
+    msg_id: str
+    offset_msg_id: str
+    commit_log_offset: int
+    body: bytes
+    tags: str | None
+    keys: tuple[str, ...]
+    properties: dict[str, str]
+    born_timestamp: int
+    store_timestamp: int
+    reconsume_times: int
+    store_size: int = 0
+    flag: int = 0
+
+    @property
+    def retry_topic(self) -> str | None:
+        """The original topic of a retried message (RETRY_TOPIC), else None."""
+        return self.properties.get(MessageConst.PROPERTY_RETRY_TOPIC)
+
+    @property
+    def user_properties(self) -> dict[str, str]:
+        """Properties without RocketMQ's system ones."""
+        return {
+            k: v for k, v in self.properties.items() if k not in MessageConst.SYSTEM_PROPERTIES
+        }
+
+
+class SendStatus(enum.Enum):
+    SEND_OK = "SEND_OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """The broker's answer to a send. For a batch, ids are per message, in order."""
+
+    status: SendStatus
+    msg_id: str
+    offset_msg_id: str
+    message_queue: MessageQueue
+    queue_offset: int
+    msg_ids: tuple[str, ...] = ()
+    offset_msg_ids: tuple[str, ...] = ()
+
+    @property
+    def queue_id(self) -> int:
+        return self.message_queue.queue_id
+
+
+class PullStatus(enum.Enum):
+    FOUND = "FOUND"
+    NO_NEW_MSG = "NO_NEW_MSG"
+    NO_MATCHED_MSG = "NO_MATCHED_MSG"
+    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    """A pull's answer: messages from ``offset`` on, and where to continue."""
+
+    status: PullStatus
+    messages: list[MessageExt]
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int

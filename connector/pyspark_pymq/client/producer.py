@@ -1,0 +1,385 @@
+"""The producer: RocketMQ's send modes, retries, fault avoidance and batches."""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any, Literal
+
+import grpc
+
+from pymq_proto.record import HEADER_SIZE, offset_msg_id, store_host_bytes
+from pymq_proto.v1 import pymq_pb2
+
+from ..errors import (
+    BrokerUnavailableError,
+    IllegalArgumentError,
+    MessageIllegalError,
+    PymqError,
+    RequestTimeoutError,
+    SystemBusyError,
+)
+from .message import (
+    Message,
+    MessageQueue,
+    SendResult,
+    SendStatus,
+    encode_message_properties,
+    new_uniq_key,
+)
+from .route import RouteCache
+from .transport import BrokerClient, map_rpc_error
+
+__all__ = ["DEFAULT_MAX_MESSAGE_SIZE", "Producer", "SendMode"]
+
+SendMode = Literal["sync", "async", "oneway"]
+SEND_MODES: tuple[str, ...] = ("sync", "async", "oneway")
+DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
+# Errors worth another try on another queue or broker; the rest are the
+# message's own fault (too big, no such topic...) and would fail again.
+RETRYABLE = (BrokerUnavailableError, RequestTimeoutError, SystemBusyError)
+_STATUS = {
+    pymq_pb2.SEND_OK: SendStatus.SEND_OK,
+    pymq_pb2.FLUSH_DISK_TIMEOUT_STATUS: SendStatus.FLUSH_DISK_TIMEOUT,
+    pymq_pb2.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
+    pymq_pb2.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
+}
+
+
+class LatencyFaultTolerance:
+    """Send-side fault avoidance: a broker that just failed is avoided for a while."""
+
+    def __init__(self, not_available_s: float = 30.0) -> None:
+        self.not_available_s = not_available_s
+        self._until: dict[str, float] = {}
+
+    def update(self, broker_name: str, failed: bool) -> None:
+        if failed:
+            self._until[broker_name] = time.monotonic() + self.not_available_s
+        else:
+            self._until.pop(broker_name, None)
+
+    def is_available(self, broker_name: str) -> bool:
+        until = self._until.get(broker_name)
+        return until is None or time.monotonic() >= until
+
+
+def _message_size(msg: Message, props: bytes) -> int:
+    return HEADER_SIZE + len(msg.body) + len(msg.topic) + len(props) + 4
+
+
+class Producer:
+    """Sends messages to a pymq broker with RocketMQ's send semantics.
+
+    Args:
+        endpoint: ``host:port`` of a broker; routes lead to the others.
+        send_mode: ``"sync"`` (default: wait for each result, retry
+            ``retry_times_when_send_failed`` more times on another queue,
+            avoiding a broker that just failed), ``"async"`` (``send`` returns a
+            ``concurrent.futures.Future``; at most ``max_in_flight`` unanswered
+            sends, further sends wait; retried ``retry_times_when_send_async_failed``
+            times, 0 by default as in RocketMQ) or ``"oneway"`` (no answer is
+            awaited: **messages may be lost**).
+        producer_group: RocketMQ's producer group, kept as PGROUP.
+        send_msg_timeout_ms: per request, 3000 as in RocketMQ.
+        max_message_size: 4 MiB; a larger message fails before it is sent.
+
+    Example::
+
+        with Producer("127.0.0.1:8081") as producer:
+            result = producer.send(Message("orders", b"hello", tags="created"))
+            print(result.msg_id, result.queue_offset)
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        send_mode: SendMode = "sync",
+        producer_group: str = "DEFAULT_PRODUCER",
+        retry_times_when_send_failed: int = 2,
+        retry_times_when_send_async_failed: int = 0,
+        send_msg_timeout_ms: int = 3000,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        max_in_flight: int = 64,
+    ) -> None:
+        if send_mode not in SEND_MODES:
+            raise ValueError(f"send_mode must be one of {SEND_MODES}, got {send_mode!r}")
+        for name, value, low in (
+            ("retry_times_when_send_failed", retry_times_when_send_failed, 0),
+            ("retry_times_when_send_async_failed", retry_times_when_send_async_failed, 0),
+            ("send_msg_timeout_ms", send_msg_timeout_ms, 1),
+            ("max_message_size", max_message_size, 1),
+            ("max_in_flight", max_in_flight, 1),
+        ):
+            if not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        self.send_mode: SendMode = send_mode
+        self.producer_group = producer_group
+        self.retry_times_when_send_failed = retry_times_when_send_failed
+        self.retry_times_when_send_async_failed = retry_times_when_send_async_failed
+        self.timeout = send_msg_timeout_ms / 1000.0
+        self.max_message_size = max_message_size
+        self._client = BrokerClient(endpoint, self.timeout)
+        self._routes = RouteCache(self._client)
+        self._fault = LatencyFaultTolerance()
+        self._rr = 0
+        self._in_flight = threading.BoundedSemaphore(max_in_flight)
+        self._pending: set[Future[Any]] = set()
+        self._pending_lock = threading.Lock()
+        self._closed = False
+
+    # -- public API -------------------------------------------------------------
+
+    def send(self, message: Message) -> Any:
+        """Send by ``send_mode``: a SendResult (sync), a Future (async), None (oneway)."""
+        if self.send_mode == "sync":
+            return self.send_sync(message)
+        if self.send_mode == "async":
+            return self.send_async(message)
+        self.send_oneway(message)
+        return None
+
+    def send_batch(self, messages: Sequence[Message]) -> list[Any]:
+        """Send a list as batches of at most ``max_message_size`` bytes each.
+
+        All messages must share one topic and have no delay level (RocketMQ's
+        batch rules). Each batch lands in one queue, in order. Returns one
+        result per batch, shaped by ``send_mode`` as :meth:`send`.
+        """
+        results: list[Any] = []
+        for chunk in self._split_batch(messages):
+            if self.send_mode == "sync":
+                results.append(self._send_with_retry(chunk, True))
+            elif self.send_mode == "async":
+                results.append(self._send_async(chunk, True))
+            else:
+                self._send_async(chunk, True, oneway=True)
+                results.append(None)
+        return results
+
+    def send_sync(self, message: Message) -> SendResult:
+        return self._send_with_retry(self._prepare([message]), False)
+
+    def send_async(self, message: Message) -> Future[SendResult]:
+        return self._send_async(self._prepare([message]), False)
+
+    def send_oneway(self, message: Message) -> None:
+        """Send without waiting for the answer: the message may be lost."""
+        self._send_async(self._prepare([message]), False, oneway=True)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every async or oneway send has been answered."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._pending_lock:
+                pending = list(self._pending)
+            if not pending:
+                return
+            for fut in pending:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    fut.exception(timeout=left)
+                except TimeoutError:
+                    raise RequestTimeoutError("flush timed out with sends in flight") from None
+
+    def close(self) -> None:
+        if not self._closed:
+            self.flush()
+            self._closed = True
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals --------------------------------------------------------------
+
+    def _prepare(self, messages: Sequence[Message]) -> _Prepared:
+        if self._closed:
+            raise PymqError("the producer is closed")
+        if not messages:
+            raise ValueError("nothing to send: the message list is empty")
+        topic = messages[0].topic
+        entries = []
+        uniq = []
+        size = 0
+        for i, msg in enumerate(messages):
+            if not isinstance(msg, Message):
+                raise TypeError(f"expected a Message at position {i}, got {type(msg).__name__}")
+            if msg.topic != topic:
+                raise ValueError(
+                    f"a batch holds one topic: message {i} is for {msg.topic!r}, not {topic!r}"
+                )
+            key = new_uniq_key()
+            props = encode_message_properties(msg, key)
+            msize = _message_size(msg, props)
+            if len(msg.body) > self.max_message_size:
+                raise MessageIllegalError(
+                    f"message body of {len(msg.body)} bytes is over maxMessageSize "
+                    f"{self.max_message_size} (topic {topic!r})"
+                )
+            size += msize
+            uniq.append(key)
+            entries.append(pymq_pb2.MessageData(body=msg.body, flag=msg.flag, properties=props))
+        if len(messages) > 1:
+            for i, msg in enumerate(messages):
+                if msg.delay_level:
+                    raise ValueError(
+                        f"batch messages cannot be delayed: message {i} has "
+                        f"delay_level={msg.delay_level}"
+                    )
+        return _Prepared(topic, messages[0].sharding_key, entries, uniq, size)
+
+    def _split_batch(self, messages: Sequence[Message]) -> list[_Prepared]:
+        if not messages:
+            raise ValueError("nothing to send: the message list is empty")
+        prepared = self._prepare(messages)
+        if prepared.size <= self.max_message_size:
+            return [prepared]
+        chunks: list[_Prepared] = []
+        start, size = 0, 0
+        for i, entry in enumerate(prepared.entries):
+            msize = HEADER_SIZE + len(entry.body) + len(prepared.topic) + len(entry.properties) + 4
+            if size + msize > self.max_message_size and i > start:
+                chunks.append(prepared.slice(start, i, size))
+                start, size = i, 0
+            size += msize
+        chunks.append(prepared.slice(start, len(prepared.entries), size))
+        return chunks
+
+    def _select_queue(self, prepared: _Prepared, last_failed: str | None) -> MessageQueue:
+        route = self._routes.get(prepared.topic)
+        queues = route.publish_queues
+        if not queues:
+            raise IllegalArgumentError(f"topic {prepared.topic!r} has no writable queue")
+        if prepared.sharding_key is not None:
+            # MessageQueueSelector by hash: the key's messages keep one queue.
+            return queues[zlib.crc32(prepared.sharding_key.encode()) % len(queues)]
+        for _ in range(len(queues)):
+            self._rr += 1
+            mq = queues[self._rr % len(queues)]
+            if mq.broker_name != last_failed and self._fault.is_available(mq.broker_name):
+                return mq
+        self._rr += 1
+        return queues[self._rr % len(queues)]
+
+    def _request(self, prepared: _Prepared, mq: MessageQueue, batch: bool) -> Any:
+        return pymq_pb2.SendMessageRequest(
+            producer_group=self.producer_group,
+            topic=prepared.topic,
+            queue_id=mq.queue_id,
+            born_timestamp=int(time.time() * 1000),
+            messages=prepared.entries,
+            batch=batch,
+        )
+
+    def _result(self, prepared: _Prepared, mq: MessageQueue, resp: Any) -> SendResult:
+        host = _store_host(resp.store_host)
+        offset_ids = tuple(offset_msg_id(host, phy) for phy in resp.commit_log_offsets)
+        return SendResult(
+            status=_STATUS.get(resp.status, SendStatus.SEND_OK),
+            msg_id=",".join(prepared.uniq_keys),
+            offset_msg_id=",".join(offset_ids),
+            message_queue=MessageQueue(mq.topic, mq.broker_name, resp.queue_id),
+            queue_offset=resp.queue_offset,
+            msg_ids=tuple(prepared.uniq_keys),
+            offset_msg_ids=offset_ids,
+        )
+
+    def _send_with_retry(self, prepared: _Prepared, batch: bool) -> SendResult:
+        attempts = 1 + self.retry_times_when_send_failed
+        last_failed: str | None = None
+        last_error: PymqError | None = None
+        for _ in range(attempts):
+            mq = self._select_queue(prepared, last_failed)
+            client = self._routes.client(mq.topic, mq.broker_name)
+            try:
+                resp = client.call("SendMessage", self._request(prepared, mq, batch))
+            except RETRYABLE as err:
+                self._fault.update(mq.broker_name, True)
+                last_failed, last_error = mq.broker_name, err
+                self._routes.invalidate(prepared.topic)
+                continue
+            self._fault.update(mq.broker_name, False)
+            return self._result(prepared, mq, resp)
+        assert last_error is not None
+        last_error.remark = f"{last_error.remark} (after {attempts} attempts)"
+        raise last_error
+
+    def _send_async(
+        self, prepared: _Prepared, batch: bool, *, oneway: bool = False
+    ) -> Future[SendResult]:
+        outer: Future[SendResult] = Future()
+        retries = 0 if oneway else self.retry_times_when_send_async_failed
+        self._in_flight.acquire()
+        with self._pending_lock:
+            self._pending.add(outer)
+
+        def finish(set_outcome: Callable[[], None]) -> None:
+            self._in_flight.release()
+            with self._pending_lock:
+                self._pending.discard(outer)
+            set_outcome()
+
+        def attempt(left: int, last_failed: str | None) -> None:
+            try:
+                mq = self._select_queue(prepared, last_failed)
+                client = self._routes.client(mq.topic, mq.broker_name)
+                call = client.call_future("SendMessage", self._request(prepared, mq, batch))
+            except BaseException as err:  # route look-up failed: report on the future
+                finish(lambda: outer.set_exception(err))
+                return
+
+            def done(f: Any) -> None:
+                try:
+                    resp = f.result()
+                except grpc.RpcError as rpc_err:
+                    err = map_rpc_error(rpc_err, client.endpoint, "SendMessage")
+                    self._fault.update(mq.broker_name, isinstance(err, RETRYABLE))
+                    if left > 0 and isinstance(err, RETRYABLE):
+                        attempt(left - 1, mq.broker_name)
+                        return
+                    finish(lambda: outer.set_exception(err))
+                    return
+                self._fault.update(mq.broker_name, False)
+                result = self._result(prepared, mq, resp)
+                finish(lambda: outer.set_result(result))
+
+            call.add_done_callback(done)
+
+        attempt(retries, None)
+        return outer
+
+
+@functools.lru_cache(maxsize=64)
+def _store_host(store_host: str) -> bytes:
+    host, _, port = store_host.rpartition(":")
+    return store_host_bytes(host or "127.0.0.1", int(port) if port.isdigit() else 0)
+
+
+class _Prepared:
+    """Messages encoded once, ready to be sent (and re-sent on retry)."""
+
+    __slots__ = ("entries", "sharding_key", "size", "topic", "uniq_keys")
+
+    def __init__(
+        self, topic: str, sharding_key: str | None, entries: list[Any], uniq_keys: list[str],
+        size: int,
+    ) -> None:
+        self.topic = topic
+        self.sharding_key = sharding_key
+        self.entries = entries
+        self.uniq_keys = uniq_keys
+        self.size = size
+
+    def slice(self, start: int, stop: int, size: int) -> _Prepared:
+        return _Prepared(
+            self.topic, self.sharding_key, self.entries[start:stop], self.uniq_keys[start:stop],
+            size,
+        )

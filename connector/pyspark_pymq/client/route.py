@@ -1,0 +1,83 @@
+"""Topic routes: which MessageQueues a topic has, and which broker serves each.
+
+Every identity is (topic, broker name, queue id) and every broker is reached at
+the endpoint its route names, so a cluster of several brokers needs no change
+here: the client starts from one endpoint and follows the routes it returns.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from pymq_proto.v1 import pymq_pb2
+
+from .message import MessageQueue
+from .transport import BrokerClient
+
+__all__ = ["PERM_READ", "PERM_WRITE", "RouteCache", "TopicRoute"]
+
+PERM_READ = 4
+PERM_WRITE = 2
+ROUTE_TTL_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRoute:
+    topic: str
+    publish_queues: tuple[MessageQueue, ...]
+    subscribe_queues: tuple[MessageQueue, ...]
+    endpoints: dict[str, str]  # broker name -> endpoint
+
+    @staticmethod
+    def from_proto(data: pymq_pb2.TopicRouteData) -> TopicRoute:
+        endpoints = {b.broker_name: b.endpoint for b in data.brokers}
+        pub: list[MessageQueue] = []
+        sub: list[MessageQueue] = []
+        for q in data.queues:
+            if q.perm & PERM_WRITE:
+                pub.extend(MessageQueue(data.topic, q.broker_name, i) for i in range(q.write_queue_nums))
+            if q.perm & PERM_READ:
+                sub.extend(MessageQueue(data.topic, q.broker_name, i) for i in range(q.read_queue_nums))
+        return TopicRoute(data.topic, tuple(pub), tuple(sub), endpoints)
+
+
+class RouteCache:
+    """Routes by topic, refreshed after ROUTE_TTL_S or on demand."""
+
+    def __init__(self, bootstrap: BrokerClient) -> None:
+        self.bootstrap = bootstrap
+        self._routes: dict[str, tuple[float, TopicRoute]] = {}
+        self._clients: dict[str, BrokerClient] = {}
+        self._lock = threading.Lock()
+
+    def get(self, topic: str, *, refresh: bool = False) -> TopicRoute:
+        now = time.monotonic()
+        hit = self._routes.get(topic)
+        if hit is not None and not refresh and now - hit[0] < ROUTE_TTL_S:
+            return hit[1]
+        data = self.bootstrap.call("QueryRoute", pymq_pb2.QueryRouteRequest(topic=topic))
+        route = TopicRoute.from_proto(data)
+        with self._lock:
+            self._routes[topic] = (now, route)
+        return route
+
+    def client(self, topic: str, broker_name: str) -> BrokerClient:
+        """The client of the broker that serves ``broker_name`` for ``topic``."""
+        cached = self._clients.get(broker_name)
+        if cached is not None:
+            return cached
+        endpoint = self.get(topic).endpoints.get(broker_name, self.bootstrap.endpoint)
+        client = (
+            self.bootstrap
+            if endpoint == self.bootstrap.endpoint
+            else BrokerClient(endpoint, self.bootstrap.timeout)
+        )
+        with self._lock:
+            self._clients[broker_name] = client
+        return client
+
+    def invalidate(self, topic: str) -> None:
+        with self._lock:
+            self._routes.pop(topic, None)

@@ -1,0 +1,133 @@
+"""Offset ranges per MessageQueue, and how they become Spark partitions.
+
+Pure functions (no broker calls): planning a batch must give the same answer
+when Spark replays it from the checkpoint, so everything here depends only on
+the start and end offsets it is given.
+
+- :func:`plan_ranges`: one ``[start, end)`` range per queue with data.
+- :func:`split_ranges`: large ranges cut into several partitions
+  (``minPartitions``, ``maxMessagesPerPartition``), as Spark's Kafka source does.
+- :func:`limit_offsets`: a ``maxMessagesPerTrigger`` budget shared among queues
+  in proportion to what each has waiting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..client.message import MessageQueue
+from .data_loss import report_data_loss
+
+__all__ = ["OffsetRange", "limit_offsets", "plan_ranges", "split_ranges"]
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetRange:
+    """Queue offsets ``[start, end)`` of one MessageQueue."""
+
+    mq: MessageQueue
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return max(0, self.end - self.start)
+
+
+def _order(mq: MessageQueue) -> tuple[str, str, int]:
+    return (mq.topic, mq.broker_name, mq.queue_id)
+
+
+def plan_ranges(
+    start: Mapping[MessageQueue, int],
+    end: Mapping[MessageQueue, int],
+    *,
+    fail_on_data_loss: bool,
+) -> list[OffsetRange]:
+    """The non-empty ranges from ``start`` to ``end``, in queue order.
+
+    - A queue in ``end`` but not in ``start`` is new; the driver adds new queues
+      at their first offset, so its range starts where ``end`` says (empty).
+    - A queue in ``start`` but not in ``end`` was dropped (deleted, already
+      reported as data loss): nothing is read from it.
+    - ``end < start`` means the queue's offsets went backwards (its topic was
+      recreated): data loss; when allowed, the queue is read from its start.
+    """
+    ranges: list[OffsetRange] = []
+    for mq in sorted(end, key=_order):
+        until = end[mq]
+        begin = start.get(mq, until)
+        if until < begin:
+            report_data_loss(
+                fail_on_data_loss,
+                f"queue {mq}: its offsets went back from {begin} to {until} (was the topic "
+                "deleted and created again?), so messages after offset "
+                f"{until} may be lost",
+                f"read {mq} from its first offset",
+            )
+            begin = 0
+        if until > begin:
+            ranges.append(OffsetRange(mq, begin, until))
+    return ranges
+
+
+def split_ranges(
+    ranges: list[OffsetRange],
+    *,
+    min_partitions: int | None = None,
+    max_per_partition: int | None = None,
+) -> list[OffsetRange]:
+    """Cut ranges so that each holds at most ``max_per_partition`` messages and
+    there are at least ``min_partitions`` of them (when there are enough
+    messages); queue order and offset order are kept.
+    """
+    total = sum(r.size for r in ranges)
+    pieces: list[int] = []
+    for r in ranges:
+        n = 1
+        if max_per_partition:
+            n = max(n, -(-r.size // max_per_partition))
+        if min_partitions and min_partitions > len(ranges) and total:
+            # Kafka's KafkaOffsetRangeCalculator: share min_partitions by size.
+            n = max(n, round(r.size * min_partitions / total))
+        pieces.append(max(1, min(n, r.size)))
+    out: list[OffsetRange] = []
+    for r, n in zip(ranges, pieces, strict=True):
+        step, extra = divmod(r.size, n)
+        begin = r.start
+        for i in range(n):
+            until = begin + step + (1 if i < extra else 0)
+            out.append(OffsetRange(r.mq, begin, until))
+            begin = until
+    return out
+
+
+def limit_offsets(
+    start: Mapping[MessageQueue, int],
+    available: Mapping[MessageQueue, int],
+    max_messages: int,
+) -> dict[MessageQueue, int]:
+    """End offsets that read at most ``max_messages`` in all from ``start``.
+
+    The budget is shared in proportion to each queue's backlog (largest
+    remainder, ties by queue order), so the total is exactly
+    ``min(max_messages, backlog)`` and every queue with a backlog moves on
+    within a few batches. Queues of ``available`` missing from ``start`` keep
+    their ``available`` offset (they are new and start there).
+    """
+    queues = sorted(available, key=_order)
+    backlog = {mq: max(0, available[mq] - start.get(mq, available[mq])) for mq in queues}
+    total = sum(backlog.values())
+    if total <= max_messages:
+        return {mq: start.get(mq, available[mq]) + backlog[mq] for mq in queues}
+    share: dict[MessageQueue, int] = {}
+    remainders: list[tuple[int, int, MessageQueue]] = []
+    for i, mq in enumerate(queues):
+        whole, rest = divmod(backlog[mq] * max_messages, total)
+        share[mq] = whole
+        remainders.append((-rest, i, mq))
+    left = max_messages - sum(share.values())
+    for _, _, mq in sorted(remainders)[:left]:
+        share[mq] += 1
+    return {mq: start.get(mq, available[mq]) + share[mq] for mq in queues}

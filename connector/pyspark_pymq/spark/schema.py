@@ -1,0 +1,93 @@
+"""The row schema of the pymq source: one row per message.
+
+Defined once here, in three forms that must agree exactly:
+
+- :data:`SOURCE_DDL`: the DDL string, for docs and for users who want to pass
+  ``.schema(...)`` themselves;
+- :func:`source_schema`: the Spark ``StructType`` that ``DataSource.schema()``
+  returns;
+- :func:`arrow_schema`: the Arrow schema that ``read()`` must produce. Spark
+  checks every first RecordBatch of a partition against
+  ``to_arrow_schema(schema, timezone="UTC")`` with ``Schema.equals``, so the
+  Arrow side is derived from the Spark side rather than written by hand
+  (``string`` not ``large_string``, ``timestamp[us, tz=UTC]``, map entries
+  with a non-null key).
+
+The columns carry everything a consumer needs to send a message back to the
+broker (``commit_log_offset``, ``msg_id``, ``topic``, ``reconsume_times``).
+For a message read from ``%RETRY%<group>``, ``topic`` is the original topic
+(RocketMQ's ``RETRY_TOPIC`` property) and ``retry_topic`` the retry topic it was
+read from; for any other message ``retry_topic`` is null.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql.types import StructType
+
+__all__ = ["COLUMNS", "SOURCE_DDL", "arrow_schema", "source_schema"]
+
+#: (name, Spark SQL type, meaning) of every column, in order.
+COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("topic", "string", "topic of the message; for a retried message, its original topic"),
+    ("queue_id", "int", "queue id within the topic on its broker"),
+    ("broker_name", "string", "broker that stores the queue"),
+    ("queue_offset", "bigint", "offset of the message in its queue (0, 1, 2 ...)"),
+    ("msg_id", "string", "producer's message id (UNIQ_KEY), else the offset_msg_id"),
+    ("offset_msg_id", "string", "broker's id: store host and commit log offset (32 hex)"),
+    ("commit_log_offset", "bigint", "physical offset in the broker's commit log"),
+    ("tags", "string", "the message's tag (TAGS), or null"),
+    ("keys", "array<string>", "the message's keys (KEYS), empty if none"),
+    ("body", "binary", "the payload"),
+    ("properties", "map<string,string>", "all properties, system ones included"),
+    ("born_timestamp", "timestamp", "when the producer created the message"),
+    ("store_timestamp", "timestamp", "when the broker stored the message"),
+    ("reconsume_times", "int", "how many times the message was delivered before"),
+    ("retry_topic", "string", "the %RETRY% topic a retried message was read from, else null"),
+)
+
+SOURCE_DDL = ", ".join(f"{name} {sql_type}" for name, sql_type, _ in COLUMNS)
+
+
+@lru_cache(maxsize=1)
+def source_schema() -> StructType:
+    """The Spark schema of the source (all columns nullable, as Spark's DDL makes them).
+
+    Built without a JVM (``StructType.fromDDL`` needs a session), so it also
+    works in planner and worker processes.
+    """
+    from pyspark.sql.types import (
+        ArrayType,
+        BinaryType,
+        IntegerType,
+        LongType,
+        MapType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampType,
+    )
+
+    types = {
+        "string": StringType(),
+        "int": IntegerType(),
+        "bigint": LongType(),
+        "binary": BinaryType(),
+        "timestamp": TimestampType(),
+        "array<string>": ArrayType(StringType(), containsNull=True),
+        "map<string,string>": MapType(StringType(), StringType(), valueContainsNull=True),
+    }
+    return StructType([StructField(name, types[t], nullable=True) for name, t, _ in COLUMNS])
+
+
+@lru_cache(maxsize=1)
+def arrow_schema() -> pa.Schema:
+    """The Arrow schema Spark expects from ``read()`` for :func:`source_schema`."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    schema: pa.Schema = to_arrow_schema(source_schema(), timezone="UTC")
+    return schema

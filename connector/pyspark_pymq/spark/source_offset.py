@@ -1,0 +1,157 @@
+"""The offset JSON of the pymq source, as kept in Spark's checkpoint.
+
+An offset says, per MessageQueue, the next queue offset to read::
+
+    {"orders": {"broker-a:0": 120, "broker-a:1": 118},
+     "%RETRY%analytics": {"broker-a:0": 3}}
+
+Keys are the topic, then ``"<broker name>:<queue id>"`` (MessageQueue's
+identity is all three, so several brokers fit without a format change).
+
+Spark compares offsets **as JSON strings** to decide whether a batch has new
+data, so the dict is built in one deterministic order: topics sorted by name,
+queues by (broker name, numeric queue id). ``json.dumps`` keeps insertion
+order, so equal offsets always serialise to equal text.
+
+A new stream's first offset is the :data:`INITIAL` marker rather than
+resolved offsets: Spark calls ``initialOffset()`` twice at first start and
+again when batch 0 is replayed after a crash, and "latest" or "the group's
+progress" would give a different answer each time. The marker is resolved once,
+by the first ``latestOffset``; the batch from the marker reads nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from ..client.message import MessageQueue
+
+__all__ = [
+    "EARLIEST",
+    "INITIAL",
+    "LATEST",
+    "QueueKey",
+    "is_initial",
+    "offsets_from_json",
+    "offsets_to_json",
+    "parse_offsets_json",
+    "queue_key",
+]
+
+#: (topic, broker name, queue id); broker name "" matches any broker.
+QueueKey = tuple[str, str, int]
+
+#: In startingOffsets / endingOffsets JSON, as in Spark's Kafka source.
+EARLIEST = -2
+LATEST = -1
+
+#: Topic names cannot contain '$', so this key never clashes with a topic.
+INITIAL_KEY = "$initial"
+INITIAL: dict[str, Any] = {INITIAL_KEY: "startingOffsets"}
+
+
+def is_initial(offset: Mapping[str, Any]) -> bool:
+    """Whether ``offset`` is the not-yet-resolved start of a new stream."""
+    return INITIAL_KEY in offset
+
+
+def queue_key(mq: MessageQueue) -> str:
+    return f"{mq.broker_name}:{mq.queue_id}"
+
+
+def _sort_key(mq: MessageQueue) -> tuple[str, str, int]:
+    return (mq.topic, mq.broker_name, mq.queue_id)
+
+
+def offsets_to_json(offsets: Mapping[MessageQueue, int]) -> dict[str, dict[str, int]]:
+    """The checkpoint form of ``offsets``, in the one deterministic order."""
+    out: dict[str, dict[str, int]] = {}
+    for mq in sorted(offsets, key=_sort_key):
+        out.setdefault(mq.topic, {})[queue_key(mq)] = int(offsets[mq])
+    return out
+
+
+def _split_queue_key(key: str, *, allow_bare: bool) -> tuple[str, int] | None:
+    broker, sep, qid = key.rpartition(":")
+    if not sep:
+        if allow_bare and key.strip().isdigit():
+            return "", int(key)
+        return None
+    if not broker or not qid.strip().isdigit():
+        return None
+    return broker, int(qid)
+
+
+def offsets_from_json(offset: Mapping[str, Any]) -> dict[MessageQueue, int]:
+    """The offsets of a checkpointed offset (the inverse of :func:`offsets_to_json`)."""
+    if is_initial(offset):
+        raise ValueError("the initial marker has no offsets; resolve it first")
+    out: dict[MessageQueue, int] = {}
+    for topic, queues in offset.items():
+        if not isinstance(queues, Mapping):
+            raise ValueError(f"checkpointed pymq offset {offset!r} is malformed at {topic!r}")
+        for key, value in queues.items():
+            parsed = _split_queue_key(str(key), allow_bare=False)
+            if parsed is None or not isinstance(value, int) or value < 0:
+                raise ValueError(
+                    f"checkpointed pymq offset {offset!r} is malformed at {topic!r}/{key!r}"
+                )
+            out[MessageQueue(str(topic), parsed[0], parsed[1])] = value
+    return out
+
+
+def parse_offsets_json(text: str, option: str, *, allow_earliest: bool) -> dict[QueueKey, int]:
+    """User-given offsets per queue (``startingOffsets`` / ``endingOffsets``).
+
+    ``{"topic": {"broker-a:0": 42, "1": -2}}``: a key may omit the broker name
+    when the topic lives on one broker. ``-1`` is latest, ``-2`` earliest
+    (starting offsets only).
+    """
+    example = '{"orders": {"broker-a:0": 42, "broker-a:1": -2}}'
+    allowed = "an offset >= 0 or -1 (latest)" + (" or -2 (earliest)" if allow_earliest else "")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"pymq option {option}={text!r} is not valid JSON ({err.msg} at char {err.pos}): "
+            f"use an object such as {example}"
+        ) from None
+    if not isinstance(data, dict) or not data:
+        raise ValueError(
+            f"pymq option {option}={text!r} is not valid: use a non-empty JSON object of "
+            f"topic -> {{'brokerName:queueId': offset}}, such as {example}"
+        )
+    out: dict[QueueKey, int] = {}
+    for topic, queues in data.items():
+        if not isinstance(queues, dict):
+            raise ValueError(
+                f"pymq option {option}: the value for topic {topic!r} must be an object of "
+                f"'brokerName:queueId' -> offset, got {queues!r} (example: {example})"
+            )
+        for key, value in queues.items():
+            parsed = _split_queue_key(str(key), allow_bare=True)
+            if parsed is None:
+                raise ValueError(
+                    f"pymq option {option}: queue key {key!r} of topic {topic!r} must be "
+                    f"'brokerName:queueId' such as 'broker-a:0' (example: {example})"
+                )
+            ok = isinstance(value, int) and not isinstance(value, bool) and (
+                value >= LATEST or (allow_earliest and value == EARLIEST)
+            )
+            if not ok:
+                raise ValueError(
+                    f"pymq option {option}: offset {value!r} for {topic!r}/{key!r} is not "
+                    f"valid: use {allowed}"
+                )
+            out[(str(topic), parsed[0], parsed[1])] = int(value)
+    return out
+
+
+def lookup(offsets: Mapping[QueueKey, int], mq: MessageQueue) -> int | None:
+    """The user's offset for ``mq`` (exact broker, or a broker-less key), else None."""
+    value = offsets.get((mq.topic, mq.broker_name, mq.queue_id))
+    if value is None:
+        value = offsets.get((mq.topic, "", mq.queue_id))
+    return value

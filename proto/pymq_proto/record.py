@@ -1,0 +1,268 @@
+"""The commit-log record: how a stored message is laid out, on disk and on the wire.
+
+A pull is answered with records exactly as the broker stored them (as RocketMQ
+does), so the broker copies bytes and the client decodes. All integers are
+little-endian.
+
+======  =========================  ======================================
+offset  field                      notes
+======  =========================  ======================================
+0       TOTALSIZE        int32     whole record, header included
+4       MAGICCODE        int32     MESSAGE_MAGIC_CODE, or BLANK_MAGIC_CODE
+8       BODYCRC          uint32    crc32 of everything after the header
+12      QUEUEID          int32
+16      FLAG             int32
+20      QUEUEOFFSET      int64     index in the consume queue
+28      PHYSICALOFFSET   int64     position in the commit log
+36      SYSFLAG          int32
+40      BORNTIMESTAMP    int64     ms, set by the producer
+48      STORETIMESTAMP   int64     ms, set by the broker
+56      STOREHOST        8 bytes   IPv4 (4) + port (big-endian int32)
+64      RECONSUMETIMES   int32
+68      PREPAREDTXOFFSET int64
+76      BODYLEN          int32
+80      body, TOPICLEN uint16, topic (utf-8), PROPERTIESLEN uint16, properties
+======  =========================  ======================================
+
+BODYCRC covers body, topic and properties (RocketMQ's covers the body only):
+together with MAGICCODE and PHYSICALOFFSET matching the record's position it
+lets recovery tell a torn or corrupt tail from a good record.
+
+Properties use RocketMQ's encoding: ``name 0x01 value 0x02`` repeated.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import zlib
+from collections.abc import Mapping
+
+__all__ = [
+    "BLANK_MAGIC_CODE",
+    "HEADER",
+    "HEADER_SIZE",
+    "MESSAGE_MAGIC_CODE",
+    "MAX_PROPERTIES_SIZE",
+    "MAX_TOPIC_BYTES",
+    "MessageConst",
+    "RecordHeader",
+    "decode_properties",
+    "encode_properties",
+    "encode_record",
+    "find_property",
+    "offset_msg_id",
+    "parse_offset_msg_id",
+    "store_host_bytes",
+    "tag_hash",
+]
+
+MESSAGE_MAGIC_CODE = -626843481  # RocketMQ's MESSAGE_MAGIC_CODE
+BLANK_MAGIC_CODE = -875286124  # RocketMQ's BLANK_MAGIC_CODE: padding at a file's end
+
+HEADER = struct.Struct("<iiIiiqqiqq8siqi")
+HEADER_SIZE = HEADER.size  # 80
+_U16 = struct.Struct("<H")
+MAX_PROPERTIES_SIZE = 32767  # RocketMQ stores the properties length in a short
+MAX_TOPIC_BYTES = 65535
+
+# Field indexes of HEADER.unpack(...)
+TOTALSIZE, MAGICCODE, BODYCRC, QUEUEID, FLAG, QUEUEOFFSET, PHYSICALOFFSET = range(7)
+SYSFLAG, BORNTIMESTAMP, STORETIMESTAMP, STOREHOST, RECONSUMETIMES = range(7, 12)
+PREPAREDTXOFFSET, BODYLEN = 12, 13
+
+RecordHeader = tuple[int, int, int, int, int, int, int, int, int, int, bytes, int, int, int]
+
+NAME_VALUE_SEPARATOR = "\x01"
+PROPERTY_SEPARATOR = "\x02"
+
+
+class MessageConst:
+    """RocketMQ's property names (org.apache.rocketmq.common.message.MessageConst)."""
+
+    PROPERTY_KEYS = "KEYS"
+    PROPERTY_TAGS = "TAGS"
+    PROPERTY_DELAY_TIME_LEVEL = "DELAY"
+    PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX = "UNIQ_KEY"
+    PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"
+    PROPERTY_REAL_TOPIC = "REAL_TOPIC"
+    PROPERTY_REAL_QUEUE_ID = "REAL_QID"
+    PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+    PROPERTY_RECONSUME_TIME = "RECONSUME_TIME"
+    PROPERTY_MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
+    PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
+    PROPERTY_PRODUCER_GROUP = "PGROUP"
+    PROPERTY_SHARDING_KEY = "__SHARDINGKEY"
+    PROPERTY_DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
+    PROPERTY_DLQ_ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"
+    PROPERTY_TRANSACTION_CHECK_TIMES = "TRANSACTION_CHECK_TIMES"
+    PROPERTY_WAIT_STORE_MSG_OK = "WAIT"
+    # pymq: why a message was sent back (kept on its dead letter)
+    PROPERTY_CONSUME_FAILURE_REASON = "CONSUME_FAILURE_REASON"
+    KEY_SEPARATOR = " "
+
+    SYSTEM_PROPERTIES = frozenset(
+        {
+            PROPERTY_KEYS,
+            PROPERTY_TAGS,
+            PROPERTY_DELAY_TIME_LEVEL,
+            PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX,
+            PROPERTY_RETRY_TOPIC,
+            PROPERTY_REAL_TOPIC,
+            PROPERTY_REAL_QUEUE_ID,
+            PROPERTY_ORIGIN_MESSAGE_ID,
+            PROPERTY_RECONSUME_TIME,
+            PROPERTY_MAX_RECONSUME_TIMES,
+            PROPERTY_TRANSACTION_PREPARED,
+            PROPERTY_PRODUCER_GROUP,
+            PROPERTY_SHARDING_KEY,
+            PROPERTY_DLQ_ORIGIN_TOPIC,
+            PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
+            PROPERTY_TRANSACTION_CHECK_TIMES,
+            PROPERTY_WAIT_STORE_MSG_OK,
+        }
+    )
+
+
+def encode_properties(props: Mapping[str, str]) -> bytes:
+    """RocketMQ's messageProperties2String, as utf-8 bytes."""
+    if not props:
+        return b""
+    return "".join(
+        f"{k}{NAME_VALUE_SEPARATOR}{v}{PROPERTY_SEPARATOR}" for k, v in props.items()
+    ).encode()
+
+
+def decode_properties(raw: bytes) -> dict[str, str]:
+    """RocketMQ's string2messageProperties."""
+    if not raw:
+        return {}
+    out: dict[str, str] = {}
+    for item in raw.decode().split(PROPERTY_SEPARATOR):
+        if item:
+            name, _, value = item.partition(NAME_VALUE_SEPARATOR)
+            out[name] = value
+    return out
+
+
+def find_property(raw: bytes, name: bytes) -> bytes | None:
+    """One property's value without decoding the rest (the broker's hot path).
+
+    ``name`` is the encoded property name, e.g. ``b"TAGS"``.
+    """
+    if not raw:
+        return None
+    needle = name + b"\x01"
+    i = raw.find(needle)
+    while i > 0 and raw[i - 1] != 2:  # must start an entry, not end a value
+        i = raw.find(needle, i + 1)
+    if i < 0:
+        return None
+    start = i + len(needle)
+    end = raw.find(b"\x02", start)
+    return raw[start:] if end < 0 else raw[start:end]
+
+
+def tag_hash(tags: bytes | None) -> int:
+    """The consume queue's tag hash code (stable across processes)."""
+    return zlib.crc32(tags) if tags else 0
+
+
+def store_host_bytes(host: str, port: int) -> bytes:
+    """STOREHOST: 4 bytes of IPv4 address and the port."""
+    try:
+        ip = socket.inet_aton(socket.gethostbyname(host))
+    except OSError:
+        ip = b"\x7f\x00\x00\x01"
+    return ip + struct.pack(">i", port)
+
+
+def offset_msg_id(store_host: bytes, physical_offset: int) -> str:
+    """RocketMQ's offsetMsgId: store host and physical offset, as 32 hex digits."""
+    return (store_host + struct.pack(">q", physical_offset)).hex().upper()
+
+
+def parse_offset_msg_id(msg_id: str) -> tuple[str, int, int]:
+    """(ip, port, physical offset) of an offsetMsgId; ValueError if it is not one."""
+    try:
+        raw = bytes.fromhex(msg_id)
+    except ValueError:
+        raw = b""
+    if len(raw) != 16:
+        raise ValueError(
+            f"msg id {msg_id!r} is not an offsetMsgId (expected 32 hex digits: "
+            "store host and physical offset)"
+        )
+    ip = socket.inet_ntoa(raw[:4])
+    (port,) = struct.unpack(">i", raw[4:8])
+    (phy,) = struct.unpack(">q", raw[8:])
+    return ip, port, phy
+
+
+def encode_record(
+    *,
+    topic: bytes,
+    queue_id: int,
+    flag: int,
+    body: bytes,
+    properties: bytes,
+    queue_offset: int,
+    physical_offset: int,
+    sys_flag: int,
+    born_timestamp: int,
+    store_timestamp: int,
+    store_host: bytes,
+    reconsume_times: int,
+    prepared_tx_offset: int = 0,
+) -> bytes:
+    """One stored record (the broker's single-message path; batches inline this)."""
+    tail = b"".join(
+        (body, _U16.pack(len(topic)), topic, _U16.pack(len(properties)), properties)
+    )
+    return (
+        HEADER.pack(
+            HEADER_SIZE + len(tail),
+            MESSAGE_MAGIC_CODE,
+            zlib.crc32(tail),
+            queue_id,
+            flag,
+            queue_offset,
+            physical_offset,
+            sys_flag,
+            born_timestamp,
+            store_timestamp,
+            store_host,
+            reconsume_times,
+            prepared_tx_offset,
+            len(body),
+        )
+        + tail
+    )
+
+
+def split_tail(record: bytes | memoryview, pos: int, total: int, body_len: int) -> tuple[int, int, int, int]:
+    """(topic start, topic end, properties start, properties end) inside ``record``."""
+    t = pos + HEADER_SIZE + body_len
+    (tlen,) = _U16.unpack_from(record, t)
+    p = t + 2 + tlen
+    (plen,) = _U16.unpack_from(record, p)
+    return t + 2, t + 2 + tlen, p + 2, p + 2 + plen
+
+
+def record_is_valid(buf: bytes | memoryview, pos: int, expected_physical_offset: int) -> int:
+    """Size of the good record at ``pos``, 0 for a blank end-of-file marker, -1 if torn/corrupt."""
+    if pos + HEADER_SIZE > len(buf):
+        return -1
+    h = HEADER.unpack_from(buf, pos)
+    total, magic = h[TOTALSIZE], h[MAGICCODE]
+    if magic == BLANK_MAGIC_CODE:
+        return 0
+    if magic != MESSAGE_MAGIC_CODE or total < HEADER_SIZE + 4 or pos + total > len(buf):
+        return -1
+    if h[PHYSICALOFFSET] != expected_physical_offset or h[BODYLEN] < 0:
+        return -1
+    if HEADER_SIZE + h[BODYLEN] + 4 > total:
+        return -1
+    if zlib.crc32(buf[pos + HEADER_SIZE : pos + total]) != h[BODYCRC]:
+        return -1
+    return int(total)

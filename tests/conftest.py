@@ -1,0 +1,74 @@
+"""Shared fixtures: a real broker process on loopback, and one local Spark session.
+
+Tests import the working tree (connector/, broker_stub/, proto/) rather than an
+installed copy, and Spark's Python workers get the same path through
+PYTHONPATH, so ``format("pymq")`` is found by Spark's own look-up of
+``pyspark_*`` modules, not through an editable install.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE_DIRS = [str(ROOT / "connector"), str(ROOT / "broker_stub"), str(ROOT / "proto")]
+for _d in reversed(SOURCE_DIRS):
+    if _d not in sys.path:
+        sys.path.insert(0, _d)
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    SOURCE_DIRS + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+)
+os.environ["PYSPARK_PYTHON"] = sys.executable
+os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+from broker_process import BrokerProcess  # noqa: E402
+
+# Short delay levels so that retry ladders run in seconds in tests.
+FAST_DELAY_LEVELS = (
+    "100ms 200ms 300ms 300ms 300ms 300ms 300ms 300ms 300ms "
+    "300ms 300ms 300ms 300ms 300ms 300ms 300ms 300ms 300ms"
+)
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A fresh broker process with its own data dir, on a free loopback port."""
+    with BrokerProcess(tmp_path / "broker") as proc:
+        yield proc
+
+
+@pytest.fixture
+def endpoint(broker: BrokerProcess) -> str:
+    return broker.endpoint
+
+
+@pytest.fixture(scope="session")
+def shared_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """One broker for the whole session (fast delay levels); use distinct topic names."""
+    data = tmp_path_factory.mktemp("shared-broker")
+    with BrokerProcess(data, extra_args=["--message-delay-level", FAST_DELAY_LEVELS]) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """The one Spark session of the test run (local[2])."""
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("pymq-tests")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.streaming.stopTimeout", "10s")
+        .config("spark.driver.memory", "2g")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("WARN")
+    yield session
+    session.stop()
