@@ -8,7 +8,6 @@ import logging
 from pathlib import Path
 
 import grpc
-
 from pymq_proto.record import store_host_bytes
 from pymq_proto.v1 import pymq_pb2_grpc
 

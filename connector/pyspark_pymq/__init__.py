@@ -46,7 +46,7 @@ def __getattr__(name: str) -> Any:
             from . import client
 
             return getattr(client, name)
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:
         raise AttributeError(f"pyspark_pymq.{name} could not be loaded: {err!r}") from err
     raise AttributeError(f"module 'pyspark_pymq' has no attribute {name!r}")
 

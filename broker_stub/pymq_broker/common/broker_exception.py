@@ -15,7 +15,7 @@ class BrokerException(Exception):
 
     @property
     def code_name(self) -> str:
-        return str(pymq_pb2.ResponseCode.Name(self.code))
+        return str(pymq_pb2.ResponseCode.Name(pymq_pb2.ResponseCode.ValueType(self.code)))
 
     def __str__(self) -> str:
         return f"[{self.code_name}] {self.remark}"

@@ -9,8 +9,8 @@ from typing import Any
 from pymq_proto.v1 import pymq_pb2
 
 from ..common.broker_exception import BrokerException
-from ..common.mix_all import group_name_problem
 from ..common.config_manager import ConfigManager
+from ..common.mix_all import group_name_problem
 
 CONSUME_FROM_WHERE = ("CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_FIRST_OFFSET", "CONSUME_FROM_TIMESTAMP")
 

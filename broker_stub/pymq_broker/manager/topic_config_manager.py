@@ -9,6 +9,7 @@ from typing import Any
 from pymq_proto.v1 import pymq_pb2
 
 from ..common.broker_exception import BrokerException
+from ..common.config_manager import ConfigManager
 from ..common.mix_all import (
     SCHEDULE_TOPIC,
     get_dlq_topic,
@@ -17,7 +18,6 @@ from ..common.mix_all import (
     topic_name_problem,
 )
 from ..common.perm import PERM_READ, PERM_WRITE
-from ..common.config_manager import ConfigManager
 
 MAX_QUEUE_NUMS = 1024
 

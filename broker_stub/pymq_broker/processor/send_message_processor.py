@@ -40,7 +40,9 @@ PUT_STATUS_TO_CODE = {
 }
 
 
-async def wait_store_ok(ctx: BrokerContext, result: PutMessageResult) -> int:
+async def wait_store_ok(
+    ctx: BrokerContext, result: PutMessageResult
+) -> pymq_pb2.SendStatus.ValueType:
     """Raise for a failed put; under SYNC_FLUSH wait for the disk. Returns the SendStatus."""
     if not result.ok:
         raise BrokerException(
@@ -49,14 +51,14 @@ async def wait_store_ok(ctx: BrokerContext, result: PutMessageResult) -> int:
         )
     fut: Future[bool] | None = ctx.store.wait_flush(result)
     if fut is None:
-        return int(pymq_pb2.SEND_OK)
+        return pymq_pb2.SEND_OK
     try:
         await asyncio.wait_for(
             asyncio.wrap_future(fut), ctx.store.config.sync_flush_timeout / 1000.0
         )
     except TimeoutError:
-        return int(pymq_pb2.FLUSH_DISK_TIMEOUT_STATUS)
-    return int(pymq_pb2.SEND_OK)
+        return pymq_pb2.FLUSH_DISK_TIMEOUT_STATUS
+    return pymq_pb2.SEND_OK
 
 
 class SendMessageProcessor:
@@ -79,9 +81,8 @@ class SendMessageProcessor:
             group = topic[len(RETRY_GROUP_TOPIC_PREFIX):]
             sub = ctx.subscription_group_manager.find_subscription_group_config(group)
             cfg = ctx.topic_config_manager.create_topic_of_retry(group, sub.retry_queue_nums)
-        elif cfg is None:
-            if topic_name_problem(topic) is None and not is_system_topic(topic):
-                cfg = ctx.topic_config_manager.create_topic_in_send_message_method(topic)
+        elif cfg is None and topic_name_problem(topic) is None and not is_system_topic(topic):
+            cfg = ctx.topic_config_manager.create_topic_in_send_message_method(topic)
         if cfg is None:
             ctx.topic_config(topic)  # raises the right error
             raise AssertionError

@@ -12,7 +12,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
-
 from pymq_proto.v1 import pymq_pb2, pymq_pb2_grpc
 
 from ..common.broker_exception import BrokerException
@@ -20,7 +19,7 @@ from ..common.broker_exception import BrokerException
 log = logging.getLogger(__name__)
 
 CODE_METADATA_KEY = "pymq-response-code"
-_GRPC_STATUS = {
+_GRPC_STATUS: dict[int, grpc.StatusCode] = {
     pymq_pb2.ILLEGAL_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
     pymq_pb2.MESSAGE_ILLEGAL: grpc.StatusCode.INVALID_ARGUMENT,
     pymq_pb2.SUBSCRIPTION_PARSE_FAILED: grpc.StatusCode.INVALID_ARGUMENT,
@@ -37,7 +36,7 @@ Handler = Callable[[Any], Any]
 
 
 def _rpc(handler_name: str, processor_attr: str) -> Callable[..., Awaitable[Any]]:
-    async def method(self: BrokerGrpcService, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def method(self: BrokerGrpcService, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         handler = getattr(getattr(self, processor_attr), handler_name)
         try:
             result = handler(request)

@@ -7,10 +7,10 @@ the tag slot holds the delivery time instead (RocketMQ's trick, kept).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import numpy.typing as npt
-
-from pathlib import Path
 
 from .mapped_file import MappedFileQueue
 

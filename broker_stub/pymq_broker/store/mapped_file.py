@@ -8,6 +8,7 @@ A segment is named after the offset of its first byte, 20 digits, as in RocketMQ
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from pathlib import Path
@@ -69,17 +70,12 @@ class MappedFile:
         return self.wrote_position >= self.file_size
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             os.close(self.fd)
-        except OSError:
-            pass
 
     def destroy(self) -> None:
         self.close()
-        try:
-            self.file_name.unlink()
-        except FileNotFoundError:
-            pass
+        self.file_name.unlink(missing_ok=True)
 
     def mtime(self) -> float:
         return os.fstat(self.fd).st_mtime
@@ -161,10 +157,8 @@ class MappedFileQueue:
 
     def flush(self) -> None:
         for mf in list(self.files):
-            try:
+            with contextlib.suppress(OSError):  # destroyed by retention meanwhile
                 mf.flush()
-            except OSError:  # destroyed by retention while we flushed: nothing to keep
-                pass
 
     def delete_first(self) -> MappedFile:
         with self.lock:

@@ -12,10 +12,8 @@ import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
-from pathlib import Path
 
 import numpy as np
-
 from pymq_proto.record import (
     HEADER,
     HEADER_SIZE,
@@ -403,10 +401,8 @@ class DefaultMessageStore:
             sizes = entries["size"][matched].astype(np.int64)
             fits = int(np.searchsorted(np.cumsum(sizes), max_bytes, side="right"))
             matched = matched[: max(fits, 1)]
-            if len(matched) == want or fits < len(sizes):
-                scanned = int(matched[-1]) + 1
-            else:
-                scanned = len(entries)
+            cut = len(matched) == want or fits < len(sizes)
+            scanned = int(matched[-1]) + 1 if cut else len(entries)
         else:
             scanned = len(entries)
         nxt = offset + scanned

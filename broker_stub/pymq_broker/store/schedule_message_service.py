@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from pymq_proto.record import HEADER, MessageConst, decode_properties, encode_properties, split_tail
 
 from ..common.config_manager import ConfigManager
@@ -101,7 +100,7 @@ class ScheduleMessageService(ConfigManager):
         while pos < len(records):
             h = HEADER.unpack_from(records, pos)
             total, flag, born, reconsume, sys_flag, body_len = h[0], h[4], h[8], h[11], h[7], h[13]
-            t0, t1, p0, p1 = split_tail(records, pos, total, body_len)
+            _t0, _t1, p0, p1 = split_tail(records, pos, total, body_len)
             props = decode_properties(records[p0:p1])
             real_topic = props.get(MessageConst.PROPERTY_REAL_TOPIC, "")
             real_qid = int(props.get(MessageConst.PROPERTY_REAL_QUEUE_ID, "0") or 0)

@@ -157,7 +157,9 @@ class PullConsumer:
         )
         return int(resp.offset)
 
-    def _query_offset(self, mq: MessageQueue, kind: int, timestamp: int = 0) -> int:
+    def _query_offset(
+        self, mq: MessageQueue, kind: pymq_pb2.OffsetQueryType.ValueType, timestamp: int = 0
+    ) -> int:
         resp = self._broker(mq).call(
             "QueryOffset",
             pymq_pb2.QueryOffsetRequest(message_queue=mq_proto(mq), type=kind, timestamp=timestamp),

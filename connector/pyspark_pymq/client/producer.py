@@ -11,7 +11,6 @@ from concurrent.futures import Future
 from typing import Any, Literal
 
 import grpc
-
 from pymq_proto.record import HEADER_SIZE, offset_msg_id, store_host_bytes
 from pymq_proto.v1 import pymq_pb2
 
@@ -333,7 +332,8 @@ class Producer:
                 client = self._routes.client(mq.topic, mq.broker_name)
                 call = client.call_future("SendMessage", self._request(prepared, mq, batch))
             except BaseException as err:  # route look-up failed: report on the future
-                finish(lambda: outer.set_exception(err))
+                failure = err
+                finish(lambda: outer.set_exception(failure))
                 return
 
             def done(f: Any) -> None:

@@ -12,7 +12,6 @@ import threading
 from typing import Any, TypeVar
 
 import grpc
-
 from pymq_proto.v1 import pymq_pb2_grpc
 
 from ..errors import (
@@ -68,8 +67,9 @@ def _channel(endpoint: str) -> grpc.Channel:
 def map_rpc_error(err: grpc.RpcError, endpoint: str, method: str) -> PymqError:
     """The PymqError for a failed call: the broker's code when it sent one."""
     code = None
-    trailing = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
-    for key, value in trailing or ():
+    trailing: Any = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
+    for item in trailing or ():
+        key, value = item[0], item[1]
         if key == CODE_METADATA_KEY:
             code = value if isinstance(value, str) else value.decode()
     details = err.details() if hasattr(err, "details") else str(err)

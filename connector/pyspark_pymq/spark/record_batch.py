@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
 from pymq_proto.record import HEADER_SIZE, MessageConst
 
 from .schema import arrow_schema
@@ -201,10 +200,13 @@ def decode_records(
         and bool(np.all(sep_name > entry_start - 1))
         and bool(np.all(sep_name < sep_entry))
         # every record's properties end with a separator (or are empty)
-        and bool(
-            np.all(
-                (props_offsets[1:] == props_offsets[:-1])
-                | (flat[np.maximum(props_offsets[1:] - 1, 0)] == 2)
+        and (
+            len(flat) == 0
+            or bool(
+                np.all(
+                    (props_offsets[1:] == props_offsets[:-1])
+                    | (flat[np.maximum(props_offsets[1:] - 1, 0)] == 2)
+                )
             )
         )
     )

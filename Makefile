@@ -1,0 +1,54 @@
+# pymq: the two commands a newcomer needs are `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+SOURCES := $(shell find connector broker_stub proto -name '*.py' -o -name '*.proto' -o -name '*.pyi' 2>/dev/null)
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test lint typecheck proto bench clean
+
+# Java 17 for Spark, a virtualenv with the pinned dependencies, pymq installed into it.
+setup: $(VENV)/.installed
+
+$(VENV)/.java:
+	@command -v java >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless)
+	@mkdir -p $(VENV) && touch $@
+
+$(VENV)/.deps: setup.cfg pyproject.toml $(VENV)/.java
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q ".[dev]"
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.deps $(SOURCES)
+	$(PIP) install -q --no-deps --force-reinstall .
+	touch $@
+
+# The main job: the demo pipeline on an embedded broker.
+demo: setup
+	$(PY) examples/demo_pipeline.py
+
+# Every test: unit, integration (a real broker process, a real local Spark), lint and types.
+test: setup
+	$(PY) -m ruff check connector broker_stub proto tests examples benchmarks
+	$(PY) -m mypy connector broker_stub proto
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(PY) -m ruff check connector broker_stub proto tests examples benchmarks
+
+typecheck: setup
+	$(PY) -m mypy connector broker_stub proto
+
+# Regenerate the gRPC code after editing proto/pymq_proto/v1/pymq.proto.
+proto: $(VENV)/.deps
+	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m grpc_tools.protoc -I proto \
+	  --python_out=proto --grpc_python_out=proto --mypy_out=proto --mypy_grpc_out=proto \
+	  proto/pymq_proto/v1/pymq.proto
+
+bench: setup
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,194 @@
+"""The executor read loop: pull one offset range of one queue, yield Arrow batches.
+
+Both readers (``readStream`` and ``read``) run their tasks through
+:func:`read_partition`. It pulls ``pullBatchSize`` messages at a time as raw
+records (no per-message objects) and decodes each answer straight into a
+``pyarrow.RecordBatch`` (:mod:`.record_batch`). The next pull is requested
+before the current answer is decoded, so the broker's work and the decoding
+overlap.
+
+Consumers (and their gRPC channels and routes) are cached per worker process:
+Spark reuses Python workers across tasks, so only a worker's first task pays
+for connecting. The cache key includes the pid, so a forked worker never
+reuses its parent's channel.
+
+Gaps found while pulling (messages expired by retention, a queue emptied by a
+deleted topic) go through :func:`.data_loss.report_data_loss`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import InputPartition
+
+from ..client.consumer import PullConsumer
+from ..client.message import MessageQueue
+from .data_loss import report_data_loss
+from .offset_range import OffsetRange
+from .options import RETRY_GROUP_TOPIC_PREFIX, SourceOptions
+from .record_batch import decode_records
+
+__all__ = ["PymqInputPartition", "make_partitions", "read_partition"]
+
+# pymq_pb2.PullStatus values (kept here to avoid decoding enums per pull)
+_FOUND, _NO_NEW_MSG, _NO_MATCHED_MSG, _OFFSET_ILLEGAL = 0, 1, 2, 3
+# Spark turns each yielded batch into one Arrow IPC message; larger ones are cheaper.
+_MIN_ROWS_PER_BATCH = 4096
+
+
+@dataclass(frozen=True)
+class _Range:
+    topic: str
+    broker_name: str
+    queue_id: int
+    start: int
+    end: int
+    subscription: str
+
+
+class PymqInputPartition(InputPartition):  # type: ignore[misc]
+    """One Spark task: queue offsets ``[start, end)`` of one MessageQueue.
+
+    Carries everything the task needs (Spark builds the reader that runs it in
+    another process, from the pickled options only).
+    """
+
+    def __init__(self, index: int, offset_range: OffsetRange, subscription: str) -> None:
+        mq = offset_range.mq
+        super().__init__(index)
+        self.range = _Range(
+            mq.topic, mq.broker_name, mq.queue_id, offset_range.start, offset_range.end,
+            subscription,
+        )
+
+    def __repr__(self) -> str:
+        r = self.range
+        return (
+            f"PymqInputPartition({r.topic}@{r.broker_name}#{r.queue_id} "
+            f"[{r.start}, {r.end}) {r.subscription!r})"
+        )
+
+
+def make_partitions(ranges: list[OffsetRange], opts: SourceOptions) -> list[PymqInputPartition]:
+    """One partition per range; retry topics are read with ``*`` as RocketMQ does."""
+    retry = opts.retry_topic
+    return [
+        PymqInputPartition(
+            i, r, "*" if r.mq.topic == retry else opts.subscription
+        )
+        for i, r in enumerate(ranges)
+    ]
+
+
+_consumers: dict[tuple[int, str, str, int], PullConsumer] = {}
+_consumers_lock = threading.Lock()
+
+
+def cached_consumer(endpoint: str, group: str, timeout_ms: int) -> PullConsumer:
+    """This worker process's consumer for (endpoint, group, timeout)."""
+    key = (os.getpid(), endpoint, group, timeout_ms)
+    consumer = _consumers.get(key)
+    if consumer is None:
+        with _consumers_lock:
+            consumer = _consumers.get(key)
+            if consumer is None:
+                consumer = PullConsumer(endpoint, group, timeout_ms=timeout_ms)
+                _consumers[key] = consumer
+    return consumer
+
+
+def read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """All rows of ``partition``, as RecordBatches of the source schema."""
+    if not isinstance(partition, PymqInputPartition):
+        return  # Spark's placeholder partition when a batch read plans none
+    r = partition.range
+    if r.end <= r.start:
+        return
+    consumer = cached_consumer(opts.endpoint, opts.pull_group, opts.poll_timeout_ms)
+    mq = MessageQueue(r.topic, r.broker_name, r.queue_id)
+    retry = r.topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
+    filtered = r.subscription.strip() != "*"
+    fail = opts.fail_on_data_loss
+
+    def pull(offset: int) -> Any:
+        return consumer.pull_raw(
+            mq, offset, min(opts.pull_batch_size, r.end - offset), subscription=r.subscription
+        )
+
+    pending: list[pa.RecordBatch] = []
+    pending_rows = 0
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pymq-pull") as pool:
+        offset = r.start
+        next_pull: Future[Any] | None = pool.submit(pull, offset)
+        while next_pull is not None:
+            resp = next_pull.result()
+            next_pull = None
+            status = resp.status
+            if status == _FOUND:
+                following = resp.next_begin_offset
+                if following < r.end:
+                    next_pull = pool.submit(pull, following)
+                batch = decode_records(
+                    resp.records, topic=r.topic, broker_name=r.broker_name, retry=retry,
+                    end_offset=r.end,
+                )
+                if not filtered and batch.num_rows:
+                    first = batch.column(3)[0].as_py()
+                    if first > offset:
+                        report_data_loss(
+                            fail,
+                            f"queue {mq}: offsets [{offset}, {first}) are no longer on the broker",
+                            f"skip to offset {first}",
+                        )
+                if batch.num_rows:
+                    pending.append(batch)
+                    pending_rows += batch.num_rows
+                    if pending_rows >= _MIN_ROWS_PER_BATCH:
+                        yield from _flush(pending)
+                        pending, pending_rows = [], 0
+                offset = max(following, offset + 1)
+                continue
+            if status == _NO_MATCHED_MSG:
+                if not filtered and resp.next_begin_offset > offset:
+                    report_data_loss(
+                        fail,
+                        f"queue {mq}: offsets [{offset}, {resp.next_begin_offset}) are no "
+                        "longer on the broker",
+                        f"skip to offset {resp.next_begin_offset}",
+                    )
+                offset = max(resp.next_begin_offset, offset + 1)
+            elif offset < resp.min_offset:  # expired by retention (or the queue was emptied)
+                report_data_loss(
+                    fail,
+                    f"queue {mq}: offsets [{offset}, {min(resp.min_offset, r.end)}) are no "
+                    f"longer on the broker (its min offset is now {resp.min_offset})",
+                    f"skip to offset {resp.min_offset}",
+                )
+                offset = resp.min_offset
+            else:  # NO_NEW_MSG or an offset past the end: the range's tail is gone
+                report_data_loss(
+                    fail,
+                    f"queue {mq}: offsets [{offset}, {r.end}) were planned but the broker "
+                    f"has messages only up to {resp.max_offset} (min {resp.min_offset}); "
+                    "was the topic deleted?",
+                    f"stop reading {mq} at offset {offset}",
+                )
+                break
+            if offset < r.end:
+                next_pull = pool.submit(pull, offset)
+    if pending:
+        yield from _flush(pending)
+
+
+def _flush(batches: list[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    if len(batches) == 1:
+        yield batches[0]
+        return
+    yield from pa.Table.from_batches(batches).combine_chunks().to_batches()
