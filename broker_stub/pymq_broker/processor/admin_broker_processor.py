@@ -7,7 +7,7 @@ import time
 from pymq_proto.v1 import pymq_pb2
 
 from ..common.broker_exception import BrokerException
-from ..common.mix_all import is_system_topic
+from ..common.mix_all import is_system_topic, topic_name_problem
 from ..manager.subscription_group_manager import SubscriptionGroupConfig
 from ..manager.topic_config_manager import TopicConfig
 from .context import BrokerContext
@@ -21,7 +21,19 @@ class AdminBrokerProcessor:
 
     def query_route(self, req: pymq_pb2.QueryRouteRequest) -> pymq_pb2.TopicRouteData:
         """GET_ROUTEINFO_BY_TOPIC: the topic's queues and the endpoint of each broker."""
-        cfg = self.ctx.topic_config(req.topic)
+        tcm = self.ctx.topic_config_manager
+        cfg = tcm.select_topic_config(req.topic)
+        if (
+            cfg is None
+            and tcm.auto_create_topic_enable
+            and topic_name_problem(req.topic) is None
+            and not is_system_topic(req.topic)
+        ):
+            # RocketMQ's TBW102 route: where an unknown topic may be sent to be created
+            n = tcm.default_topic_queue_nums
+            cfg = TopicConfig(req.topic, n, n)
+        if cfg is None:
+            cfg = self.ctx.topic_config(req.topic)  # raises the error that fits
         return pymq_pb2.TopicRouteData(
             topic=req.topic,
             brokers=[pymq_pb2.BrokerData(broker_name=self.ctx.broker_name, endpoint=self.ctx.endpoint)],

@@ -73,12 +73,16 @@ class DefaultMessageStore:
         self._group_commit: GroupCommitService | None = None
         self._services: list[ServiceThread] = []
         self._running = False
+        self.last_exit_ok = True
 
     # -- life cycle -------------------------------------------------------------
 
     def load(self) -> None:
         """Open the files and recover: cut a torn tail, rebuild missing queue entries."""
         self.config.store_path_root_dir.mkdir(parents=True, exist_ok=True)
+        abort_file = self.config.store_path_root_dir / "abort"
+        self.last_exit_ok = not abort_file.exists()
+        abort_file.touch()  # removed by a clean shutdown: its presence means a crash
         self.commit_log.load()
         root = self.config.store_path_consume_queue
         if root.exists():
@@ -96,6 +100,12 @@ class DefaultMessageStore:
         start = self.checkpoint.logics_msg_offset
         if cl.mapped_file_queue.files and start < cl.min_offset:
             start = cl.min_offset
+        if not self.last_exit_ok:
+            # After a crash, verify the whole segment holding the checkpoint too:
+            # a segment start is a record boundary, so the walk can begin there.
+            mf = cl.mapped_file_queue.find_mapped_file_by_offset(start)
+            if mf is not None:
+                start = mf.file_from_offset
         end = cl.recover(start)
         min_phy = cl.min_offset
         for cq in self._all_consume_queues():
@@ -159,6 +169,7 @@ class DefaultMessageStore:
             cq.shutdown()
         self.index_service.shutdown()
         self.checkpoint.close()
+        (self.config.store_path_root_dir / "abort").unlink(missing_ok=True)
 
     def checkpoint_now(self) -> None:
         """Flush queues, index and log, then record how far all of them are durable."""

@@ -60,6 +60,7 @@ class Admin:
 
     def __init__(self, endpoint: str, *, timeout_ms: int = 10_000) -> None:
         self._client = BrokerClient(endpoint, timeout_ms / 1000.0)
+        self._name: str | None = None
 
     @property
     def endpoint(self) -> str:
@@ -185,19 +186,24 @@ class Admin:
         )
 
     def view_message(self, msg_id: str, topic: str | None = None) -> MessageExt:
-        """A message by its offsetMsgId, or by its msgId (UNIQ_KEY) within ``topic``."""
-        try:
+        """A message by its msgId (UNIQ_KEY) within ``topic``, or by its offsetMsgId.
+
+        Both ids are 32 hex digits, so ``topic`` says which one is meant: with a
+        topic the id is a msgId, without one an offsetMsgId.
+        """
+        if topic is not None:
+            req = pymq_pb2.ViewMessageRequest(commit_log_offset=-1, topic=topic, msg_id=msg_id)
+        else:
             _ip, _port, phy = parse_offset_msg_id(msg_id)
             req = pymq_pb2.ViewMessageRequest(commit_log_offset=phy)
-        except ValueError:
-            if topic is None:
-                raise ValueError(
-                    f"{msg_id!r} is not an offsetMsgId; pass topic= to look it up as a msgId"
-                ) from None
-            req = pymq_pb2.ViewMessageRequest(commit_log_offset=-1, topic=topic, msg_id=msg_id)
         resp = self._client.call("ViewMessage", req)
-        info = self._client.call("BrokerRuntimeInfo", pymq_pb2.BrokerRuntimeInfoRequest())
-        return decode_records(resp.records, info.broker_name)[0]
+        return decode_records(resp.records, self._broker_name())[0]
+
+    def _broker_name(self) -> str:
+        if self._name is None:
+            info = self._client.call("BrokerRuntimeInfo", pymq_pb2.BrokerRuntimeInfoRequest())
+            self._name = str(info.broker_name)
+        return self._name
 
     def query_message(
         self, topic: str, key: str, max_num: int = 64, begin_ms: int = 0, end_ms: int = 0
@@ -210,8 +216,7 @@ class Admin:
                 end_timestamp=end_ms,
             ),
         )
-        info = self._client.call("BrokerRuntimeInfo", pymq_pb2.BrokerRuntimeInfoRequest())
-        return decode_records(resp.records, info.broker_name)
+        return decode_records(resp.records, self._broker_name())
 
     def min_max_offset(self, mq: MessageQueue) -> tuple[int, int]:
         lo = self._client.call(

@@ -30,6 +30,7 @@ from pyspark.sql.datasource import InputPartition
 
 from ..client.consumer import PullConsumer
 from ..client.message import MessageQueue
+from ..errors import TopicNotExistError
 from .data_loss import report_data_loss
 from .offset_range import OffsetRange
 from .options import RETRY_GROUP_TOPIC_PREFIX, SourceOptions
@@ -53,7 +54,7 @@ class _Range:
     subscription: str
 
 
-class PymqInputPartition(InputPartition):  # type: ignore[misc]
+class PymqInputPartition(InputPartition):
     """One Spark task: queue offsets ``[start, end)`` of one MessageQueue.
 
     Carries everything the task needs (Spark builds the reader that runs it in
@@ -128,7 +129,16 @@ def read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator[p
         offset = r.start
         next_pull: Future[Any] | None = pool.submit(pull, offset)
         while next_pull is not None:
-            resp = next_pull.result()
+            try:
+                resp = next_pull.result()
+            except TopicNotExistError:
+                report_data_loss(
+                    fail,
+                    f"topic {r.topic!r} was deleted while offsets [{offset}, {r.end}) of "
+                    f"{mq} were still to be read",
+                    f"stop reading {mq}",
+                )
+                break
             next_pull = None
             status = resp.status
             if status == _FOUND:

@@ -1,0 +1,131 @@
+"""``format("pymq")``: the PySpark data source of pymq."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pyspark.sql.datasource import DataSource
+
+from .options import SourceOptions, parse_source_options
+from .schema import SOURCE_DDL, source_schema
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
+    from .batch_reader import PymqBatchReader
+    from .micro_batch_stream import PymqMicroBatchStream
+
+__all__ = ["PymqDataSource"]
+
+
+class PymqDataSource(DataSource):
+    """Read a pymq (RocketMQ-style) broker from Spark, as a stream or as a batch.
+
+    ``format("pymq")`` works once ``pyspark_pymq`` is installed (Spark finds
+    ``pyspark_pymq.DefaultSource``); ``spark.dataSource.register(PymqDataSource)``
+    works too.
+
+    Each MessageQueue (topic, broker name, queue id) with data in a batch is one
+    Spark partition (large ranges may be split). Offsets are kept in Spark's
+    checkpoint as ``{topic: {"brokerName:queueId": next offset}}``.
+
+    Options (names are case-insensitive; all are checked before the query starts):
+
+    ========================  ==========================================================
+    endpoint                  required. ``host:port`` of a broker.
+    topic                     required. One topic or a comma-separated list.
+    consumerGroup             the consumer group. Required for streams in CLUSTERING;
+                              batch reads need none.
+    messageModel              ``CLUSTERING`` (default): progress is written to the
+                              broker as the group's, retries are read along.
+                              ``BROADCASTING``: nothing is written to the broker,
+                              no retries.
+    subscription              tag expression: ``*`` (default) or ``TagA || TagB``.
+    startingOffsets           ``group`` (streams in CLUSTERING, default): the group's
+                              progress on the broker, else ``consumeFromWhere``;
+                              ``earliest`` (batch default); ``latest``; or JSON
+                              ``{"orders": {"broker-a:0": 42}}`` (-2 earliest,
+                              -1 latest; unlisted queues start at earliest).
+    startingTimestamp         ms since the epoch: start at the first message stored
+                              at or after it (instead of startingOffsets).
+    consumeFromWhere          where ``group`` starts on queues without progress:
+                              ``CONSUME_FROM_LAST_OFFSET`` (default),
+                              ``CONSUME_FROM_FIRST_OFFSET``,
+                              ``CONSUME_FROM_TIMESTAMP`` (+ ``consumeTimestamp`` ms).
+    endingOffsets             batch only: ``latest`` (default) or JSON (-1 latest).
+    endingTimestamp           batch only: stop before messages stored at or after it.
+    lastMessagesPerQueue      batch only: the last N messages of each queue.
+    maxMessagesPerTrigger     streams only: at most N messages (queue offsets) per
+                              micro-batch, shared by backlog; Trigger.AvailableNow
+                              honours it over several batches.
+    failOnDataLoss            ``true`` (default): fail when messages to read are gone
+                              (retention, deleted topic); ``false``: log, skip ahead.
+    includeRetry              read ``%RETRY%<consumerGroup>`` too (default true for
+                              streams in CLUSTERING, false otherwise).
+    pullBatchSize             messages per pull (default 8192, at most 100000).
+    pollTimeoutMs             timeout of one pull in a task (default 60000).
+    connectTimeoutMs          timeout of the driver's calls (default 10000): an
+                              unreachable broker fails the query within it.
+    minPartitions             split ranges to get at least this many partitions.
+    maxMessagesPerPartition   split ranges larger than this.
+    ========================  ==========================================================
+
+    Schema (``SOURCE_DDL``)::
+
+        topic string, queue_id int, broker_name string, queue_offset bigint,
+        msg_id string, offset_msg_id string, commit_log_offset bigint, tags string,
+        keys array<string>, body binary, properties map<string,string>,
+        born_timestamp timestamp, store_timestamp timestamp, reconsume_times int,
+        retry_topic string
+
+    A message read from ``%RETRY%<group>`` shows its original topic in ``topic``
+    and the retry topic in ``retry_topic``.
+
+    Progress: Spark calls ``commit`` for a micro-batch after it has planned the
+    next one, so the group's progress on the broker lags Spark's checkpoint by
+    one batch (the last batch of a run is committed by the next run). The
+    checkpoint is the source of truth.
+
+    Example::
+
+        df = (spark.readStream.format("pymq")
+              .option("endpoint", "127.0.0.1:8081")
+              .option("topic", "orders")
+              .option("consumerGroup", "analytics")
+              .option("maxMessagesPerTrigger", 100000)
+              .load())
+        df.selectExpr("CAST(body AS STRING)", "tags").writeStream \\
+            .format("parquet").option("checkpointLocation", "/tmp/ckpt") \\
+            .trigger(availableNow=True).start("/tmp/out")
+
+        last10 = (spark.read.format("pymq")
+                  .option("endpoint", "127.0.0.1:8081")
+                  .option("topic", "%DLQ%analytics")
+                  .option("lastMessagesPerQueue", 10)
+                  .load())
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "pymq"
+
+    def schema(self) -> StructType:
+        return source_schema()
+
+    def _source_options(self, schema: StructType | None, *, stream: bool) -> SourceOptions:
+        if schema is not None and schema != source_schema():
+            raise ValueError(
+                "the pymq source has a fixed schema; remove .schema(...) and select or cast "
+                f"columns after load(). Its schema is: {SOURCE_DDL}"
+            )
+        return parse_source_options(dict(self.options), stream=stream)
+
+    def reader(self, schema: StructType) -> PymqBatchReader:
+        from .batch_reader import PymqBatchReader
+
+        return PymqBatchReader(self._source_options(schema, stream=False))
+
+    def streamReader(self, schema: StructType) -> PymqMicroBatchStream:
+        from .micro_batch_stream import PymqMicroBatchStream
+
+        return PymqMicroBatchStream(self._source_options(schema, stream=True))

@@ -1,0 +1,214 @@
+"""The streaming reader: ``spark.readStream.format("pymq")``.
+
+Where each method runs (see the data source notes): ``initialOffset``,
+``latestOffset``, ``partitions``, ``commit``, ``getDefaultReadLimit`` and
+``prepareForTriggerAvailableNow`` run on the driver, in one long-lived source
+runner process per query run, which keeps an :class:`OffsetReader` (gRPC
+channels) between calls. ``read`` runs in tasks, on a copy of this reader
+unpickled from its options only.
+
+Offsets (see :mod:`.source_offset`) are ``{topic: {"broker:queueId": next
+offset}}``. A new query starts from the ``INITIAL`` marker, resolved once by
+the first ``latestOffset`` (the batch from the marker is empty), so a replay
+of batch 0 after a crash reads exactly what the first run planned.
+
+Progress: Spark calls ``commit(end)`` for a batch after it has planned the
+**next** batch, and the last batch of a run is committed only by the next run
+that finds new data. In CLUSTERING mode ``commit`` writes ``end`` to the broker
+as the consumer group's progress, so the group's progress on the broker lags
+Spark's checkpoint by one batch. The checkpoint stays the source of truth: a
+restarted query resumes from it, not from the broker.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from ..client.message import MessageQueue
+from ..errors import PymqError
+from .data_loss import report_data_loss
+from .offset_range import limit_offsets, plan_ranges, split_ranges
+from .offset_reader import OffsetReader, QueueBounds
+from .options import SourceOptions
+from .read_loop import make_partitions, read_partition
+from .source_offset import INITIAL, is_initial, offsets_from_json, offsets_to_json
+
+__all__ = ["PymqMicroBatchStream"]
+
+logger = logging.getLogger("pyspark_pymq.spark")
+
+
+class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches of the query's MessageQueues (one Spark partition per queue range)."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self._setup(options)
+
+    def _setup(self, options: SourceOptions) -> None:
+        self.options = options
+        self._reader: OffsetReader | None = None
+        self._target: dict[MessageQueue, int] | None = None  # Trigger.AvailableNow
+        self._latest: dict[str, dict[str, int]] | None = None
+
+    # Tasks get the options only: channels and driver state stay on the driver.
+    def __getstate__(self) -> dict[str, Any]:
+        return {"options": self.options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._setup(state["options"])
+
+    @property
+    def offset_reader(self) -> OffsetReader:
+        if self._reader is None:
+            self._reader = OffsetReader(self.options)
+        return self._reader
+
+    # -- offsets (driver) -------------------------------------------------------------
+
+    def initialOffset(self) -> dict[str, Any]:
+        """The INITIAL marker; the first ``latestOffset`` resolves startingOffsets.
+
+        Checks the broker and the topics now, so that a wrong endpoint or topic
+        fails the query at start.
+        """
+        self.offset_reader.bounds(require_topics=True)
+        return dict(INITIAL)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Trigger.AvailableNow: read up to what the queues hold now, then stop."""
+        bounds, _ = self.offset_reader.bounds(require_topics=True)
+        self._target = {mq: b.max_offset for mq, b in bounds.items()}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.options.max_messages_per_trigger
+        return ReadAllAvailable() if n is None else ReadMaxRows(n)
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        return self._latest
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        """The end of the next batch: ``start`` plus what ``limit`` allows.
+
+        ``start`` equal to the result means "no new data" (Spark compares the
+        JSON text). Topics or queues that disappeared and offsets below a
+        queue's first message go through failOnDataLoss here, before anything
+        is planned; new queues join at their first offset and are read from
+        the next batch on.
+        """
+        reader = self.offset_reader
+        if is_initial(start):
+            bounds, _ = reader.bounds(require_topics=True)
+            if self._target is not None:  # AvailableNow: "latest" means the target
+                bounds = {
+                    mq: QueueBounds(b.min_offset, min(b.max_offset, self._target[mq]))
+                    for mq, b in bounds.items()
+                    if mq in self._target
+                }
+            resolved = reader.starting_offsets(bounds)
+            self._latest = offsets_to_json({mq: b.max_offset for mq, b in bounds.items()})
+            return offsets_to_json(resolved)
+
+        current = offsets_from_json(start)
+        bounds, missing = reader.bounds(require_topics=False)
+        self._latest = offsets_to_json({mq: b.max_offset for mq, b in bounds.items()})
+        fail = self.options.fail_on_data_loss
+
+        kept: dict[MessageQueue, int] = {}
+        for mq, offset in sorted(current.items()):
+            b = bounds.get(mq)
+            if b is None:
+                why = (
+                    f"topic {mq.topic!r} was deleted"
+                    if mq.topic in missing
+                    else "the queue no longer exists (its topic was deleted or has fewer "
+                    "queues now)"
+                )
+                report_data_loss(
+                    fail,
+                    f"queue {mq}: {why}; messages from offset {offset} on may not have been read",
+                    f"stop reading {mq}",
+                )
+                continue
+            if offset < b.min_offset:
+                report_data_loss(
+                    fail,
+                    f"queue {mq}: offsets [{offset}, {b.min_offset}) are no longer on the "
+                    f"broker (its min offset is now {b.min_offset})",
+                    f"skip {mq} to offset {b.min_offset}",
+                )
+            kept[mq] = offset
+
+        available: dict[MessageQueue, int] = {}
+        reset: dict[MessageQueue, int] = {}
+        for mq, b in bounds.items():
+            top = b.max_offset
+            if self._target is not None:
+                if mq not in self._target:
+                    continue  # appeared after the AvailableNow target was taken
+                top = min(top, self._target[mq])
+            if mq not in kept:
+                available[mq] = b.min_offset  # new queue: joins at its start
+                kept[mq] = b.min_offset
+            elif top < kept[mq]:
+                report_data_loss(
+                    fail,
+                    f"queue {mq}: its offsets went back from {kept[mq]} to {top} (was the "
+                    "topic deleted and created again?)",
+                    f"read {mq} again from its first offset",
+                )
+                reset[mq] = top
+            else:
+                available[mq] = top
+
+        base = {mq: kept[mq] for mq in available}
+        if isinstance(limit, ReadMaxRows):
+            end = limit_offsets(base, available, limit.max_rows)
+        else:
+            end = dict(available)
+        end.update(reset)
+        return offsets_to_json(end)
+
+    # -- planning (driver) ---------------------------------------------------------------
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        if is_initial(start) or is_initial(end):
+            return []
+        ranges = plan_ranges(
+            offsets_from_json(start),
+            offsets_from_json(end),
+            fail_on_data_loss=self.options.fail_on_data_loss,
+        )
+        ranges = split_ranges(
+            ranges,
+            min_partitions=self.options.min_partitions,
+            max_per_partition=self.options.max_messages_per_partition,
+        )
+        return make_partitions(ranges, self.options)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """CLUSTERING: write ``end`` as the group's progress (one batch late, see above)."""
+        if not self.options.commits_progress or is_initial(end):
+            return
+        try:
+            self.offset_reader.commit(offsets_from_json(end))
+        except PymqError as err:
+            # The checkpoint is the source of truth; a failed progress update only
+            # delays what the broker shows (the next commit carries it).
+            logger.warning("pymq source: could not commit group progress: %s", err)
+
+    # -- reading (executors) -----------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return read_partition(self.options, partition)
+

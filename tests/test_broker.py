@@ -1,0 +1,232 @@
+"""The broker as a process on loopback, through the public client."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+
+import grpc
+import pytest
+
+from broker_process import BrokerProcess
+from pymq_proto.v1 import pymq_pb2, pymq_pb2_grpc
+from pyspark_pymq import Admin, Message, MessageQueue, Producer, PullConsumer
+from pyspark_pymq.client.message import PullStatus, SendStatus
+from pyspark_pymq.errors import (
+    BrokerUnavailableError,
+    IllegalArgumentError,
+    MessageIllegalError,
+    NoPermissionError,
+    PymqError,
+    SubscriptionParseError,
+    TopicNotExistError,
+)
+
+
+def test_send_pull_commit_round_trip(endpoint: str) -> None:
+    Admin(endpoint).create_topic("orders", queues=4)
+    with Producer(endpoint) as producer:
+        sent = [
+            producer.send(Message("orders", f"body-{i}", tags="created", keys=[f"o{i}"],
+                                  properties={"region": "eu"}))
+            for i in range(20)
+        ]
+    assert all(r.status == SendStatus.SEND_OK for r in sent)
+    assert {r.queue_id for r in sent} == {0, 1, 2, 3}  # round robin
+    consumer = PullConsumer(endpoint, "g1")
+    got = {}
+    for mq in consumer.queues("orders"):
+        result = consumer.pull(mq, 0, 100)
+        for m in result.messages:
+            got[m.msg_id] = m
+        consumer.commit(mq, result.next_begin_offset)
+        assert consumer.committed(mq) == result.next_begin_offset
+    assert set(got) == {r.msg_id for r in sent}
+    for r in sent:
+        m = got[r.msg_id]
+        assert (m.queue_id, m.queue_offset) == (r.queue_id, r.queue_offset)
+        assert m.offset_msg_id == r.offset_msg_id
+        assert m.tags == "created" and m.user_properties == {"region": "eu"}
+        assert m.keys and m.keys[0].startswith("o")
+        assert m.topic == "orders" and m.broker_name == "broker-a" and m.store_timestamp > 0
+    progress = Admin(endpoint).group_progress("g1")
+    assert progress["lag"].sum() == 0 and progress["consumer_offset"].sum() == 20
+
+
+def test_batch_lands_in_one_queue_in_order_and_large_lists_split(endpoint: str) -> None:
+    Admin(endpoint).create_topic("batch", queues=2)
+    with Producer(endpoint) as producer:
+        results = producer.send_batch([Message("batch", b"%05d" % i) for i in range(500)])
+        assert len(results) == 1
+        r = results[0]
+        assert len(r.msg_ids) == 500
+        big = [Message("batch", bytes(300 * 1024)) for _ in range(30)]  # ~9 MiB: split
+        big_results = producer.send_batch(big)
+        assert len(big_results) >= 3
+    consumer = PullConsumer(endpoint, "g")
+    mq = MessageQueue("batch", "broker-a", r.queue_id)
+    got = consumer.pull(mq, r.queue_offset, 1000)
+    bodies = [m.body for m in got.messages][:500]
+    assert bodies == [b"%05d" % i for i in range(500)]
+
+
+def test_sharding_key_keeps_a_key_on_one_queue(endpoint: str) -> None:
+    Admin(endpoint).create_topic("sharded", queues=4)
+    with Producer(endpoint) as producer:
+        queues: dict[str, set[int]] = {}
+        for i in range(40):
+            key = f"order-{i % 5}"
+            r = producer.send(Message("sharded", f"{key}:{i}", sharding_key=key))
+            queues.setdefault(key, set()).add(r.queue_id)
+    assert all(len(q) == 1 for q in queues.values())
+    consumer = PullConsumer(endpoint, "g")
+    for mq in consumer.queues("sharded"):
+        seen: dict[str, int] = {}
+        for m in consumer.pull(mq, 0, 100).messages:
+            key, i = m.body.decode().split(":")
+            assert seen.get(key, -1) < int(i)  # per-key order kept
+            seen[key] = int(i)
+
+
+def test_async_and_oneway_modes(endpoint: str) -> None:
+    Admin(endpoint).create_topic("modes", queues=2)
+    with Producer(endpoint, send_mode="async", max_in_flight=8) as producer:
+        futures: list[Future] = [producer.send(Message("modes", b"a%d" % i)) for i in range(50)]
+        results = [f.result(10) for f in futures]
+    assert len({r.msg_id for r in results}) == 50
+    with Producer(endpoint, send_mode="oneway") as producer:
+        for i in range(10):
+            assert producer.send(Message("modes", b"o%d" % i)) is None
+    consumer = PullConsumer(endpoint, "g")
+    total = sum(len(consumer.pull(mq, 0, 1000).messages) for mq in consumer.queues("modes"))
+    assert total == 60
+
+
+def test_async_send_reports_failure_on_its_future(endpoint: str) -> None:
+    with Producer(endpoint, send_mode="async") as producer:
+        fut = producer.send(Message("missing-topic", b"x"))
+        with pytest.raises(TopicNotExistError):
+            fut.result(10)
+
+
+def test_long_polling_answers_when_a_message_arrives(endpoint: str) -> None:
+    Admin(endpoint).create_topic("lp", queues=1)
+    consumer = PullConsumer(endpoint, "g")
+    mq = consumer.queues("lp")[0]
+    timer = threading.Timer(0.5, lambda: Producer(endpoint).send(Message("lp", b"wake")))
+    timer.start()
+    t0 = time.monotonic()
+    result = consumer.pull(mq, 0, 10, suspend_timeout_ms=10_000)
+    waited = time.monotonic() - t0
+    assert result.status == PullStatus.FOUND and result.messages[0].body == b"wake"
+    assert waited < 9  # answered by the arrival, not by the suspend timeout
+    empty = consumer.pull(mq, 1, 10, suspend_timeout_ms=200)
+    assert empty.status == PullStatus.NO_NEW_MSG and empty.next_begin_offset == 1
+
+
+def test_offsets_min_max_and_search_by_timestamp(endpoint: str) -> None:
+    Admin(endpoint).create_topic("ts", queues=1)
+    producer = Producer(endpoint)
+    consumer = PullConsumer(endpoint, "g")
+    mq = consumer.queues("ts")[0]
+    for i in range(3):
+        producer.send(Message("ts", b"early%d" % i))
+    time.sleep(0.05)
+    middle = int(time.time() * 1000)
+    time.sleep(0.05)
+    for i in range(2):
+        producer.send(Message("ts", b"late%d" % i))
+    assert consumer.min_offset(mq) == 0 and consumer.max_offset(mq) == 5
+    assert consumer.search_offset(mq, middle) == 3
+    assert consumer.search_offset(mq, 0) == 0
+    assert consumer.search_offset(mq, middle + 10**9) == 5
+    assert consumer.committed(mq) == -1
+
+
+def test_bad_input_gets_clear_errors_and_the_broker_keeps_serving(endpoint: str) -> None:
+    admin = Admin(endpoint)
+    admin.create_topic("ok", queues=2)
+    producer = Producer(endpoint, retry_times_when_send_failed=0)
+    consumer = PullConsumer(endpoint, "g")
+    with pytest.raises(TopicNotExistError, match="'nope'"):
+        producer.send(Message("nope", b"x"))
+    with pytest.raises(IllegalArgumentError, match="characters outside"):
+        admin.create_topic("bad name!")
+    with pytest.raises(IllegalArgumentError, match="127"):
+        admin.create_topic("x" * 200)
+    with pytest.raises(NoPermissionError, match="reserved"):
+        admin.create_topic("%RETRY%mine")
+    with pytest.raises(NoPermissionError):
+        admin.create_topic("SCHEDULE_TOPIC_XXXX")
+    with pytest.raises(MessageIllegalError, match="maxMessageSize 4194304"):
+        producer.send(Message("ok", bytes(4 * 1024 * 1024 + 1)))
+    with pytest.raises(ValueError, match="cannot be delayed"):
+        producer.send_batch([Message("ok", b"a"), Message("ok", b"b", delay_level=2)])
+    with pytest.raises(IllegalArgumentError, match="queue id 7 is out of range"):
+        consumer.pull(MessageQueue("ok", "broker-a", 7), 0)
+    with pytest.raises(SubscriptionParseError, match="empty tag"):
+        consumer.pull(MessageQueue("ok", "broker-a", 0), 0, subscription="A || ")
+    with pytest.raises(IllegalArgumentError, match="out of range 0..0"):
+        consumer.commit(MessageQueue("ok", "broker-a", 0), 99)
+    # raw gRPC with out-of-range fields: the broker answers with an error, not a crash
+    stub = pymq_pb2_grpc.BrokerStub(grpc.insecure_channel(endpoint))
+    with pytest.raises(grpc.RpcError) as info:
+        stub.PullMessage(pymq_pb2.PullMessageRequest(
+            message_queue=pymq_pb2.MessageQueue(topic="ok", queue_id=0), queue_offset=-5,
+            max_msg_nums=1))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as info:
+        stub.SendMessage(pymq_pb2.SendMessageRequest(topic="ok", queue_id=0))
+    assert "no message" in (info.value.details() or "")
+    with pytest.raises(grpc.RpcError):  # bytes that are not a request at all
+        grpc.insecure_channel(endpoint).unary_unary("/pymq_proto.v1.Broker/SendMessage")(b"\xff\xff\xff")
+    # ...and it still serves
+    assert producer.send(Message("ok", b"still alive")).status == SendStatus.SEND_OK
+    assert sum(admin.topic_stats("ok")["messages"]) == 1
+
+
+def test_unreachable_broker_names_the_endpoint() -> None:
+    producer = Producer("127.0.0.1:1", send_msg_timeout_ms=2000, retry_times_when_send_failed=0)
+    with pytest.raises(BrokerUnavailableError, match=r"127\.0\.0\.1:1"):
+        producer.send(Message("t", b"x"))
+    with pytest.raises(ValueError, match="host:port"):
+        PullConsumer("localhost", "g")
+
+
+def test_auto_create_topic_and_admin_tables(tmp_path) -> None:
+    with BrokerProcess(tmp_path / "b", ["--auto-create-topic-enable"]) as broker:
+        admin = Admin(broker.endpoint)
+        r = Producer(broker.endpoint).send(Message("fresh", b"x"))
+        assert r.status == SendStatus.SEND_OK
+        topics = admin.topics()
+        row = topics[topics["topic"] == "fresh"].iloc[0]
+        assert row["read_queues"] == 4 and row["messages"] == 1
+        stats = admin.topic_stats("fresh")
+        assert list(stats["queue_id"]) == [0, 1, 2, 3] and stats["messages"].sum() == 1
+        found = admin.view_message(r.offset_msg_id)
+        assert found.body == b"x" and found.msg_id == r.msg_id
+        assert admin.view_message(r.msg_id, topic="fresh").commit_log_offset == found.commit_log_offset
+        admin.delete_topic("fresh")
+        assert "fresh" not in admin.topic_names()
+        with pytest.raises(PymqError):
+            admin.topic_stats("fresh")
+
+
+def test_state_survives_a_clean_restart(tmp_path) -> None:
+    broker = BrokerProcess(tmp_path / "b").start()
+    try:
+        admin = Admin(broker.endpoint)
+        admin.create_topic("keep", queues=2)
+        sent = Producer(broker.endpoint).send_batch([Message("keep", b"%d" % i) for i in range(10)])[0]
+        consumer = PullConsumer(broker.endpoint, "g")
+        consumer.commit(sent.message_queue, 4)
+        assert broker.stop() == 0
+        broker.start()
+        consumer = PullConsumer(broker.endpoint, "g")
+        mq = MessageQueue("keep", "broker-a", sent.queue_id)
+        assert consumer.committed(mq) == 4
+        assert [m.body for m in consumer.pull(mq, 0, 100).messages] == [b"%d" % i for i in range(10)]
+        assert Admin(broker.endpoint).topic_config("keep").read_queue_nums == 2
+    finally:
+        broker.stop()

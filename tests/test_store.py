@@ -1,0 +1,227 @@
+"""Unit tests of the store: commit log, consume queues, recovery, retention, index."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from pymq_broker.common.mix_all import SCHEDULE_TOPIC
+from pymq_broker.store.commit_log import MessageToStore
+from pymq_broker.store.config import MessageStoreConfig, parse_delay_levels
+from pymq_broker.store.message_store import DefaultMessageStore
+from pymq_broker.store.results import GetMessageStatus, PutMessageStatus
+from pymq_proto.record import (
+    HEADER,
+    MessageConst,
+    decode_properties,
+    encode_properties,
+    find_property,
+    store_host_bytes,
+)
+
+HOST = store_host_bytes("127.0.0.1", 9876)
+MiB = 1024 * 1024
+
+
+def make_store(root: Path, **cfg: object) -> DefaultMessageStore:
+    store = DefaultMessageStore(MessageStoreConfig(store_path_root_dir=root, **cfg), HOST)  # type: ignore[arg-type]
+    store.load()
+    store.start()
+    return store
+
+
+def msg(body: bytes, **props: str) -> MessageToStore:
+    return MessageToStore(body, 0, encode_properties(props), int(time.time() * 1000))
+
+
+def records(raw: bytes) -> list[tuple[str, int, int, bytes, dict[str, str]]]:
+    """(topic, queue id, queue offset, body, properties) of each record."""
+    out = []
+    pos = 0
+    while pos < len(raw):
+        h = HEADER.unpack_from(raw, pos)
+        total, qid, qoff, body_len = h[0], h[3], h[5], h[13]
+        body = raw[pos + 80 : pos + 80 + body_len]
+        t = pos + 80 + body_len
+        tlen = int.from_bytes(raw[t : t + 2], "little")
+        topic = raw[t + 2 : t + 2 + tlen].decode()
+        p = t + 2 + tlen
+        plen = int.from_bytes(raw[p : p + 2], "little")
+        out.append((topic, qid, qoff, body, decode_properties(raw[p + 2 : p + 2 + plen])))
+        pos += total
+    return out
+
+
+def test_properties_round_trip_and_find() -> None:
+    props = {"TAGS": "A", "KEYS": "k1 k2", "x": "1", "UNIQ_KEY": "U"}
+    raw = encode_properties(props)
+    assert decode_properties(raw) == props
+    assert find_property(raw, b"KEYS") == b"k1 k2"
+    assert find_property(raw, b"EYS") is None  # must match a whole name
+    assert find_property(raw, b"missing") is None
+
+
+def test_delay_levels_parse_with_units() -> None:
+    assert parse_delay_levels("100ms 1s 2m 1h 1d") == [100, 1000, 120_000, 3_600_000, 86_400_000]
+    with pytest.raises(ValueError, match="'5x'"):
+        parse_delay_levels("1s 5x")
+
+
+def test_put_and_get_batches_across_queues(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    try:
+        r = store.put_messages("t", 0, [msg(b"a%d" % i, TAGS="A") for i in range(5)])
+        assert r.status == PutMessageStatus.PUT_OK and r.queue_offset == 0
+        store.put_messages("t", 1, [msg(b"b")])
+        r2 = store.put_messages("t", 0, [msg(b"c", TAGS="C")])
+        assert r2.queue_offset == 5
+        got = store.get_message("t", 0, 0, 100)
+        assert got.status == GetMessageStatus.FOUND and got.message_count == 6
+        bodies = [rec[3] for rec in records(got.records)]
+        assert bodies == [b"a0", b"a1", b"a2", b"a3", b"a4", b"c"]
+        assert [rec[2] for rec in records(got.records)] == list(range(6))
+        assert got.next_begin_offset == 6
+        # tag filter by hash, and the offset moves past non-matching entries
+        only_c = store.get_message("t", 0, 0, 100, tag_hashes=frozenset({__import__("zlib").crc32(b"C")}))
+        assert [rec[3] for rec in records(only_c.records)] == [b"c"]
+        assert store.get_message("t", 0, 6, 10).status == GetMessageStatus.OFFSET_OVERFLOW_ONE
+        assert store.get_message("t", 0, 9, 10).status == GetMessageStatus.OFFSET_OVERFLOW_BADLY
+        assert store.get_message("t", 3, 0, 10).status == GetMessageStatus.NO_MATCHED_LOGIC_QUEUE
+        # max bytes: at least one message, never more than asked
+        one = store.get_message("t", 0, 0, 100, max_bytes=1)
+        assert one.message_count == 1 and one.next_begin_offset == 1
+    finally:
+        store.shutdown()
+
+
+def test_oversized_message_and_batch_are_refused_without_writing(tmp_path: Path) -> None:
+    store = make_store(tmp_path, max_message_size=1024, mapped_file_size_commit_log=64 * 1024)
+    try:
+        r = store.put_messages("t", 0, [msg(b"x" * 2000)])
+        assert r.status == PutMessageStatus.MESSAGE_ILLEGAL
+        assert "2000 bytes" in r.remark and "1024" in r.remark
+        r = store.put_messages("t", 0, [msg(b"x" * 600), msg(b"y" * 600)])
+        assert r.status == PutMessageStatus.MESSAGE_ILLEGAL and "split it" in r.remark
+        assert store.commit_log.max_offset == 0
+    finally:
+        store.shutdown()
+
+
+def test_segments_roll_with_blank_padding_and_reopen(tmp_path: Path) -> None:
+    cfg = {"max_message_size": 4096, "mapped_file_size_commit_log": 16 * 1024}
+    store = make_store(tmp_path, **cfg)
+    bodies = [os.urandom(700) for _ in range(100)]  # ~78 KiB: several segments
+    for i, b in enumerate(bodies):
+        store.put_messages("t", i % 2, [msg(b)])
+    assert len(store.commit_log.mapped_file_queue.files) > 3
+    store.shutdown()
+    store = make_store(tmp_path, **cfg)
+    try:
+        got = [rec[3] for q in (0, 1) for rec in records(store.get_message("t", q, 0, 1000).records)]
+        assert sorted(got) == sorted(bodies)
+        r = store.put_messages("t", 0, [msg(b"after")])
+        assert r.queue_offset == 50
+    finally:
+        store.shutdown()
+
+
+def test_recovery_rebuilds_missing_consume_queue_entries(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    for i in range(20):
+        store.put_messages("t", 0, [msg(b"m%d" % i)])
+    store.shutdown()
+    # lose the consume queue entirely (as if its writes never reached the disk)
+    for f in (tmp_path / "consumequeue" / "t" / "0").iterdir():
+        f.unlink()
+    (tmp_path / "checkpoint").write_bytes(bytes(16))
+    store = make_store(tmp_path)
+    try:
+        got = store.get_message("t", 0, 0, 100)
+        assert [rec[3] for rec in records(got.records)] == [b"m%d" % i for i in range(20)]
+    finally:
+        store.shutdown()
+
+
+def test_torn_tail_is_cut_and_never_served(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    for i in range(10):
+        store.put_messages("t", 0, [msg(b"good-%d" % i)])
+    end = store.commit_log.max_offset
+    last = store.put_messages("t", 0, [msg(b"torn" * 50)])
+    seg = store.commit_log.mapped_file_queue.files[-1].file_name
+    store.commit_log.mapped_file_queue.flush()
+    # simulate a crash: no clean shutdown (abort file stays), half the last record is zeros
+    for cq in store._all_consume_queues():
+        cq.flush()
+    with open(seg, "r+b") as f:
+        f.seek(last.physical_offsets[0] + 100)
+        f.write(bytes(60))
+    store2 = make_store(tmp_path)
+    try:
+        assert store2.commit_log.max_offset == end
+        got = store2.get_message("t", 0, 0, 100)
+        assert [rec[3] for rec in records(got.records)] == [b"good-%d" % i for i in range(10)]
+        assert store2.get_max_offset_in_queue("t", 0) == 10
+        r = store2.put_messages("t", 0, [msg(b"next")])
+        assert r.queue_offset == 10 and r.physical_offsets[0] == end
+        assert records(store2.get_message("t", 0, 10, 1).records)[0][3] == b"next"
+    finally:
+        store2.shutdown()
+
+
+def test_retention_deletes_old_segments_and_moves_min_offset(tmp_path: Path) -> None:
+    cfg = {"max_message_size": 4096, "mapped_file_size_commit_log": 16 * 1024, "file_reserved_time": 1.0}
+    store = make_store(tmp_path, **cfg)
+    try:
+        for i in range(100):
+            store.put_messages("t", 0, [msg(b"%04d" % i + bytes(700))])
+        files_before = len(store.commit_log.mapped_file_queue.files)
+        deleted = store.clean_expired_files(now=time.time() + 2 * 3600)
+        assert deleted == files_before - 1
+        min_off = store.get_min_offset_in_queue("t", 0)
+        assert 0 < min_off < 100
+        got = store.get_message("t", 0, 0, 10)
+        assert got.status == GetMessageStatus.OFFSET_TOO_SMALL and got.next_begin_offset == min_off
+        first = records(store.get_message("t", 0, min_off, 1).records)[0]
+        assert first[2] == min_off and first[3][:4] == b"%04d" % min_off
+    finally:
+        store.shutdown()
+
+
+def test_index_finds_messages_by_key_and_uniq_key(tmp_path: Path) -> None:
+    store = make_store(tmp_path, max_hash_slot_num=64, max_index_num=400)
+    try:
+        for i in range(300):  # forces index file rolls and slot collisions
+            store.put_messages("t", 0, [msg(b"m%d" % i, KEYS=f"order-{i % 30} all", UNIQ_KEY=f"U{i}")])
+        now = int(time.time() * 1000) + 1000
+        hits = store.query_message("t", "order-7", 100, 0, now)
+        assert sorted(records(b"".join(hits)), key=lambda r: r[2])[0][3] == b"m7"
+        assert len(hits) == 10
+        assert len(store.query_message("t", "U123", 5, 0, now)) == 1
+        assert store.query_message("other", "U123", 5, 0, now) == []
+    finally:
+        store.shutdown()
+
+
+def test_delayed_message_waits_in_schedule_topic(tmp_path: Path) -> None:
+    from pymq_broker.store.schedule_message_service import ScheduleMessageService
+
+    store = make_store(tmp_path, message_delay_level="50ms 100ms")
+    sms = ScheduleMessageService(store, tmp_path / "delayOffset.json")
+    try:
+        r = store.put_messages("real", 2, [msg(b"later", DELAY="5")])  # clamped to level 2
+        assert r.topic == SCHEDULE_TOPIC and r.queue_id == 1
+        sched = records(store.get_message(SCHEDULE_TOPIC, 1, 0, 1).records)[0]
+        assert sched[4][MessageConst.PROPERTY_REAL_TOPIC] == "real"
+        assert sched[4][MessageConst.PROPERTY_REAL_QUEUE_ID] == "2"
+        sms.deliver_due(r.store_timestamp + 50)  # not yet due
+        assert store.get_max_offset_in_queue("real", 2) == 0
+        sms.deliver_due(r.store_timestamp + 100)
+        got = records(store.get_message("real", 2, 0, 1).records)
+        assert got[0][3] == b"later" and "DELAY" not in got[0][4]
+        assert sms.offset_table == {2: 1}
+    finally:
+        store.shutdown()
