@@ -120,6 +120,7 @@ class MessageConst:
             PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
             PROPERTY_TRANSACTION_CHECK_TIMES,
             PROPERTY_WAIT_STORE_MSG_OK,
+            PROPERTY_CONSUME_FAILURE_REASON,
         }
     )
 

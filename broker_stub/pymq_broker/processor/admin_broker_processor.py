@@ -7,7 +7,12 @@ import time
 from pymq_proto.v1 import pymq_pb2
 
 from ..common.broker_exception import BrokerException
-from ..common.mix_all import is_system_topic, topic_name_problem
+from ..common.mix_all import (
+    RETRY_GROUP_TOPIC_PREFIX,
+    is_retry_topic,
+    is_system_topic,
+    topic_name_problem,
+)
 from ..manager.subscription_group_manager import SubscriptionGroupConfig
 from ..manager.topic_config_manager import TopicConfig
 from .context import BrokerContext
@@ -23,6 +28,12 @@ class AdminBrokerProcessor:
         """GET_ROUTEINFO_BY_TOPIC: the topic's queues and the endpoint of each broker."""
         tcm = self.ctx.topic_config_manager
         cfg = tcm.select_topic_config(req.topic)
+        if cfg is None and is_retry_topic(req.topic):
+            # a consumer asks for its group's retry queues: create them (RocketMQ
+            # does it when the consumer registers)
+            group = req.topic[len(RETRY_GROUP_TOPIC_PREFIX):]
+            sub = self.ctx.subscription_group_manager.find_subscription_group_config(group)
+            cfg = tcm.create_topic_of_retry(group, sub.retry_queue_nums)
         if (
             cfg is None
             and tcm.auto_create_topic_enable

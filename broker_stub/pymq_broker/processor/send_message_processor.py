@@ -13,7 +13,7 @@ import asyncio
 import itertools
 from concurrent.futures import Future
 
-from pymq_proto.record import MessageConst, find_property
+from pymq_proto.record import MessageConst, decode_properties, encode_properties, find_property
 from pymq_proto.v1 import pymq_pb2
 
 from ..common.broker_exception import BrokerException
@@ -110,7 +110,7 @@ class SendMessageProcessor:
                     continue
             messages.append(MessageToStore(m.body, m.flag, m.properties, born, req.reconsume_times))
         if topic.startswith(RETRY_GROUP_TOPIC_PREFIX) and messages:
-            topic, queue_id = self._retry_or_dlq(topic, queue_id, req.reconsume_times, messages[0])
+            topic, queue_id, messages = self._retry_or_dlq(topic, queue_id, req.reconsume_times, messages)
         if not messages:
             return pymq_pb2.SendMessageResponse(
                 status=pymq_pb2.SEND_OK, queue_id=queue_id, queue_offset=-1,
@@ -130,13 +130,26 @@ class SendMessageProcessor:
         )
 
     def _retry_or_dlq(
-        self, topic: str, queue_id: int, reconsume_times: int, msg: MessageToStore
-    ) -> tuple[str, int]:
+        self, topic: str, queue_id: int, reconsume_times: int, messages: list[MessageToStore]
+    ) -> tuple[str, int, list[MessageToStore]]:
+        """RocketMQ's handleRetryAndDLQ: past maxReconsumeTimes a retry goes to the DLQ."""
         group = topic[len(RETRY_GROUP_TOPIC_PREFIX):]
         sub = self.ctx.subscription_group_manager.find_subscription_group_config(group)
-        raw_max = find_property(msg.properties, _MAX_RECONSUME)
+        raw_max = find_property(messages[0].properties, _MAX_RECONSUME)
         max_times = int(raw_max) if raw_max and raw_max.isdigit() else sub.retry_max_times
-        if reconsume_times >= max_times:
-            self.ctx.topic_config_manager.create_topic_of_dlq(group)
-            return get_dlq_topic(group), 0
-        return topic, queue_id
+        if reconsume_times < max_times:
+            return topic, queue_id, messages
+        self.ctx.topic_config_manager.create_topic_of_dlq(group)
+        dead = []
+        for m in messages:
+            props = decode_properties(m.properties)
+            props.pop(MessageConst.PROPERTY_DELAY_TIME_LEVEL, None)
+            origin = props.get(MessageConst.PROPERTY_RETRY_TOPIC, "")
+            props[MessageConst.PROPERTY_DLQ_ORIGIN_TOPIC] = origin
+            props[MessageConst.PROPERTY_DLQ_ORIGIN_MESSAGE_ID] = props.get(
+                MessageConst.PROPERTY_ORIGIN_MESSAGE_ID,
+                props.get(MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, ""),
+            )
+            dead.append(MessageToStore(m.body, m.flag, encode_properties(props), m.born_timestamp,
+                                       m.reconsume_times, m.sys_flag))
+        return get_dlq_topic(group), 0, dead

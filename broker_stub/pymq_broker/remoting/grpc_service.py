@@ -36,7 +36,9 @@ Handler = Callable[[Any], Any]
 
 
 def _rpc(handler_name: str, processor_attr: str) -> Callable[..., Awaitable[Any]]:
-    async def method(self: BrokerGrpcService, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+    async def method(
+        self: BrokerGrpcService, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Any:
         handler = getattr(getattr(self, processor_attr), handler_name)
         try:
             result = handler(request)

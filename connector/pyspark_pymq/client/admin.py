@@ -5,16 +5,17 @@ Tables come back as pandas DataFrames, ready for a notebook.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pymq_proto.record import parse_offset_msg_id
+from pymq_proto.record import MessageConst, parse_offset_msg_id
 from pymq_proto.v1 import pymq_pb2
 
 from ..errors import TopicNotExistError
 from .codec import decode_records
-from .consumer import mq_proto
-from .message import MessageExt, MessageQueue
+from .consumer import PullConsumer, dlq_topic, mq_proto
+from .message import Message, MessageExt, MessageQueue
 from .route import PERM_READ, PERM_WRITE
 from .transport import BrokerClient
 
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["Admin", "TopicConfig"]
+
+DLQ_BROWSER_GROUP = "PYMQ_DLQ_BROWSER"
+DLQ_RESEND_GROUP = "PYMQ_DLQ_RESEND"
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +221,98 @@ class Admin:
             ),
         )
         return decode_records(resp.records, self._broker_name())
+
+    # -- dead letters ------------------------------------------------------------
+
+    def dead_letter_messages(self, group: str, max_num: int = 1000) -> list[MessageExt]:
+        """The messages in %DLQ%<group>, oldest first (at most ``max_num``)."""
+        topic = dlq_topic(group)
+        if topic not in self.topic_names(include_system=True):
+            return []
+        consumer = PullConsumer(self.endpoint, DLQ_BROWSER_GROUP)
+        out: list[MessageExt] = []
+        for mq in consumer.queues(topic):
+            offset = consumer.min_offset(mq)
+            while len(out) < max_num:
+                result = consumer.pull(mq, offset, min(1000, max_num - len(out)))
+                if not result.messages:
+                    break
+                out.extend(result.messages)
+                offset = result.next_begin_offset
+        return out
+
+    def dead_letters(self, group: str, max_num: int = 1000) -> pd.DataFrame:
+        """One row per dead letter of ``group``: where it came from, why, how often retried."""
+        rows = [
+            {
+                "msg_id": m.msg_id,
+                "origin_topic": m.properties.get(MessageConst.PROPERTY_DLQ_ORIGIN_TOPIC, ""),
+                "origin_msg_id": m.properties.get(MessageConst.PROPERTY_DLQ_ORIGIN_MESSAGE_ID, ""),
+                "reconsume_times": m.reconsume_times,
+                "reason": m.properties.get(MessageConst.PROPERTY_CONSUME_FAILURE_REASON, ""),
+                "tags": m.tags,
+                "keys": " ".join(m.keys),
+                "store_timestamp": m.store_timestamp,
+                "queue_offset": m.queue_offset,
+                "body": m.body,
+            }
+            for m in self.dead_letter_messages(group, max_num)
+        ]
+        return _frame(rows, ["msg_id", "origin_topic", "origin_msg_id", "reconsume_times", "reason",
+                             "tags", "keys", "store_timestamp", "queue_offset", "body"])
+
+    def resend_dead_letters(
+        self, group: str, msg_ids: Iterable[str] | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> int:
+        """Send dead letters of ``group`` again to their original topic, retry count reset.
+
+        Without ``msg_ids`` every dead letter not re-sent yet is re-sent (progress
+        is kept as the offset of an internal group, so running it twice does not
+        send twice). Returns how many were sent. ``progress(done, total)`` is
+        called as it goes.
+        """
+        wanted = None if msg_ids is None else set(msg_ids)
+        letters = self.dead_letter_messages(group, max_num=10**9)
+        consumer = PullConsumer(self.endpoint, DLQ_RESEND_GROUP)
+        done_upto = -1
+        if wanted is None and letters:
+            done_upto = consumer.committed(
+                MessageQueue(letters[0].topic, letters[0].broker_name, letters[0].queue_id)
+            )
+            letters = [m for m in letters if m.queue_offset >= done_upto]
+        else:
+            letters = [m for m in letters if wanted is not None and m.msg_id in wanted]
+        from .producer import Producer
+
+        sent = 0
+        with Producer(self.endpoint) as producer:
+            for m in letters:
+                origin = m.properties.get(MessageConst.PROPERTY_DLQ_ORIGIN_TOPIC) or m.retry_topic
+                if not origin:
+                    continue
+                producer.send_sync(
+                    Message(origin, m.body, tags=m.tags, keys=m.keys,
+                            properties={
+                                **m.user_properties,
+                                MessageConst.PROPERTY_ORIGIN_MESSAGE_ID: m.properties.get(
+                                    MessageConst.PROPERTY_DLQ_ORIGIN_MESSAGE_ID, m.msg_id),
+                            })
+                )
+                sent += 1
+                if progress is not None:
+                    progress(sent, len(letters))
+        if wanted is None and letters:
+            last = letters[-1]
+            consumer.commit(MessageQueue(last.topic, last.broker_name, last.queue_id),
+                            last.queue_offset + 1)
+        return sent
+
+    def purge_dead_letters(self, group: str) -> None:
+        """Drop every dead letter of ``group`` (%DLQ%<group> starts empty again)."""
+        topic = dlq_topic(group)
+        if topic in self.topic_names(include_system=True):
+            self._client.call("DeleteTopic", pymq_pb2.DeleteTopicRequest(topic=topic))
 
     def min_max_offset(self, mq: MessageQueue) -> tuple[int, int]:
         lo = self._client.call(

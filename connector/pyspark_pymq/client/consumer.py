@@ -2,17 +2,44 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from pymq_proto.record import MessageConst, encode_properties
 from pymq_proto.v1 import pymq_pb2
 
+from ..errors import PymqError
 from .codec import decode_records
-from .message import MessageQueue, PullResult, PullStatus
+from .message import MessageExt, MessageQueue, PullResult, PullStatus
 from .route import RouteCache
 from .transport import BrokerClient
 
-__all__ = ["DEFAULT_PULL_BATCH_SIZE", "PullConsumer"]
+__all__ = ["DEFAULT_PULL_BATCH_SIZE", "PullConsumer", "SendBackResult", "retry_topic"]
+
+RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
+DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
+MC = MessageConst
+
+
+def retry_topic(group: str) -> str:
+    """The group's retry topic, %RETRY%<group>."""
+    return RETRY_GROUP_TOPIC_PREFIX + group
+
+
+def dlq_topic(group: str) -> str:
+    """The group's dead-letter topic, %DLQ%<group>."""
+    return DLQ_GROUP_TOPIC_PREFIX + group
+
+
+@dataclass(frozen=True, slots=True)
+class SendBackResult:
+    """Where a sent-back message went: %RETRY%<group> or, past its retries, %DLQ%<group>."""
+
+    topic: str
+    dead_letter: bool
+    fallback: bool  # True when the send back failed and a direct send to %RETRY% was made
 
 DEFAULT_PULL_BATCH_SIZE = 32
 _PULL_STATUS = {
@@ -63,6 +90,10 @@ class PullConsumer:
     def queues(self, topic: str) -> list[MessageQueue]:
         """The readable MessageQueues of ``topic`` (TopicNotExistError if none)."""
         return list(self._routes.get(topic, refresh=True).subscribe_queues)
+
+    def retry_queues(self) -> list[MessageQueue]:
+        """The queues of this group's %RETRY% topic (created on first ask)."""
+        return self.queues(retry_topic(self.group))
 
     def _broker(self, mq: MessageQueue) -> BrokerClient:
         return self._routes.client(mq.topic, mq.broker_name)
@@ -176,3 +207,87 @@ class PullConsumer:
     def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
         """The first offset whose store time is >= ``timestamp_ms`` (max offset if none)."""
         return self._query_offset(mq, pymq_pb2.TIMESTAMP, timestamp_ms)
+
+    def send_back(
+        self,
+        message: MessageExt,
+        delay_level: int = 0,
+        max_reconsume_times: int | None = None,
+        reason: str | Mapping[str, str] | None = None,
+    ) -> SendBackResult:
+        """Return a message this group failed to consume (RocketMQ's sendMessageBack).
+
+        The broker stores a new message in %RETRY%<group> that comes back after
+        ``delay_level`` (0: level 3 + reconsume times, i.e. 10s, 30s, 1m...), or in
+        %DLQ%<group> once it was retried ``max_reconsume_times`` times (default:
+        the group's setting, 16) or when ``delay_level`` < 0. ``reason`` (a string
+        or a dict of strings) is kept in the message's properties, so a dead
+        letter says why it died.
+
+        If the send back fails, the message is sent to %RETRY%<group> directly
+        (RocketMQ's fallback); if that fails too, the error is raised so that the
+        caller consumes the message again later.
+        """
+        if not isinstance(message, MessageExt):
+            raise TypeError(f"send_back takes a received MessageExt, got {type(message).__name__}")
+        if max_reconsume_times is not None and (
+            not isinstance(max_reconsume_times, int) or max_reconsume_times < 1
+        ):
+            raise ValueError(f"max_reconsume_times must be an int >= 1, got {max_reconsume_times!r}")
+        extra = _reason_properties(reason)
+        origin_topic = message.retry_topic or message.topic
+        req = pymq_pb2.ConsumerSendMsgBackRequest(
+            group=self.group,
+            commit_log_offset=message.commit_log_offset,
+            delay_level=delay_level,
+            origin_msg_id=message.msg_id,
+            origin_topic=origin_topic,
+            max_reconsume_times=max_reconsume_times or 0,
+            extra_properties=extra,
+        )
+        client = self._routes.client(message.topic, message.broker_name)
+        try:
+            resp = client.call("ConsumerSendMsgBack", req)
+            return SendBackResult(resp.topic, resp.dead_letter, False)
+        except PymqError:
+            pass
+        return self._send_back_directly(message, delay_level, max_reconsume_times, extra)
+
+    def _send_back_directly(
+        self, message: MessageExt, delay_level: int, max_times: int | None, extra: dict[str, str]
+    ) -> SendBackResult:
+        props = dict(message.properties)
+        props.update(extra)
+        props[MC.PROPERTY_RETRY_TOPIC] = message.retry_topic or message.topic
+        props.setdefault(MC.PROPERTY_ORIGIN_MESSAGE_ID, message.msg_id)
+        props[MC.PROPERTY_RECONSUME_TIME] = str(message.reconsume_times + 1)
+        if max_times is not None:
+            props[MC.PROPERTY_MAX_RECONSUME_TIMES] = str(max_times)
+        props[MC.PROPERTY_DELAY_TIME_LEVEL] = str(
+            delay_level if delay_level > 0 else 3 + message.reconsume_times
+        )
+        topic = retry_topic(self.group)
+        req = pymq_pb2.SendMessageRequest(
+            topic=topic,
+            queue_id=-1,
+            born_timestamp=int(time.time() * 1000),
+            messages=[pymq_pb2.MessageData(
+                body=message.body, flag=message.flag, properties=encode_properties(props)
+            )],
+            reconsume_times=message.reconsume_times + 1,
+        )
+        self._routes.client(topic, message.broker_name).call("SendMessage", req)
+        return SendBackResult(topic, False, True)
+
+
+def _reason_properties(reason: str | Mapping[str, str] | None) -> dict[str, str]:
+    if reason is None:
+        return {}
+    if isinstance(reason, str):
+        return {MC.PROPERTY_CONSUME_FAILURE_REASON: reason}
+    out = {}
+    for k, v in reason.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise TypeError(f"reason must map str to str, got {k!r}: {v!r}")
+        out[k] = v
+    return out

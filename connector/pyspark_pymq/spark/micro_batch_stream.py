@@ -86,8 +86,12 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return dict(INITIAL)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        """Trigger.AvailableNow: read up to what the queues hold now, then stop."""
-        bounds, _ = self.offset_reader.bounds(require_topics=True)
+        """Trigger.AvailableNow: read up to what the queues hold now, then stop.
+
+        A topic missing now is not an error here: a restarted query handles a
+        deleted topic through failOnDataLoss, and a new one fails in initialOffset.
+        """
+        bounds, _ = self.offset_reader.bounds(require_topics=False)
         self._target = {mq: b.max_offset for mq, b in bounds.items()}
 
     def getDefaultReadLimit(self) -> ReadLimit:

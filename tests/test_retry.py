@@ -1,0 +1,207 @@
+"""Consume retry, delay levels and dead letters, as RocketMQ does them (real broker process)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from broker_process import BrokerProcess
+from pyspark_pymq import Admin, Message, MessageExt, Producer, PullConsumer
+from pyspark_pymq.client.consumer import retry_topic
+
+# level L waits 20*L ms: distinct, increasing, and the whole ladder takes ~3.4 s
+LEVEL_MS = [20 * level for level in range(1, 19)]
+LEVELS = " ".join(f"{ms}ms" for ms in LEVEL_MS)
+
+
+@pytest.fixture
+def retry_broker(tmp_path: Path):
+    with BrokerProcess(tmp_path / "b", ["--message-delay-level", LEVELS]) as broker:
+        yield broker
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def consume(
+    consumer: PullConsumer, topic: str, handle: Callable[[MessageExt], bool], *,
+    until: Callable[[], bool], timeout_s: float = 30.0,
+) -> None:
+    """A RocketMQ-style clustering consumer: the topic and the group's %RETRY% topic,
+    failures sent back, progress committed."""
+    queues = consumer.queues(topic) + consumer.retry_queues()
+    offsets = {mq: max(consumer.committed(mq), 0) for mq in queues}
+    deadline = time.monotonic() + timeout_s
+    while not until():
+        assert time.monotonic() < deadline, "consumer timed out"
+        for mq in queues:
+            result = consumer.pull(mq, offsets[mq], 32, suspend_timeout_ms=20)
+            for m in result.messages:
+                if not handle(m):
+                    consumer.send_back(m, reason="ValueError: poison")
+            offsets[mq] = result.next_begin_offset
+            consumer.commit(mq, offsets[mq])
+
+
+def test_always_failing_message_is_retried_16_times_with_growing_delay_then_dead(retry_broker) -> None:
+    ep = retry_broker.endpoint
+    Admin(ep).create_topic("orders", queues=2)
+    sent = Producer(ep).send(Message("orders", b"poison", keys=["p1"]))
+    consumer = PullConsumer(ep, "billing")
+    deliveries: list[MessageExt] = []
+    sent_back_at: list[int] = []
+
+    def handle(m: MessageExt) -> bool:
+        deliveries.append(m)
+        sent_back_at.append(now_ms())
+        return False
+
+    admin = Admin(ep)
+    consume(consumer, "orders", handle, until=lambda: len(admin.dead_letter_messages("billing")) > 0)
+    assert len(deliveries) == 1 + 16
+    assert [m.reconsume_times for m in deliveries] == list(range(17))
+    assert all(m.msg_id == sent.msg_id for m in deliveries)  # the msgId is kept
+    for k, m in enumerate(deliveries[1:], start=1):
+        assert m.topic == retry_topic("billing") and m.retry_topic == "orders"
+        level = 3 + (k - 1)  # levels 3..18 in order
+        assert m.store_timestamp >= sent_back_at[k - 1] + LEVEL_MS[level - 1] - 1, (
+            f"retry {k} came back before its level {level} delay"
+        )
+    time.sleep(0.3)
+    dead = admin.dead_letter_messages("billing")
+    assert len(dead) == 1
+    d = dead[0]
+    assert d.body == b"poison" and d.msg_id == sent.msg_id
+    assert d.properties["DLQ_ORIGIN_TOPIC"] == "orders"
+    assert d.properties["DLQ_ORIGIN_MESSAGE_ID"] == sent.msg_id
+    assert d.properties["CONSUME_FAILURE_REASON"] == "ValueError: poison"
+    table = admin.dead_letters("billing")
+    assert list(table["origin_topic"]) == ["orders"] and list(table["reconsume_times"]) == [17]
+
+
+def test_max_reconsume_times_3_delivers_four_times(retry_broker) -> None:
+    ep = retry_broker.endpoint
+    Admin(ep).create_topic("t3", queues=1)
+    Producer(ep).send(Message("t3", b"bad"))
+    consumer = PullConsumer(ep, "g3")
+    deliveries: list[MessageExt] = []
+
+    def handle(m: MessageExt) -> bool:
+        deliveries.append(m)
+        consumer.send_back(m, max_reconsume_times=3)
+        return True  # already sent back above, with the group's new maximum
+
+    admin = Admin(ep)
+    consume(consumer, "t3", handle, until=lambda: bool(admin.dead_letter_messages("g3")))
+    assert len(deliveries) == 1 + 3
+    # the client's maxReconsumeTimes became the group's setting (the last one wins)
+    from pymq_proto.v1 import pymq_pb2
+    from pyspark_pymq.client.transport import BrokerClient
+
+    cfg = BrokerClient(ep).call("GetSubscriptionGroup", pymq_pb2.GetSubscriptionGroupRequest(group_name="g3"))
+    assert cfg.config.retry_max_times == 3
+
+
+def test_negative_delay_level_goes_straight_to_the_dlq(retry_broker) -> None:
+    ep = retry_broker.endpoint
+    Admin(ep).create_topic("neg", queues=1)
+    Producer(ep).send(Message("neg", b"hopeless"))
+    consumer = PullConsumer(ep, "gn")
+    m = consumer.pull(consumer.queues("neg")[0], 0).messages[0]
+    result = consumer.send_back(m, delay_level=-1)
+    assert result.dead_letter and result.topic == "%DLQ%gn"
+    dead = Admin(ep).dead_letter_messages("gn")
+    assert [d.body for d in dead] == [b"hopeless"] and dead[0].reconsume_times == 1
+    assert "%RETRY%gn" not in Admin(ep).topic_names(include_system=True)
+
+
+def test_failing_send_back_falls_back_to_a_direct_retry_send(retry_broker) -> None:
+    ep = retry_broker.endpoint
+    Admin(ep).create_topic("fb", queues=1)
+    Producer(ep).send(Message("fb", b"payload", tags="T"))
+    consumer = PullConsumer(ep, "gf")
+    m = consumer.pull(consumer.queues("fb")[0], 0).messages[0]
+    # the broker cannot find the message by this offset: the RPC fails
+    broken = dataclasses.replace(m, commit_log_offset=10**12)
+    result = consumer.send_back(broken, reason="boom")
+    assert result.fallback and not result.dead_letter
+    retry_mq = consumer.retry_queues()[0]
+    got: list[MessageExt] = []
+    deadline = time.monotonic() + 10
+    while not got and time.monotonic() < deadline:
+        got = consumer.pull(retry_mq, 0, 10, suspend_timeout_ms=200).messages
+    assert got, "the direct retry send never arrived"
+    r = got[0]
+    assert r.body == b"payload" and r.retry_topic == "fb" and r.reconsume_times == 1
+    assert r.tags == "T" and r.properties["CONSUME_FAILURE_REASON"] == "boom"
+    assert r.properties["ORIGIN_MESSAGE_ID"] == m.msg_id
+
+
+def test_producer_delayed_message_arrives_no_earlier_than_its_level(retry_broker) -> None:
+    ep = retry_broker.endpoint
+    Admin(ep).create_topic("later", queues=4)
+    consumer = PullConsumer(ep, "g")
+    before = now_ms()
+    r = Producer(ep).send(Message("later", b"tick", delay_level=10))
+    assert r.message_queue.topic == "later"
+    mq = r.message_queue
+    assert consumer.max_offset(mq) == 0  # parked in SCHEDULE_TOPIC_XXXX meanwhile
+    got = []
+    deadline = time.monotonic() + 10
+    while not got and time.monotonic() < deadline:
+        got = consumer.pull(mq, 0, 1, suspend_timeout_ms=500).messages
+    assert got and got[0].body == b"tick" and got[0].queue_id == mq.queue_id
+    assert got[0].store_timestamp >= before + LEVEL_MS[9] - 1
+    assert "DELAY" not in got[0].properties
+    clamped = Producer(ep).send(Message("later", b"max", delay_level=99))
+    assert clamped.message_queue.topic == "later"  # clamped to level 18, not refused
+
+
+@pytest.mark.parametrize("crash", [False, True])
+def test_restart_during_pending_delays_loses_nothing(tmp_path: Path, crash: bool) -> None:
+    slow = " ".join(["1s"] * 18)
+    broker = BrokerProcess(tmp_path / "b", ["--message-delay-level", slow],
+                           flush_disk_type="SYNC_FLUSH").start()
+    try:
+        Admin(broker.endpoint).create_topic("delayed", queues=2)
+        producer = Producer(broker.endpoint)
+        bodies = {b"d%d" % i for i in range(40)}
+        for i, b in enumerate(sorted(bodies)):
+            producer.send(Message("delayed", b, delay_level=1 + i % 3))
+        broker.restart(crash=crash)
+        consumer = PullConsumer(broker.endpoint, "g")
+        seen: list[bytes] = []
+        deadline = time.monotonic() + 20
+        while len(seen) < len(bodies) and time.monotonic() < deadline:
+            seen = [m.body for mq in consumer.queues("delayed") for m in consumer.pull(mq, 0, 1000).messages]
+            time.sleep(0.2)
+        assert set(seen) == bodies  # nothing lost
+        if not crash:
+            assert len(seen) == len(bodies)  # and nothing doubled after a clean stop
+    finally:
+        broker.stop()
+
+
+def test_resent_dead_letters_are_consumed_again_from_their_topic(retry_broker) -> None:
+    ep = retry_broker.endpoint
+    admin = Admin(ep)
+    admin.create_topic("resend", queues=1)
+    Producer(ep).send(Message("resend", b"fix-me", keys=["k9"], properties={"a": "1"}))
+    consumer = PullConsumer(ep, "gr")
+    mq = consumer.queues("resend")[0]
+    m = consumer.pull(mq, 0).messages[0]
+    consumer.send_back(m, delay_level=-1, reason="bad schema")
+    consumer.commit(mq, 1)
+    assert admin.resend_dead_letters("gr") == 1
+    assert admin.resend_dead_letters("gr") == 0  # already re-sent: not twice
+    again = consumer.pull(mq, 1, 10).messages
+    assert [x.body for x in again] == [b"fix-me"]
+    assert again[0].reconsume_times == 0 and again[0].keys == ("k9",)
+    assert again[0].user_properties == {"a": "1"}
+    admin.purge_dead_letters("gr")
+    assert admin.dead_letter_messages("gr") == []

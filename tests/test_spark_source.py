@@ -1,0 +1,485 @@
+"""The Spark source against a real broker process, on the shared local[2] session.
+
+Streams run with Trigger.AvailableNow into a parquet sink (so a restart from the
+checkpoint is a real restart) and are checked message by message: every
+message exactly once, none lost. Topics are unique per test on the shared
+broker; tests that need broker settings of their own start their own broker.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.dataset as ds
+import pytest
+from broker_process import BrokerProcess
+from pymq_proto.v1 import pymq_pb2
+
+from pyspark_pymq import Admin, Message, MessageQueue, Producer, PullConsumer
+from pyspark_pymq.client.transport import BrokerClient
+from pyspark_pymq.spark.data_source import PymqDataSource
+
+pytestmark = pytest.mark.spark
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def create(endpoint: str, topic: str, queues: int = 4) -> str:
+    Admin(endpoint).create_topic(topic, queues=queues)
+    return topic
+
+
+def produce(endpoint: str, topic: str, n: int, *, start: int = 0, tags: str | None = None,
+            body_size: int = 0) -> list[str]:
+    """Send n messages with bodies ``<topic>-<i>`` (padded); returns their msg ids."""
+    producer = Producer(endpoint)
+    msgs = [
+        Message(topic, f"{topic}-{i}".encode().ljust(body_size, b"."),
+                tags=tags if tags is not None else ("A" if i % 2 else "B"), keys=[f"k{i}"])
+        for i in range(start, start + n)
+    ]
+    ids: list[str] = []
+    for chunk in range(0, len(msgs), 64):
+        for m in msgs[chunk:chunk + 64]:
+            ids.append(producer.send(m).msg_id)
+    return ids
+
+
+def stream(spark: Any, endpoint: str, topic: str, **options: Any) -> Any:
+    reader = spark.readStream.format("pymq").option("endpoint", endpoint).option("topic", topic)
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    return reader.load()
+
+
+def run_available_now(df: Any, out: Path, checkpoint: Path) -> Any:
+    query = (
+        df.writeStream.format("parquet")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start(str(out))
+    )
+    query.awaitTermination(180)
+    assert not query.isActive, "AvailableNow query did not finish"
+    if query.exception() is not None:
+        raise AssertionError(f"query failed: {query.exception()}")
+    return query
+
+
+def run_expecting_failure(df: Any, out: Path, checkpoint: Path) -> str:
+    query = (
+        df.writeStream.format("parquet")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start(str(out))
+    )
+    with pytest.raises(Exception) as info:  # noqa: B017 - StreamingQueryException
+        query.awaitTermination(180)
+    return str(info.value)
+
+
+def output(out: Path) -> list[dict[str, Any]]:
+    """Rows of a parquet sink (files only; tests here never have failed tasks)."""
+    files = [p for p in out.glob("*.parquet")] if out.exists() else []
+    if not files:
+        return []
+    return ds.dataset([str(p) for p in files], format="parquet").to_table().to_pylist()
+
+
+def progress_rows(query: Any) -> list[int]:
+    return [p["numInputRows"] for p in query.recentProgress]
+
+
+def checkpoint_offsets(checkpoint: Path) -> dict[int, dict[str, Any]]:
+    out = {}
+    for f in (checkpoint / "offsets").iterdir():
+        if f.name.isdigit():
+            out[int(f.name)] = json.loads(f.read_text().strip().splitlines()[-1])
+    return out
+
+
+def group_offsets(endpoint: str, group: str) -> dict[str, dict[str, int]]:
+    frame = Admin(endpoint).group_progress(group)
+    out: dict[str, dict[str, int]] = {}
+    for row in frame.itertuples():
+        if row.consumer_offset >= 0:
+            out.setdefault(row.topic, {})[f"{row.broker_name}:{row.queue_id}"] = int(
+                row.consumer_offset
+            )
+    return out
+
+
+@pytest.fixture
+def ep(shared_broker: BrokerProcess) -> str:
+    return shared_broker.endpoint
+
+
+@pytest.fixture
+def paths(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    yield tmp_path / "out", tmp_path / "checkpoint"
+
+
+# -- exactly once, progress, limits --------------------------------------------------------
+
+
+def test_available_now_exactly_once_across_restart_with_group_progress(
+    spark: Any, ep: str, paths: tuple[Path, Path]
+) -> None:
+    out, ckpt = paths
+    topic = create(ep, unique("eo"))
+    group = unique("g")
+    sent = produce(ep, topic, 200)
+    df = stream(spark, ep, topic, consumerGroup=group, startingOffsets="earliest",
+                maxMessagesPerTrigger=70)
+    first = run_available_now(df, out, ckpt)
+    rows = progress_rows(first)
+    assert sum(rows) == 200
+    assert max(rows) <= 70 and len([r for r in rows if r]) >= 3  # the limit split the work
+
+    sent += produce(ep, topic, 100, start=200)
+    run_available_now(df, out, ckpt)
+    got = Counter(r["msg_id"] for r in output(out))
+    assert set(got) == set(sent) and set(got.values()) == {1}, "lost or duplicated"
+    bodies = {r["body"].decode() for r in output(out)}
+    assert bodies == {f"{topic}-{i}" for i in range(300)}
+
+    # The broker shows Spark's committed offsets: commit is one batch late, so the
+    # group's progress equals the end of the batch before the last one.
+    offsets = checkpoint_offsets(ckpt)
+    last = max(offsets)
+    assert group_offsets(ep, group) == {t: q for t, q in offsets[last - 1].items()}
+    assert sum(offsets[last][topic].values()) == 300
+
+
+def test_format_found_without_register_and_with_register(spark: Any, ep: str) -> None:
+    topic = create(ep, unique("reg"), queues=2)
+    produce(ep, topic, 10)
+    spark.dataSource.register(PymqDataSource)
+    df = spark.read.format("pymq").option("endpoint", ep).option("topic", topic).load()
+    rows = df.collect()
+    assert len(rows) == 10 and df.schema == PymqDataSource({}).schema()
+    row = rows[0].asDict()
+    assert row["topic"] == topic and row["broker_name"] and row["retry_topic"] is None
+    assert row["keys"] and row["properties"]["UNIQ_KEY"] == row["msg_id"]
+    assert len(row["offset_msg_id"]) == 32 and row["commit_log_offset"] >= 0
+
+
+def test_tag_filter(spark: Any, ep: str, paths: tuple[Path, Path]) -> None:
+    out, ckpt = paths
+    topic = create(ep, unique("tags"))
+    produce(ep, topic, 60)
+    df = stream(spark, ep, topic, consumerGroup=unique("g"), startingOffsets="earliest",
+                subscription="A")
+    run_available_now(df, out, ckpt)
+    rows = output(out)
+    assert len(rows) == 30 and {r["tags"] for r in rows} == {"A"}
+    batch = (spark.read.format("pymq").option("endpoint", ep).option("topic", topic)
+             .option("subscription", "A || B").load())
+    assert batch.count() == 60
+
+
+# -- starting offsets -------------------------------------------------------------------------
+
+
+def test_starting_latest_reads_only_what_arrives_after_start(
+    spark: Any, ep: str, paths: tuple[Path, Path]
+) -> None:
+    out, ckpt = paths
+    topic = create(ep, unique("latest"))
+    produce(ep, topic, 20)
+    df = stream(spark, ep, topic, consumerGroup=unique("g"), startingOffsets="latest")
+    run_available_now(df, out, ckpt)
+    assert output(out) == []
+    produce(ep, topic, 12, start=20)
+    run_available_now(df, out, ckpt)
+    assert sorted(r["body"].decode() for r in output(out)) == sorted(
+        f"{topic}-{i}" for i in range(20, 32)
+    )
+
+
+def test_starting_group_uses_progress_then_consume_from_where(
+    spark: Any, ep: str, paths: tuple[Path, Path]
+) -> None:
+    out, ckpt = paths
+    topic = create(ep, unique("grp"), queues=2)
+    group = unique("g")
+    produce(ep, topic, 20)
+    consumer = PullConsumer(ep, group)
+    q0, q1 = consumer.queues(topic)
+    consumer.commit(q0, 4)  # the group has read 4 messages of queue 0, nothing of queue 1
+    df = stream(spark, ep, topic, consumerGroup=group,
+                consumeFromWhere="CONSUME_FROM_FIRST_OFFSET")
+    run_available_now(df, out, ckpt)
+    got = Counter((r["queue_id"], r["queue_offset"]) for r in output(out))
+    expected = {(q0.queue_id, o) for o in range(4, 10)} | {(q1.queue_id, o) for o in range(10)}
+    assert set(got) == expected and set(got.values()) == {1}
+
+
+def test_starting_group_default_is_last_offset(
+    spark: Any, ep: str, paths: tuple[Path, Path]
+) -> None:
+    out, ckpt = paths
+    topic = create(ep, unique("grplast"), queues=2)
+    produce(ep, topic, 10)
+    run_available_now(stream(spark, ep, topic, consumerGroup=unique("g")), out, ckpt)
+    assert output(out) == []
+
+
+def test_starting_json_and_timestamp(spark: Any, ep: str, tmp_path: Path) -> None:
+    topic = create(ep, unique("json"), queues=2)
+    produce(ep, topic, 20)
+    queues = PullConsumer(ep, "x").queues(topic)
+    key0 = f"{queues[0].broker_name}:{queues[0].queue_id}"
+    key1 = f"{queues[1].broker_name}:{queues[1].queue_id}"
+    starting = json.dumps({topic: {key0: 7, key1: -1}})
+    df = stream(spark, ep, topic, consumerGroup=unique("g"), startingOffsets=starting)
+    run_available_now(df, tmp_path / "o1", tmp_path / "c1")
+    got = sorted((r["queue_id"], r["queue_offset"]) for r in output(tmp_path / "o1"))
+    assert got == [(queues[0].queue_id, o) for o in range(7, 10)]
+
+    time.sleep(0.05)
+    cut = int(time.time() * 1000)
+    time.sleep(0.05)
+    produce(ep, topic, 6, start=20)
+    df = stream(spark, ep, topic, consumerGroup=unique("g"), startingTimestamp=cut)
+    run_available_now(df, tmp_path / "o2", tmp_path / "c2")
+    assert sorted(r["body"].decode() for r in output(tmp_path / "o2")) == sorted(
+        f"{topic}-{i}" for i in range(20, 26)
+    )
+
+
+def test_queue_added_mid_stream_is_read_from_its_start(
+    spark: Any, ep: str, paths: tuple[Path, Path]
+) -> None:
+    out, ckpt = paths
+    topic = create(ep, unique("grow"), queues=2)
+    sent = produce(ep, topic, 10)
+    df = stream(spark, ep, topic, consumerGroup=unique("g"), startingOffsets="earliest")
+    run_available_now(df, out, ckpt)
+    Admin(ep).create_topic(topic, queues=4)
+    sent += produce(ep, topic, 20, start=10)
+    run_available_now(df, out, ckpt)
+    rows = output(out)
+    assert Counter(r["msg_id"] for r in rows) == Counter(sent)
+    assert {r["queue_id"] for r in rows} == {0, 1, 2, 3}
+    assert min(r["queue_offset"] for r in rows if r["queue_id"] >= 2) == 0
+
+
+def test_broadcasting_writes_no_progress(spark: Any, ep: str, paths: tuple[Path, Path]) -> None:
+    out, ckpt = paths
+    topic = create(ep, unique("bc"), queues=2)
+    group = unique("g")
+    produce(ep, topic, 10)
+    df = stream(spark, ep, topic, consumerGroup=group, messageModel="BROADCASTING",
+                startingOffsets="earliest", maxMessagesPerTrigger=4)
+    query = run_available_now(df, out, ckpt)
+    assert len(output(out)) == 10 and len([r for r in progress_rows(query) if r]) >= 3
+    assert group_offsets(ep, group) == {}
+
+
+# -- retries and dead letters ---------------------------------------------------------------
+
+
+def send_back(endpoint: str, group: str, row: dict[str, Any], delay_level: int) -> None:
+    BrokerClient(endpoint).call(
+        "ConsumerSendMsgBack",
+        pymq_pb2.ConsumerSendMsgBackRequest(
+            group=group, commit_log_offset=row["commit_log_offset"], delay_level=delay_level,
+            origin_msg_id=row["msg_id"], origin_topic=row["topic"], max_reconsume_times=16,
+        ),
+    )
+
+
+def wait_for_messages(endpoint: str, topic: str, n: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if int(Admin(endpoint).topic_stats(topic)["messages"].sum()) >= n:
+                return
+        except Exception:  # noqa: BLE001 - the topic appears with its first message
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{topic} did not get {n} messages")
+
+
+def test_retries_are_read_with_their_original_topic_and_dlq_by_batch(
+    spark: Any, ep: str, paths: tuple[Path, Path]
+) -> None:
+    out, ckpt = paths
+    topic = create(ep, unique("retry"), queues=2)
+    group = unique("g")
+    produce(ep, topic, 6)
+    df = stream(spark, ep, topic, consumerGroup=group, startingOffsets="earliest")
+    run_available_now(df, out, ckpt)
+    first = sorted(output(out), key=lambda r: r["body"])
+    send_back(ep, group, first[0], delay_level=1)  # 100 ms on the shared broker
+    send_back(ep, group, first[1], delay_level=-1)  # straight to the DLQ
+    wait_for_messages(ep, f"%RETRY%{group}", 1)
+    run_available_now(df, out, ckpt)
+    retried = [r for r in output(out) if r["retry_topic"] is not None]
+    assert len(retried) == 1 and len(output(out)) == 7
+    r = retried[0]
+    assert r["topic"] == topic and r["retry_topic"] == f"%RETRY%{group}"
+    assert r["body"] == first[0]["body"] and r["reconsume_times"] == 1
+    assert dict(r["properties"])["ORIGIN_MESSAGE_ID"] == first[0]["msg_id"]
+
+    for name in (f"%RETRY%{group}", f"%DLQ%{group}"):
+        rows = (spark.read.format("pymq").option("endpoint", ep).option("topic", name)
+                .load().collect())
+        assert len(rows) == 1
+    dead = rows[0].asDict()
+    assert dead["body"] == first[1]["body"] and dead["topic"] == f"%DLQ%{group}"
+    assert dead["properties"]["DLQ_ORIGIN_TOPIC"] == topic
+
+
+# -- batch reads -----------------------------------------------------------------------------
+
+
+def test_batch_windows(spark: Any, ep: str) -> None:
+    topic = create(ep, unique("win"), queues=2)
+    produce(ep, topic, 10)
+    time.sleep(0.05)
+    t1 = int(time.time() * 1000)
+    time.sleep(0.05)
+    produce(ep, topic, 10, start=10)
+    time.sleep(0.05)
+    t2 = int(time.time() * 1000)
+    time.sleep(0.05)
+    produce(ep, topic, 10, start=20)
+
+    def read(**options: Any) -> list[str]:
+        reader = spark.read.format("pymq").option("endpoint", ep).option("topic", topic)
+        for key, value in options.items():
+            reader = reader.option(key, str(value))
+        return sorted(int(r.body.decode().rsplit("-", 1)[1]) for r in reader.load().collect())
+
+    assert read() == list(range(30))
+    assert read(startingTimestamp=t1, endingTimestamp=t2) == list(range(10, 20))
+    assert read(lastMessagesPerQueue=2) == [26, 27, 28, 29]
+    assert read(endingTimestamp=t1, minPartitions=5) == list(range(10))
+    queues = PullConsumer(ep, "x").queues(topic)
+    ending = json.dumps({topic: {f"{queues[0].broker_name}:{queues[0].queue_id}": 3}})
+    got = read(endingOffsets=ending)
+    assert len(got) == 3 + 15 and got[:3] == [0, 2, 4]
+
+
+# -- data loss ---------------------------------------------------------------------------------
+
+
+def test_deleted_topic_goes_through_fail_on_data_loss(
+    spark: Any, ep: str, tmp_path: Path
+) -> None:
+    topic = create(ep, unique("del"), queues=2)
+    other = create(ep, unique("keep"), queues=1)
+    produce(ep, topic, 4)
+    produce(ep, other, 3)
+    both = f"{topic},{other}"
+    for fail in ("true", "false"):
+        df = stream(spark, ep, both, consumerGroup=unique("g"), startingOffsets="earliest",
+                    failOnDataLoss=fail)
+        run_available_now(df, tmp_path / f"o-{fail}", tmp_path / f"c-{fail}")
+    Admin(ep).delete_topic(topic)
+    produce(ep, other, 2, start=3)
+
+    df = stream(spark, ep, both, consumerGroup=unique("g"), failOnDataLoss="true")
+    message = run_expecting_failure(df, tmp_path / "o-true", tmp_path / "c-true")
+    assert f"topic {topic!r} was deleted" in message and "failOnDataLoss=false" in message
+
+    df = stream(spark, ep, both, consumerGroup=unique("g"), failOnDataLoss="false")
+    run_available_now(df, tmp_path / "o-false", tmp_path / "c-false")
+    rows = output(tmp_path / "o-false")
+    assert len(rows) == 4 + 3 + 2
+
+
+@pytest.fixture
+def retention_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A broker whose 8 MiB commit-log segments expire after ~0.4 s."""
+    args = ["--file-reserved-time", "0.0001", "--mapped-file-size-commit-log", str(8 << 20),
+            "--clean-resource-interval", "100"]
+    with BrokerProcess(tmp_path / "retention-broker", extra_args=args) as proc:
+        yield proc
+
+
+def test_expired_messages_go_through_fail_on_data_loss(
+    spark: Any, retention_broker: BrokerProcess, tmp_path: Path
+) -> None:
+    ep = retention_broker.endpoint
+    topic = create(ep, "expire", queues=1)
+    produce(ep, topic, 5)
+    mq = MessageQueue(topic, PullConsumer(ep, "x").queues(topic)[0].broker_name, 0)
+    for fail in ("true", "false"):
+        df = stream(spark, ep, topic, consumerGroup=f"g-{fail}", startingOffsets="earliest",
+                    failOnDataLoss=fail)
+        run_available_now(df, tmp_path / f"o-{fail}", tmp_path / f"c-{fail}")
+    # ~24 MiB: the first segments roll over and expire, taking offsets 0.. with them
+    produce(ep, topic, 24, start=5, body_size=1 << 20)
+    consumer = PullConsumer(ep, "x")
+    deadline = time.monotonic() + 60
+    while consumer.min_offset(mq) <= 5 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    lost_until = consumer.min_offset(mq)
+    assert lost_until > 5
+
+    df = stream(spark, ep, topic, consumerGroup="g-true", failOnDataLoss="true")
+    message = run_expecting_failure(df, tmp_path / "o-true", tmp_path / "c-true")
+    assert f"offsets [5, {lost_until}) are no longer on the broker" in message
+    assert "failOnDataLoss=false" in message
+
+    df = stream(spark, ep, topic, consumerGroup="g-false", failOnDataLoss="false")
+    run_available_now(df, tmp_path / "o-false", tmp_path / "c-false")
+    offsets = sorted(r["queue_offset"] for r in output(tmp_path / "o-false"))
+    assert offsets == list(range(5)) + list(range(lost_until, 29))
+
+    def batch_read(fail: str) -> Any:
+        return (spark.read.format("pymq").option("endpoint", ep).option("topic", topic)
+                .option("startingOffsets", json.dumps({topic: {f"{mq.broker_name}:0": 0}}))
+                .option("failOnDataLoss", fail).load())
+
+    with pytest.raises(Exception, match="failOnDataLoss=false"):
+        batch_read("true").collect()
+    assert batch_read("false").count() == 29 - lost_until
+
+
+# -- errors at start ---------------------------------------------------------------------------
+
+
+def test_unknown_topic_and_unreachable_broker_fail_at_start(
+    spark: Any, ep: str, tmp_path: Path
+) -> None:
+    missing = unique("missing")
+    with pytest.raises(Exception) as info:
+        spark.read.format("pymq").option("endpoint", ep).option("topic", missing).load().collect()
+    assert f"topic {missing!r} does not exist" in str(info.value)
+    assert "create_topic" in str(info.value)
+
+    df = stream(spark, ep, missing, consumerGroup="g")
+    message = run_expecting_failure(df, tmp_path / "o", tmp_path / "c")
+    assert f"topic {missing!r} does not exist" in message
+
+    dead = "127.0.0.1:1"
+    started = time.monotonic()
+    with pytest.raises(Exception) as info:
+        (spark.read.format("pymq").option("endpoint", dead).option("topic", "t")
+         .option("connectTimeoutMs", 3000).load().collect())
+    assert f"cannot reach the broker at {dead}" in str(info.value)
+    assert time.monotonic() - started < 60
+
+
+def test_bad_options_fail_with_their_message(spark: Any, ep: str, tmp_path: Path) -> None:
+    df = stream(spark, ep, "t")  # no consumerGroup
+    message = run_expecting_failure(df, tmp_path / "o", tmp_path / "c")
+    assert "consumerGroup is required" in message
+    with pytest.raises(Exception, match="maxMessagesPerTrigger"):
+        (spark.read.format("pymq").option("endpoint", ep).option("topic", "t")
+         .option("maxMessagesPerTrigger", 5).load().collect())
+    with pytest.raises(Exception, match="fixed schema"):
+        (spark.read.format("pymq").schema("a int").option("endpoint", ep).option("topic", "t")
+         .load().collect())

@@ -1,0 +1,339 @@
+"""Pure tests of the Spark source: options, offset JSON, range planning, decoding.
+
+No broker and no Spark session: these pin down the rules the integration tests
+rely on, and run in well under a second.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import pyarrow as pa
+import pytest
+from pymq_proto.record import encode_properties, encode_record, store_host_bytes
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from pyspark_pymq.client.codec import decode_records as decode_messages
+from pyspark_pymq.client.message import MessageQueue
+from pyspark_pymq.spark.data_loss import DataLossError, report_data_loss
+from pyspark_pymq.spark.options import (
+    ConsumeFromWhere,
+    MessageModel,
+    StartKind,
+    parse_source_options,
+)
+from pyspark_pymq.spark.offset_range import (
+    OffsetRange,
+    limit_offsets,
+    plan_ranges,
+    split_ranges,
+)
+from pyspark_pymq.spark.record_batch import decode_records, empty_batch, messages_to_batch
+from pyspark_pymq.spark.schema import COLUMNS, SOURCE_DDL, arrow_schema, source_schema
+from pyspark_pymq.spark.source_offset import (
+    INITIAL,
+    is_initial,
+    offsets_from_json,
+    offsets_to_json,
+    parse_offsets_json,
+)
+
+EP = "127.0.0.1:8081"
+
+
+def stream(**extra: str) -> dict[str, str]:
+    return {"endpoint": EP, "topic": "orders", "consumerGroup": "g", **extra}
+
+
+def batch(**extra: str) -> dict[str, str]:
+    return {"endpoint": EP, "topic": "orders", **extra}
+
+
+# -- options ---------------------------------------------------------------------------
+
+
+def test_stream_defaults_in_clustering() -> None:
+    o = parse_source_options(stream(), stream=True)
+    assert o.message_model is MessageModel.CLUSTERING
+    assert o.starting.kind is StartKind.GROUP
+    assert o.consume_from_where is ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
+    assert o.include_retry and o.retry_topic == "%RETRY%g"
+    assert o.all_topics() == ("orders", "%RETRY%g")
+    assert o.fail_on_data_loss and o.commits_progress
+    assert o.subscription == "*"
+
+
+def test_batch_defaults() -> None:
+    o = parse_source_options(batch(topic="a, b,a"), stream=False)
+    assert o.topics == ("a", "b")
+    assert o.starting.kind is StartKind.EARLIEST and o.ending.kind is StartKind.LATEST
+    assert not o.include_retry and not o.commits_progress and o.consumer_group is None
+
+
+def test_broadcasting_starts_from_consume_from_where_and_has_no_retries() -> None:
+    o = parse_source_options(
+        {"endpoint": EP, "topic": "t", "messageModel": "broadcasting"}, stream=True
+    )
+    assert o.starting.kind is StartKind.LATEST
+    assert not o.include_retry and not o.commits_progress
+    o = parse_source_options(
+        {"endpoint": EP, "topic": "t", "messageModel": "BROADCASTING",
+         "consumeFromWhere": "CONSUME_FROM_FIRST_OFFSET"},
+        stream=True,
+    )
+    assert o.starting.kind is StartKind.EARLIEST
+
+
+def test_option_names_are_case_insensitive() -> None:
+    o = parse_source_options(
+        {"ENDPOINT": EP, "Topic": "t", "CONSUMERGROUP": "g", "maxmessagespertrigger": "10",
+         "FailOnDataLoss": "FALSE"},
+        stream=True,
+    )
+    assert o.max_messages_per_trigger == 10 and not o.fail_on_data_loss
+
+
+@pytest.mark.parametrize(
+    ("raw", "is_stream", "needles"),
+    [
+        ({"topic": "t", "consumerGroup": "g"}, True, ["endpoint is required"]),
+        (batch(endpoint="nohost"), False, ["endpoint='nohost'", "host:port"]),
+        ({"endpoint": EP}, False, ["topic is required"]),
+        (batch(topic="bad topic!"), False, ["topic='bad topic!'", "letters, digits"]),
+        ({"endpoint": EP, "topic": "t"}, True, ["consumerGroup is required", "BROADCASTING"]),
+        (stream(startingOffset="earliest"), True, ["'startingOffset' is unknown",
+                                                   "Did you mean 'startingOffsets'"]),
+        (stream(endingOffsets="latest"), True, ["endingOffsets='latest'", "batch reads"]),
+        (stream(lastMessagesPerQueue="3"), True, ["lastMessagesPerQueue", "batch reads"]),
+        (batch(maxMessagesPerTrigger="3"), False, ["maxMessagesPerTrigger", "streams"]),
+        (stream(startingOffsets="newest"), True, ["startingOffsets='newest'", "'earliest'"]),
+        (batch(startingOffsets="latest"), False, ["startingOffsets='latest'", "reads nothing"]),
+        (stream(startingOffsets="{oops"), True, ["startingOffsets", "not valid JSON"]),
+        (stream(startingOffsets='{"orders": {"q0": 1}}'), True, ["queue key 'q0'",
+                                                                 "brokerName:queueId"]),
+        (stream(startingOffsets='{"orders": {"b:0": -7}}'), True, ["offset -7", "-2 (earliest)"]),
+        (batch(endingOffsets='{"orders": {"b:0": -2}}'), False, ["offset -2", "-1 (latest)"]),
+        (stream(startingOffsets='{"other": {"b:0": 1}}'), True, ["topics ['other']"]),
+        (stream(startingOffsets="earliest", startingTimestamp="5"), True,
+         ["startingOffsets and startingTimestamp cannot be used together"]),
+        ({"endpoint": EP, "topic": "t", "messageModel": "BROADCASTING",
+          "startingOffsets": "group"}, True, ["startingOffsets='group'", "BROADCASTING"]),
+        ({"endpoint": EP, "topic": "t", "messageModel": "BROADCASTING",
+          "includeRetry": "true"}, True, ["includeRetry='true'", "BROADCASTING"]),
+        (stream(messageModel="p2p"), True, ["messageModel='p2p'", "CLUSTERING, BROADCASTING"]),
+        (stream(consumeFromWhere="CONSUME_FROM_TIMESTAMP"), True, ["needs consumeTimestamp"]),
+        (stream(startingOffsets="earliest", consumeFromWhere="first"), True,
+         ["consumeFromWhere='first' cannot apply"]),
+        (stream(pullBatchSize="0"), True, ["pullBatchSize='0'", ">= 1 and <= 100000"]),
+        (stream(failOnDataLoss="yes"), True, ["failOnDataLoss='yes'", "'true' or 'false'"]),
+        (batch(startingOffsets="group"), False, ["startingOffsets=group needs consumerGroup"]),
+        (batch(includeRetry="true"), False, ["includeRetry=true needs consumerGroup"]),
+        (batch(endingOffsets="latest", endingTimestamp="9"), False, ["cannot be used together"]),
+        (batch(startingTimestamp="10", endingTimestamp="9"), False, ["before startingTimestamp"]),
+        (stream(consumerGroup="%RETRY%x"), True, ["consumerGroup='%RETRY%x'"]),
+    ],
+)
+def test_bad_options_name_option_value_and_fix(
+    raw: dict[str, str], is_stream: bool, needles: list[str]
+) -> None:
+    with pytest.raises(ValueError) as info:
+        parse_source_options(raw, stream=is_stream)
+    for needle in needles:
+        assert needle in str(info.value), str(info.value)
+
+
+def test_starting_modes_parse() -> None:
+    assert parse_source_options(stream(startingOffsets="LATEST"), stream=True).starting.kind is (
+        StartKind.LATEST
+    )
+    o = parse_source_options(stream(startingTimestamp="1700000000000"), stream=True)
+    assert o.starting.kind is StartKind.TIMESTAMP and o.starting.timestamp_ms == 1700000000000
+    o = parse_source_options(
+        stream(startingOffsets='{"orders": {"broker-a:0": 5, "1": -2}}'), stream=True
+    )
+    assert dict(o.starting.offsets) == {("orders", "broker-a", 0): 5, ("orders", "", 1): -2}
+    o = parse_source_options(batch(lastMessagesPerQueue="7"), stream=False)
+    assert o.starting.kind is StartKind.LAST_N and o.starting.count == 7
+    o = parse_source_options(
+        stream(consumeFromWhere="timestamp", consumeTimestamp="12"), stream=True
+    )
+    assert o.consume_from_where is ConsumeFromWhere.CONSUME_FROM_TIMESTAMP
+    assert o.consume_timestamp_ms == 12
+
+
+# -- offsets JSON -------------------------------------------------------------------------
+
+
+def test_offset_json_has_one_deterministic_order() -> None:
+    a = {
+        MessageQueue("t2", "broker-a", 0): 5,
+        MessageQueue("t1", "broker-b", 10): 1,
+        MessageQueue("t1", "broker-b", 2): 3,
+        MessageQueue("t1", "broker-a", 1): 4,
+    }
+    b = dict(reversed(list(a.items())))
+    assert json.dumps(offsets_to_json(a)) == json.dumps(offsets_to_json(b))
+    assert json.dumps(offsets_to_json(a)) == (
+        '{"t1": {"broker-a:1": 4, "broker-b:2": 3, "broker-b:10": 1}, "t2": {"broker-a:0": 5}}'
+    )
+    # Spark stores json.dumps text and gives json.loads back: a round trip is exact.
+    assert offsets_from_json(json.loads(json.dumps(offsets_to_json(a)))) == a
+
+
+def test_initial_marker() -> None:
+    assert is_initial(json.loads(json.dumps(INITIAL)))
+    assert not is_initial({"t": {"b:0": 1}})
+    with pytest.raises(ValueError):
+        offsets_from_json(INITIAL)
+    with pytest.raises(ValueError, match="malformed"):
+        offsets_from_json({"t": {"b:0": -1}})
+
+
+def test_user_offsets_allow_broker_less_keys() -> None:
+    assert parse_offsets_json('{"t": {"0": 3}}', "startingOffsets", allow_earliest=True) == {
+        ("t", "", 0): 3
+    }
+
+
+# -- range planning ----------------------------------------------------------------------
+
+Q0, Q1, Q2 = (MessageQueue("t", "broker-a", i) for i in range(3))
+
+
+def test_plan_ranges_skips_empty_new_and_dropped_queues() -> None:
+    ranges = plan_ranges({Q0: 5, Q1: 7, Q2: 3}, {Q0: 9, Q1: 7}, fail_on_data_loss=True)
+    assert ranges == [OffsetRange(Q0, 5, 9)]
+    # a new queue (only in end) starts where end says: nothing to read yet
+    assert plan_ranges({Q0: 1}, {Q0: 1, Q1: 4}, fail_on_data_loss=True) == []
+
+
+def test_plan_ranges_reset_queue_goes_through_fail_on_data_loss() -> None:
+    with pytest.raises(DataLossError, match="failOnDataLoss=false"):
+        plan_ranges({Q0: 50}, {Q0: 10}, fail_on_data_loss=True)
+    assert plan_ranges({Q0: 50}, {Q0: 10}, fail_on_data_loss=False) == [OffsetRange(Q0, 0, 10)]
+
+
+def test_split_ranges_covers_every_offset_once() -> None:
+    ranges = [OffsetRange(Q0, 0, 100), OffsetRange(Q1, 10, 13)]
+    assert split_ranges(ranges) == ranges
+    split = split_ranges(ranges, max_per_partition=30)
+    assert [(r.start, r.end) for r in split if r.mq == Q0] == [(0, 25), (25, 50), (50, 75),
+                                                             (75, 100)]
+    assert [r for r in split if r.mq == Q1] == [OffsetRange(Q1, 10, 13)]
+    split = split_ranges(ranges, min_partitions=8)
+    assert len(split) >= 8
+    for mq, lo, hi in ((Q0, 0, 100), (Q1, 10, 13)):
+        mine = [r for r in split if r.mq == mq]
+        assert mine[0].start == lo and mine[-1].end == hi
+        assert all(a.end == b.start for a, b in zip(mine, mine[1:], strict=False))
+
+
+def test_limit_offsets_shares_the_budget_by_backlog() -> None:
+    start = {Q0: 0, Q1: 100, Q2: 5}
+    available = {Q0: 300, Q1: 200, Q2: 5}
+    end = limit_offsets(start, available, 100)
+    assert sum(end[q] - start[q] for q in start) == 100
+    assert end[Q2] == 5 and end[Q0] - 0 == 75 and end[Q1] - 100 == 25
+    assert limit_offsets(start, available, 10_000) == available
+    # tiny budgets still move: exactly the budget, never past the backlog
+    end = limit_offsets({Q0: 0, Q1: 0}, {Q0: 1, Q1: 1}, 1)
+    assert sum(end.values()) == 1
+
+
+def test_report_data_loss_fails_or_logs(caplog: pytest.LogCaptureFixture) -> None:
+    with pytest.raises(DataLossError) as info:
+        report_data_loss(True, "queue t@b#0: offsets [0, 5) are gone", "skip to offset 5")
+    text = str(info.value)
+    assert "offsets [0, 5) are gone" in text and "failOnDataLoss=false" in text
+    assert "skip to offset 5" in text
+    with caplog.at_level(logging.WARNING, logger="pyspark_pymq.spark"):
+        report_data_loss(False, "queue t@b#0: offsets [0, 5) are gone", "skip to offset 5")
+    assert "skip to offset 5" in caplog.text
+
+
+# -- schema and decoding -----------------------------------------------------------------
+
+
+def test_arrow_schema_is_what_spark_checks() -> None:
+    expected = to_arrow_schema(source_schema(), timezone="UTC")
+    assert arrow_schema().equals(expected)
+    assert str(arrow_schema().field("topic").type) == "string"
+    assert str(arrow_schema().field("store_timestamp").type) == "timestamp[us, tz=UTC]"
+    assert source_schema().simpleString() == (
+        "struct<" + ",".join(f"{name}:{sql_type}" for name, sql_type, _ in COLUMNS) + ">"
+    )
+    assert SOURCE_DDL.startswith("topic string, queue_id int, broker_name string")
+    assert empty_batch().schema.equals(expected)
+
+
+HOST = store_host_bytes("127.0.0.1", 8081)
+
+
+def records(n: int, *, topic: str = "orders", props: list[dict[str, str]] | None = None,
+            first_offset: int = 0, body_size: int = 16) -> bytes:
+    out, phy = [], 4096
+    for i in range(n):
+        p = props[i % len(props)] if props else {
+            "TAGS": "A" if i % 2 else "B", "KEYS": f"k{i} order-{i}", "UNIQ_KEY": f"U{i:031d}",
+        }
+        rec = encode_record(
+            topic=topic.encode(), queue_id=2, flag=0, body=os.urandom(body_size) + bytes([1, 2]),
+            properties=encode_properties(p), queue_offset=first_offset + i, physical_offset=phy,
+            sys_flag=0, born_timestamp=1_700_000_000_000 + i, store_timestamp=1_700_000_000_500 + i,
+            store_host=HOST, reconsume_times=i % 3,
+        )
+        out.append(rec)
+        phy += len(rec)
+    return b"".join(out)
+
+
+def assert_same(batch: pa.RecordBatch, raw: bytes, read_from: str, retry: bool) -> None:
+    reference = messages_to_batch(decode_messages(raw, "broker-a"), read_from=read_from,
+                                  retry=retry)
+    assert batch.schema.equals(arrow_schema())
+    for name in batch.schema.names:
+        assert batch.column(name).equals(reference.column(name)), name
+
+
+@pytest.mark.parametrize(
+    "props",
+    [
+        None,
+        [{}],  # no properties at all: msg_id falls back to offset_msg_id
+        [{"TAGS": "x"}, {}, {"KEYS": "one", "user": ""}, {"a": "1", "UNIQ_KEY": "U1"}],
+    ],
+)
+def test_vectorised_decoder_matches_the_client_decoder(
+    props: list[dict[str, str]] | None,
+) -> None:
+    raw = records(37, props=props)
+    assert_same(decode_records(raw, topic="orders", broker_name="broker-a", retry=False), raw,
+                "orders", False)
+
+
+def test_retry_rows_show_the_original_topic() -> None:
+    raw = records(5, topic="%RETRY%g", props=[{"RETRY_TOPIC": "orders", "UNIQ_KEY": "U"}, {}])
+    batch = decode_records(raw, topic="%RETRY%g", broker_name="broker-a", retry=True)
+    assert_same(batch, raw, "%RETRY%g", True)
+    assert batch.column("topic").to_pylist() == ["orders", "%RETRY%g"] * 2 + ["orders"]
+    assert set(batch.column("retry_topic").to_pylist()) == {"%RETRY%g"}
+
+
+def test_decoder_stops_at_the_range_end_and_handles_odd_properties() -> None:
+    raw = records(10, first_offset=100)
+    batch = decode_records(raw, topic="orders", broker_name="broker-a", retry=False,
+                           end_offset=104)
+    assert batch.column("queue_offset").to_pylist() == [100, 101, 102, 103]
+    # a property without its trailing separator: the per-message fallback decodes it
+    odd = encode_record(
+        topic=b"orders", queue_id=0, flag=0, body=b"x", properties=b"TAGS\x01a\x02KEYS\x01k",
+        queue_offset=0, physical_offset=0, sys_flag=0, born_timestamp=1, store_timestamp=2,
+        store_host=HOST, reconsume_times=0,
+    )
+    batch = decode_records(odd, topic="orders", broker_name="broker-a", retry=False)
+    assert batch.column("tags").to_pylist() == ["a"] and batch.column("keys").to_pylist() == [
+        ["k"]
+    ]
+    assert decode_records(b"", topic="t", broker_name="b", retry=False).num_rows == 0
