@@ -367,8 +367,11 @@ def test_batch_windows(spark: Any, ep: str) -> None:
     assert read(endingTimestamp=t1, minPartitions=5) == list(range(10))
     queues = PullConsumer(ep, "x").queues(topic)
     ending = json.dumps({topic: {f"{queues[0].broker_name}:{queues[0].queue_id}": 3}})
-    got = read(endingOffsets=ending)
-    assert len(got) == 3 + 15 and got[:3] == [0, 2, 4]
+    rows = (spark.read.format("pymq").option("endpoint", ep).option("topic", topic)
+            .option("endingOffsets", ending).load().collect())
+    by_queue = Counter(r.queue_id for r in rows)
+    assert by_queue == {queues[0].queue_id: 3, queues[1].queue_id: 15}
+    assert sorted(r.queue_offset for r in rows if r.queue_id == queues[0].queue_id) == [0, 1, 2]
 
 
 # -- data loss ---------------------------------------------------------------------------------

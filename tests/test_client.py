@@ -1,0 +1,76 @@
+"""Client value objects and helpers, called directly."""
+
+from __future__ import annotations
+
+import pytest
+
+from pymq_proto.record import MessageConst, decode_properties
+from pyspark_pymq import Message, MessageQueue, Producer
+from pyspark_pymq.client.message import encode_message_properties, new_uniq_key
+from pyspark_pymq.client.producer import LatencyFaultTolerance
+
+
+def test_message_validates_its_fields() -> None:
+    m = Message("t", "text", tags="A", keys="k1", properties={"p": "v"}, delay_level=3)
+    assert m.body == b"text" and m.keys == ("k1",)
+    with pytest.raises(ValueError, match="topic"):
+        Message("", b"x")
+    with pytest.raises(TypeError, match="body must be bytes or str"):
+        Message("t", 123)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="without spaces"):
+        Message("t", b"x", keys=["a b"])
+    with pytest.raises(ValueError, match="delay_level"):
+        Message("t", b"x", delay_level=-1)
+    with pytest.raises(TypeError, match="str to str"):
+        Message("t", b"x", properties={"n": 1})  # type: ignore[dict-item]
+
+
+def test_system_properties_are_encoded_the_rocketmq_way() -> None:
+    m = Message("t", b"x", tags="A", keys=["k1", "k2"], delay_level=2, sharding_key="o-1",
+                properties={"user": "1"})
+    props = decode_properties(encode_message_properties(m, "UNIQ"))
+    assert props == {
+        "user": "1", MessageConst.PROPERTY_TAGS: "A", MessageConst.PROPERTY_KEYS: "k1 k2",
+        MessageConst.PROPERTY_DELAY_TIME_LEVEL: "2", MessageConst.PROPERTY_SHARDING_KEY: "o-1",
+        MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX: "UNIQ",
+    }
+
+
+def test_uniq_keys_are_unique_and_32_hex_digits() -> None:
+    keys = {new_uniq_key() for _ in range(10_000)}
+    assert len(keys) == 10_000
+    assert all(len(k) == 32 and int(k, 16) >= 0 for k in keys)
+
+
+def test_producer_rejects_bad_settings_by_name() -> None:
+    with pytest.raises(ValueError, match="send_mode"):
+        Producer("127.0.0.1:1", send_mode="fast")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="retry_times_when_send_failed"):
+        Producer("127.0.0.1:1", retry_times_when_send_failed=-1)
+    with pytest.raises(ValueError, match="endpoint"):
+        Producer("nohost")
+
+
+def test_fault_tolerance_avoids_a_failed_broker_for_a_while() -> None:
+    ft = LatencyFaultTolerance(not_available_s=60)
+    assert ft.is_available("b")
+    ft.update("b", True)
+    assert not ft.is_available("b")
+    ft.update("b", False)
+    assert ft.is_available("b")
+
+
+def test_message_queue_identity_includes_the_broker() -> None:
+    assert MessageQueue("t", "a", 0) != MessageQueue("t", "b", 0)
+    assert str(MessageQueue("t", "a", 1)) == "t@a#1"
+
+
+def test_package_import_is_lazy_and_never_raises() -> None:
+    import importlib
+
+    import pyspark_pymq
+
+    importlib.reload(pyspark_pymq)
+    assert "Producer" in dir(pyspark_pymq)
+    with pytest.raises(AttributeError):
+        _ = pyspark_pymq.NoSuchThing  # type: ignore[attr-defined]
