@@ -61,7 +61,11 @@ def main() -> None:
                 consumer.send_back(m, max_reconsume_times=MAX_RECONSUME,
                                    reason=f"{type(err).__name__}: {err}")
 
-        while len(admin.dead_letter_messages(GROUP)) < expected_dead or len(delivered) < ORDERS - expected_dead:
+        def finished() -> bool:
+            return (len(delivered) == ORDERS - expected_dead
+                    and len(admin.dead_letter_messages(GROUP)) == expected_dead)
+
+        while not finished():
             if time.monotonic() - started > 120:
                 raise SystemExit("demo did not finish in 120 s")
             for mq in queues:

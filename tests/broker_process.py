@@ -43,7 +43,7 @@ class BrokerProcess:
         env = dict(os.environ)
         root = Path(__file__).resolve().parent.parent
         src = [str(root / d) for d in ("connector", "broker_stub", "proto")]
-        env["PYTHONPATH"] = os.pathsep.join(src + [env.get("PYTHONPATH", "")])
+        env["PYTHONPATH"] = os.pathsep.join([*src, env.get("PYTHONPATH", "")])
         cmd = [
             sys.executable, "-m", "pymq_broker",
             "--data-dir", str(self.data_dir),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from pyspark_pymq import Message, Producer, PullConsumer
 from pyspark_pymq.admin_cli import main, render_table
 

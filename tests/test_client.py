@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from pymq_proto.record import MessageConst, decode_properties
 from pyspark_pymq import Message, MessageQueue, Producer
 from pyspark_pymq.client.message import encode_message_properties, new_uniq_key

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from broker_process import BrokerProcess
 from pyspark_pymq import Admin, Message, MessageQueue, Producer, PullConsumer
 from pyspark_pymq.client.message import SendStatus

@@ -8,7 +8,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
 from broker_process import BrokerProcess
 from pyspark_pymq import Admin, Message, MessageExt, Producer, PullConsumer
 from pyspark_pymq.client.consumer import retry_topic
@@ -205,3 +204,29 @@ def test_resent_dead_letters_are_consumed_again_from_their_topic(retry_broker) -
     assert again[0].user_properties == {"a": "1"}
     admin.purge_dead_letters("gr")
     assert admin.dead_letter_messages("gr") == []
+
+
+def test_send_back_batch_routes_each_item_and_falls_back_per_item(retry_broker) -> None:
+    ep = retry_broker.endpoint
+    Admin(ep).create_topic("many", queues=2)
+    Producer(ep).send_batch([Message("many", b"m%d" % i) for i in range(50)])
+    consumer = PullConsumer(ep, "gb")
+    msgs = [m for mq in consumer.queues("many") for m in consumer.pull(mq, 0, 100).messages]
+    assert len(msgs) == 50
+    msgs[0] = dataclasses.replace(msgs[0], commit_log_offset=10**12)  # the broker cannot find it
+    results = consumer.send_back_batch(
+        msgs, delay_level=1, reasons=[f"r{i}" for i in range(50)] ,
+    )
+    assert results[0].fallback and not any(r.fallback for r in results[1:])
+    assert all(r.topic == "%RETRY%gb" for r in results)
+    dead = consumer.send_back_batch(msgs[1:3], delay_level=-1)
+    assert all(r.dead_letter for r in dead)
+    retry_mq = consumer.retry_queues()[0]
+    got: list[MessageExt] = []
+    deadline = time.monotonic() + 10
+    while len(got) < 50 and time.monotonic() < deadline:
+        got = consumer.pull(retry_mq, 0, 100, suspend_timeout_ms=100).messages
+    assert sorted(m.body for m in got) == sorted(m.body for m in msgs)
+    assert {m.properties["CONSUME_FAILURE_REASON"] for m in got} == {f"r{i}" for i in range(50)}
+    assert all(m.reconsume_times == 1 and m.retry_topic == "many" for m in got)
+    assert len(Admin(ep).dead_letter_messages("gb")) == 2

@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from pymq_broker.common.mix_all import SCHEDULE_TOPIC
 from pymq_broker.store.commit_log import MessageToStore
 from pymq_broker.store.config import MessageStoreConfig, parse_delay_levels

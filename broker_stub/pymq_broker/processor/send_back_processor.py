@@ -11,6 +11,7 @@ The delay takes it through SCHEDULE_TOPIC_XXXX.
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 from pymq_proto.record import HEADER, MessageConst, decode_properties, encode_properties, split_tail
 from pymq_proto.v1 import pymq_pb2
@@ -25,6 +26,16 @@ MC = MessageConst
 MAX_REASON_CHARS = 4000
 
 
+@dataclass(slots=True)
+class _SendBack:
+    """One message to send back, resolved: where it goes and what is stored."""
+
+    topic: str
+    queue_id: int
+    message: MessageToStore
+    dead: bool
+
+
 class SendBackProcessor:
     def __init__(self, ctx: BrokerContext) -> None:
         self.ctx = ctx
@@ -32,6 +43,48 @@ class SendBackProcessor:
     async def consumer_send_msg_back(
         self, req: pymq_pb2.ConsumerSendMsgBackRequest
     ) -> pymq_pb2.ConsumerSendMsgBackResponse:
+        item = self._prepare(req)
+        result = self.ctx.store.put_messages(item.topic, item.queue_id, [item.message])
+        await wait_store_ok(self.ctx, result)
+        return pymq_pb2.ConsumerSendMsgBackResponse(
+            topic=item.topic, commit_log_offset=result.physical_offsets[0], dead_letter=item.dead
+        )
+
+    async def consumer_send_msg_back_batch(
+        self, req: pymq_pb2.ConsumerSendMsgBackBatchRequest
+    ) -> pymq_pb2.ConsumerSendMsgBackBatchResponse:
+        """Each item as ConsumerSendMsgBack; messages bound for one queue share a write."""
+        results = [pymq_pb2.ConsumerSendMsgBackResponse() for _ in req.requests]
+        groups: dict[tuple[str, int], list[tuple[int, MessageToStore]]] = {}
+        for i, one in enumerate(req.requests):
+            try:
+                item = self._prepare(one)
+            except BrokerException as err:
+                results[i].error, results[i].error_code = err.remark, err.code_name
+                continue
+            results[i].topic, results[i].dead_letter = item.topic, item.dead
+            topic, queue_id, messages = self.ctx.store.resolve_delay(
+                item.topic, item.queue_id, [item.message]
+            )
+            groups.setdefault((topic, queue_id), []).append((i, messages[0]))
+        last = None
+        max_bytes = self.ctx.store.config.max_message_size
+        for (topic, queue_id), items in groups.items():
+            for chunk in _chunks(items, max_bytes):
+                put = self.ctx.store.put_messages(topic, queue_id, [m for _, m in chunk])
+                if not put.ok:
+                    for i, _m in chunk:
+                        results[i].error = put.remark or put.status.value
+                        results[i].error_code = "SYSTEM_ERROR"
+                    continue
+                for (i, _m), phy in zip(chunk, put.physical_offsets, strict=True):
+                    results[i].commit_log_offset = phy
+                last = put
+        if last is not None:
+            await wait_store_ok(self.ctx, last)  # a later write is durable only after earlier ones
+        return pymq_pb2.ConsumerSendMsgBackBatchResponse(results=results)
+
+    def _prepare(self, req: pymq_pb2.ConsumerSendMsgBackRequest) -> _SendBack:
         ctx = self.ctx
         group = req.group
         sub = ctx.subscription_group_manager.find_subscription_group_config(group)
@@ -50,9 +103,7 @@ class SendBackProcessor:
         t0, t1, p0, p1 = split_tail(record, 0, total, body_len)
         stored_topic = record[t0:t1].decode()
         props = decode_properties(record[p0:p1])
-        origin_topic = props.get(MC.PROPERTY_RETRY_TOPIC) or (
-            req.origin_topic or stored_topic
-        )
+        origin_topic = props.get(MC.PROPERTY_RETRY_TOPIC) or req.origin_topic or stored_topic
         if is_retry_topic(origin_topic):
             origin_topic = req.origin_topic or origin_topic
         props[MC.PROPERTY_RETRY_TOPIC] = origin_topic
@@ -83,9 +134,23 @@ class SendBackProcessor:
         props[MC.PROPERTY_RECONSUME_TIME] = str(reconsume + 1)
         props[MC.PROPERTY_MAX_RECONSUME_TIMES] = str(max_times)
         body = record[80 : 80 + body_len]
-        msg = MessageToStore(body, flag, encode_properties(props), born, reconsume + 1)
-        result = ctx.store.put_messages(topic, queue_id, [msg])
-        await wait_store_ok(ctx, result)
-        return pymq_pb2.ConsumerSendMsgBackResponse(
-            topic=topic, commit_log_offset=result.physical_offsets[0], dead_letter=dead
+        return _SendBack(
+            topic, queue_id, MessageToStore(body, flag, encode_properties(props), born, reconsume + 1),
+            dead,
         )
+
+
+def _chunks(
+    items: list[tuple[int, MessageToStore]], max_bytes: int
+) -> list[list[tuple[int, MessageToStore]]]:
+    """Split so that each write stays within maxMessageSize (the batch rule)."""
+    out: list[list[tuple[int, MessageToStore]]] = [[]]
+    size = 0
+    for item in items:
+        n = len(item[1].body)
+        if out[-1] and size + n > max_bytes:
+            out.append([])
+            size = 0
+        out[-1].append(item)
+        size += n
+    return out

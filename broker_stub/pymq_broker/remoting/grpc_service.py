@@ -70,6 +70,7 @@ class BrokerGrpcService(pymq_pb2_grpc.BrokerServicer):
     SendMessage = _rpc("send_message", "send")
     PullMessage = _rpc("pull_message", "pull")
     ConsumerSendMsgBack = _rpc("consumer_send_msg_back", "send_back")
+    ConsumerSendMsgBackBatch = _rpc("consumer_send_msg_back_batch", "send_back")
     QueryOffset = _rpc("query_offset", "consumer_manage")
     GetOffset = _rpc("get_offset", "consumer_manage")
     UpdateOffset = _rpc("update_offset", "consumer_manage")

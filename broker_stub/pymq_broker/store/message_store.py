@@ -228,10 +228,8 @@ class DefaultMessageStore:
                     f"maxMessageSize {self.config.max_message_size}; split it"
                 ),
             )
-        if len(messages) == 1 and topic != SCHEDULE_TOPIC:
-            level = find_property(messages[0].properties, _DELAY)
-            if level and level.isdigit() and int(level) > 0:
-                topic, queue_id, messages = self._to_schedule(topic, queue_id, messages[0], int(level))
+        if len(messages) == 1:
+            topic, queue_id, messages = self.resolve_delay(topic, queue_id, messages)
         appended = self.commit_log.put_messages(topic, queue_id, messages)
         self._dispatch(topic, queue_id, messages, appended)
         return PutMessageResult(
@@ -243,6 +241,21 @@ class DefaultMessageStore:
             end_offset=appended.end_offset,
             store_timestamp=appended.store_timestamp,
         )
+
+    def resolve_delay(
+        self, topic: str, queue_id: int, messages: Sequence[MessageToStore]
+    ) -> tuple[str, int, Sequence[MessageToStore]]:
+        """Where a message is really written: a delayed one to SCHEDULE_TOPIC_XXXX.
+
+        Only a single message can be delayed (batches cannot). Callers that
+        group many delayed messages by their schedule queue call this first.
+        """
+        if len(messages) != 1 or topic == SCHEDULE_TOPIC:
+            return topic, queue_id, messages
+        level = find_property(messages[0].properties, _DELAY)
+        if level and level.isdigit() and int(level) > 0:
+            return self._to_schedule(topic, queue_id, messages[0], int(level))
+        return topic, queue_id, messages
 
     def _to_schedule(
         self, topic: str, queue_id: int, msg: MessageToStore, level: int

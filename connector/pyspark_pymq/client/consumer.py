@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -230,21 +230,9 @@ class PullConsumer:
         """
         if not isinstance(message, MessageExt):
             raise TypeError(f"send_back takes a received MessageExt, got {type(message).__name__}")
-        if max_reconsume_times is not None and (
-            not isinstance(max_reconsume_times, int) or max_reconsume_times < 1
-        ):
-            raise ValueError(f"max_reconsume_times must be an int >= 1, got {max_reconsume_times!r}")
+        _check_max_times(max_reconsume_times)
         extra = _reason_properties(reason)
-        origin_topic = message.retry_topic or message.topic
-        req = pymq_pb2.ConsumerSendMsgBackRequest(
-            group=self.group,
-            commit_log_offset=message.commit_log_offset,
-            delay_level=delay_level,
-            origin_msg_id=message.msg_id,
-            origin_topic=origin_topic,
-            max_reconsume_times=max_reconsume_times or 0,
-            extra_properties=extra,
-        )
+        req = self._send_back_request(message, delay_level, max_reconsume_times, extra)
         client = self._routes.client(message.topic, message.broker_name)
         try:
             resp = client.call("ConsumerSendMsgBack", req)
@@ -252,6 +240,65 @@ class PullConsumer:
         except PymqError:
             pass
         return self._send_back_directly(message, delay_level, max_reconsume_times, extra)
+
+    def send_back_batch(
+        self,
+        messages: Sequence[MessageExt],
+        delay_level: int = 0,
+        max_reconsume_times: int | None = None,
+        reasons: Sequence[str | Mapping[str, str] | None] | None = None,
+    ) -> list[SendBackResult]:
+        """:meth:`send_back` for many messages in one request per broker.
+
+        Same rules and fallback, item by item: a message the broker cannot send
+        back is sent to %RETRY%<group> directly. ``reasons`` lines up with
+        ``messages``.
+        """
+        if reasons is not None and len(reasons) != len(messages):
+            raise ValueError(
+                f"reasons has {len(reasons)} items for {len(messages)} messages; give one per message"
+            )
+        _check_max_times(max_reconsume_times)
+        extras = [_reason_properties(reasons[i] if reasons else None) for i in range(len(messages))]
+        results: list[SendBackResult | None] = [None] * len(messages)
+        by_broker: dict[str, list[int]] = {}
+        for i, m in enumerate(messages):
+            if not isinstance(m, MessageExt):
+                raise TypeError(f"send_back_batch takes MessageExt items, got {type(m).__name__} at {i}")
+            by_broker.setdefault(m.broker_name, []).append(i)
+        for broker, idx in by_broker.items():
+            req = pymq_pb2.ConsumerSendMsgBackBatchRequest(requests=[
+                self._send_back_request(messages[i], delay_level, max_reconsume_times, extras[i])
+                for i in idx
+            ])
+            client = self._routes.client(messages[idx[0]].topic, broker)
+            try:
+                resp = client.call("ConsumerSendMsgBackBatch", req)
+                answers = list(resp.results)
+            except PymqError:
+                answers = [None] * len(idx)
+            for i, answer in zip(idx, answers, strict=True):
+                if answer is not None and not answer.error:
+                    results[i] = SendBackResult(answer.topic, answer.dead_letter, False)
+        for i, r in enumerate(results):
+            if r is None:
+                results[i] = self._send_back_directly(
+                    messages[i], delay_level, max_reconsume_times, extras[i]
+                )
+        return [r for r in results if r is not None]
+
+    def _send_back_request(
+        self, message: MessageExt, delay_level: int, max_times: int | None, extra: dict[str, str]
+    ) -> pymq_pb2.ConsumerSendMsgBackRequest:
+        return pymq_pb2.ConsumerSendMsgBackRequest(
+            group=self.group,
+            commit_log_offset=message.commit_log_offset,
+            delay_level=delay_level,
+            origin_msg_id=message.msg_id,
+            origin_topic=message.retry_topic or message.topic,
+            max_reconsume_times=max_times or 0,
+            extra_properties=extra,
+        )
 
     def _send_back_directly(
         self, message: MessageExt, delay_level: int, max_times: int | None, extra: dict[str, str]
@@ -278,6 +325,11 @@ class PullConsumer:
         )
         self._routes.client(topic, message.broker_name).call("SendMessage", req)
         return SendBackResult(topic, False, True)
+
+
+def _check_max_times(max_times: int | None) -> None:
+    if max_times is not None and (not isinstance(max_times, int) or max_times < 1):
+        raise ValueError(f"max_reconsume_times must be an int >= 1, got {max_times!r}")
 
 
 def _reason_properties(reason: str | Mapping[str, str] | None) -> dict[str, str]:

@@ -671,24 +671,77 @@ class ConsumerSendMsgBackResponse(_message.Message):
     TOPIC_FIELD_NUMBER: _builtins.int
     COMMIT_LOG_OFFSET_FIELD_NUMBER: _builtins.int
     DEAD_LETTER_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     """%RETRY%<group> or %DLQ%<group>"""
     commit_log_offset: _builtins.int
     dead_letter: _builtins.bool
+    error: _builtins.str
+    """batch only: why this one could not be sent back"""
+    error_code: _builtins.str
+    """batch only: its ResponseCode name"""
     def __init__(
         self,
         *,
         topic: _builtins.str = ...,
         commit_log_offset: _builtins.int = ...,
         dead_letter: _builtins.bool = ...,
+        error: _builtins.str = ...,
+        error_code: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_log_offset", b"commit_log_offset", "dead_letter", b"dead_letter", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_log_offset", b"commit_log_offset", "dead_letter", b"dead_letter", "error", b"error", "error_code", b"error_code", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ConsumerSendMsgBackResponse: _TypeAlias = ConsumerSendMsgBackResponse  # noqa: Y015
+
+@_typing.final
+class ConsumerSendMsgBackBatchRequest(_message.Message):
+    """pymq: many send backs in one call (a Spark task returns many rows at once).
+    Each item follows ConsumerSendMsgBack's rules; an item that fails carries
+    its error and the others still go through.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConsumerSendMsgBackRequest]: ...
+    def __init__(
+        self,
+        *,
+        requests: _abc.Iterable[Global___ConsumerSendMsgBackRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["requests", b"requests"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConsumerSendMsgBackBatchRequest: _TypeAlias = ConsumerSendMsgBackBatchRequest  # noqa: Y015
+
+@_typing.final
+class ConsumerSendMsgBackBatchResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConsumerSendMsgBackResponse]: ...
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___ConsumerSendMsgBackResponse] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConsumerSendMsgBackBatchResponse: _TypeAlias = ConsumerSendMsgBackBatchResponse  # noqa: Y015
 
 @_typing.final
 class TopicConfig(_message.Message):

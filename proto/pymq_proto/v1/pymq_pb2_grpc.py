@@ -70,6 +70,11 @@ class BrokerStub:
                 request_serializer=pymq__proto_dot_v1_dot_pymq__pb2.ConsumerSendMsgBackRequest.SerializeToString,
                 response_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.ConsumerSendMsgBackResponse.FromString,
                 _registered_method=True)
+        self.ConsumerSendMsgBackBatch = channel.unary_unary(
+                '/pymq_proto.v1.Broker/ConsumerSendMsgBackBatch',
+                request_serializer=pymq__proto_dot_v1_dot_pymq__pb2.ConsumerSendMsgBackBatchRequest.SerializeToString,
+                response_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.ConsumerSendMsgBackBatchResponse.FromString,
+                _registered_method=True)
         self.CreateTopic = channel.unary_unary(
                 '/pymq_proto.v1.Broker/CreateTopic',
                 request_serializer=pymq__proto_dot_v1_dot_pymq__pb2.CreateTopicRequest.SerializeToString,
@@ -168,6 +173,12 @@ class BrokerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ConsumerSendMsgBack(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ConsumerSendMsgBackBatch(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -276,6 +287,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.ConsumerSendMsgBack,
                     request_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.ConsumerSendMsgBackRequest.FromString,
                     response_serializer=pymq__proto_dot_v1_dot_pymq__pb2.ConsumerSendMsgBackResponse.SerializeToString,
+            ),
+            'ConsumerSendMsgBackBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.ConsumerSendMsgBackBatch,
+                    request_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.ConsumerSendMsgBackBatchRequest.FromString,
+                    response_serializer=pymq__proto_dot_v1_dot_pymq__pb2.ConsumerSendMsgBackBatchResponse.SerializeToString,
             ),
             'CreateTopic': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateTopic,
@@ -523,6 +539,33 @@ class Broker:
             '/pymq_proto.v1.Broker/ConsumerSendMsgBack',
             pymq__proto_dot_v1_dot_pymq__pb2.ConsumerSendMsgBackRequest.SerializeToString,
             pymq__proto_dot_v1_dot_pymq__pb2.ConsumerSendMsgBackResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ConsumerSendMsgBackBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pymq_proto.v1.Broker/ConsumerSendMsgBackBatch',
+            pymq__proto_dot_v1_dot_pymq__pb2.ConsumerSendMsgBackBatchRequest.SerializeToString,
+            pymq__proto_dot_v1_dot_pymq__pb2.ConsumerSendMsgBackBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -47,6 +47,7 @@ class BrokerStub:
     GetOffset: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.GetOffsetRequest, _pymq_pb2.GetOffsetResponse]
     UpdateOffset: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.UpdateOffsetRequest, _pymq_pb2.UpdateOffsetResponse]
     ConsumerSendMsgBack: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.ConsumerSendMsgBackRequest, _pymq_pb2.ConsumerSendMsgBackResponse]
+    ConsumerSendMsgBackBatch: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.ConsumerSendMsgBackBatchRequest, _pymq_pb2.ConsumerSendMsgBackBatchResponse]
     CreateTopic: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.CreateTopicRequest, _pymq_pb2.CreateTopicResponse]
     DeleteTopic: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.DeleteTopicRequest, _pymq_pb2.DeleteTopicResponse]
     ListTopics: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.ListTopicsRequest, _pymq_pb2.ListTopicsResponse]
@@ -71,6 +72,7 @@ class BrokerAsyncStub(BrokerStub):
     GetOffset: _aio.UnaryUnaryMultiCallable[_pymq_pb2.GetOffsetRequest, _pymq_pb2.GetOffsetResponse]  # type: ignore[assignment]
     UpdateOffset: _aio.UnaryUnaryMultiCallable[_pymq_pb2.UpdateOffsetRequest, _pymq_pb2.UpdateOffsetResponse]  # type: ignore[assignment]
     ConsumerSendMsgBack: _aio.UnaryUnaryMultiCallable[_pymq_pb2.ConsumerSendMsgBackRequest, _pymq_pb2.ConsumerSendMsgBackResponse]  # type: ignore[assignment]
+    ConsumerSendMsgBackBatch: _aio.UnaryUnaryMultiCallable[_pymq_pb2.ConsumerSendMsgBackBatchRequest, _pymq_pb2.ConsumerSendMsgBackBatchResponse]  # type: ignore[assignment]
     CreateTopic: _aio.UnaryUnaryMultiCallable[_pymq_pb2.CreateTopicRequest, _pymq_pb2.CreateTopicResponse]  # type: ignore[assignment]
     DeleteTopic: _aio.UnaryUnaryMultiCallable[_pymq_pb2.DeleteTopicRequest, _pymq_pb2.DeleteTopicResponse]  # type: ignore[assignment]
     ListTopics: _aio.UnaryUnaryMultiCallable[_pymq_pb2.ListTopicsRequest, _pymq_pb2.ListTopicsResponse]  # type: ignore[assignment]
@@ -134,6 +136,13 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _pymq_pb2.ConsumerSendMsgBackRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_pymq_pb2.ConsumerSendMsgBackResponse, _abc.Awaitable[_pymq_pb2.ConsumerSendMsgBackResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ConsumerSendMsgBackBatch(
+        self,
+        request: _pymq_pb2.ConsumerSendMsgBackBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pymq_pb2.ConsumerSendMsgBackBatchResponse, _abc.Awaitable[_pymq_pb2.ConsumerSendMsgBackBatchResponse]]: ...
 
     @_abc_1.abstractmethod
     def CreateTopic(
