@@ -53,6 +53,7 @@ __all__ = [
     "find_property",
     "offset_msg_id",
     "parse_offset_msg_id",
+    "remove_property",
     "store_host_bytes",
     "tag_hash",
 ]
@@ -162,6 +163,18 @@ def find_property(raw: bytes, name: bytes) -> bytes | None:
     start = i + len(needle)
     end = raw.find(b"\x02", start)
     return raw[start:] if end < 0 else raw[start:end]
+
+
+def remove_property(raw: bytes, name: bytes) -> bytes:
+    """``raw`` without the property ``name`` (the broker's hot path: no decoding)."""
+    needle = name + b"\x01"
+    i = raw.find(needle)
+    while i > 0 and raw[i - 1] != 2:
+        i = raw.find(needle, i + 1)
+    if i < 0:
+        return raw
+    end = raw.find(b"\x02", i)
+    return raw[:i] + (raw[end + 1 :] if end >= 0 else b"")
 
 
 def tag_hash(tags: bytes | None) -> int:

@@ -19,15 +19,19 @@ import time
 import zlib
 from pathlib import Path
 
+import numpy as np
+
 log = logging.getLogger(__name__)
 
 INDEX_HEADER = struct.Struct("<qqqqii")  # begin ts, end ts, begin phy, end phy, slots, count
 INDEX_ENTRY = struct.Struct("<iqii")  # key hash, phy offset, time diff (s), prev index
 SLOT = struct.Struct("<i")
+INDEX_ENTRY_DTYPE = np.dtype([("hash", "<i4"), ("phy", "<i8"), ("diff", "<i4"), ("prev", "<i4")])
+assert INDEX_ENTRY_DTYPE.itemsize == INDEX_ENTRY.size
 
 
 def key_hash(topic: str, key: str) -> int:
-    return zlib.crc32(f"{topic}#{key}".encode()) & 0x7FFFFFFF
+    return zlib.crc32(key.encode(), zlib.crc32(f"{topic}#".encode())) & 0x7FFFFFFF
 
 
 class IndexFile:
@@ -61,22 +65,32 @@ class IndexFile:
         self.flush()
         self.slots = None
 
-    def put_keys(self, hashes: list[int], phy: int, store_ts: int) -> None:
+    def room(self) -> int:
+        return self.max_index - self.index_count
+
+    def put_keys(self, hashes: list[int], phys: list[int], store_ts: int) -> None:
+        """Index ``hashes[i]`` at physical offset ``phys[i]``: one write for all."""
         slots = self.slots
         assert slots is not None
         if self.begin_ts == 0:
-            self.begin_ts, self.begin_phy = store_ts, phy
+            self.begin_ts, self.begin_phy = store_ts, phys[0]
         diff = max(0, (store_ts - self.begin_ts) // 1000)
-        buf = []
-        idx = self.index_count
-        for h in hashes:
-            s = h % self.slots_num
-            buf.append(INDEX_ENTRY.pack(h, phy, diff, slots[s]))
+        n = self.slots_num
+        first = idx = self.index_count
+        prevs = []
+        for h in hashes:  # chaining is sequential: a later key may reuse a slot
+            s = h % n
+            prevs.append(slots[s])
             slots[s] = idx
             idx += 1
-        os.pwrite(self.fd, b"".join(buf), self.entries_pos + self.index_count * INDEX_ENTRY.size)
+        entries = np.empty(len(hashes), dtype=INDEX_ENTRY_DTYPE)
+        entries["hash"] = hashes
+        entries["phy"] = phys
+        entries["diff"] = diff
+        entries["prev"] = prevs
+        os.pwrite(self.fd, entries.tobytes(), self.entries_pos + first * INDEX_ENTRY.size)
         self.index_count = idx
-        self.end_ts, self.end_phy = store_ts, phy
+        self.end_ts, self.end_phy = store_ts, phys[-1]
 
     def lookup(self, h: int, max_num: int, begin_ms: int, end_ms: int) -> list[int]:
         """Physical offsets of entries with hash ``h`` stored in [begin_ms, end_ms]."""
@@ -148,9 +162,17 @@ class IndexService:
             self.files.append(f)
         return self.files[-1]
 
-    def build_index(self, topic: str, keys: list[str], phy: int, store_ts: int) -> None:
-        f = self._writable()
-        f.put_keys([key_hash(topic, k) for k in keys], phy, store_ts)
+    def build_index(self, topic: str, keys: list[str], phys: list[int], store_ts: int) -> None:
+        """Index ``keys[i]`` of ``topic`` at ``phys[i]`` (several keys may share an offset)."""
+        prefix = f"{topic}#".encode()
+        crc = zlib.crc32
+        hashes = [crc(k.encode(), crc(prefix)) & 0x7FFFFFFF for k in keys]
+        start = 0
+        while start < len(hashes):
+            f = self._writable()
+            stop = start + max(1, min(f.room(), len(hashes) - start))
+            f.put_keys(hashes[start:stop], phys[start:stop], store_ts)
+            start = stop
         self.dirty = True
 
     def query_offsets(

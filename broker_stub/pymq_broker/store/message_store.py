@@ -300,17 +300,20 @@ class DefaultMessageStore:
     def _index(self, topic: str, props_list: Iterable[bytes], phys: Sequence[int], ts: int) -> None:
         if not self.config.message_index_enable:
             return
-        build = self.index_service.build_index
+        keys: list[str] = []
+        key_phys: list[int] = []
         for props, phy in zip(props_list, phys, strict=True):
-            keys = []
             uniq = find_property(props, _UNIQ)
             if uniq:
                 keys.append(uniq.decode())
+                key_phys.append(phy)
             k = find_property(props, _KEYS)
             if k:
-                keys.extend(k.decode().split(MessageConst.KEY_SEPARATOR))
-            if keys:
-                build(topic, keys, phy, ts)
+                more = k.decode().split(MessageConst.KEY_SEPARATOR)
+                keys.extend(more)
+                key_phys.extend([phy] * len(more))
+        if keys:
+            self.index_service.build_index(topic, keys, key_phys, ts)
 
     def wait_flush(self, result: PutMessageResult) -> Future[bool] | None:
         """Under SYNC_FLUSH: a future done once the put is on disk; None under ASYNC_FLUSH."""

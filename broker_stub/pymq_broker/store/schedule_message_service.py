@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pymq_proto.record import HEADER, MessageConst, decode_properties, encode_properties, split_tail
+from pymq_proto.record import (
+    HEADER,
+    HEADER_SIZE,
+    MessageConst,
+    find_property,
+    remove_property,
+    split_tail,
+)
 
 from ..common.config_manager import ConfigManager
 from ..common.mix_all import SCHEDULE_TOPIC
@@ -29,8 +36,9 @@ log = logging.getLogger(__name__)
 
 DELIVER_BATCH = 4096
 RUN_MAX_BYTES = 1024 * 1024
-_DROP = (MessageConst.PROPERTY_DELAY_TIME_LEVEL, MessageConst.PROPERTY_REAL_TOPIC,
-         MessageConst.PROPERTY_REAL_QUEUE_ID)
+_DELAY = MessageConst.PROPERTY_DELAY_TIME_LEVEL.encode()
+_REAL_TOPIC = MessageConst.PROPERTY_REAL_TOPIC.encode()
+_REAL_QID = MessageConst.PROPERTY_REAL_QUEUE_ID.encode()
 
 
 class ScheduleMessageService(ConfigManager):
@@ -101,20 +109,19 @@ class ScheduleMessageService(ConfigManager):
             h = HEADER.unpack_from(records, pos)
             total, flag, born, reconsume, sys_flag, body_len = h[0], h[4], h[8], h[11], h[7], h[13]
             _t0, _t1, p0, p1 = split_tail(records, pos, total, body_len)
-            props = decode_properties(records[p0:p1])
-            real_topic = props.get(MessageConst.PROPERTY_REAL_TOPIC, "")
-            real_qid = int(props.get(MessageConst.PROPERTY_REAL_QUEUE_ID, "0") or 0)
-            for name in _DROP:
-                props.pop(name, None)
-            body = records[pos + 80 : pos + 80 + body_len]
-            msg = MessageToStore(body, flag, encode_properties(props), born, reconsume, sys_flag)
+            raw = records[p0:p1]
+            real_topic = (find_property(raw, _REAL_TOPIC) or b"").decode()
+            real_qid = int(find_property(raw, _REAL_QID) or 0)
+            # RocketMQ clears the delay and keeps REAL_TOPIC / REAL_QID for tracing
+            props = remove_property(raw, _DELAY)
+            body = records[pos + HEADER_SIZE : pos + HEADER_SIZE + body_len]
             key = (real_topic, real_qid)
-            if run and (key != run_key or run_bytes + len(body) > RUN_MAX_BYTES):
+            if run and (key != run_key or run_bytes + body_len > RUN_MAX_BYTES):
                 self._put(run_key, run)
                 run, run_bytes = [], 0
-            run_bytes += len(body)
+            run_bytes += body_len
             run_key = key
-            run.append(msg)
+            run.append(MessageToStore(body, flag, props, born, reconsume, sys_flag))
             pos += total
         if run:
             self._put(run_key, run)
