@@ -150,14 +150,53 @@ class Producer:
         batch rules). Each batch lands in one queue, in order. Returns one
         result per batch, shaped by ``send_mode`` as :meth:`send`.
         """
+        if not messages:
+            raise ValueError("nothing to send: the message list is empty")
+        return self._send_prepared(self._prepare(messages))
+
+    def send_encoded(
+        self,
+        topic: str,
+        bodies: Sequence[bytes],
+        properties: Sequence[bytes],
+        uniq_keys: Sequence[str],
+        *,
+        queue_id: int | None = None,
+        sharding_key: str | None = None,
+    ) -> list[Any]:
+        """Send messages whose properties are already encoded (RocketMQ's encoding).
+
+        The fast path for bulk writers (the Spark sink): no Message objects.
+        ``properties[i]`` must carry ``UNIQ_KEY`` = ``uniq_keys[i]``. The messages
+        go as batches of at most ``max_message_size`` bytes to ``queue_id``, or
+        to the sharding key's queue, or round robin. Returns one result per batch,
+        shaped by ``send_mode`` as :meth:`send`.
+        """
+        entries = []
+        size = 0
+        for i, body in enumerate(bodies):
+            if len(body) > self.max_message_size:
+                raise MessageIllegalError(
+                    f"message body of {len(body)} bytes is over maxMessageSize "
+                    f"{self.max_message_size} (topic {topic!r}, message {i})"
+                )
+            size += HEADER_SIZE + len(body) + len(topic) + len(properties[i]) + 4
+            entries.append(pymq_pb2.MessageData(body=body, properties=properties[i]))
+        if not entries:
+            return []
+        prepared = _Prepared(topic, sharding_key, entries, list(uniq_keys), size, queue_id)
+        return self._send_prepared(prepared)
+
+    def _send_prepared(self, whole: _Prepared) -> list[Any]:
         results: list[Any] = []
-        for chunk in self._split_batch(messages):
+        for chunk in self._split_batch(whole):
+            batch = len(chunk.entries) > 1
             if self.send_mode == "sync":
-                results.append(self._send_with_retry(chunk, True))
+                results.append(self._send_with_retry(chunk, batch))
             elif self.send_mode == "async":
-                results.append(self._send_async(chunk, True))
+                results.append(self._send_async(chunk, batch))
             else:
-                self._send_async(chunk, True, oneway=True)
+                self._send_async(chunk, batch, oneway=True)
                 results.append(None)
         return results
 
@@ -235,10 +274,7 @@ class Producer:
                     )
         return _Prepared(topic, messages[0].sharding_key, entries, uniq, size)
 
-    def _split_batch(self, messages: Sequence[Message]) -> list[_Prepared]:
-        if not messages:
-            raise ValueError("nothing to send: the message list is empty")
-        prepared = self._prepare(messages)
+    def _split_batch(self, prepared: _Prepared) -> list[_Prepared]:
         if prepared.size <= self.max_message_size:
             return [prepared]
         chunks: list[_Prepared] = []
@@ -252,11 +288,26 @@ class Producer:
         chunks.append(prepared.slice(start, len(prepared.entries), size))
         return chunks
 
+    def queue_for_key(self, topic: str, sharding_key: str) -> int:
+        """The queue id a sharding key maps to (MessageQueueSelector by hash)."""
+        queues = self._routes.get(topic).publish_queues
+        if not queues:
+            raise IllegalArgumentError(f"topic {topic!r} has no writable queue")
+        return queues[zlib.crc32(sharding_key.encode()) % len(queues)].queue_id
+
     def _select_queue(self, prepared: _Prepared, last_failed: str | None) -> MessageQueue:
         route = self._routes.get(prepared.topic)
         queues = route.publish_queues
         if not queues:
             raise IllegalArgumentError(f"topic {prepared.topic!r} has no writable queue")
+        if prepared.queue_id is not None:
+            for mq in queues:
+                if mq.queue_id == prepared.queue_id:
+                    return mq
+            raise IllegalArgumentError(
+                f"queue id {prepared.queue_id} is out of range for topic {prepared.topic!r}: "
+                f"it has {len(queues)} writable queues (0..{len(queues) - 1})"
+            )
         if prepared.sharding_key is not None:
             # MessageQueueSelector by hash: the key's messages keep one queue.
             return queues[zlib.crc32(prepared.sharding_key.encode()) % len(queues)]
@@ -366,20 +417,21 @@ def _store_host(store_host: str) -> bytes:
 class _Prepared:
     """Messages encoded once, ready to be sent (and re-sent on retry)."""
 
-    __slots__ = ("entries", "sharding_key", "size", "topic", "uniq_keys")
+    __slots__ = ("entries", "queue_id", "sharding_key", "size", "topic", "uniq_keys")
 
     def __init__(
         self, topic: str, sharding_key: str | None, entries: list[Any], uniq_keys: list[str],
-        size: int,
+        size: int, queue_id: int | None = None,
     ) -> None:
         self.topic = topic
         self.sharding_key = sharding_key
         self.entries = entries
         self.uniq_keys = uniq_keys
         self.size = size
+        self.queue_id = queue_id
 
     def slice(self, start: int, stop: int, size: int) -> _Prepared:
         return _Prepared(
             self.topic, self.sharding_key, self.entries[start:stop], self.uniq_keys[start:stop],
-            size,
+            size, self.queue_id,
         )

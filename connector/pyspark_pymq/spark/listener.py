@@ -1,0 +1,290 @@
+"""RocketMQ-style message listeners for ``foreachBatch``: consume, and send failures back.
+
+A listener is a plain Python function over a list of messages (RocketMQ's
+``consumeMessage(List<MessageExt>)``), run on the executors. Its answer decides
+each message's fate, as in RocketMQ:
+
+- ``CONSUME_SUCCESS``: the row is returned in the DataFrame of successes;
+- ``RECONSUME_LATER``, ``None`` or an exception: the message is sent back to
+  ``%RETRY%<group>`` (with the exception kept in its properties) and returns
+  later with a growing delay; after ``max_reconsume_times`` it goes to the DLQ.
+
+Orderly mode (for ordered topics): a failure is retried in place after
+``suspend_current_queue_time_millis``, holding back only the rest of that
+queue's messages in the batch, up to ``max_reconsume_times`` (then the DLQ).
+BROADCASTING: failures are not retried, only counted and logged.
+
+Example::
+
+    from pyspark_pymq.spark.listener import ConsumeConcurrentlyStatus, MessageListener
+
+    def handle(msgs):
+        for m in msgs:
+            charge(json.loads(m.body))
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    listener = MessageListener("127.0.0.1:8081", "billing", handle)
+
+    def each_batch(df, batch_id):
+        good = listener.process(df, batch_id)        # failures went back to %RETRY%billing
+        good.write.format("delta").mode("append").save("/tables/orders")
+
+    stream.writeStream.foreachBatch(each_batch).start()
+
+A micro-batch completes only after its send backs are acknowledged; if one
+cannot be done, the task (and so the batch) fails and is run again:
+at-least-once, so a message may be processed twice — make the output
+idempotent (Delta's txnAppId/txnVersion, MERGE on msg_id...).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pymq_proto.record import MessageConst as MC
+
+from ..client.consumer import PullConsumer
+from ..client.message import MessageExt
+from ..client.transport import check_endpoint
+from ..errors import PymqError
+from .rows import messages_from_batch
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+
+__all__ = [
+    "ConsumeConcurrentlyStatus",
+    "ConsumeOrderlyStatus",
+    "ConsumeStats",
+    "MessageListener",
+]
+
+log = logging.getLogger(__name__)
+SEND_BACK_ATTEMPTS = 4
+
+
+class ConsumeConcurrentlyStatus(enum.Enum):
+    CONSUME_SUCCESS = "CONSUME_SUCCESS"
+    RECONSUME_LATER = "RECONSUME_LATER"
+
+
+class ConsumeOrderlyStatus(enum.Enum):
+    SUCCESS = "SUCCESS"
+    SUSPEND_CURRENT_QUEUE_A_MOMENT = "SUSPEND_CURRENT_QUEUE_A_MOMENT"
+
+
+_OK = (ConsumeConcurrentlyStatus.CONSUME_SUCCESS, ConsumeOrderlyStatus.SUCCESS)
+Listener = Callable[[list[MessageExt]], Any]
+
+
+@dataclass
+class ConsumeStats:
+    """What one ``process`` call did."""
+
+    consumed: int = 0
+    reconsume_later: int = 0
+    dead_letters: int = 0
+    dropped: int = 0  # BROADCASTING failures (not retried)
+    retried_in_place: int = 0  # orderly mode
+
+
+@dataclass(frozen=True)
+class _Config:
+    endpoint: str
+    group: str
+    orderly: bool
+    broadcasting: bool
+    batch_max_size: int
+    max_reconsume_times: int | None
+    suspend_ms: int
+    delay_level: int
+
+
+def _call(listener: Listener, msgs: list[MessageExt]) -> tuple[bool, str, str]:
+    """(succeeded, exception class, message) of one listener call."""
+    try:
+        status = listener(msgs)
+    except Exception as err:  # an exception is RECONSUME_LATER, as in RocketMQ
+        return False, type(err).__name__, str(err)[:2000]
+    if status in _OK:
+        return True, "", ""
+    return False, "", f"listener returned {status!r}"
+
+
+def _send_back(consumer: PullConsumer, cfg: _Config, failed: list[tuple[MessageExt, dict[str, str]]],
+               level: int, stats: ConsumeStats) -> None:
+    for attempt in range(SEND_BACK_ATTEMPTS):
+        try:
+            results = consumer.send_back_batch(
+                [m for m, _ in failed], delay_level=level,
+                max_reconsume_times=cfg.max_reconsume_times, reasons=[r for _, r in failed],
+            )
+            break
+        except PymqError:
+            if attempt + 1 == SEND_BACK_ATTEMPTS:
+                raise
+            time.sleep(0.5 * 2**attempt)
+    dead = sum(r.dead_letter for r in results)
+    stats.dead_letters += dead
+    stats.reconsume_later += len(results) - dead
+
+
+def _reason(exc_class: str, text: str, batch_id: str) -> dict[str, str]:
+    return {
+        MC.PROPERTY_CONSUME_FAILURE_REASON: text,
+        MC.PROPERTY_CONSUME_FAILURE_EXCEPTION: exc_class,
+        MC.PROPERTY_CONSUME_FAILURE_STAGE: "listener",
+        MC.PROPERTY_CONSUME_FAILURE_BATCH_ID: batch_id,
+    }
+
+
+def consume_partition(
+    cfg: _Config, listener: Listener, batches: Iterator[pa.RecordBatch], batch_id: str,
+    stats: ConsumeStats,
+) -> Iterator[pa.RecordBatch]:
+    """The executor side: yields the rows whose messages were consumed."""
+    import pyarrow as pa
+
+    consumer = PullConsumer(cfg.endpoint, cfg.group)
+    for batch in batches:
+        messages = messages_from_batch(batch)
+        ok = [False] * len(messages)
+        if cfg.orderly:
+            _consume_orderly(cfg, consumer, listener, messages, ok, batch_id, stats)
+        else:
+            failed: list[tuple[MessageExt, dict[str, str]]] = []
+            step = cfg.batch_max_size
+            for start in range(0, len(messages), step):
+                chunk = messages[start : start + step]
+                success, exc_class, text = _call(listener, chunk)
+                if success:
+                    ok[start : start + len(chunk)] = [True] * len(chunk)
+                    stats.consumed += len(chunk)
+                elif cfg.broadcasting:
+                    stats.dropped += len(chunk)
+                    log.warning("BROADCASTING: %d message(s) failed and are not retried: %s",
+                                len(chunk), text)
+                else:
+                    failed.extend((m, _reason(exc_class, text, batch_id)) for m in chunk)
+            if failed:
+                _send_back(consumer, cfg, failed, cfg.delay_level, stats)
+        if any(ok):
+            yield batch.filter(pa.array(ok, type=pa.bool_()))
+
+
+def _consume_orderly(
+    cfg: _Config, consumer: PullConsumer, listener: Listener, messages: list[MessageExt],
+    ok: list[bool], batch_id: str, stats: ConsumeStats,
+) -> None:
+    """Per queue, in queue-offset order; a failure blocks only its own queue."""
+    by_queue: dict[tuple[str, str, int], list[int]] = {}
+    for i, m in enumerate(messages):
+        by_queue.setdefault((m.retry_topic or m.topic, m.broker_name, m.queue_id), []).append(i)
+    limit = cfg.max_reconsume_times
+    for indexes in by_queue.values():
+        indexes.sort(key=lambda i: messages[i].queue_offset)
+        for i in indexes:
+            m = messages[i]
+            attempts = 0
+            while True:
+                success, exc_class, text = _call(listener, [m])
+                if success:
+                    ok[i] = True
+                    stats.consumed += 1
+                    break
+                attempts += 1
+                if limit is not None and attempts > limit:
+                    _send_back(consumer, cfg, [(m, _reason(exc_class, text, batch_id))], -1, stats)
+                    break
+                stats.retried_in_place += 1
+                time.sleep(cfg.suspend_ms / 1000.0)
+
+
+class MessageListener:
+    """Run a RocketMQ-style listener over a micro-batch read from a pymq source.
+
+    Args:
+        endpoint: ``host:port`` of the broker.
+        consumer_group: the group whose %RETRY% / %DLQ% topics take failures
+            (the source's ``consumerGroup``).
+        listener: ``f(list[MessageExt]) -> ConsumeConcurrentlyStatus`` (or
+            ``ConsumeOrderlyStatus`` in orderly mode); ``None`` and exceptions
+            mean RECONSUME_LATER.
+        orderly: retry failures in place per queue instead of sending them back.
+        message_model: ``"CLUSTERING"`` (default) or ``"BROADCASTING"`` (failures
+            are counted and logged, not retried).
+        consume_message_batch_max_size: messages per listener call (1).
+        max_reconsume_times: retries before the DLQ (default: the group's, 16;
+            orderly default: unlimited, as in RocketMQ).
+        suspend_current_queue_time_millis: orderly retry pause (1000).
+        delay_level: delay of a sent-back message (0: RocketMQ's 3 + retries).
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        consumer_group: str,
+        listener: Listener,
+        *,
+        orderly: bool = False,
+        message_model: str = "CLUSTERING",
+        consume_message_batch_max_size: int = 1,
+        max_reconsume_times: int | None = None,
+        suspend_current_queue_time_millis: int = 1000,
+        delay_level: int = 0,
+    ) -> None:
+        if not callable(listener):
+            raise TypeError(f"listener must be callable, got {type(listener).__name__}")
+        if message_model not in ("CLUSTERING", "BROADCASTING"):
+            raise ValueError(f"message_model must be CLUSTERING or BROADCASTING, got {message_model!r}")
+        size = consume_message_batch_max_size
+        if not isinstance(size, int) or not 1 <= size <= 1024:
+            raise ValueError(
+                "consume_message_batch_max_size must be an int in 1..1024, got "
+                f"{consume_message_batch_max_size!r}"
+            )
+        if max_reconsume_times is not None and max_reconsume_times < 0:
+            raise ValueError(f"max_reconsume_times must be >= 0, got {max_reconsume_times}")
+        if suspend_current_queue_time_millis < 0:
+            raise ValueError(
+                f"suspend_current_queue_time_millis must be >= 0, got {suspend_current_queue_time_millis}"
+            )
+        self.listener = listener
+        self.config = _Config(
+            endpoint=check_endpoint(endpoint),
+            group=consumer_group,
+            orderly=orderly,
+            broadcasting=message_model == "BROADCASTING",
+            batch_max_size=consume_message_batch_max_size,
+            max_reconsume_times=max_reconsume_times,
+            suspend_ms=suspend_current_queue_time_millis,
+            delay_level=delay_level,
+        )
+        self.last_stats = ConsumeStats()
+
+    def process(self, df: DataFrame, batch_id: int | str = "") -> DataFrame:
+        """Consume ``df`` (rows of a pymq source) once; return the rows consumed successfully.
+
+        The work runs exactly once, here (the result is checkpointed locally), so
+        writing the returned DataFrame does not run the listener again.
+        """
+        cfg, listener, bid = self.config, self.listener, str(batch_id)
+        sc = df.sparkSession.sparkContext
+        counters = {name: sc.accumulator(0) for name in ConsumeStats.__dataclass_fields__}
+
+        def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            stats = ConsumeStats()
+            yield from consume_partition(cfg, listener, batches, bid, stats)
+            for name, acc in counters.items():
+                acc.add(getattr(stats, name))
+
+        good = df.mapInArrow(run, df.schema).localCheckpoint(eager=True)
+        self.last_stats = ConsumeStats(**{n: int(a.value) for n, a in counters.items()})
+        log.info("pymq listener batch %s: %s", bid, self.last_stats)
+        return good

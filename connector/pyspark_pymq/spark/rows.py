@@ -1,0 +1,70 @@
+"""Rows of the pymq source, back as the client's MessageExt (for send back and listeners)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from pymq_proto.record import MessageConst
+
+from ..client.message import MessageExt
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["column", "messages_from_batch"]
+
+_FIELDS = ("topic", "queue_id", "broker_name", "queue_offset", "msg_id", "offset_msg_id",
+           "commit_log_offset", "body", "tags", "keys", "properties", "born_timestamp",
+           "store_timestamp", "reconsume_times", "retry_topic")
+
+
+def column(batch: pa.RecordBatch, name: str, default: Any = None) -> list[Any]:
+    """One column as a Python list, or ``default`` repeated when it is absent."""
+    index = batch.schema.get_field_index(name)
+    if index < 0:
+        return [default] * batch.num_rows
+    return list(batch.column(index).to_pylist())
+
+
+def _ms(value: Any) -> int:
+    if isinstance(value, datetime):
+        return int(value.timestamp() * 1000)
+    return int(value or 0)
+
+
+def messages_from_batch(batch: pa.RecordBatch) -> list[MessageExt]:
+    """A MessageExt per row of a pymq source batch.
+
+    As RocketMQ shows them: a retried message has its original topic in
+    ``topic`` and RETRY_TOPIC in its properties. Rows without
+    ``commit_log_offset`` did not come from a pymq source: ValueError.
+    """
+    cols = {name: column(batch, name) for name in _FIELDS}
+    out = []
+    for i in range(batch.num_rows):
+        if cols["commit_log_offset"][i] is None or not cols["topic"][i]:
+            raise ValueError(
+                f"row {i} has no commit_log_offset or topic: only rows read with "
+                "format('pymq') (with their metadata columns) can be sent back"
+            )
+        props = dict(cols["properties"][i] or ())
+        if cols["retry_topic"][i]:
+            props.setdefault(MessageConst.PROPERTY_RETRY_TOPIC, cols["topic"][i])
+        out.append(MessageExt(
+            topic=cols["topic"][i],
+            queue_id=cols["queue_id"][i] or 0,
+            broker_name=cols["broker_name"][i] or "",
+            queue_offset=cols["queue_offset"][i] or 0,
+            msg_id=cols["msg_id"][i] or "",
+            offset_msg_id=cols["offset_msg_id"][i] or "",
+            commit_log_offset=cols["commit_log_offset"][i],
+            body=cols["body"][i] or b"",
+            tags=cols["tags"][i],
+            keys=tuple(cols["keys"][i] or ()),
+            properties=props,
+            born_timestamp=_ms(cols["born_timestamp"][i]),
+            store_timestamp=_ms(cols["store_timestamp"][i]),
+            reconsume_times=cols["reconsume_times"][i] or 0,
+        ))
+    return out

@@ -1,0 +1,203 @@
+"""Options of the pymq sink: parsed and validated once, into :class:`SinkOptions`.
+
+A write is either ``action=send`` (default: produce the rows as messages) or
+``action=reconsumeLater`` (send rows read from a pymq source back to their
+group's %RETRY% topic). Options and the input columns are checked before the
+first row is written; errors name the option or column, the value, and what
+to use instead.
+"""
+
+from __future__ import annotations
+
+import difflib
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..client.producer import DEFAULT_MAX_MESSAGE_SIZE, SEND_MODES
+from ..client.transport import check_endpoint
+from .options import _parse_group, _parse_topics
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import DataType, StructType
+
+__all__ = ["ACTIONS", "SINK_OPTION_NAMES", "SinkOptions", "parse_sink_options"]
+
+ACTIONS = ("send", "reconsumeLater")
+DEFAULT_PRODUCER_GROUP = "PYMQ_SPARK_SINK"
+
+_SINK_OPTIONS = (
+    "endpoint", "topic", "action", "sendMode", "producerGroup", "retryTimesWhenSendFailed",
+    "retryTimesWhenSendAsyncFailed", "sendMsgTimeoutMs", "maxInFlight", "maxBatchBytes",
+    "consumerGroup", "maxReconsumeTimes", "delayLevel", "stage",
+)
+SINK_OPTION_NAMES: tuple[str, ...] = _SINK_OPTIONS
+_CANONICAL = {n.lower(): n for n in _SINK_OPTIONS}
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    """The validated options of one write (see :class:`PymqDataSource` for the manual)."""
+
+    endpoint: str
+    topic: str | None
+    action: str
+    send_mode: str
+    producer_group: str
+    retry_times_when_send_failed: int
+    retry_times_when_send_async_failed: int
+    send_msg_timeout_ms: int
+    max_in_flight: int
+    max_batch_bytes: int
+    consumer_group: str | None
+    max_reconsume_times: int | None
+    delay_level: int
+    stage: str
+    columns: tuple[str, ...]
+    keys_is_array: bool
+    body_is_string: bool
+    write_id: str  # distinguishes batch (non-streaming) writes in UNIQ_KEYs
+
+
+def _bad(name: str, value: object, allowed: str) -> ValueError:
+    return ValueError(f"pymq sink option {name}={value!r} is not valid: {allowed}")
+
+
+def _int(raw: Mapping[str, str], name: str, default: int, minimum: int, maximum: int | None = None) -> int:
+    value = raw.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        number = None
+    if number is None or number < minimum or (maximum is not None and number > maximum):
+        upper = f" and <= {maximum}" if maximum is not None else ""
+        raise _bad(name, value, f"use an integer >= {minimum}{upper}")
+    return number
+
+
+# column -> (accepted Spark type names, what to say)
+_SEND_COLUMNS: dict[str, tuple[tuple[str, ...], str]] = {
+    "body": (("binary", "string"), "binary or string"),
+    "topic": (("string",), "string"),
+    "tags": (("string",), "string"),
+    "keys": (("string", "array<string>"), "string or array<string>"),
+    "properties": (("map<string,string>",), "map<string,string>"),
+    "delay_level": (("int", "bigint", "smallint", "tinyint"), "an integer type"),
+    "sharding_key": (("string",), "string"),
+    "queue_id": (("int", "bigint", "smallint", "tinyint"), "an integer type"),
+}
+_SEND_BACK_REQUIRED = ("commit_log_offset", "msg_id", "topic", "broker_name", "reconsume_times")
+_SEND_BACK_COLUMNS: dict[str, tuple[tuple[str, ...], str]] = {
+    "commit_log_offset": (("bigint",), "bigint"),
+    "msg_id": (("string",), "string"),
+    "topic": (("string",), "string"),
+    "broker_name": (("string",), "string"),
+    "reconsume_times": (("int",), "int"),
+    "body": (("binary",), "binary"),
+    "properties": (("map<string,string>",), "map<string,string>"),
+    "retry_topic": (("string",), "string"),
+    "delay_level": (("int", "bigint", "smallint", "tinyint"), "an integer type"),
+    "error": (("string",), "string"),
+    "error_class": (("string",), "string"),
+}
+
+
+def _type_name(dt: DataType) -> str:
+    return str(dt.simpleString())
+
+
+def _check_columns(schema: StructType, spec: dict[str, tuple[tuple[str, ...], str]], action: str) -> None:
+    for field in schema.fields:
+        want = spec.get(field.name)
+        if want is not None and _type_name(field.dataType) not in want[0]:
+            raise ValueError(
+                f"pymq sink column {field.name!r} has type {_type_name(field.dataType)}; "
+                f"action={action} expects {want[1]}. Cast it, e.g. "
+                f"df.withColumn({field.name!r}, col({field.name!r}).cast(...))"
+            )
+
+
+def parse_sink_options(raw_options: Mapping[str, str], schema: StructType, *, stream: bool) -> SinkOptions:
+    """Validate the options and the input columns of a write."""
+    raw: dict[str, str] = {}
+    for key, value in raw_options.items():
+        name = _CANONICAL.get(str(key).lower())
+        if name is None:
+            hint = difflib.get_close_matches(str(key), SINK_OPTION_NAMES, n=1, cutoff=0.6)
+            did_you_mean = f" Did you mean {hint[0]!r}?" if hint else ""
+            raise ValueError(
+                f"pymq sink option {key!r} is unknown.{did_you_mean} "
+                f"Known sink options: {', '.join(SINK_OPTION_NAMES)}."
+            )
+        raw[name] = "" if value is None else str(value).strip()
+    endpoint = raw.get("endpoint") or ""
+    if not endpoint:
+        raise ValueError("pymq sink option endpoint is required: set .option('endpoint', 'host:port')")
+    try:
+        endpoint = check_endpoint(endpoint)
+    except ValueError as err:
+        raise _bad("endpoint", endpoint, str(err)) from None
+    action = raw.get("action") or "send"
+    matched = [a for a in ACTIONS if a.lower() == action.lower()]
+    if not matched:
+        raise _bad("action", action, f"use one of {', '.join(ACTIONS)}")
+    action = matched[0]
+    send_mode = (raw.get("sendMode") or "sync").lower()
+    if send_mode not in SEND_MODES:
+        raise _bad("sendMode", raw.get("sendMode"), f"use one of {', '.join(SEND_MODES)}")
+    columns = tuple(f.name for f in schema.fields)
+    topic = _parse_topics(raw["topic"])[0] if raw.get("topic") else None
+    if raw.get("topic") and "," in raw["topic"]:
+        raise _bad("topic", raw["topic"], "a sink writes to one topic; use a topic column for several")
+    group = _parse_group(raw.get("consumerGroup"))
+    types = {f.name: _type_name(f.dataType) for f in schema.fields}
+    if action == "send":
+        if "body" not in columns:
+            raise ValueError(
+                "pymq sink needs a 'body' column (binary or string); the input has "
+                f"{', '.join(columns) or 'no columns'}. Rename or select one, e.g. "
+                "df.selectExpr('CAST(value AS BINARY) AS body')"
+            )
+        if topic is None and "topic" not in columns:
+            raise ValueError(
+                "pymq sink needs a topic: set .option('topic', 'orders') or give a 'topic' column"
+            )
+        _check_columns(schema, _SEND_COLUMNS, action)
+    else:
+        if group is None:
+            raise ValueError(
+                "pymq sink option consumerGroup is required with action=reconsumeLater: the rows "
+                "go back to %RETRY%<consumerGroup>"
+            )
+        missing = [c for c in _SEND_BACK_REQUIRED if c not in columns]
+        if missing:
+            raise ValueError(
+                f"pymq sink action=reconsumeLater needs the pymq source's columns {missing}; "
+                "pass rows read with format('pymq') (keep commit_log_offset, msg_id, topic, "
+                "broker_name, reconsume_times)"
+            )
+        _check_columns(schema, _SEND_BACK_COLUMNS, action)
+    max_reconsume = raw.get("maxReconsumeTimes")
+    return SinkOptions(
+        endpoint=endpoint,
+        topic=topic,
+        action=action,
+        send_mode=send_mode,
+        producer_group=raw.get("producerGroup") or DEFAULT_PRODUCER_GROUP,
+        retry_times_when_send_failed=_int(raw, "retryTimesWhenSendFailed", 2, 0, 16),
+        retry_times_when_send_async_failed=_int(raw, "retryTimesWhenSendAsyncFailed", 0, 0, 16),
+        send_msg_timeout_ms=_int(raw, "sendMsgTimeoutMs", 3000, 1),
+        max_in_flight=_int(raw, "maxInFlight", 64, 1, 4096),
+        max_batch_bytes=_int(raw, "maxBatchBytes", DEFAULT_MAX_MESSAGE_SIZE, 1024, DEFAULT_MAX_MESSAGE_SIZE),
+        consumer_group=group,
+        max_reconsume_times=None if not max_reconsume else _int(raw, "maxReconsumeTimes", 16, 1),
+        delay_level=_int(raw, "delayLevel", 0, -1),
+        stage=raw.get("stage") or ("spark-stream-sink" if stream else "spark-sink"),
+        columns=columns,
+        keys_is_array=types.get("keys") == "array<string>",
+        body_is_string=types.get("body") == "string",
+        write_id=uuid.uuid4().hex,
+    )
