@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
     from .batch_reader import PymqBatchReader
     from .micro_batch_stream import PymqMicroBatchStream
+    from .writer import PymqSinkWriter, PymqStreamSinkWriter
 
 __all__ = ["PymqDataSource"]
 
@@ -62,7 +63,10 @@ class PymqDataSource(DataSource):
                               (retention, deleted topic); ``false``: log, skip ahead.
     includeRetry              read ``%RETRY%<consumerGroup>`` too (default true for
                               streams in CLUSTERING, false otherwise).
-    pullBatchSize             messages per pull (default 8192, at most 100000).
+    pullBatchSize             at most this many messages per pull (default 32768,
+                              at most 100000).
+    pullMaxBytes              at most this many bytes per pull (default 1048576;
+                              ~1 MiB answers are the fastest over gRPC).
     pollTimeoutMs             timeout of one pull in a task (default 60000).
     connectTimeoutMs          timeout of the driver's calls (default 10000): an
                               unreachable broker fails the query within it.
@@ -129,3 +133,19 @@ class PymqDataSource(DataSource):
         from .micro_batch_stream import PymqMicroBatchStream
 
         return PymqMicroBatchStream(self._source_options(schema, stream=True))
+
+    # -- the sink -------------------------------------------------------------------
+
+    def writer(self, schema: StructType, overwrite: bool) -> PymqSinkWriter:
+        """``df.write.format("pymq")``: see :mod:`pyspark_pymq.spark.writer`."""
+        from .sink_options import parse_sink_options
+        from .writer import PymqSinkWriter
+
+        return PymqSinkWriter(parse_sink_options(dict(self.options), schema, stream=False))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> PymqStreamSinkWriter:
+        """``df.writeStream.format("pymq")``: see :mod:`pyspark_pymq.spark.writer`."""
+        from .sink_options import parse_sink_options
+        from .writer import PymqStreamSinkWriter
+
+        return PymqStreamSinkWriter(parse_sink_options(dict(self.options), schema, stream=True))

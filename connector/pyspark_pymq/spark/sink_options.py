@@ -34,6 +34,8 @@ _SINK_OPTIONS = (
 )
 SINK_OPTION_NAMES: tuple[str, ...] = _SINK_OPTIONS
 _CANONICAL = {n.lower(): n for n in _SINK_OPTIONS}
+# Spark's own options, passed along to every sink: not ours to check.
+_SPARK_OPTIONS = frozenset({"checkpointlocation", "path", "queryname", "outputmode"})
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,8 @@ def parse_sink_options(raw_options: Mapping[str, str], schema: StructType, *, st
     """Validate the options and the input columns of a write."""
     raw: dict[str, str] = {}
     for key, value in raw_options.items():
+        if str(key).lower() in _SPARK_OPTIONS:
+            continue
         name = _CANONICAL.get(str(key).lower())
         if name is None:
             hint = difflib.get_close_matches(str(key), SINK_OPTION_NAMES, n=1, cutoff=0.6)
