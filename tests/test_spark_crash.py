@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from pyspark_pymq import Admin, Message, Producer, PullConsumer
 
 pytestmark = pytest.mark.spark
