@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from pymq_proto.record import MessageConst, encode_properties
+from pymq_proto.record import MessageConst, encode_properties, offset_msg_id
 
 __all__ = [
     "Message",
@@ -189,19 +189,34 @@ class SendStatus(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class SendResult:
-    """The broker's answer to a send. For a batch, ids are per message, in order."""
+    """The broker's answer to a send. For a batch, ids are per message, in order.
+
+    ``msg_id`` / ``offset_msg_id`` are RocketMQ's: for a batch, the ids of all
+    its messages joined by commas (computed when asked for).
+    """
 
     status: SendStatus
-    msg_id: str
-    offset_msg_id: str
     message_queue: MessageQueue
     queue_offset: int
-    msg_ids: tuple[str, ...] = ()
-    offset_msg_ids: tuple[str, ...] = ()
+    msg_ids: tuple[str, ...]
+    commit_log_offsets: tuple[int, ...]
+    store_host: bytes
 
     @property
     def queue_id(self) -> int:
         return self.message_queue.queue_id
+
+    @property
+    def msg_id(self) -> str:
+        return ",".join(self.msg_ids)
+
+    @property
+    def offset_msg_ids(self) -> tuple[str, ...]:
+        return tuple(offset_msg_id(self.store_host, phy) for phy in self.commit_log_offsets)
+
+    @property
+    def offset_msg_id(self) -> str:
+        return ",".join(self.offset_msg_ids)
 
 
 class PullStatus(enum.Enum):

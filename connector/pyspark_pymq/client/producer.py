@@ -11,7 +11,7 @@ from concurrent.futures import Future
 from typing import Any, Literal
 
 import grpc
-from pymq_proto.record import HEADER_SIZE, offset_msg_id, store_host_bytes
+from pymq_proto.record import HEADER_SIZE, store_host_bytes
 from pymq_proto.v1 import pymq_pb2
 
 from ..errors import (
@@ -331,15 +331,13 @@ class Producer:
 
     def _result(self, prepared: _Prepared, mq: MessageQueue, resp: Any) -> SendResult:
         host = _store_host(resp.store_host)
-        offset_ids = tuple(offset_msg_id(host, phy) for phy in resp.commit_log_offsets)
         return SendResult(
             status=_STATUS.get(resp.status, SendStatus.SEND_OK),
-            msg_id=",".join(prepared.uniq_keys),
-            offset_msg_id=",".join(offset_ids),
             message_queue=MessageQueue(mq.topic, mq.broker_name, resp.queue_id),
             queue_offset=resp.queue_offset,
             msg_ids=tuple(prepared.uniq_keys),
-            offset_msg_ids=offset_ids,
+            commit_log_offsets=tuple(resp.commit_log_offsets),
+            store_host=host,
         )
 
     def _send_with_retry(self, prepared: _Prepared, batch: bool) -> SendResult:
