@@ -36,6 +36,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--flush-disk-type", choices=FLUSH_DISK_TYPES, default="ASYNC_FLUSH")
     p.add_argument("--auto-create-topic-enable", action="store_true",
                    help="create unknown topics on first send (4 queues); off by default")
+    p.add_argument("--enable-property-filter", action="store_true",
+                   help="allow SQL92 property filters in subscriptions (off by default)")
     p.add_argument("--message-delay-level", type=_delay_levels, default=DEFAULT_MESSAGE_DELAY_LEVEL,
                    help=f"delay of each level, units ms s m h d (default {DEFAULT_MESSAGE_DELAY_LEVEL!r})")
     p.add_argument("--file-reserved-time", type=float, default=72.0,
@@ -56,6 +58,7 @@ async def _serve(args: argparse.Namespace) -> int:
         port=args.port,
         broker_name=args.broker_name,
         auto_create_topic_enable=args.auto_create_topic_enable,
+        enable_property_filter=args.enable_property_filter,
         flush_disk_type=args.flush_disk_type,
         message_delay_level=args.message_delay_level,
         file_reserved_time=args.file_reserved_time,

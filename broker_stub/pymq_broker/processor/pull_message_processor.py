@@ -14,7 +14,7 @@ from ..common.broker_exception import BrokerException
 from ..store.results import GetMessageResult, GetMessageStatus
 from .context import BrokerContext
 from .pull_request_hold_service import PullRequestHoldService
-from .subscription import parse_tag_expression
+from .subscription import parse_subscription
 
 MAX_SUSPEND_MS = 60_000
 
@@ -48,12 +48,16 @@ class PullMessageProcessor:
             )
         if req.consumer_group:
             ctx.subscription_group_manager.find_subscription_group_config(req.consumer_group)
-        tag_hashes = parse_tag_expression(req.subscription, req.expression_type)
+        sub = parse_subscription(
+            req.subscription, req.expression_type,
+            enable_property_filter=ctx.broker_config.enable_property_filter,
+        )
         max_nums = min(req.max_msg_nums, ctx.broker_config.max_pull_batch_size)
         deadline = time.monotonic() + req.suspend_timeout_ms / 1000.0
         while True:
             result = ctx.store.get_message(
-                mq.topic, mq.queue_id, req.queue_offset, max_nums, req.max_bytes, tag_hashes
+                mq.topic, mq.queue_id, req.queue_offset, max_nums, req.max_bytes, sub.tag_hashes,
+                sub.property_filter,
             )
             left = deadline - time.monotonic()
             if (

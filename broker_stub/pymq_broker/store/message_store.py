@@ -395,10 +395,13 @@ class DefaultMessageStore:
         max_msg_nums: int,
         max_bytes: int = 0,
         tag_hashes: frozenset[int] | None = None,
+        property_filter: Callable[[bytes], bool] | None = None,
     ) -> GetMessageResult:
         """Up to ``max_msg_nums`` records from ``offset``, as stored, back to back.
 
-        ``tag_hashes`` filters by the consume queue's tag hash (None: all).
+        ``tag_hashes`` filters by the consume queue's tag hash (None: all);
+        ``property_filter(properties)`` by each record's encoded properties
+        (SQL92), which means reading the candidates first.
         """
         cq = self._existing_queue(topic, queue_id)
         if cq is None:
@@ -418,11 +421,15 @@ class DefaultMessageStore:
         max_bytes = min(max_bytes or cfg.max_transfer_bytes_on_message_in_disk,
                         cfg.max_transfer_bytes_on_message_in_disk)
         want = min(max_msg_nums, cfg.max_transfer_count_on_message_in_disk)
-        scan = want if tag_hashes is None else min(max(want * 4, 1024), 64_000)
+        filtered = tag_hashes is not None or property_filter is not None
+        scan = want if not filtered else min(max(want * 4, 1024), 64_000)
         entries = cq.get_entries(offset, scan)
         mask = entries["phy"] >= self.commit_log.min_offset
         if tag_hashes is not None:
             mask &= np.isin(entries["tag"], np.fromiter(tag_hashes, dtype=np.int64))
+        if property_filter is not None:
+            return self._get_filtered(entries, mask, offset, want, max_bytes, property_filter,
+                                      min_off, max_off)
         matched = np.flatnonzero(mask)[:want]
         if len(matched):
             sizes = entries["size"][matched].astype(np.int64)
@@ -437,6 +444,35 @@ class DefaultMessageStore:
             return GetMessageResult(GetMessageStatus.NO_MATCHED_MESSAGE, nxt, min_off, max_off)
         records = self.read_records(entries["phy"][matched], entries["size"][matched])
         return GetMessageResult(GetMessageStatus.FOUND, nxt, min_off, max_off, records, len(matched))
+
+    def _get_filtered(
+        self, entries: np.ndarray, mask: np.ndarray, offset: int, want: int, max_bytes: int,
+        keep: Callable[[bytes], bool], min_off: int, max_off: int,
+    ) -> GetMessageResult:
+        """get_message's path for filters that need each record's properties."""
+        cand = np.flatnonzero(mask)
+        sizes = entries["size"][cand].astype(np.int64)
+        fits = max(int(np.searchsorted(np.cumsum(sizes), max_bytes, side="right")), 1)
+        cand = cand[:fits]
+        scanned = len(entries) if fits >= len(mask.nonzero()[0]) else int(cand[-1]) + 1
+        out: list[bytes] = []
+        if len(cand):
+            raw = self.read_records(entries["phy"][cand], entries["size"][cand])
+            pos = 0
+            for j in range(len(cand)):
+                h = HEADER.unpack_from(raw, pos)
+                total = h[0]
+                _t0, _t1, p0, p1 = split_tail(raw, pos, total, h[13])
+                if keep(raw[p0:p1]):
+                    out.append(raw[pos : pos + total])
+                    if len(out) == want:
+                        scanned = int(cand[j]) + 1
+                        break
+                pos += total
+        nxt = offset + scanned
+        if not out:
+            return GetMessageResult(GetMessageStatus.NO_MATCHED_MESSAGE, nxt, min_off, max_off)
+        return GetMessageResult(GetMessageStatus.FOUND, nxt, min_off, max_off, b"".join(out), len(out))
 
     def read_records(self, phys: np.ndarray, sizes: np.ndarray) -> bytes:
         """The records at ``phys``: one pread per contiguous run in one segment."""
