@@ -80,7 +80,8 @@ def render(node: tuple[Any, ...], rnd: random.Random) -> str:
     if kind == "isnull":
         return f"{node[1]} {kw('IS')} {kw('NOT') + ' ' if node[2] else ''}{kw('NULL')}"
     if kind == "between":
-        return f"{node[1]} {kw('NOT') + ' ' if node[4] else ''}{kw('BETWEEN')} {node[2]} {kw('AND')} {node[3]}"
+        neg = kw("NOT") + " " if node[4] else ""
+        return f"{node[1]} {neg}{kw('BETWEEN')} {node[2]} {kw('AND')} {node[3]}"
     if kind == "in":
         return f"{node[1]} {kw('NOT') + ' ' if node[3] else ''}{kw('IN')} ({', '.join(node[2])})"
     if kind == "bool":
