@@ -18,6 +18,9 @@ class BrokerConfig:
     max_pull_batch_size: int = 100_000  # messages per pull
     flush_consumer_offset_interval: int = 1_000
     enable_property_filter: bool = False
+    transaction_timeout: int = 6_000  # ms before a half message is first checked back
+    transaction_check_interval: int = 60_000  # ms between check-backs
+    transaction_check_max: int = 15
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:

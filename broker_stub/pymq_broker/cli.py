@@ -47,6 +47,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--clean-resource-interval", type=int, default=10_000,
                    help="ms between retention checks (default 10000)")
     p.add_argument("--sync-flush-timeout", type=int, default=5_000, help="ms (default 5000)")
+    p.add_argument("--transaction-timeout", type=int, default=6_000,
+                   help="ms before an unresolved transaction is first checked back (default 6000)")
+    p.add_argument("--transaction-check-interval", type=int, default=60_000,
+                   help="ms between check-backs (default 60000)")
+    p.add_argument("--transaction-check-max", type=int, default=15,
+                   help="check-backs before a transaction is given up (default 15)")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -65,6 +71,9 @@ async def _serve(args: argparse.Namespace) -> int:
         mapped_file_size_commit_log=args.mapped_file_size_commit_log,
         clean_resource_interval=args.clean_resource_interval,
         sync_flush_timeout=args.sync_flush_timeout,
+        transaction_timeout=args.transaction_timeout,
+        transaction_check_interval=args.transaction_check_interval,
+        transaction_check_max=args.transaction_check_max,
     )
     controller = BrokerController(broker_config, store_config)
     endpoint = await controller.start()

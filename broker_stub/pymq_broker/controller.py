@@ -18,6 +18,7 @@ from .manager.topic_config_manager import TopicConfigManager
 from .processor.admin_broker_processor import AdminBrokerProcessor
 from .processor.consumer_manage_processor import ConsumerManageProcessor
 from .processor.context import BrokerContext
+from .processor.end_transaction_processor import EndTransactionProcessor, ProducerManager
 from .processor.pull_message_processor import PullMessageProcessor
 from .processor.pull_request_hold_service import PullRequestHoldService
 from .processor.send_back_processor import SendBackProcessor
@@ -26,6 +27,10 @@ from .remoting.grpc_service import BrokerGrpcService
 from .store.config import MessageStoreConfig
 from .store.message_store import DefaultMessageStore
 from .store.schedule_message_service import ScheduleMessageService
+from .transaction.transactional_message_service import (
+    TransactionalMessageService,
+    TransactionConfig,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,13 +89,22 @@ class BrokerController:
             bc, store, self.topic_config_manager, self.consumer_offset_manager,
             self.subscription_group_manager, self.endpoint,
         )
-        send = SendMessageProcessor(ctx)
+        self.transactions = TransactionalMessageService(
+            store, self.topic_config_manager, self.store_config.store_path_root_dir / "config" /
+            "transactionCheck.json",
+            TransactionConfig(bc.transaction_timeout, bc.transaction_check_interval,
+                              bc.transaction_check_max),
+        )
+        self.transactions.load()
+        self.producers = ProducerManager()
+        send = SendMessageProcessor(ctx, self.transactions)
         service = BrokerGrpcService(
             send=send,
             pull=PullMessageProcessor(ctx, hold),
             send_back=SendBackProcessor(ctx),
             consumer_manage=ConsumerManageProcessor(ctx),
             admin=AdminBrokerProcessor(ctx, send.dedup),
+            end_transaction=EndTransactionProcessor(ctx, self.transactions, self.producers),
         )
         pymq_pb2_grpc.add_BrokerServicer_to_server(service, server)
         self.schedule_message_service = ScheduleMessageService(store, self.schedule_path)
@@ -99,6 +113,9 @@ class BrokerController:
         self.server = server
         self._tasks = [
             asyncio.create_task(self._schedule_loop()),
+            asyncio.create_task(
+                self._every(min(1.0, bc.transaction_timeout / 2000), self._check_transactions)
+            ),
             asyncio.create_task(self._every(bc.flush_consumer_offset_interval / 1000,
                                             self.consumer_offset_manager.persist_if_dirty)),
             asyncio.create_task(self._every(self.store_config.clean_resource_interval / 1000,
@@ -117,6 +134,13 @@ class BrokerController:
                 log.exception("schedule message service failed; retrying")
                 wait = 1.0
             await asyncio.sleep(min(max(wait, 0.005), 0.05))
+
+    def _check_transactions(self) -> None:
+        """TransactionalMessageCheckService: ask producers about unresolved transactions."""
+        for check in self.transactions.check():
+            if not self.producers.dispatch(check):
+                log.info("no producer of group %r connected to check transaction %s",
+                         check.producer_group, check.msg_id)
 
     @staticmethod
     async def _every(interval_s: float, fn: object) -> None:

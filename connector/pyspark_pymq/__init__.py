@@ -15,6 +15,7 @@ from typing import Any
 __all__ = [
     "Admin",
     "DefaultSource",
+    "LocalTransactionState",
     "Message",
     "MessageExt",
     "MessageQueue",
@@ -26,6 +27,8 @@ __all__ = [
     "SendResult",
     "SendStatus",
     "TopicConfig",
+    "TransactionProducer",
+    "TransactionSendResult",
 ]
 
 __version__ = "0.1.0"

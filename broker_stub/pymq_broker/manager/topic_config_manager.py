@@ -122,6 +122,10 @@ class TopicConfigManager(ConfigManager):
         """%DLQ%<group>: one queue, readable (people inspect and re-send from it)."""
         return self._system_topic(get_dlq_topic(group), 1)
 
+    def create_system_topic(self, topic: str, queues: int) -> TopicConfig:
+        """A broker-owned topic (transactions...), created on first use, readable for admins."""
+        return self._system_topic(topic, queues)
+
     def _system_topic(self, topic: str, queues: int) -> TopicConfig:
         cfg = self.topic_config_table.get(topic)
         if cfg is None:

@@ -25,12 +25,14 @@ from ..common.mix_all import (
 )
 from ..store.commit_log import MessageToStore
 from ..store.results import PutMessageResult, PutMessageStatus
+from ..transaction.transactional_message_service import TransactionalMessageService
 from .context import BrokerContext
 from .dedup import DedupWindow
 
 _DELAY = MessageConst.PROPERTY_DELAY_TIME_LEVEL.encode()
 _UNIQ = MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX.encode()
 _MAX_RECONSUME = MessageConst.PROPERTY_MAX_RECONSUME_TIMES.encode()
+_TRAN = MessageConst.PROPERTY_TRANSACTION_PREPARED.encode()
 
 PUT_STATUS_TO_CODE = {
     PutMessageStatus.MESSAGE_ILLEGAL: pymq_pb2.MESSAGE_ILLEGAL,
@@ -62,8 +64,9 @@ async def wait_store_ok(
 
 
 class SendMessageProcessor:
-    def __init__(self, ctx: BrokerContext) -> None:
+    def __init__(self, ctx: BrokerContext, transactions: TransactionalMessageService) -> None:
         self.ctx = ctx
+        self.transactions = transactions
         self.dedup = DedupWindow()
         self._round_robin = itertools.count()
 
@@ -109,6 +112,22 @@ class SendMessageProcessor:
                     dropped += 1
                     continue
             messages.append(MessageToStore(m.body, m.flag, m.properties, born, req.reconsume_times))
+        if messages and find_property(messages[0].properties, _TRAN) == b"true":
+            if len(req.messages) > 1:
+                raise BrokerException(
+                    pymq_pb2.MESSAGE_ILLEGAL, "transactional messages cannot be sent as a batch"
+                )
+            if find_property(messages[0].properties, _DELAY) not in (None, b"0"):
+                raise BrokerException(
+                    pymq_pb2.MESSAGE_ILLEGAL, "transactional messages cannot be delayed"
+                )
+            result = self.transactions.prepare_message(topic, queue_id, messages[0])
+            status = await wait_store_ok(ctx, result)
+            return pymq_pb2.SendMessageResponse(
+                status=status, queue_id=queue_id, queue_offset=-1,
+                commit_log_offsets=result.physical_offsets, store_host=ctx.endpoint,
+                broker_name=ctx.broker_name,
+            )
         if topic.startswith(RETRY_GROUP_TOPIC_PREFIX) and messages:
             topic, queue_id, messages = self._retry_or_dlq(topic, queue_id, req.reconsume_times, messages)
         if not messages:

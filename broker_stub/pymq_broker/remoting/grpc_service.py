@@ -8,7 +8,7 @@ becomes SYSTEM_ERROR with its message. Either way the broker keeps serving.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -60,7 +60,9 @@ def _rpc(handler_name: str, processor_attr: str) -> Callable[..., Awaitable[Any]
 class BrokerGrpcService(pymq_pb2_grpc.BrokerServicer):
     """Maps each RPC of ``pymq_proto.v1.Broker`` to its processor method."""
 
-    def __init__(self, send: Any, pull: Any, send_back: Any, consumer_manage: Any, admin: Any) -> None:
+    def __init__(self, send: Any, pull: Any, send_back: Any, consumer_manage: Any, admin: Any,
+                 end_transaction: Any) -> None:
+        self.end_transaction = end_transaction
         self.send = send
         self.pull = pull
         self.send_back = send_back
@@ -86,3 +88,14 @@ class BrokerGrpcService(pymq_pb2_grpc.BrokerServicer):
     ViewMessage = _rpc("view_message", "admin")
     QueryMessage = _rpc("query_message", "admin")
     BrokerRuntimeInfo = _rpc("runtime_info", "admin")
+    EndTransaction = _rpc("end_transaction", "end_transaction")
+
+    async def TransactionStream(
+        self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
+        try:
+            async for check in self.end_transaction.transaction_stream(request):
+                yield check
+        except BrokerException as err:
+            context.set_trailing_metadata(((CODE_METADATA_KEY, err.code_name),))
+            await context.abort(_GRPC_STATUS.get(err.code, grpc.StatusCode.INTERNAL), err.remark)

@@ -13,9 +13,11 @@ from .message import (
     SendStatus,
 )
 from .producer import Producer
+from .transaction import LocalTransactionState, TransactionProducer, TransactionSendResult
 
 __all__ = [
     "Admin",
+    "LocalTransactionState",
     "Message",
     "MessageExt",
     "MessageQueue",
@@ -27,4 +29,6 @@ __all__ = [
     "SendResult",
     "SendStatus",
     "TopicConfig",
+    "TransactionProducer",
+    "TransactionSendResult",
 ]

@@ -129,6 +129,28 @@ END: OffsetQueryType.ValueType  # 1
 TIMESTAMP: OffsetQueryType.ValueType  # 2
 Global___OffsetQueryType: _TypeAlias = OffsetQueryType  # noqa: Y015
 
+class _TransactionState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TransactionStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TransactionState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    UNKNOW: _TransactionState.ValueType  # 0
+    COMMIT_MESSAGE: _TransactionState.ValueType  # 1
+    ROLLBACK_MESSAGE: _TransactionState.ValueType  # 2
+
+class TransactionState(_TransactionState, metaclass=_TransactionStateEnumTypeWrapper):
+    """Transactional messages. A half message is sent with SendMessage and the
+    property TRAN_MSG=true: it stays invisible in RMQ_SYS_TRANS_HALF_TOPIC until
+    EndTransaction commits it (or rolls it back). Unresolved ones are checked
+    back: the broker asks the producer group over TransactionStream.
+    """
+
+UNKNOW: TransactionState.ValueType  # 0
+COMMIT_MESSAGE: TransactionState.ValueType  # 1
+ROLLBACK_MESSAGE: TransactionState.ValueType  # 2
+Global___TransactionState: _TypeAlias = TransactionState  # noqa: Y015
+
 @_typing.final
 class MessageQueue(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -1251,6 +1273,104 @@ class RecordsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RecordsResponse: _TypeAlias = RecordsResponse  # noqa: Y015
+
+@_typing.final
+class EndTransactionRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRODUCER_GROUP_FIELD_NUMBER: _builtins.int
+    MSG_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    FROM_TRANSACTION_CHECK_FIELD_NUMBER: _builtins.int
+    producer_group: _builtins.str
+    msg_id: _builtins.str
+    """the half message's msgId (UNIQ_KEY)"""
+    state: Global___TransactionState.ValueType
+    from_transaction_check: _builtins.bool
+    def __init__(
+        self,
+        *,
+        producer_group: _builtins.str = ...,
+        msg_id: _builtins.str = ...,
+        state: Global___TransactionState.ValueType = ...,
+        from_transaction_check: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_transaction_check", b"from_transaction_check", "msg_id", b"msg_id", "producer_group", b"producer_group", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EndTransactionRequest: _TypeAlias = EndTransactionRequest  # noqa: Y015
+
+@_typing.final
+class EndTransactionResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESOLVED_FIELD_NUMBER: _builtins.int
+    resolved: _builtins.bool
+    """false: it was resolved already (or given up)"""
+    def __init__(
+        self,
+        *,
+        resolved: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["resolved", b"resolved"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EndTransactionResponse: _TypeAlias = EndTransactionResponse  # noqa: Y015
+
+@_typing.final
+class TransactionStreamRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRODUCER_GROUP_FIELD_NUMBER: _builtins.int
+    producer_group: _builtins.str
+    def __init__(
+        self,
+        *,
+        producer_group: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["producer_group", b"producer_group"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TransactionStreamRequest: _TypeAlias = TransactionStreamRequest  # noqa: Y015
+
+@_typing.final
+class CheckTransactionStateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MSG_ID_FIELD_NUMBER: _builtins.int
+    TOPIC_FIELD_NUMBER: _builtins.int
+    RECORD_FIELD_NUMBER: _builtins.int
+    CHECK_TIMES_FIELD_NUMBER: _builtins.int
+    msg_id: _builtins.str
+    topic: _builtins.str
+    """the real topic"""
+    record: _builtins.bytes
+    """the half message as stored (decode like a pull)"""
+    check_times: _builtins.int
+    def __init__(
+        self,
+        *,
+        msg_id: _builtins.str = ...,
+        topic: _builtins.str = ...,
+        record: _builtins.bytes = ...,
+        check_times: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["check_times", b"check_times", "msg_id", b"msg_id", "record", b"record", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckTransactionStateRequest: _TypeAlias = CheckTransactionStateRequest  # noqa: Y015
 
 @_typing.final
 class BrokerRuntimeInfoRequest(_message.Message):

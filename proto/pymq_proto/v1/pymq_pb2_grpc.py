@@ -130,6 +130,16 @@ class BrokerStub:
                 request_serializer=pymq__proto_dot_v1_dot_pymq__pb2.BrokerRuntimeInfoRequest.SerializeToString,
                 response_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.BrokerRuntimeInfoResponse.FromString,
                 _registered_method=True)
+        self.EndTransaction = channel.unary_unary(
+                '/pymq_proto.v1.Broker/EndTransaction',
+                request_serializer=pymq__proto_dot_v1_dot_pymq__pb2.EndTransactionRequest.SerializeToString,
+                response_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.EndTransactionResponse.FromString,
+                _registered_method=True)
+        self.TransactionStream = channel.unary_stream(
+                '/pymq_proto.v1.Broker/TransactionStream',
+                request_serializer=pymq__proto_dot_v1_dot_pymq__pb2.TransactionStreamRequest.SerializeToString,
+                response_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.CheckTransactionStateRequest.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -250,6 +260,18 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EndTransaction(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TransactionStream(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -347,6 +369,16 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.BrokerRuntimeInfo,
                     request_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.BrokerRuntimeInfoRequest.FromString,
                     response_serializer=pymq__proto_dot_v1_dot_pymq__pb2.BrokerRuntimeInfoResponse.SerializeToString,
+            ),
+            'EndTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndTransaction,
+                    request_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.EndTransactionRequest.FromString,
+                    response_serializer=pymq__proto_dot_v1_dot_pymq__pb2.EndTransactionResponse.SerializeToString,
+            ),
+            'TransactionStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.TransactionStream,
+                    request_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.TransactionStreamRequest.FromString,
+                    response_serializer=pymq__proto_dot_v1_dot_pymq__pb2.CheckTransactionStateRequest.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -863,6 +895,60 @@ class Broker:
             '/pymq_proto.v1.Broker/BrokerRuntimeInfo',
             pymq__proto_dot_v1_dot_pymq__pb2.BrokerRuntimeInfoRequest.SerializeToString,
             pymq__proto_dot_v1_dot_pymq__pb2.BrokerRuntimeInfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pymq_proto.v1.Broker/EndTransaction',
+            pymq__proto_dot_v1_dot_pymq__pb2.EndTransactionRequest.SerializeToString,
+            pymq__proto_dot_v1_dot_pymq__pb2.EndTransactionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TransactionStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/pymq_proto.v1.Broker/TransactionStream',
+            pymq__proto_dot_v1_dot_pymq__pb2.TransactionStreamRequest.SerializeToString,
+            pymq__proto_dot_v1_dot_pymq__pb2.CheckTransactionStateRequest.FromString,
             options,
             channel_credentials,
             insecure,

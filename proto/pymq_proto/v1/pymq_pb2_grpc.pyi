@@ -59,6 +59,8 @@ class BrokerStub:
     ViewMessage: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.ViewMessageRequest, _pymq_pb2.RecordsResponse]
     QueryMessage: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.QueryMessageRequest, _pymq_pb2.RecordsResponse]
     BrokerRuntimeInfo: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.BrokerRuntimeInfoRequest, _pymq_pb2.BrokerRuntimeInfoResponse]
+    EndTransaction: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.EndTransactionRequest, _pymq_pb2.EndTransactionResponse]
+    TransactionStream: _grpc.UnaryStreamMultiCallable[_pymq_pb2.TransactionStreamRequest, _pymq_pb2.CheckTransactionStateRequest]
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -84,6 +86,8 @@ class BrokerAsyncStub(BrokerStub):
     ViewMessage: _aio.UnaryUnaryMultiCallable[_pymq_pb2.ViewMessageRequest, _pymq_pb2.RecordsResponse]  # type: ignore[assignment]
     QueryMessage: _aio.UnaryUnaryMultiCallable[_pymq_pb2.QueryMessageRequest, _pymq_pb2.RecordsResponse]  # type: ignore[assignment]
     BrokerRuntimeInfo: _aio.UnaryUnaryMultiCallable[_pymq_pb2.BrokerRuntimeInfoRequest, _pymq_pb2.BrokerRuntimeInfoResponse]  # type: ignore[assignment]
+    EndTransaction: _aio.UnaryUnaryMultiCallable[_pymq_pb2.EndTransactionRequest, _pymq_pb2.EndTransactionResponse]  # type: ignore[assignment]
+    TransactionStream: _aio.UnaryStreamMultiCallable[_pymq_pb2.TransactionStreamRequest, _pymq_pb2.CheckTransactionStateRequest]  # type: ignore[assignment]
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     """RocketMQ's broker requests, one RPC each."""
@@ -220,5 +224,19 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _pymq_pb2.BrokerRuntimeInfoRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_pymq_pb2.BrokerRuntimeInfoResponse, _abc.Awaitable[_pymq_pb2.BrokerRuntimeInfoResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def EndTransaction(
+        self,
+        request: _pymq_pb2.EndTransactionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pymq_pb2.EndTransactionResponse, _abc.Awaitable[_pymq_pb2.EndTransactionResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def TransactionStream(
+        self,
+        request: _pymq_pb2.TransactionStreamRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_pymq_pb2.CheckTransactionStateRequest], _abc.AsyncIterator[_pymq_pb2.CheckTransactionStateRequest]]: ...
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

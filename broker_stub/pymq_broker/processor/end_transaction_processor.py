@@ -1,0 +1,89 @@
+"""END_TRANSACTION and the check-back channel (RocketMQ's EndTransactionProcessor and
+the broker-to-producer CHECK_TRANSACTION_STATE request, here a server stream)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+from pymq_proto.v1 import pymq_pb2
+
+from ..common.broker_exception import BrokerException
+from ..transaction.transactional_message_service import (
+    TransactionalMessageService,
+    TransactionCheck,
+)
+from .context import BrokerContext
+from .send_message_processor import wait_store_ok
+
+log = logging.getLogger(__name__)
+
+
+class ProducerManager:
+    """Producer groups with an open TransactionStream, and their pending checks."""
+
+    def __init__(self) -> None:
+        self.channels: dict[str, list[asyncio.Queue[TransactionCheck]]] = {}
+        self._next = 0
+
+    def register(self, group: str) -> asyncio.Queue[TransactionCheck]:
+        queue: asyncio.Queue[TransactionCheck] = asyncio.Queue()
+        self.channels.setdefault(group, []).append(queue)
+        return queue
+
+    def unregister(self, group: str, queue: asyncio.Queue[TransactionCheck]) -> None:
+        queues = self.channels.get(group, [])
+        if queue in queues:
+            queues.remove(queue)
+
+    def dispatch(self, check: TransactionCheck) -> bool:
+        """Hand a check to one live producer of its group; False if none is connected."""
+        queues = self.channels.get(check.producer_group)
+        if not queues:
+            return False
+        self._next += 1
+        queues[self._next % len(queues)].put_nowait(check)
+        return True
+
+
+class EndTransactionProcessor:
+    def __init__(self, ctx: BrokerContext, service: TransactionalMessageService,
+                 producers: ProducerManager) -> None:
+        self.ctx = ctx
+        self.service = service
+        self.producers = producers
+
+    async def end_transaction(
+        self, req: pymq_pb2.EndTransactionRequest
+    ) -> pymq_pb2.EndTransactionResponse:
+        if not req.msg_id:
+            raise BrokerException(
+                pymq_pb2.ILLEGAL_ARGUMENT, "end transaction needs the half message's msg_id"
+            )
+        if req.state == pymq_pb2.UNKNOW:
+            return pymq_pb2.EndTransactionResponse(resolved=False)
+        commit = req.state == pymq_pb2.COMMIT_MESSAGE
+        if not commit and req.state != pymq_pb2.ROLLBACK_MESSAGE:
+            raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT, f"unknown transaction state {req.state}")
+        resolved = req.msg_id in self.service.pending
+        result = self.service.end_transaction(req.msg_id, commit)
+        if result is not None:
+            await wait_store_ok(self.ctx, result)
+        return pymq_pb2.EndTransactionResponse(resolved=resolved)
+
+    async def transaction_stream(
+        self, req: pymq_pb2.TransactionStreamRequest
+    ) -> AsyncIterator[pymq_pb2.CheckTransactionStateRequest]:
+        if not req.producer_group:
+            raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT, "a transaction stream needs a producer_group")
+        queue = self.producers.register(req.producer_group)
+        try:
+            while True:
+                check = await queue.get()
+                yield pymq_pb2.CheckTransactionStateRequest(
+                    msg_id=check.msg_id, topic=check.topic, record=check.record,
+                    check_times=check.check_times,
+                )
+        finally:
+            self.producers.unregister(req.producer_group, queue)

@@ -1,0 +1,1 @@
+"""Transactional messages: half messages, end transaction, check-back."""

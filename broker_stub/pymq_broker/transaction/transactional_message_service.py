@@ -1,0 +1,232 @@
+"""TransactionalMessageService: half messages, their resolution, and check-back.
+
+A half message is stored in RMQ_SYS_TRANS_HALF_TOPIC (queue 0) with its real
+topic and queue in REAL_TOPIC / REAL_QID: consumers never see it. The producer
+ends the transaction: COMMIT_MESSAGE writes the message to its real topic,
+ROLLBACK_MESSAGE drops it; either way an op record in
+RMQ_SYS_TRANS_OP_HALF_TOPIC marks the half message done. Half messages left
+unresolved are checked back: after ``transactionTimeout``, then every
+``transactionCheckInterval``, the broker asks the producer group (RocketMQ
+re-puts the half message with TRANSACTION_CHECK_TIMES + 1, and so does pymq);
+after ``transactionCheckMax`` checks it is given up into
+TRANS_CHECK_MAX_TIME_TOPIC. Everything lives in the commit log, so it all
+survives a restart; the scan position is persisted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pymq_proto.record import (
+    HEADER,
+    HEADER_SIZE,
+    MessageConst,
+    decode_properties,
+    encode_properties,
+    split_tail,
+)
+
+from ..common.config_manager import ConfigManager
+from ..common.mix_all import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
+from ..manager.topic_config_manager import TopicConfigManager
+from ..store.commit_log import MessageToStore
+from ..store.message_store import DefaultMessageStore
+from ..store.results import PutMessageResult
+
+log = logging.getLogger(__name__)
+MC = MessageConst
+_DROP_ON_COMMIT = (MC.PROPERTY_TRANSACTION_PREPARED, MC.PROPERTY_REAL_TOPIC,
+                   MC.PROPERTY_REAL_QUEUE_ID, MC.PROPERTY_TRANSACTION_CHECK_TIMES)
+
+
+@dataclass
+class TransactionCheck:
+    """One check-back to send to a producer group."""
+
+    producer_group: str
+    msg_id: str
+    topic: str
+    record: bytes
+    check_times: int
+
+
+@dataclass(frozen=True)
+class TransactionConfig:
+    transaction_timeout: int = 6_000  # ms before the first check
+    transaction_check_interval: int = 60_000  # ms between checks
+    transaction_check_max: int = 15
+
+
+class TransactionalMessageService(ConfigManager):
+    def __init__(self, store: DefaultMessageStore, topics: TopicConfigManager, path: Path,
+                 config: TransactionConfig) -> None:
+        super().__init__(path)
+        self.store = store
+        self.topics = topics
+        self.config = config
+        self.check_offset = 0  # every half message before it is resolved
+        self.pending: dict[str, tuple[int, int]] = {}  # msg id -> (half queue offset, phy)
+        self.done: set[int] = set()  # resolved half queue offsets >= check_offset
+
+    def encode(self) -> dict[str, Any]:
+        return {"checkOffset": self.check_offset}
+
+    def decode(self, data: dict[str, Any]) -> None:
+        self.check_offset = int(data.get("checkOffset", 0))
+
+    def load(self) -> None:
+        """Rebuild pending transactions from the half and op queues."""
+        super().load()
+        op = self.store.consume_queue_table.get(TRANS_OP_HALF_TOPIC, {}).get(0)
+        if op is not None:
+            for _phy, rec in self._records(TRANS_OP_HALF_TOPIC, op.min_offset_in_queue):
+                body_len = HEADER.unpack_from(rec)[13]
+                half = int(rec[HEADER_SIZE : HEADER_SIZE + body_len] or b"-1")
+                if half >= self.check_offset:
+                    self.done.add(half)
+        for qoff, phy, rec in self._half_records(self.check_offset):
+            if qoff not in self.done:
+                props = self._props(rec)
+                self.pending[props.get(MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, str(phy))] = (qoff, phy)
+        self._advance()
+        if self.pending:
+            log.info("%d unresolved transaction(s) recovered", len(self.pending))
+
+    # -- records ----------------------------------------------------------------
+
+    def _records(self, topic: str, start: int) -> list[tuple[int, bytes]]:
+        cq = self.store.consume_queue_table.get(topic, {}).get(0)
+        if cq is None:
+            return []
+        entries = cq.get_entries(max(start, cq.min_offset_in_queue), cq.max_offset_in_queue)
+        out = []
+        for e in entries:
+            rec = self.store.look_message_by_offset(int(e["phy"]))
+            if rec is not None:
+                out.append((int(e["phy"]), rec))
+        return out
+
+    def _half_records(self, start: int) -> list[tuple[int, int, bytes]]:
+        out = []
+        for phy, rec in self._records(TRANS_HALF_TOPIC, start):
+            out.append((int(HEADER.unpack_from(rec)[5]), phy, rec))
+        return out
+
+    @staticmethod
+    def _props(rec: bytes) -> dict[str, str]:
+        h = HEADER.unpack_from(rec)
+        _t0, _t1, p0, p1 = split_tail(rec, 0, h[0], h[13])
+        return decode_properties(rec[p0:p1])
+
+    # -- prepare / end ----------------------------------------------------------
+
+    def prepare_message(self, topic: str, queue_id: int, msg: MessageToStore) -> PutMessageResult:
+        """Store a half message: invisible until its transaction is committed."""
+        props = decode_properties(msg.properties)
+        props[MC.PROPERTY_REAL_TOPIC] = topic
+        props[MC.PROPERTY_REAL_QUEUE_ID] = str(queue_id)
+        self.topics.create_system_topic(TRANS_HALF_TOPIC, 1)
+        half = MessageToStore(msg.body, msg.flag, encode_properties(props), msg.born_timestamp,
+                              msg.reconsume_times, msg.sys_flag)
+        result = self.store.put_messages(TRANS_HALF_TOPIC, 0, [half])
+        if result.ok:
+            uniq = props.get(MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, str(result.physical_offsets[0]))
+            self.pending[uniq] = (result.queue_offset, result.physical_offsets[0])
+        return result
+
+    def end_transaction(self, msg_id: str, commit: bool) -> PutMessageResult | None:
+        """Commit or roll back; None when the transaction was resolved (or given up) already."""
+        entry = self.pending.pop(msg_id, None)
+        if entry is None:
+            return None
+        qoff, phy = entry
+        result = None
+        if commit:
+            rec = self.store.look_message_by_offset(phy)
+            if rec is None:
+                log.error("half message %s at %d is gone; cannot commit", msg_id, phy)
+            else:
+                topic, qid, real = self._real_message(rec)
+                result = self.store.put_messages(topic, qid, [real])
+        self._mark_done(qoff)
+        return result
+
+    def _real_message(self, rec: bytes) -> tuple[str, int, MessageToStore]:
+        h = HEADER.unpack_from(rec)
+        props = self._props(rec)
+        topic = props.get(MC.PROPERTY_REAL_TOPIC, "")
+        qid = int(props.get(MC.PROPERTY_REAL_QUEUE_ID, "0") or 0)
+        for name in _DROP_ON_COMMIT:
+            props.pop(name, None)
+        body = rec[HEADER_SIZE : HEADER_SIZE + h[13]]
+        return topic, qid, MessageToStore(body, h[4], encode_properties(props), h[8], h[11], h[7])
+
+    def _mark_done(self, half_offset: int) -> None:
+        self.topics.create_system_topic(TRANS_OP_HALF_TOPIC, 1)
+        op = MessageToStore(str(half_offset).encode(), 0, encode_properties({MC.PROPERTY_TAGS: "d"}),
+                            int(time.time() * 1000))
+        self.store.put_messages(TRANS_OP_HALF_TOPIC, 0, [op])
+        self.done.add(half_offset)
+        self._advance()
+
+    def _advance(self) -> None:
+        moved = False
+        while self.check_offset in self.done:
+            self.done.discard(self.check_offset)
+            self.check_offset += 1
+            moved = True
+        cq = self.store.consume_queue_table.get(TRANS_HALF_TOPIC, {}).get(0)
+        if not self.pending and cq is not None and self.check_offset < cq.max_offset_in_queue:
+            self.check_offset = cq.max_offset_in_queue
+            self.done.clear()
+            moved = True
+        if moved:
+            self.persist()
+
+    # -- check-back -------------------------------------------------------------
+
+    def check(self, now_ms: int | None = None) -> list[TransactionCheck]:
+        """Half messages due for a check-back; gives up those past transactionCheckMax."""
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        cfg = self.config
+        checks = []
+        for msg_id, (qoff, phy) in sorted(self.pending.items(), key=lambda kv: kv[1][0]):
+            rec = self.store.look_message_by_offset(phy)
+            if rec is None:
+                self.pending.pop(msg_id, None)
+                self._mark_done(qoff)
+                continue
+            store_ts = HEADER.unpack_from(rec)[9]
+            props = self._props(rec)
+            times = int(props.get(MC.PROPERTY_TRANSACTION_CHECK_TIMES, "0") or 0)
+            wait = cfg.transaction_timeout if times == 0 else cfg.transaction_check_interval
+            if now_ms - store_ts < wait:
+                break  # later half messages are newer still
+            if times >= cfg.transaction_check_max:
+                topic, _qid, real = self._real_message(rec)
+                self.topics.create_system_topic(TRANS_CHECK_MAX_TIME_TOPIC, 1)
+                self.store.put_messages(TRANS_CHECK_MAX_TIME_TOPIC, 0, [real])
+                log.warning("transaction %s (topic %s) given up after %d checks", msg_id, topic, times)
+                self.pending.pop(msg_id, None)
+                self._mark_done(qoff)
+                continue
+            # re-put with one more check, then mark the old one done (RocketMQ's way)
+            props[MC.PROPERTY_TRANSACTION_CHECK_TIMES] = str(times + 1)
+            h = HEADER.unpack_from(rec)
+            again = MessageToStore(rec[HEADER_SIZE : HEADER_SIZE + h[13]], h[4],
+                                   encode_properties(props), h[8], h[11], h[7])
+            result = self.store.put_messages(TRANS_HALF_TOPIC, 0, [again])
+            if not result.ok:
+                continue
+            self.pending[msg_id] = (result.queue_offset, result.physical_offsets[0])
+            self._mark_done(qoff)
+            new_rec = self.store.look_message_by_offset(result.physical_offsets[0]) or rec
+            checks.append(TransactionCheck(
+                props.get(MC.PROPERTY_PRODUCER_GROUP, ""), msg_id,
+                props.get(MC.PROPERTY_REAL_TOPIC, ""), new_rec, times + 1,
+            ))
+        return checks

@@ -1,0 +1,170 @@
+"""TransactionProducer: RocketMQ's transactional messages.
+
+A half message is stored invisibly, the local transaction runs, and its outcome
+commits the message (consumers see it) or rolls it back (nobody ever does). If
+the producer dies before it says, the broker asks the producer group later
+(check-back) through ``check_listener``.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from pymq_proto.record import MessageConst
+from pymq_proto.v1 import pymq_pb2
+
+from ..errors import PymqError
+from .codec import decode_records
+from .message import Message, MessageExt, SendResult
+from .producer import Producer
+from .transport import BrokerClient
+
+__all__ = ["LocalTransactionState", "TransactionProducer", "TransactionSendResult"]
+
+log = logging.getLogger(__name__)
+
+
+class LocalTransactionState(enum.Enum):
+    COMMIT_MESSAGE = "COMMIT_MESSAGE"
+    ROLLBACK_MESSAGE = "ROLLBACK_MESSAGE"
+    UNKNOW = "UNKNOW"  # RocketMQ's spelling
+
+
+_STATE = {
+    LocalTransactionState.COMMIT_MESSAGE: pymq_pb2.COMMIT_MESSAGE,
+    LocalTransactionState.ROLLBACK_MESSAGE: pymq_pb2.ROLLBACK_MESSAGE,
+    LocalTransactionState.UNKNOW: pymq_pb2.UNKNOW,
+}
+
+
+@dataclass(frozen=True)
+class TransactionSendResult:
+    send_result: SendResult
+    local_transaction_state: LocalTransactionState
+
+    @property
+    def msg_id(self) -> str:
+        return self.send_result.msg_id
+
+
+def _state(value: object) -> LocalTransactionState:
+    return value if isinstance(value, LocalTransactionState) else LocalTransactionState.UNKNOW
+
+
+class TransactionProducer:
+    """Sends messages whose visibility follows a local transaction.
+
+    Args:
+        endpoint: ``host:port`` of a broker.
+        producer_group: the group the broker asks when a transaction is unresolved.
+        check_listener: ``f(MessageExt) -> LocalTransactionState``, RocketMQ's
+            ``checkLocalTransaction``: called on a background thread for a half
+            message whose outcome the broker does not know (after
+            ``transactionTimeout``, then every ``transactionCheckInterval``, at most
+            ``transactionCheckMax`` times). Exceptions count as UNKNOW.
+
+    Example::
+
+        def check(msg):
+            return (LocalTransactionState.COMMIT_MESSAGE if order_saved(msg.keys[0])
+                    else LocalTransactionState.ROLLBACK_MESSAGE)
+
+        with TransactionProducer("127.0.0.1:8081", "orders-tx", check) as producer:
+            producer.send_message_in_transaction(
+                Message("orders", b"...", keys=["o-7"]), lambda msg, arg: save_order(arg), arg=order)
+
+    Transactional messages cannot be delayed or batched.
+    """
+
+    def __init__(
+        self, endpoint: str, producer_group: str,
+        check_listener: Callable[[MessageExt], LocalTransactionState], *,
+        send_msg_timeout_ms: int = 3000,
+    ) -> None:
+        if not producer_group:
+            raise ValueError("a transaction producer needs a producer_group")
+        if not callable(check_listener):
+            raise TypeError(f"check_listener must be callable, got {type(check_listener).__name__}")
+        self.producer_group = producer_group
+        self.check_listener = check_listener
+        self._producer = Producer(endpoint, producer_group=producer_group,
+                                  send_msg_timeout_ms=send_msg_timeout_ms)
+        self._client = BrokerClient(endpoint, send_msg_timeout_ms / 1000.0)
+        self._closed = threading.Event()
+        self._stream: Any = None
+        self._thread = threading.Thread(target=self._serve_checks, name="pymq-tx-checks", daemon=True)
+        self._thread.start()
+
+    def send_message_in_transaction(
+        self, message: Message,
+        execute_local_transaction: Callable[[Message, Any], LocalTransactionState],
+        arg: Any = None,
+    ) -> TransactionSendResult:
+        """Send a half message, run the local transaction, then commit or roll back.
+
+        An exception in the local transaction counts as UNKNOW: the broker will
+        check back later.
+        """
+        if message.delay_level:
+            raise ValueError("transactional messages cannot be delayed: set delay_level=0")
+        half = Message(
+            message.topic, message.body, tags=message.tags, keys=message.keys,
+            properties={**message.properties, MessageConst.PROPERTY_TRANSACTION_PREPARED: "true",
+                        MessageConst.PROPERTY_PRODUCER_GROUP: self.producer_group},
+            sharding_key=message.sharding_key, flag=message.flag,
+        )
+        result = self._producer.send_sync(half)
+        try:
+            state = _state(execute_local_transaction(message, arg))
+        except Exception:
+            log.exception("local transaction of %s failed: the broker will check back", result.msg_id)
+            state = LocalTransactionState.UNKNOW
+        self._end(result.msg_id, state, from_check=False)
+        return TransactionSendResult(result, state)
+
+    def _end(self, msg_id: str, state: LocalTransactionState, *, from_check: bool) -> None:
+        try:
+            self._client.call("EndTransaction", pymq_pb2.EndTransactionRequest(
+                producer_group=self.producer_group, msg_id=msg_id, state=_STATE[state],
+                from_transaction_check=from_check,
+            ))
+        except PymqError as err:  # the check-back will ask again
+            log.warning("end transaction %s (%s) failed: %s", msg_id, state.value, err)
+
+    def _serve_checks(self) -> None:
+        """Keep a TransactionStream open and answer the broker's check-backs."""
+        while not self._closed.is_set():
+            try:
+                self._stream = self._client.stub.TransactionStream(
+                    pymq_pb2.TransactionStreamRequest(producer_group=self.producer_group)
+                )
+                for check in self._stream:
+                    msg = decode_records(check.record, "")[0]
+                    msg.topic = check.topic  # show the real topic, not the half topic
+                    try:
+                        state = _state(self.check_listener(msg))
+                    except Exception:
+                        log.exception("check listener failed for %s", check.msg_id)
+                        state = LocalTransactionState.UNKNOW
+                    self._end(check.msg_id, state, from_check=True)
+            except grpc.RpcError:
+                pass
+            self._closed.wait(0.5)
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._stream is not None:
+            self._stream.cancel()
+        self._producer.close()
+
+    def __enter__(self) -> TransactionProducer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
