@@ -117,11 +117,10 @@ def test_half_messages_survive_a_broker_crash(tmp_path: Path) -> None:
 
 def test_transactional_messages_refuse_delay_and_batches(tx_broker: BrokerProcess) -> None:
     ep = tx_broker.endpoint
-    with TransactionProducer(ep, "tx", lambda m: UNKNOW) as producer:
-        with pytest.raises(ValueError, match="delayed"):
-            producer.send_message_in_transaction(
-                Message("orders", b"x", delay_level=2), lambda m, a: COMMIT
-            )
+    producer = TransactionProducer(ep, "tx", lambda m: UNKNOW)
+    with pytest.raises(ValueError, match="delayed"):
+        producer.send_message_in_transaction(Message("orders", b"x", delay_level=2), lambda m, a: COMMIT)
+    producer.close()
     tx = {"TRAN_MSG": "true", "PGROUP": "tx"}
     with pytest.raises(MessageIllegalError, match="batch"):
         Producer(ep).send_batch([Message("orders", b"a", properties=tx),
