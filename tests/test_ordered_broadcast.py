@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pyarrow.dataset as ds
 import pytest
+from helpers import unique
 from pyspark_pymq import Admin, Message, MessageExt, Producer
 from pyspark_pymq.spark.listener import (
     ConsumeConcurrentlyStatus,
@@ -17,10 +17,6 @@ from pyspark_pymq.spark.listener import (
 )
 
 pytestmark = pytest.mark.spark
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 def test_ordered_messages_keep_per_key_order_and_retry_in_place(

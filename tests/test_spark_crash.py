@@ -19,24 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyspark_pymq import Admin, Message, Producer, PullConsumer
+from helpers import read_all
+from pyspark_pymq import Admin, Message, Producer
 
 pytestmark = pytest.mark.spark
 JOB = Path(__file__).resolve().parent / "jobs" / "forward_job.py"
 
 
 def count(endpoint: str, topic: str) -> Counter[bytes]:
-    consumer = PullConsumer(endpoint, "verify")
-    out: Counter[bytes] = Counter()
-    for mq in consumer.queues(topic):
-        offset = 0
-        while True:
-            r = consumer.pull(mq, offset, 10_000)
-            if not r.messages:
-                break
-            out.update(m.body for m in r.messages)
-            offset = r.next_begin_offset
-    return out
+    return Counter(m.body for m in read_all(endpoint, topic))
 
 
 def test_kill9_driver_mid_stream_then_restart_loses_nothing(shared_broker: Any, tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -12,30 +11,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
+from helpers import read_all, unique
 from pyspark_pymq import Admin, Message, MessageExt, Producer, PullConsumer
 from pyspark_pymq.spark.listener import ConsumeConcurrentlyStatus, MessageListener
 from pyspark_pymq.spark.sink_options import parse_sink_options
 from pyspark_pymq.spark.writer import write_partition
 
 pytestmark = pytest.mark.spark
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-def read_all(endpoint: str, topic: str) -> list[MessageExt]:
-    consumer = PullConsumer(endpoint, "verify")
-    out: list[MessageExt] = []
-    for mq in consumer.queues(topic):
-        offset = 0
-        while True:
-            r = consumer.pull(mq, offset, 10_000)
-            if not r.messages:
-                break
-            out.extend(r.messages)
-            offset = r.next_begin_offset
-    return out
 
 
 def test_batch_write_sends_every_row_with_its_columns(spark: Any, shared_broker: Any) -> None:
@@ -229,7 +211,7 @@ def test_listener_stream_retries_failures_and_dead_letters_poison(
          .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(processingTime="200 milliseconds")
          .start())
     admin = Admin(ep)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300  # generous: CI machines are shared
     try:
         while time.monotonic() < deadline:
             assert q.isActive, f"query stopped: {q.exception()}"
@@ -237,6 +219,11 @@ def test_listener_stream_retries_failures_and_dead_letters_poison(
             if done and len(admin.dead_letter_messages(group)) >= len(poison):
                 break
             time.sleep(0.5)
+        else:
+            raise AssertionError(
+                f"not done in time: {ds.dataset(str(out)).count_rows() if out.exists() else 0} rows, "
+                f"{len(admin.dead_letter_messages(group))} dead letters"
+            )
     finally:
         q.stop()
     table = ds.dataset(str(out)).to_table().to_pylist()

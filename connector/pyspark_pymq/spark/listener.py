@@ -51,8 +51,7 @@ from pymq_proto.record import MessageConst as MC
 from ..client.consumer import PullConsumer
 from ..client.message import MessageExt
 from ..client.transport import check_endpoint
-from ..errors import PymqError
-from .rows import messages_from_batch
+from .rows import messages_from_batch, send_back_acknowledged
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -66,7 +65,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-SEND_BACK_ATTEMPTS = 4
 
 
 class ConsumeConcurrentlyStatus(enum.Enum):
@@ -119,17 +117,8 @@ def _call(listener: Listener, msgs: list[MessageExt]) -> tuple[bool, str, str]:
 
 def _send_back(consumer: PullConsumer, cfg: _Config, failed: list[tuple[MessageExt, dict[str, str]]],
                level: int, stats: ConsumeStats) -> None:
-    for attempt in range(SEND_BACK_ATTEMPTS):
-        try:
-            results = consumer.send_back_batch(
-                [m for m, _ in failed], delay_level=level,
-                max_reconsume_times=cfg.max_reconsume_times, reasons=[r for _, r in failed],
-            )
-            break
-        except PymqError:
-            if attempt + 1 == SEND_BACK_ATTEMPTS:
-                raise
-            time.sleep(0.5 * 2**attempt)
+    results = send_back_acknowledged(consumer, failed, level, cfg.max_reconsume_times,
+                                     "message(s) the listener failed")
     dead = sum(r.dead_letter for r in results)
     stats.dead_letters += dead
     stats.reconsume_later += len(results) - dead

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pymq_proto.record import MessageConst
 
+from ..client.consumer import PullConsumer, SendBackResult
 from ..client.message import MessageExt
+from ..errors import PymqError
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["column", "messages_from_batch"]
+__all__ = ["SEND_BACK_ATTEMPTS", "column", "messages_from_batch", "send_back_acknowledged"]
+
+SEND_BACK_ATTEMPTS = 4
+Failed = list[tuple[MessageExt, dict[str, str]]]
 
 _FIELDS = ("topic", "queue_id", "broker_name", "queue_offset", "msg_id", "offset_msg_id",
            "commit_log_offset", "body", "tags", "keys", "properties", "born_timestamp",
@@ -68,3 +74,30 @@ def messages_from_batch(batch: pa.RecordBatch) -> list[MessageExt]:
             reconsume_times=cols["reconsume_times"][i] or 0,
         ))
     return out
+
+
+def send_back_acknowledged(
+    consumer: PullConsumer, failed: Failed, delay_level: int, max_reconsume_times: int | None,
+    where: str,
+) -> list[SendBackResult]:
+    """Send ``failed`` (message, reason) back, retrying with backoff until acknowledged.
+
+    A micro-batch must not complete before its send backs are acknowledged:
+    after SEND_BACK_ATTEMPTS the error is raised, so the task fails and Spark
+    runs it again (at-least-once). ``where`` says which rows, for the message.
+    """
+    for attempt in range(SEND_BACK_ATTEMPTS):
+        try:
+            return consumer.send_back_batch(
+                [m for m, _ in failed], delay_level=delay_level,
+                max_reconsume_times=max_reconsume_times, reasons=[r for _, r in failed],
+            )
+        except PymqError as err:
+            if attempt + 1 == SEND_BACK_ATTEMPTS:
+                raise type(err)(
+                    f"could not send {len(failed)} {where} back to %RETRY%{consumer.group}: "
+                    f"{err.remark}; the task fails so that Spark runs it again",
+                    code=err.code,
+                ) from err
+            time.sleep(0.5 * 2**attempt)
+    raise AssertionError("unreachable")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from ..client.consumer import PullConsumer
 from ..client.message import MessageExt
 from ..client.producer import Producer
 from ..errors import PymqError
-from .rows import column, messages_from_batch
+from .rows import column, messages_from_batch, send_back_acknowledged
 from .sink_options import SinkOptions
 
 if TYPE_CHECKING:
@@ -46,7 +45,6 @@ __all__ = ["PymqSinkWriter", "PymqStreamSinkWriter", "SinkCommitMessage", "write
 log = logging.getLogger(__name__)
 
 SEND_BACK_CHUNK = 1000
-SEND_BACK_ATTEMPTS = 4
 
 
 @dataclass
@@ -224,22 +222,10 @@ def _send_back_rows(
 
     def flush(level: int, items: list[tuple[MessageExt, dict[str, str]]]) -> None:
         nonlocal dead, fallbacks
-        for attempt in range(SEND_BACK_ATTEMPTS):
-            try:
-                results = consumer.send_back_batch(
-                    [m for m, _ in items], delay_level=level,
-                    max_reconsume_times=opts.max_reconsume_times, reasons=[r for _, r in items],
-                )
-                break
-            except PymqError as err:
-                if attempt + 1 == SEND_BACK_ATTEMPTS:
-                    raise type(err)(
-                        f"could not send {len(items)} row(s) of partition {ids.partition_id} of "
-                        f"batch {ids.batch_id} back to %RETRY%{opts.consumer_group}: {err.remark}; "
-                        "the task fails so that Spark runs it again",
-                        code=err.code,
-                    ) from err
-                time.sleep(0.5 * 2**attempt)
+        results = send_back_acknowledged(
+            consumer, items, level, opts.max_reconsume_times,
+            f"row(s) of partition {ids.partition_id} of batch {ids.batch_id}",
+        )
         dead += sum(r.dead_letter for r in results)
         fallbacks += sum(r.fallback for r in results)
 
