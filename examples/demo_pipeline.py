@@ -1,92 +1,138 @@
-"""The demo pipeline on an embedded broker: produce, consume with retries, dead letters.
+"""The full demo: an embedded broker, Spark Structured Streaming, retries, dead letters, Delta Lake.
 
-    make demo        # or: python examples/demo_pipeline.py
+    make demo        # or: python examples/demo_pipeline.py [--out out] [--orders 2000]
 
-A producer sends orders, some of them poison. A clustering consumer processes
-them; a failure is sent back to %RETRY%<group>, returns after a growing delay
-(fast delay levels here, so the whole ladder runs in seconds) and, after
-maxReconsumeTimes, lands in %DLQ%<group>. Nothing is lost, the consumer never
-stops. The run ends with a summary.
+1. An embedded broker starts, with fast delay levels so that the whole retry
+   ladder runs in seconds instead of hours.
+2. A producer sends orders in a few waves: 1 in 10 is flaky (its payment
+   times out the first time), 1 in 100 is poison (an invalid amount, it always
+   fails).
+3. A streaming query reads them with ``format("pymq")`` (consumer group
+   ``billing``, ``%RETRY%billing`` included) and, in ``foreachBatch``, a
+   RocketMQ-style listener charges each order. Failures go back to
+   ``%RETRY%billing`` and come back later; after 3 retries they land in
+   ``%DLQ%billing``. The stream never fails.
+4. The orders charged go to a Delta table, exactly once (``txnAppId`` /
+   ``txnVersion``, see ``examples/delta_pipeline.py``).
+5. When every good order is in the table and every poison one in the DLQ, the
+   query stops, a summary is printed and two charts are written: lag per queue
+   and retries / dead letters per group.
+
+Everything goes under ``--out`` (default ``./out``): the Delta table, the
+checkpoint and the charts; a previous run's table and checkpoint are removed
+first (the embedded broker is new on every run). The first run downloads the
+Delta jars from Maven Central.
 """
 
 from __future__ import annotations
 
-import json
+import argparse
+import shutil
+import threading
 import time
+from pathlib import Path
 
+from delta_pipeline import (  # first: puts the repository's pymq on the path for Spark too
+    commit_last_batch,
+    delta_spark_session,
+    order_json,
+    start_pipeline,
+    wait_until_done,
+)
 from pymq_broker import EmbeddedBroker
-from pyspark_pymq import Admin, Message, MessageExt, Producer, PullConsumer
+from pyspark_pymq import Admin, Message, Producer
+from pyspark_pymq.charts import plot_lag, plot_retry_dlq, retry_dlq_counts
 
 FAST_DELAY_LEVELS = " ".join(["50ms"] * 3 + ["100ms"] * 15)
 TOPIC, GROUP = "orders", "billing"
-ORDERS, FLAKY_EVERY, POISON_EVERY, MAX_RECONSUME = 2000, 10, 100, 3
+FLAKY_EVERY, POISON_EVERY, MAX_RECONSUME, WAVES = 10, 100, 3, 4
 
 
-def process(order: dict[str, object], attempt: int) -> None:
-    """Business logic: poison orders always fail, flaky ones fail on the first try."""
-    if order["poison"]:
-        raise ValueError(f"order {order['id']} has an invalid amount")
-    if order["flaky"] and attempt == 0:
-        raise TimeoutError(f"payment service timed out for order {order['id']}")
+def is_poison(i: int) -> bool:
+    return i % POISON_EVERY == 7
 
 
-def main() -> None:
+def is_flaky(i: int) -> bool:
+    return i % FLAKY_EVERY == 3
+
+
+def produce(endpoint: str, orders: int) -> None:
+    """Send the orders in a few waves, as a live producer would."""
+    per_wave = -(-orders // WAVES)
+    with Producer(endpoint) as producer:
+        for start in range(0, orders, per_wave):
+            producer.send_batch([
+                Message(TOPIC, order_json(i, poison=is_poison(i), flaky=is_flaky(i)),
+                        keys=[f"order-{i}"])
+                for i in range(start, min(orders, start + per_wave))
+            ])
+            time.sleep(0.5)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="pymq demo: broker -> Spark -> Delta Lake")
+    p.add_argument("--out", default="out", help="directory for the Delta table and charts")
+    p.add_argument("--orders", type=int, default=2000)
+    args = p.parse_args(argv)
+    out = Path(args.out).resolve()
+    table, checkpoint, spark_log = out / "orders_delta", out / "checkpoint", out / "spark.log"
+    for old in (table, checkpoint):
+        shutil.rmtree(old, ignore_errors=True)
+    spark_log.unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    orders = args.orders
+    expected_dead = sum(1 for i in range(orders) if is_poison(i))
+    started = time.monotonic()
+
     with EmbeddedBroker(message_delay_level=FAST_DELAY_LEVELS) as broker:
         admin = Admin(broker.endpoint)
         admin.create_topic(TOPIC, queues=4)
-        with Producer(broker.endpoint) as producer:
-            producer.send_batch([
-                Message(TOPIC, json.dumps({"id": i, "poison": i % POISON_EVERY == 7,
-                                           "flaky": i % FLAKY_EVERY == 3}), keys=[f"order-{i}"])
-                for i in range(ORDERS)
-            ])
-        print(f"produced {ORDERS} orders to {TOPIC!r} on {broker.endpoint}")
+        print(f"broker on {broker.endpoint}; starting Spark with Delta Lake "
+              f"(its log: {spark_log})...", flush=True)
+        spark = delta_spark_session("pymq-demo", spark_log=spark_log)
+        query, progress = start_pipeline(
+            spark, broker.endpoint, TOPIC, GROUP, str(table), str(checkpoint),
+            max_reconsume=MAX_RECONSUME,
+        )
+        producer = threading.Thread(target=produce, args=(broker.endpoint, orders), daemon=True)
+        producer.start()
+        print(f"producing {orders} orders to {TOPIC!r} ({expected_dead} poison, "
+              f"1 in {FLAKY_EVERY} flaky)", flush=True)
+        try:
+            wait_until_done(query, progress, admin, GROUP, orders - expected_dead, expected_dead)
+        finally:
+            query.stop()
+        producer.join()
+        commit_last_batch(query, broker.endpoint, GROUP)
 
-        consumer = PullConsumer(broker.endpoint, GROUP)
-        queues = consumer.queues(TOPIC) + consumer.retry_queues()
-        offsets = {mq: max(consumer.committed(mq), 0) for mq in queues}
-        delivered: set[int] = set()
-        retried = 0
-        expected_dead = sum(1 for i in range(ORDERS) if i % POISON_EVERY == 7)
-        started = time.monotonic()
-
-        def handle(m: MessageExt) -> None:
-            nonlocal retried
-            order = json.loads(m.body)
-            try:
-                process(order, m.reconsume_times)
-                delivered.add(int(order["id"]))
-            except Exception as err:  # RECONSUME_LATER: back to %RETRY%, later the DLQ
-                retried += 1
-                consumer.send_back(m, max_reconsume_times=MAX_RECONSUME,
-                                   reason=f"{type(err).__name__}: {err}")
-
-        def finished() -> bool:
-            return (len(delivered) == ORDERS - expected_dead
-                    and len(admin.dead_letter_messages(GROUP)) == expected_dead)
-
-        while not finished():
-            if time.monotonic() - started > 120:
-                raise SystemExit("demo did not finish in 120 s")
-            for mq in queues:
-                result = consumer.pull(mq, offsets[mq], 256, suspend_timeout_ms=10)
-                for m in result.messages:
-                    handle(m)
-                offsets[mq] = result.next_begin_offset
-            consumer.commit_offsets(offsets)
-
+        rows = spark.read.format("delta").load(str(table))
+        delivered = rows.count()
+        distinct = rows.select("msg_id").distinct().count()
+        after_retry = rows.filter("reconsume_times > 0").count()
+        counts = retry_dlq_counts(admin, [GROUP]).iloc[0]
         dead = admin.dead_letters(GROUP)
         lag = int(admin.group_progress(GROUP)["lag"].sum())
+        charts = [out / "lag.png", out / "retry_dlq.png"]
+        plot_lag(admin, GROUP, path=charts[0])
+        plot_retry_dlq(admin, [GROUP], path=charts[1])
         print()
         print("summary")
-        print(f"  delivered      {len(delivered)}")
-        print(f"  retried        {retried} (sent back to %RETRY%{GROUP})")
-        print(f"  dead-lettered  {len(dead)} (in %DLQ%{GROUP}, each after {MAX_RECONSUME} retries)")
+        print(f"  delivered      {delivered} (in the Delta table {table}, "
+              f"{delivered - distinct} duplicates; {after_retry} after a retry)")
+        print(f"  retried        {counts['retried']} (sent back to %RETRY%{GROUP})")
+        print(f"  dead-lettered  {counts['dead_letters']} "
+              f"(in %DLQ%{GROUP}, each after {MAX_RECONSUME} retries)")
         print(f"  lag            {lag}")
+        print(f"  micro-batches  {progress.batches}")
         print(f"  took           {time.monotonic() - started:.1f} s")
         print()
         print("first dead letters:")
         print(dead[["origin_topic", "reconsume_times", "reason"]].head(3).to_string(index=False))
+        print()
+        print("charts:")
+        for chart in charts:
+            print(f"  {chart}")
+        spark.stop()
 
 
 if __name__ == "__main__":

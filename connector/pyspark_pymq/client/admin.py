@@ -144,6 +144,20 @@ class Admin:
              "max_offset", "last_store_timestamp"],
         )
 
+    def groups(self) -> pd.DataFrame:
+        """One row per consumer group the broker knows: its retry settings."""
+        resp = self._client.call("ListGroups", pymq_pb2.ListGroupsRequest())
+        rows = [
+            {
+                "group": g.group_name,
+                "retry_max_times": g.retry_max_times,
+                "retry_queue_nums": g.retry_queue_nums,
+                "consume_from_where": g.consume_from_where,
+            }
+            for g in resp.groups
+        ]
+        return _frame(rows, ["group", "retry_max_times", "retry_queue_nums", "consume_from_where"])
+
     def topic_stats(self, name: str) -> pd.DataFrame:
         """One row per queue of ``name``: min/max offset, message count, last store time."""
         resp = self._client.call("TopicStats", pymq_pb2.TopicStatsRequest(topic=name))

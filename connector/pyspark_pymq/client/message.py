@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 import os
-import struct
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -114,7 +113,6 @@ class Message:
 
 _uniq_lock = threading.Lock()
 _uniq_counter = 0
-_UNIQ_PREFIX = struct.pack(">iH", os.getpid() & 0x7FFFFFFF, 0).hex()
 
 
 def new_uniq_key() -> str:
@@ -123,7 +121,9 @@ def new_uniq_key() -> str:
     with _uniq_lock:
         _uniq_counter += 1
         n = _uniq_counter
-    return f"{_UNIQ_PREFIX}{time.time_ns() // 1000 & 0xFFFFFFFFFFFF:012X}{n & 0xFFFFFFFF:08X}"
+    # pid (a forked Spark worker gets its own), microseconds, counter: 32 hex digits
+    micros = time.time_ns() // 1000 & 0xFFFFFFFFFFFF
+    return f"{os.getpid() & 0xFFFFFFFF:08X}0000{micros:012X}{n & 0xFFFFFFFF:08X}"
 
 
 def encode_message_properties(msg: Message, uniq_key: str) -> bytes:

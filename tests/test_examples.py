@@ -1,0 +1,116 @@
+"""Every example runs, and says what it should: scripts as subprocesses, the notebook headless.
+
+``examples/delta_pipeline.py`` is run (and killed) by test_delta_pipeline.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def run_example(name: str, *args: str, timeout: float = 300, cwd: Path = ROOT) -> str:
+    """Run ``examples/<name>`` with this interpreter; its stdout (fails on a non-zero exit)."""
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args],
+        capture_output=True, text=True, timeout=timeout, cwd=cwd,
+    )
+    assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return proc.stdout
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == PNG_MAGIC
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_quickstart_client() -> None:
+    out = run_example("quickstart_client.py")
+    assert re.match(r"sent [0-9A-Fa-f]{32} to orders@broker-a#\d offset 0\n", out)
+    pulled = re.findall(r"^orders@broker-a#\d (?:FOUND|NO_NEW_MSG) (\d+) messages$", out, re.M)
+    assert len(pulled) == 4 and sum(map(int, pulled)) == 100
+    lags = re.findall(r"^quickstart orders +broker-a +\d +\d+ +\d+ +(\d+)$", out, re.M)
+    assert lags == ["0"] * 4
+
+
+def test_retry_dead_letters_walkthrough() -> None:
+    out = run_example("retry_dead_letters.py")
+    lines = out.splitlines()
+    failures = [line for line in lines if line.startswith("  order-3 from") and "FAILED" in line]
+    assert [f.split(":")[0] + f.split("->")[1] for f in failures] == [
+        "  order-3 from orders (reconsume_times=0) %RETRY%billing",
+        "  order-3 from %RETRY%billing (reconsume_times=1) %RETRY%billing",
+        "  order-3 from %RETRY%billing (reconsume_times=2) %DLQ%billing",
+    ]
+    for i in (1, 2, 4):
+        assert f"  order-{i} from orders (reconsume_times=0): charged" in lines
+    assert re.search(r"^billing\s+2\s+0\s+1$", out, re.M)  # retried, pending, dead letters
+    assert "re-sent 1 dead letter(s) to 'orders'" in out
+    after_resend = lines[lines.index("   re-sent 1 dead letter(s) to 'orders'"):]
+    assert "  order-3 from orders (reconsume_times=0): charged" in after_resend
+    assert lines[-1] == "4. purged: %DLQ%billing has 0 message(s); lag 0"
+
+
+@pytest.mark.spark
+def test_quickstart_streams_and_resumes_from_its_checkpoint() -> None:
+    out = run_example("quickstart.py")
+    assert "sent 100 orders to 'orders'" in out
+    assert "first run: read 100 orders" in out
+    assert re.findall(r"^\|\s+(\d)\|\s+25\|\s+24\|$", out, re.M) == ["0", "1", "2", "3"]
+    assert "second run (same checkpoint): read 50 new orders" in out
+
+
+@pytest.mark.spark
+def test_demo_pipeline_runs_to_its_summary(tmp_path: Path) -> None:
+    """``make demo``: broker, poison orders, the stream with retries, Delta, summary, charts."""
+    out = run_example("demo_pipeline.py", "--out", str(tmp_path / "out"))
+    summary = out[out.index("\nsummary\n"):]
+    table = tmp_path / "out" / "orders_delta"
+    assert f"  delivered      1980 (in the Delta table {table}, 0 duplicates; 200 after a retry)" \
+        in summary
+    assert "  retried        260 (sent back to %RETRY%billing)" in summary  # 200 flaky + 20 x 3
+    assert "  dead-lettered  20 (in %DLQ%billing, each after 3 retries)" in summary
+    assert "  lag            0" in summary
+    assert re.search(r"^ +orders +4 +order \d*7: invalid amount -1.0$", summary, re.M)
+    assert (table / "_delta_log").is_dir()
+    for chart in ("lag.png", "retry_dlq.png"):
+        path = tmp_path / "out" / chart
+        assert f"  {path}" in summary
+        width, height = png_size(path.read_bytes())
+        assert width > 600 and height > 250
+
+
+def test_explore_topics_notebook_runs_headless(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Executed with nbclient: no error, its tables and its two charts are in the outputs."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    monkeypatch.delenv("PYMQ_ENDPOINT", raising=False)  # the notebook's own embedded broker
+    nb = nbformat.read(EXAMPLES / "explore_topics.ipynb", as_version=4)
+    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")  # stored clean
+    NotebookClient(nb, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(EXAMPLES)}}).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert [o for o in outputs if o.output_type == "error"] == []
+    tables = [o.data["text/html"] for o in outputs if "text/html" in o.get("data", {})]
+    assert len(tables) >= 7 and all("<table" in t for t in tables)
+    html = "\n".join(tables)
+    for expected in ("%DLQ%billing", "%RETRY%billing", "SCHEDULE_TOPIC_XXXX", "analytics",
+                     "order-7", "invalid amount"):
+        assert expected in html
+    images = [base64.b64decode(o.data["image/png"]) for o in outputs if "image/png" in o.get("data", {})]
+    assert len(images) == 2  # lag per queue, retries and dead letters per group
+    for image in images:
+        width, height = png_size(image)
+        assert width > 500 and height > 200
+    text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    assert "re-sent 8 dead letter(s); %DLQ%billing now holds 0" in text
