@@ -23,6 +23,7 @@ from pymq_proto.v1 import pymq_pb2
 from pyspark_pymq import Admin, Message, MessageQueue, Producer, PullConsumer
 from pyspark_pymq.client.transport import BrokerClient
 from pyspark_pymq.spark.data_source import PymqDataSource
+from pyspark_pymq.spark.schema import source_schema
 
 pytestmark = pytest.mark.spark
 
@@ -164,7 +165,7 @@ def test_format_found_without_register_and_with_register(spark: Any, ep: str) ->
     spark.dataSource.register(PymqDataSource)
     df = spark.read.format("pymq").option("endpoint", ep).option("topic", topic).load()
     rows = df.collect()
-    assert len(rows) == 10 and df.schema == PymqDataSource({}).schema()
+    assert len(rows) == 10 and df.schema == source_schema()
     row = rows[0].asDict()
     assert row["topic"] == topic and row["broker_name"] and row["retry_topic"] is None
     assert row["keys"] and row["properties"]["UNIQ_KEY"] == row["msg_id"]
@@ -482,6 +483,12 @@ def test_unknown_topic_and_unreachable_broker_fail_at_start(
 
 
 def test_bad_options_fail_with_their_message(spark: Any, ep: str, tmp_path: Path) -> None:
+    # caught at load(), before Spark knows stream or batch
+    with pytest.raises(Exception, match="pymq option endpoint is required"):
+        spark.readStream.format("pymq").option("topic", "t").load()
+    with pytest.raises(Exception, match="Did you mean 'startingOffsets'"):
+        spark.read.format("pymq").option("endpoint", ep).option("topic", "t") \
+            .option("startingOffset", "earliest").load()
     df = stream(spark, ep, "t")  # no consumerGroup
     message = run_expecting_failure(df, tmp_path / "o", tmp_path / "c")
     assert "consumerGroup is required" in message

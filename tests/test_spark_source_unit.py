@@ -6,30 +6,41 @@ rely on, and run in well under a second.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
+import random
+from typing import Any
 
 import pyarrow as pa
 import pytest
 from pymq_proto.record import encode_properties, encode_record, store_host_bytes
 from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from pyspark_pymq.client.codec import decode_records as decode_messages
 from pyspark_pymq.client.message import MessageQueue
 from pyspark_pymq.spark.data_loss import DataLossError, report_data_loss
+from pyspark_pymq.spark.micro_batch_stream import PymqMicroBatchStream
 from pyspark_pymq.spark.offset_range import (
     OffsetRange,
     limit_offsets,
     plan_ranges,
     split_ranges,
 )
+from pyspark_pymq.spark.offset_reader import QueueBounds
 from pyspark_pymq.spark.options import (
     ConsumeFromWhere,
     MessageModel,
     StartKind,
     parse_source_options,
 )
-from pyspark_pymq.spark.record_batch import decode_records, empty_batch, messages_to_batch
+from pyspark_pymq.spark.record_batch import (
+    decode_records,
+    empty_batch,
+    find_record_starts,
+    messages_to_batch,
+)
 from pyspark_pymq.spark.schema import COLUMNS, SOURCE_DDL, arrow_schema, source_schema
 from pyspark_pymq.spark.source_offset import (
     INITIAL,
@@ -143,6 +154,36 @@ def test_bad_options_name_option_value_and_fix(
         assert needle in str(info.value), str(info.value)
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        batch(),
+        stream(maxMessagesPerTrigger="5", startingOffsets="latest"),
+        batch(lastMessagesPerQueue="5", endingOffsets="latest"),
+        stream(consumeFromWhere="CONSUME_FROM_FIRST_OFFSET"),
+        {"endpoint": EP, "topic": "t", "messageModel": "BROADCASTING"},
+    ],
+)
+def test_load_time_check_accepts_what_a_stream_or_a_batch_read_accepts(
+    raw: dict[str, str],
+) -> None:
+    parse_source_options(raw, stream=None)
+
+
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        ({"topic": "t"}, "endpoint is required"),
+        (batch(startingOffset="earliest"), "Did you mean 'startingOffsets'"),
+        (batch(failOnDataLoss="maybe"), "failOnDataLoss='maybe'"),
+        (batch(startingOffsets="earliest", lastMessagesPerQueue="3"), "cannot be used together"),
+    ],
+)
+def test_load_time_check_rejects_what_no_read_accepts(raw: dict[str, str], needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        parse_source_options(raw, stream=None)
+
+
 def test_starting_modes_parse() -> None:
     assert parse_source_options(stream(startingOffsets="LATEST"), stream=True).starting.kind is (
         StartKind.LATEST
@@ -226,7 +267,7 @@ def test_split_ranges_covers_every_offset_once() -> None:
     for mq, lo, hi in ((Q0, 0, 100), (Q1, 10, 13)):
         mine = [r for r in split if r.mq == mq]
         assert mine[0].start == lo and mine[-1].end == hi
-        assert all(a.end == b.start for a, b in zip(mine, mine[1:], strict=False))
+        assert all(a.end == b.start for a, b in itertools.pairwise(mine))
 
 
 def test_limit_offsets_shares_the_budget_by_backlog() -> None:
@@ -336,3 +377,139 @@ def test_decoder_stops_at_the_range_end_and_handles_odd_properties() -> None:
         ["k"]
     ]
     assert decode_records(b"", topic="t", broker_name="b", retry=False).num_rows == 0
+
+
+def test_record_starts_fast_path_and_fallback() -> None:
+    def rec(body_size: int, offset: int) -> bytes:
+        return encode_record(
+            topic=b"t", queue_id=0, flag=0, body=b"b" * body_size, properties=b"",
+            queue_offset=offset, physical_offset=0, sys_flag=0, born_timestamp=0,
+            store_timestamp=0, store_host=HOST, reconsume_times=0,
+        )
+
+    same = b"".join(rec(115, i) for i in range(4))
+    assert find_record_starts(same).tolist() == [0, 200, 400, 600]
+    # the total is a multiple of the first size, but the sizes differ
+    mixed = rec(115, 0) + rec(115, 1) + rec(175, 2) + rec(55, 3)
+    assert len(mixed) == 800
+    assert find_record_starts(mixed).tolist() == [0, 200, 400, 660]
+    with pytest.raises(ValueError, match="truncated"):
+        find_record_starts(mixed[:-1])
+
+
+def test_vectorised_decoder_on_random_messages() -> None:
+    rng = random.Random(7)
+    names = ["TAGS", "KEYS", "UNIQ_KEY", "RETRY_TOPIC", "a", "long-name", "x"]
+    props = []
+    for _ in range(50):
+        chosen = rng.sample(names, rng.randint(0, len(names)))
+        props.append({
+            n: " ".join(f"k{rng.randint(0, 9)}" for _ in range(rng.randint(1, 3)))
+            if n == "KEYS" else "".join(rng.choice("abc\u00e9") for _ in range(rng.randint(0, 5)))
+            for n in chosen
+        })
+    raw = b"".join(
+        records(1, topic="%RETRY%g", props=[p], first_offset=i,
+                body_size=rng.randint(0, 300))
+        for i, p in enumerate(props)
+    )
+    for retry in (False, True):
+        batch = decode_records(raw, topic="%RETRY%g", broker_name="broker-a", retry=retry)
+        assert_same(batch, raw, "%RETRY%g", retry)
+
+
+# -- the stream reader's offset logic, against a fake broker --------------------------------
+
+
+class FakeOffsetReader:
+    """Stands in for OffsetReader: queue bounds and the resolved start are given."""
+
+    def __init__(self, bounds: dict[MessageQueue, tuple[int, int]]) -> None:
+        self.set(bounds)
+        self.committed: dict[MessageQueue, int] = {}
+
+    def set(self, bounds: dict[MessageQueue, tuple[int, int]]) -> None:
+        self.queue_bounds = {mq: QueueBounds(lo, hi) for mq, (lo, hi) in bounds.items()}
+
+    def bounds(self, *, require_topics: bool) -> tuple[dict[MessageQueue, QueueBounds], list[str]]:
+        topics = {mq.topic for mq in self.queue_bounds}
+        return dict(self.queue_bounds), [t for t in ("t", "u") if t not in topics]
+
+    def starting_offsets(self, bounds: dict[MessageQueue, QueueBounds]) -> dict[MessageQueue, int]:
+        return {mq: b.min_offset for mq, b in bounds.items()}
+
+    def commit(self, offsets: dict[MessageQueue, int]) -> None:
+        self.committed.update(offsets)
+
+
+def make_stream(fake: FakeOffsetReader, **extra: str) -> PymqMicroBatchStream:
+    opts = parse_source_options(
+        {"endpoint": EP, "topic": "t,u", "consumerGroup": "g", "includeRetry": "false",
+         **extra},
+        stream=True,
+    )
+    reader = PymqMicroBatchStream(opts)
+    reader._reader = fake  # type: ignore[assignment]
+    return reader
+
+
+def ends(offset: dict[str, Any]) -> dict[MessageQueue, int]:
+    return offsets_from_json(json.loads(json.dumps(offset)))
+
+
+def test_stream_offsets_start_limit_new_queues_and_commit() -> None:
+    T0, T1, U0 = MessageQueue("t", "b", 0), MessageQueue("t", "b", 1), MessageQueue("u", "b", 0)
+    fake = FakeOffsetReader({T0: (0, 10), T1: (0, 30)})
+    reader = make_stream(fake)
+    first = reader.initialOffset()
+    assert is_initial(first) and reader.partitions(first, first) == []
+    start = reader.latestOffset(first, ReadAllAvailable())
+    assert ends(start) == {T0: 0, T1: 0}
+    assert reader.partitions(first, start) == []
+    end = reader.latestOffset(start, ReadMaxRows(8))
+    assert ends(end) == {T0: 2, T1: 6}  # shared by backlog: 10 vs 30
+    parts = reader.partitions(start, end)
+    assert [(p.range.queue_id, p.range.start, p.range.end) for p in parts] == [(0, 0, 2), (1, 0, 6)]
+    # Spark compares JSON text: the same offsets must serialise identically
+    assert json.dumps(reader.latestOffset(end, ReadMaxRows(8))) == json.dumps(
+        reader.latestOffset(end, ReadMaxRows(8))
+    )
+    # a new topic's queue joins at its first offset, then is read
+    fake.set({T0: (0, 10), T1: (0, 30), U0: (5, 9)})
+    more = reader.latestOffset(end, ReadAllAvailable())
+    assert ends(more) == {T0: 10, T1: 30, U0: 5}
+    assert ends(reader.latestOffset(more, ReadAllAvailable()))[U0] == 9
+    reader.commit(more)
+    assert fake.committed == {T0: 10, T1: 30, U0: 5}
+    assert make_stream(fake, messageModel="BROADCASTING", startingOffsets="earliest",
+                       includeRetry="false").options.commits_progress is False
+
+
+def test_stream_offsets_available_now_target_and_data_loss() -> None:
+    T0, T1 = MessageQueue("t", "b", 0), MessageQueue("t", "b", 1)
+    fake = FakeOffsetReader({T0: (0, 10)})
+    reader = make_stream(fake)
+    reader.prepareForTriggerAvailableNow()
+    fake.set({T0: (0, 50), T1: (0, 5)})  # arrives after the target was taken
+    start = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    assert ends(start) == {T0: 0}
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert ends(end) == {T0: 10}
+    assert reader.latestOffset(end, ReadAllAvailable()) == end  # done: AvailableNow stops
+
+    # expired offsets, a deleted queue and a recreated queue: failOnDataLoss decides
+    fake.set({T0: (4, 50)})
+    strict = make_stream(fake)
+    with pytest.raises(DataLossError, match=r"offsets \[2, 4\) are no longer on the broker"):
+        strict.latestOffset({"t": {"b:0": 2}}, ReadAllAvailable())
+    with pytest.raises(DataLossError, match="the queue no longer exists"):
+        strict.latestOffset({"t": {"b:0": 5, "b:7": 1}}, ReadAllAvailable())
+    with pytest.raises(DataLossError, match="went back from 60 to 50"):
+        strict.latestOffset({"t": {"b:0": 60}}, ReadAllAvailable())
+    lenient = make_stream(fake, failOnDataLoss="false")
+    assert ends(lenient.latestOffset({"t": {"b:0": 5, "b:7": 1}}, ReadAllAvailable())) == {
+        T0: 50
+    }
+    # offsets of a topic the query no longer reads are dropped, not reported
+    assert ends(strict.latestOffset({"t": {"b:0": 5}, "old": {"b:0": 3}},
+                                    ReadAllAvailable())) == {T0: 50}

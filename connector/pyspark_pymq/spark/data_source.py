@@ -114,6 +114,10 @@ class PymqDataSource(DataSource):
         return "pymq"
 
     def schema(self) -> StructType:
+        # Spark calls schema() at load() for reads only (never for writes), before
+        # it says stream or batch: check what does not depend on that, so most
+        # option mistakes fail at load() rather than when the query starts.
+        parse_source_options(dict(self.options), stream=None)
         return source_schema()
 
     def _source_options(self, schema: StructType | None, *, stream: bool) -> SourceOptions:

@@ -129,7 +129,16 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
         fail = self.options.fail_on_data_loss
 
         kept: dict[MessageQueue, int] = {}
+        subscribed = set(self.options.all_topics())
         for mq, offset in sorted(current.items()):
+            if mq.topic not in subscribed:
+                # The options changed (topic list, consumerGroup): the user's choice, not a loss.
+                logger.warning(
+                    "pymq source: the checkpoint has offsets of %s, which the query no longer "
+                    "reads (topic=%s, consumerGroup=%s); dropping them",
+                    mq, ",".join(self.options.topics), self.options.consumer_group,
+                )
+                continue
             b = bounds.get(mq)
             if b is None:
                 why = (
@@ -153,8 +162,9 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 )
             kept[mq] = offset
 
+        # Every queue still there stays in the offsets, at least where it is.
+        end = dict(kept)
         available: dict[MessageQueue, int] = {}
-        reset: dict[MessageQueue, int] = {}
         for mq, b in bounds.items():
             top = b.max_offset
             if self._target is not None:
@@ -162,8 +172,7 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     continue  # appeared after the AvailableNow target was taken
                 top = min(top, self._target[mq])
             if mq not in kept:
-                available[mq] = b.min_offset  # new queue: joins at its start
-                kept[mq] = b.min_offset
+                end[mq] = b.min_offset  # a new queue joins at its start, read from next batch
             elif top < kept[mq]:
                 report_data_loss(
                     fail,
@@ -171,16 +180,14 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     "topic deleted and created again?)",
                     f"read {mq} again from its first offset",
                 )
-                reset[mq] = top
+                end[mq] = top
             else:
                 available[mq] = top
 
-        base = {mq: kept[mq] for mq in available}
         if isinstance(limit, ReadMaxRows):
-            end = limit_offsets(base, available, limit.max_rows)
+            end.update(limit_offsets(kept, available, limit.max_rows))
         else:
-            end = dict(available)
-        end.update(reset)
+            end.update(available)
         return offsets_to_json(end)
 
     # -- planning (driver) ---------------------------------------------------------------

@@ -18,7 +18,6 @@ Names follow Spark's Kafka source where the idea is the same
 from __future__ import annotations
 
 import difflib
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -47,7 +46,11 @@ DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 _TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")
 MAX_PULL_BATCH_SIZE = 100_000  # the broker answers at most this many messages per pull
 
-DEFAULT_PULL_BATCH_SIZE = 8192
+DEFAULT_PULL_BATCH_SIZE = 32_768
+# Measured on loopback: pulls answering ~1 MiB move 2-3x more bytes per second than
+# 4 MiB ones (gRPC and allocation costs grow faster than linearly past ~2 MiB).
+DEFAULT_PULL_MAX_BYTES = 1 << 20
+MAX_PULL_MAX_BYTES = 64 << 20
 DEFAULT_POLL_TIMEOUT_MS = 60_000
 DEFAULT_CONNECT_TIMEOUT_MS = 10_000
 
@@ -117,6 +120,7 @@ class SourceOptions:
     max_messages_per_trigger: int | None
     fail_on_data_loss: bool
     pull_batch_size: int
+    pull_max_bytes: int
     include_retry: bool
     poll_timeout_ms: int
     connect_timeout_ms: int
@@ -170,6 +174,7 @@ _OPTIONS: dict[str, tuple[str, ...]] = {
     "maxMessagesPerTrigger": (_STREAM,),
     "failOnDataLoss": (_STREAM, _BATCH),
     "pullBatchSize": (_STREAM, _BATCH),
+    "pullMaxBytes": (_STREAM, _BATCH),
     "includeRetry": (_STREAM, _BATCH),
     "pollTimeoutMs": (_STREAM, _BATCH),
     "connectTimeoutMs": (_STREAM, _BATCH),
@@ -187,9 +192,9 @@ def _bad(name: str, value: object, allowed: str) -> ValueError:
 class _Options:
     """The user's options by canonical name, remembering which were given."""
 
-    def __init__(self, raw: Mapping[str, str], stream: bool) -> None:
+    def __init__(self, raw: Mapping[str, str], stream: bool | None) -> None:
         self.values: dict[str, str] = {}
-        kind = _STREAM if stream else _BATCH
+        kind = None if stream is None else _STREAM if stream else _BATCH
         for key, value in raw.items():
             name = _CANONICAL.get(str(key).lower())
             if name is None:
@@ -199,7 +204,7 @@ class _Options:
                     f"pymq option {key!r} is unknown.{did_you_mean} "
                     f"Known options: {', '.join(OPTION_NAMES)}."
                 )
-            if kind not in _OPTIONS[name]:
+            if kind is not None and kind not in _OPTIONS[name]:
                 other = "batch reads (spark.read)" if stream else "streams (spark.readStream)"
                 raise ValueError(
                     f"pymq option {name}={value!r} cannot apply to a "
@@ -315,8 +320,13 @@ def _parse_timestamp(opts: _Options, name: str) -> int | None:
     return value
 
 
-def parse_source_options(raw: Mapping[str, str], *, stream: bool) -> SourceOptions:
-    """Validate the user's options for a stream (``stream=True``) or a batch read."""
+def parse_source_options(raw: Mapping[str, str], *, stream: bool | None) -> SourceOptions:
+    """Validate the user's options for a stream (``stream=True``) or a batch read.
+
+    ``stream=None`` checks what does not depend on the kind of read (names,
+    values, combinations): ``DataSource.schema()`` runs it at ``load()``, before
+    Spark says whether the read is a stream, so most mistakes fail right there.
+    """
     opts = _Options(raw, stream)
 
     endpoint_value = opts.get("endpoint")
@@ -337,7 +347,7 @@ def parse_source_options(raw: Mapping[str, str], *, stream: bool) -> SourceOptio
     )
     clustering = model is MessageModel.CLUSTERING
 
-    if stream and clustering and group is None:
+    if stream is True and clustering and group is None:
         raise ValueError(
             "pymq option consumerGroup is required for a stream in CLUSTERING mode: its "
             "progress is kept on the broker under that group. Set "
@@ -393,8 +403,10 @@ def parse_source_options(raw: Mapping[str, str], *, stream: bool) -> SourceOptio
     elif last_n is not None:
         starting = StartingPosition(StartKind.LAST_N, count=last_n)
     elif opts.get("startingOffsets"):
-        starting = _parse_starting_offsets(opts.text("startingOffsets", ""), stream=stream)
-    elif not stream:
+        starting = _parse_starting_offsets(
+            opts.text("startingOffsets", ""), stream=stream is not False
+        )
+    elif stream is not True:  # a batch read (or, at load(), not known yet)
         starting = StartingPosition(StartKind.EARLIEST)
     elif clustering:
         starting = StartingPosition(StartKind.GROUP)
@@ -408,7 +420,7 @@ def parse_source_options(raw: Mapping[str, str], *, stream: bool) -> SourceOptio
         }[consume_from_where]
 
     consume_from_where_applies = starting.kind is StartKind.GROUP or (
-        stream and not clustering and not given_start
+        not given_start and (stream is None or (stream and not clustering))
     )
     if opts.given("consumeFromWhere") and not consume_from_where_applies:
         raise ValueError(
@@ -474,7 +486,7 @@ def parse_source_options(raw: Mapping[str, str], *, stream: bool) -> SourceOptio
             )
 
     # -- retries ----------------------------------------------------------------
-    retry_default = stream and clustering and group is not None
+    retry_default = stream is True and clustering and group is not None
     include_retry = opts.boolean("includeRetry", retry_default)
     if include_retry and not clustering:
         raise _bad(
@@ -491,6 +503,7 @@ def parse_source_options(raw: Mapping[str, str], *, stream: bool) -> SourceOptio
 
     max_per_trigger = opts.integer("maxMessagesPerTrigger", minimum=1)
     pull_batch_size = opts.integer("pullBatchSize", minimum=1, maximum=MAX_PULL_BATCH_SIZE)
+    pull_max_bytes = opts.integer("pullMaxBytes", minimum=1, maximum=MAX_PULL_MAX_BYTES)
     poll_timeout = opts.integer("pollTimeoutMs", minimum=1)
     connect_timeout = opts.integer("connectTimeoutMs", minimum=1)
     min_partitions = opts.integer("minPartitions", minimum=1)
@@ -499,7 +512,7 @@ def parse_source_options(raw: Mapping[str, str], *, stream: bool) -> SourceOptio
     return SourceOptions(
         endpoint=endpoint,
         topics=topics,
-        stream=stream,
+        stream=bool(stream),
         consumer_group=group,
         message_model=model,
         subscription=subscription,
@@ -510,6 +523,7 @@ def parse_source_options(raw: Mapping[str, str], *, stream: bool) -> SourceOptio
         max_messages_per_trigger=max_per_trigger,
         fail_on_data_loss=opts.boolean("failOnDataLoss", True),
         pull_batch_size=pull_batch_size or DEFAULT_PULL_BATCH_SIZE,
+        pull_max_bytes=pull_max_bytes or DEFAULT_PULL_MAX_BYTES,
         include_retry=include_retry,
         poll_timeout_ms=poll_timeout or DEFAULT_POLL_TIMEOUT_MS,
         connect_timeout_ms=connect_timeout or DEFAULT_CONNECT_TIMEOUT_MS,
@@ -517,17 +531,3 @@ def parse_source_options(raw: Mapping[str, str], *, stream: bool) -> SourceOptio
         max_messages_per_partition=max_per_partition,
     )
 
-
-def describe(opts: SourceOptions) -> str:
-    """A one-line summary for logs (no secrets: pymq options hold none)."""
-    return json.dumps(
-        {
-            "endpoint": opts.endpoint,
-            "topics": list(opts.all_topics()),
-            "group": opts.consumer_group,
-            "model": opts.message_model.value,
-            "subscription": opts.subscription,
-            "starting": opts.starting.kind.value,
-        },
-        sort_keys=True,
-    )

@@ -16,8 +16,8 @@ each record starts. Everything else is vectorised:
 - properties (``name\\x01value\\x02`` ...) are split with numpy by the positions
   of the separator bytes into a ``map<string,string>`` column; tags, keys and
   the msg id are looked up in it by name;
-- ``offset_msg_id`` (store host + physical offset as 32 hex digits) is built
-  with a 256-entry lookup table.
+- ``offset_msg_id`` (store host + physical offset as 32 hex digits) is one
+  ``hexlify`` of all ids at once.
 
 If a record's properties are not in the well-formed encoding, the batch falls
 back to the client's per-message decoder, so odd input costs speed, never
@@ -26,6 +26,7 @@ correctness.
 
 from __future__ import annotations
 
+import binascii
 import struct
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -57,10 +58,7 @@ _HEADER_DTYPE = np.dtype(
 )
 _STORE_HOST = slice(56, 64)
 _PHY_BYTES = slice(28, 36)
-_HEADER_COLUMNS = np.arange(HEADER_SIZE, dtype=np.int64)
-_HEX = np.frombuffer(
-    b"".join(f"{i:02X}".encode() for i in range(256)), dtype=np.uint8
-).reshape(256, 2)
+_SIZE_BYTES = np.arange(4, dtype=np.int64)
 
 _TAGS = MessageConst.PROPERTY_TAGS
 _KEYS = MessageConst.PROPERTY_KEYS
@@ -68,23 +66,59 @@ _UNIQ_KEY = MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
 _RETRY_TOPIC = MessageConst.PROPERTY_RETRY_TOPIC
 
 
-def find_record_starts(records: bytes, limit: int | None = None) -> list[int]:
-    """Where each record of ``records`` starts (at most ``limit`` of them)."""
-    starts: list[int] = []
-    append = starts.append
+def find_record_starts(records: bytes) -> np.ndarray:
+    """Where each record of ``records`` starts (int64 array).
+
+    Records follow each other, so each start depends on the previous record's
+    size. When all records have the same size (fixed-size bodies and
+    properties, common for telemetry) one vectorised check proves it: if every
+    multiple of the first size holds that same size, the chain from 0 is
+    exactly those multiples. Otherwise a tight Python loop follows the sizes.
+    """
+    end = len(records)
+    if end < HEADER_SIZE:
+        if end:
+            raise ValueError("a pull answered with a truncated record")
+        return np.zeros(0, dtype=np.int64)
+    (first,) = _TOTAL_SIZE.unpack_from(records, 0)
+    if first >= HEADER_SIZE + 4 and end % first == 0:
+        starts = np.arange(0, end, first, dtype=np.int64)
+        sizes = np.frombuffer(records, dtype=np.uint8)[starts[:, None] + _SIZE_BYTES]
+        if bool(np.all(sizes.view("<i4").reshape(-1) == first)):
+            return starts
+    out: list[int] = []
+    append = out.append
     unpack = _TOTAL_SIZE.unpack_from
-    pos, end = 0, len(records)
-    left = end if limit is None else limit
-    while pos < end and left > 0:
+    pos = 0
+    while pos < end:
         append(pos)
         (total,) = unpack(records, pos)
         if total < HEADER_SIZE + 4:
             raise ValueError(f"corrupt record at byte {pos} of a pull: size {total}")
         pos += total
-        left -= 1
     if pos > end:
         raise ValueError("a pull answered with a truncated record")
-    return starts
+    return np.asarray(out, dtype=np.int64)
+
+
+def _headers(records: bytes, starts: np.ndarray) -> np.ndarray:
+    """The 80-byte headers, gathered into one ``(n, 80)`` uint8 array.
+
+    One Arrow ``take`` over a binary view cut at (start, start + 80) pairs: a
+    numpy fancy index would need an ``(n, 80)`` int64 index array (640 bytes of
+    scratch per message).
+    """
+    n = len(starts)
+    bounds = np.empty(2 * n, dtype=np.int64)
+    bounds[0::2] = starts
+    bounds[1::2] = starts + HEADER_SIZE
+    if n and bounds[-1] > np.iinfo(np.int32).max:
+        raise ValueError("a pull answered with more than 2 GiB of records")
+    (spans,) = _spans(pa.py_buffer(records), bounds.astype(np.int32), n, 2, (0,), pa.binary())
+    data = spans.buffers()[2]
+    if data is None:
+        return np.zeros((0, HEADER_SIZE), dtype=np.uint8)
+    return np.frombuffer(data, dtype=np.uint8, count=n * HEADER_SIZE).reshape(n, HEADER_SIZE)
 
 
 def _constant_strings(value: str, n: int) -> pa.Array:
@@ -146,8 +180,8 @@ def decode_records(
     if not records:
         return empty_batch()
     buf = np.frombuffer(records, dtype=np.uint8)
-    starts = np.asarray(find_record_starts(records), dtype=np.int64)
-    header = buf[starts[:, None] + _HEADER_COLUMNS]
+    starts = find_record_starts(records)
+    header = _headers(records, starts)
     fields = header.view(_HEADER_DTYPE).reshape(-1)
     queue_offset = np.ascontiguousarray(fields["queue_offset"])
     if end_offset is not None and len(queue_offset) and queue_offset[-1] >= end_offset:
@@ -240,10 +274,9 @@ def decode_records(
     raw_id = np.empty((n, 16), dtype=np.uint8)
     raw_id[:, :8] = header[:, _STORE_HOST]
     raw_id[:, 8:] = header[:, _PHY_BYTES][:, ::-1]
-    hex_bytes = np.ascontiguousarray(_HEX[raw_id].reshape(n, 32))
     offset_msg_id = pa.StringArray.from_buffers(
         n, pa.py_buffer(np.arange(0, 32 * (n + 1), 32, dtype=np.int32)),
-        pa.py_buffer(hex_bytes),
+        pa.py_buffer(binascii.hexlify(raw_id.data).upper()),
     )
     msg_id = uniq if has_uniq.all() else pc.coalesce(uniq, offset_msg_id)
 
@@ -320,7 +353,7 @@ def messages_to_batch(
     rows: dict[str, list[Any]] = {f.name: [] for f in schema}
     for m in messages:
         original = m.properties.get(_RETRY_TOPIC) if retry else None
-        rows["topic"].append(original or m.topic)
+        rows["topic"].append(m.topic if original is None else original)
         rows["queue_id"].append(m.queue_id)
         rows["broker_name"].append(m.broker_name)
         rows["queue_offset"].append(m.queue_offset)
