@@ -8,6 +8,7 @@ from pyspark.sql.datasource import DataSource
 
 from .options import SourceOptions, parse_source_options
 from .schema import SOURCE_DDL, source_schema
+from .views import VIEWS, ViewReader, parse_view_options, view_requested
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -102,6 +103,14 @@ class PymqDataSource(DataSource):
             .format("parquet").option("checkpointLocation", "/tmp/ckpt") \\
             .trigger(availableNow=True).start("/tmp/out")
 
+    Broker tables as DataFrames (see :mod:`pyspark_pymq.spark.views`): the option
+    ``view`` = ``topics`` | ``queues`` | ``groups`` | ``lag`` | ``deadLetters``::
+
+        spark.read.format("pymq").option("endpoint", ep).option("view", "lag") \\
+            .option("consumerGroup", "analytics").load().show()
+
+    Example::
+
         last10 = (spark.read.format("pymq")
                   .option("endpoint", "127.0.0.1:8081")
                   .option("topic", "%DLQ%analytics")
@@ -113,10 +122,12 @@ class PymqDataSource(DataSource):
     def name(cls) -> str:
         return "pymq"
 
-    def schema(self) -> StructType:
+    def schema(self) -> StructType | str:
         # Spark calls schema() at load() for reads only (never for writes), before
         # it says stream or batch: check what does not depend on that, so most
         # option mistakes fail at load() rather than when the query starts.
+        if view_requested(self.options):
+            return VIEWS[parse_view_options(dict(self.options)).view]
         parse_source_options(dict(self.options), stream=None)
         return source_schema()
 
@@ -128,13 +139,19 @@ class PymqDataSource(DataSource):
             )
         return parse_source_options(dict(self.options), stream=stream)
 
-    def reader(self, schema: StructType) -> PymqBatchReader:
+    def reader(self, schema: StructType) -> PymqBatchReader | ViewReader:
         from .batch_reader import PymqBatchReader
+
+        if view_requested(self.options):
+            return ViewReader(parse_view_options(dict(self.options)))
 
         return PymqBatchReader(self._source_options(schema, stream=False))
 
     def streamReader(self, schema: StructType) -> PymqMicroBatchStream:
         from .micro_batch_stream import PymqMicroBatchStream
+
+        if view_requested(self.options):
+            raise ValueError("pymq views (option view) are tables for spark.read, not streams")
 
         return PymqMicroBatchStream(self._source_options(schema, stream=True))
 

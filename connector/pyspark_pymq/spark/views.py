@@ -1,0 +1,148 @@
+"""Broker tables as Spark DataFrames: ``spark.read.format("pymq").option("view", ...)``.
+
+The same tables as :class:`pyspark_pymq.Admin`, for SQL and notebooks:
+
+===============  ==========================================================================
+view             rows
+===============  ==========================================================================
+``topics``       one per topic: queues, permissions, messages, min/max offset, last store time
+``queues``       one per queue of ``topic`` (or of every topic): offsets, messages
+``groups``       one per consumer group: its retry settings
+``lag``          one per queue a group has progress on: broker offset, consumer offset, lag
+                 (``consumerGroup``; without it, every group)
+``deadLetters``  one per dead letter of ``consumerGroup``: origin, reason, retries, body
+===============  ==========================================================================
+
+Options: ``endpoint`` (required), ``view``, ``consumerGroup``, ``topic``,
+``includeSystem`` (topics/queues: show %RETRY%, %DLQ% and system topics;
+default false), ``maxMessages`` (deadLetters, default 10000). Example::
+
+    spark.read.format("pymq").option("endpoint", ep).option("view", "lag") \\
+        .option("consumerGroup", "billing").load().show()
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from pyspark.sql.datasource import DataSourceReader, InputPartition
+
+from ..client.admin import Admin
+from ..client.transport import check_endpoint
+from .options import _parse_group
+
+__all__ = ["VIEWS", "ViewOptions", "ViewReader", "parse_view_options", "view_requested"]
+
+VIEWS: dict[str, str] = {
+    "topics": "topic string, read_queues int, write_queues int, perm int, messages bigint, "
+              "min_offset bigint, max_offset bigint, last_store_timestamp timestamp",
+    "queues": "topic string, broker_name string, queue_id int, min_offset bigint, max_offset bigint, "
+              "messages bigint, last_store_timestamp timestamp",
+    "groups": "group string, retry_max_times int, retry_queue_nums int, consume_from_where string",
+    "lag": "group string, topic string, broker_name string, queue_id int, broker_offset bigint, "
+           "consumer_offset bigint, lag bigint",
+    "deadLetters": "msg_id string, origin_topic string, origin_msg_id string, reconsume_times int, "
+                   "reason string, tags string, keys string, store_timestamp timestamp, "
+                   "queue_offset bigint, body binary",
+}
+_VIEW_OPTIONS = ("endpoint", "view", "consumerGroup", "topic", "includeSystem", "maxMessages")
+
+
+@dataclass(frozen=True)
+class ViewOptions:
+    endpoint: str
+    view: str
+    group: str | None
+    topic: str | None
+    include_system: bool
+    max_messages: int
+
+
+def view_requested(options: Mapping[str, str]) -> bool:
+    return any(str(k).lower() == "view" for k in options)
+
+
+def parse_view_options(raw: Mapping[str, str]) -> ViewOptions:
+    """Validate a view read's options (errors name the option, the value and what to use)."""
+    canonical = {n.lower(): n for n in _VIEW_OPTIONS}
+    opts: dict[str, str] = {}
+    for key, value in raw.items():
+        name = canonical.get(str(key).lower())
+        if name is None:
+            hint = difflib.get_close_matches(str(key), _VIEW_OPTIONS, n=1, cutoff=0.6)
+            raise ValueError(
+                f"pymq option {key!r} does not apply to a view read."
+                f"{f' Did you mean {hint[0]!r}?' if hint else ''} View options: {', '.join(_VIEW_OPTIONS)}."
+            )
+        opts[name] = str(value).strip()
+    endpoint = opts.get("endpoint", "")
+    if not endpoint:
+        raise ValueError("pymq option endpoint is required: set .option('endpoint', 'host:port')")
+    check_endpoint(endpoint)
+    names = {v.lower(): v for v in VIEWS}
+    view = names.get(opts.get("view", "").lower())
+    if view is None:
+        raise ValueError(f"pymq option view={opts.get('view')!r} is not valid: use one of {', '.join(VIEWS)}")
+    group = _parse_group(opts.get("consumerGroup"))
+    if view == "deadLetters" and group is None:
+        raise ValueError("pymq view deadLetters needs consumerGroup: whose %DLQ% topic to read")
+    include = opts.get("includeSystem", "false").lower()
+    if include not in ("true", "false"):
+        raise ValueError(
+            f"pymq option includeSystem={opts['includeSystem']!r} is not valid: use true or false"
+        )
+    max_messages = opts.get("maxMessages", "10000")
+    if not max_messages.isdigit() or int(max_messages) < 1:
+        raise ValueError(f"pymq option maxMessages={max_messages!r} is not valid: use an integer >= 1")
+    return ViewOptions(check_endpoint(endpoint), view, group, opts.get("topic") or None,
+                       include == "true", int(max_messages))
+
+
+def _ts(ms: Any) -> datetime | None:
+    return datetime.fromtimestamp(int(ms) / 1000, tz=timezone.utc) if ms else None
+
+
+def _rows(opts: ViewOptions) -> list[dict[str, Any]]:
+    admin = Admin(opts.endpoint)
+    if opts.view == "topics":
+        frame = admin.topics(include_system=opts.include_system)
+        if opts.topic:
+            frame = frame[frame["topic"] == opts.topic]
+        return list(frame.to_dict("records"))
+    if opts.view == "queues":
+        names = [opts.topic] if opts.topic else admin.topic_names(include_system=opts.include_system)
+        return [r for name in names for r in admin.topic_stats(name).to_dict("records")]
+    if opts.view == "groups":
+        return list(admin.groups().to_dict("records"))
+    if opts.view == "lag":
+        groups = [opts.group] if opts.group else list(admin.groups()["group"])
+        rows = [r for g in groups for r in admin.group_progress(g, opts.topic).to_dict("records")]
+        return rows
+    assert opts.group is not None
+    return list(admin.dead_letters(opts.group, opts.max_messages).to_dict("records"))
+
+
+class ViewReader(DataSourceReader):
+    """One partition: the table is small and comes from one broker call or a few."""
+
+    def __init__(self, options: ViewOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> list[InputPartition]:
+        return [InputPartition(0)]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        columns = [c.strip().split(" ")[0] for c in VIEWS[self.options.view].split(",")]
+        for row in _rows(self.options):
+            yield tuple(
+                _ts(row.get(c)) if c.endswith("timestamp") else _plain(row.get(c)) for c in columns
+            )
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars (from pandas) as Python values, for Spark."""
+    return value.item() if hasattr(value, "item") else value
