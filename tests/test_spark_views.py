@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from helpers import unique
 from pyspark_pymq import Admin, Message, Producer, PullConsumer
 
