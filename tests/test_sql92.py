@@ -185,3 +185,22 @@ def test_sql92_is_refused_when_the_broker_has_it_off(endpoint: str) -> None:
     consumer = PullConsumer(endpoint, "g")
     with pytest.raises(NoPermissionError, match="--enable-property-filter"):
         consumer.pull(consumer.queues("nosql")[0], 0, 10, subscription="a = 1", expression_type="SQL92")
+
+
+def test_spark_source_reads_with_a_sql92_subscription(spark: Any, tmp_path: Path) -> None:
+    with BrokerProcess(tmp_path / "b", ["--enable-property-filter"]) as broker:
+        ep = broker.endpoint
+        Admin(ep).create_topic("orders", queues=2)
+        Producer(ep).send_batch([
+            Message("orders", f"o{i}", properties={"amount": str(i * 10)}) for i in range(20)
+        ])
+
+        def read(expr: str) -> Any:
+            return (spark.read.format("pymq").option("endpoint", ep).option("topic", "orders")
+                    .option("subscriptionType", "SQL92").option("subscription", expr).load())
+
+        rows = read("amount BETWEEN 50 AND 80").select("body").collect()
+        assert sorted(r["body"] for r in rows) == [b"o5", b"o6", b"o7", b"o8"]
+        expected = "subscription='amount >' is not valid: SQL92 syntax error at column 9"
+        with pytest.raises(Exception, match=expected):
+            read("amount >").collect()

@@ -42,7 +42,11 @@ class PymqDataSource(DataSource):
                               broker as the group's, retries are read along.
                               ``BROADCASTING``: nothing is written to the broker,
                               no retries.
-    subscription              tag expression: ``*`` (default) or ``TagA || TagB``.
+    subscription              tag expression: ``*`` (default) or ``TagA || TagB``; with
+                              ``subscriptionType=SQL92`` a property filter such as
+                              ``amount > 100 AND region IN ('eu')`` (the broker
+                              needs ``--enable-property-filter``).
+    subscriptionType          ``TAG`` (default) or ``SQL92``.
     startingOffsets           ``group`` (streams in CLUSTERING, default): the group's
                               progress on the broker, else ``consumeFromWhere``;
                               ``earliest`` (batch default); ``latest``; or JSON

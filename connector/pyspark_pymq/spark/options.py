@@ -113,6 +113,7 @@ class SourceOptions:
     consumer_group: str | None
     message_model: MessageModel
     subscription: str
+    subscription_type: str
     starting: StartingPosition
     consume_from_where: ConsumeFromWhere
     consume_timestamp_ms: int | None
@@ -164,6 +165,7 @@ _OPTIONS: dict[str, tuple[str, ...]] = {
     "consumerGroup": (_STREAM, _BATCH),
     "messageModel": (_STREAM, _BATCH),
     "subscription": (_STREAM, _BATCH),
+    "subscriptionType": (_STREAM, _BATCH),
     "startingOffsets": (_STREAM, _BATCH),
     "startingTimestamp": (_STREAM, _BATCH),
     "consumeFromWhere": (_STREAM, _BATCH),
@@ -358,6 +360,16 @@ def parse_source_options(raw: Mapping[str, str], *, stream: bool | None) -> Sour
     subscription = opts.text("subscription", "*")
     if any(c in subscription for c in "\x01\x02\n"):
         raise _bad("subscription", subscription, "a tag expression such as '*' or 'TagA || TagB'")
+    subscription_type = opts.text("subscriptionType", "TAG").upper()
+    if subscription_type not in ("TAG", "SQL92"):
+        raise _bad("subscriptionType", opts.get("subscriptionType"), "use TAG (default) or SQL92")
+    if subscription_type == "SQL92":
+        from pymq_broker.filter.sql92 import compile_sql92  # the broker's own parser
+
+        try:
+            compile_sql92(subscription)
+        except ValueError as err:
+            raise _bad("subscription", subscription, str(err)) from None
 
     consume_from_where = ConsumeFromWhere(
         opts.enum(
@@ -516,6 +528,7 @@ def parse_source_options(raw: Mapping[str, str], *, stream: bool | None) -> Sour
         consumer_group=group,
         message_model=model,
         subscription=subscription,
+        subscription_type=subscription_type,
         starting=starting,
         consume_from_where=consume_from_where,
         consume_timestamp_ms=consume_timestamp,

@@ -60,6 +60,7 @@ class _Range:
     start: int
     end: int
     subscription: str
+    expression_type: str = "TAG"
 
 
 class PymqInputPartition(InputPartition):
@@ -69,12 +70,14 @@ class PymqInputPartition(InputPartition):
     another process, from the pickled options only).
     """
 
-    def __init__(self, index: int, offset_range: OffsetRange, subscription: str) -> None:
+    def __init__(
+        self, index: int, offset_range: OffsetRange, subscription: str, expression_type: str = "TAG"
+    ) -> None:
         mq = offset_range.mq
         super().__init__(index)
         self.range = _Range(
             mq.topic, mq.broker_name, mq.queue_id, offset_range.start, offset_range.end,
-            subscription,
+            subscription, expression_type,
         )
 
     def __repr__(self) -> str:
@@ -89,9 +92,8 @@ def make_partitions(ranges: list[OffsetRange], opts: SourceOptions) -> list[Pymq
     """One partition per range; retry topics are read with ``*`` as RocketMQ does."""
     retry = opts.retry_topic
     return [
-        PymqInputPartition(
-            i, r, "*" if r.mq.topic == retry else opts.subscription
-        )
+        PymqInputPartition(i, r, "*", "TAG") if r.mq.topic == retry
+        else PymqInputPartition(i, r, opts.subscription, opts.subscription_type)
         for i, r in enumerate(ranges)
     ]
 
@@ -132,6 +134,7 @@ def read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator[p
             offset,
             min(opts.pull_batch_size, r.end - offset),
             subscription=r.subscription,
+            expression_type=r.expression_type,
             max_bytes=opts.pull_max_bytes,
         )
 
