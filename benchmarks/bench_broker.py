@@ -127,6 +127,42 @@ def proc_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def machine_busy_seconds() -> tuple[float, float]:
+    """(busy CPU seconds, total CPU seconds) of the whole machine so far, from /proc/stat."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    total = sum(fields[:8])  # user nice system idle iowait irq softirq steal
+    return (total - idle) / CLK_TCK, total / CLK_TCK
+
+
+_quiet_budget = [600.0]  # seconds of waiting left for this process, over all runs
+
+
+def wait_quiet(max_wait: float, threshold: float = 0.25) -> float:
+    """Wait (up to ``max_wait`` s) until the machine is nearly idle; the busy share last seen.
+
+    The benchmark shares a small machine: a run that starts while another job
+    is busy measures both. ``threshold`` is the busy share of all CPUs. All
+    waits together stop at 600 s: past that, runs start at once (their "other
+    load" column shows what they shared the machine with).
+    """
+    started = time.monotonic()
+    deadline = started + min(max_wait, _quiet_budget[0])
+    while True:
+        b0, t0 = machine_busy_seconds()
+        time.sleep(0.5)
+        b1, t1 = machine_busy_seconds()
+        busy = (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
+        if busy <= threshold or time.monotonic() >= deadline:
+            _quiet_budget[0] = max(0.0, _quiet_budget[0] - (time.monotonic() - started))
+            return busy
+        print(f"  machine busy ({busy:.0%} of all CPUs): waiting", file=sys.stderr, flush=True)
+        time.sleep(2.0)
+
+
 def dir_bytes(path: Path) -> int:
     """Disk space used under ``path`` (allocated blocks: sparse segments count as written)."""
     total = 0
@@ -379,7 +415,11 @@ def worker(spec: dict[str, Any], barrier: Any, results: Any) -> None:
 
 
 def run_workers(specs: Sequence[dict[str, Any]], watch_pid: int | None = None) -> dict[str, Any]:
-    """Run one worker process per spec together; the aggregate rate and CPU use."""
+    """Run one worker process per spec together; the aggregate rate and CPU use.
+
+    ``other_cpu`` is what the rest of the machine used meanwhile, in cores: CPU
+    not spent by the workers or ``watch_pid`` (another job on a shared machine).
+    """
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(len(specs) + 1)
     results = ctx.Queue()
@@ -396,9 +436,11 @@ def run_workers(specs: Sequence[dict[str, Any]], watch_pid: int | None = None) -
                     errors.append(results.get(timeout=1).get("error", ""))
             raise RuntimeError("a worker failed to start:\n" + "\n".join(errors)) from None
         cpu0 = proc_cpu_seconds(watch_pid) if watch_pid else 0.0
+        busy0, _ = machine_busy_seconds()
         w0 = time.monotonic()
         got = [results.get(timeout=600) for _ in specs]
         w1 = time.monotonic()
+        busy1, _ = machine_busy_seconds()
         cpu1 = proc_cpu_seconds(watch_pid) if watch_pid else 0.0
     finally:
         for p in procs:
@@ -410,12 +452,17 @@ def run_workers(specs: Sequence[dict[str, Any]], watch_pid: int | None = None) -
         raise RuntimeError("a worker failed:\n" + "\n".join(errors))
     n = sum(g["n"] for g in got)
     wall = max(g["t1"] for g in got) - min(g["t0"] for g in got)
+    client_cpu = sum(g["cpu"] for g in got) / wall
+    server_cpu = (cpu1 - cpu0) / (w1 - w0)
     return {
         "n": n,
         "wall": wall,
         "rate": n / wall,
-        "client_cpu": sum(g["cpu"] for g in got) / wall,
-        "server_cpu": (cpu1 - cpu0) / (w1 - w0) if watch_pid else None,
+        "client_cpu": client_cpu,
+        "server_cpu": server_cpu if watch_pid else None,
+        "other_cpu": max(0.0, (busy1 - busy0) / (w1 - w0) - client_cpu - server_cpu),
+        "server_us_per_msg": (cpu1 - cpu0) / n * 1e6 if n else None,
+        "client_us_per_msg": sum(g["cpu"] for g in got) / n * 1e6 if n else None,
         "calls": sum(g.get("calls", 0) for g in got),
         "bytes": sum(g.get("bytes", 0) for g in got),
     }
@@ -482,11 +529,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--no-bare", action="store_true", help="skip the bare gRPC figures")
     ap.add_argument("--work-dir", default=None, help="where broker data dirs go (default /tmp)")
     ap.add_argument("--json", default=None, help="also write every run to this JSON file")
+    ap.add_argument("--wait-quiet", type=float, default=None,
+                    help="before each run wait up to this many seconds for the machine to be idle "
+                         "(another job's load would be measured too); 0: don't (default 120, "
+                         "0 with --quick)")
     ap.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve_echo:
         serve_echo()
         return 0
+    if args.wait_quiet is None:
+        args.wait_quiet = 0.0 if args.quick else 120.0
     if args.quick:
         args.bodies, args.duration, args.repeats = "200", 1.0, 1
         args.pull_messages = min(args.pull_messages, 50_000)
@@ -506,9 +559,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs.append(kw)
         print(f"  {kw['figure']:<10} " + " ".join(
             f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-            for k, v in kw.items() if k not in ("figure", "n", "calls", "bytes")
+            for k, v in kw.items() if k not in ("figure", "n", "calls", "bytes", "wall")
+            and v is not None
         ), file=sys.stderr, flush=True)
         return kw
+
+    def measure(specs: Sequence[dict[str, Any]], pid: int | None) -> dict[str, Any]:
+        busy = wait_quiet(args.wait_quiet) if args.wait_quiet > 0 else None
+        return {"busy_before": busy, **run_workers(specs, pid)}
 
     try:
         with running_echo() if not args.no_bare else contextlib.nullcontext((None, None)) as (
@@ -527,7 +585,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                     spec = {"kind": "pymq", "endpoint": broker.endpoint,
                                             "topic": TOPIC, "body": body, "batch": args.batch,
                                             "send_mode": mode, "duration": args.duration}
-                                    r = run_workers([dict(spec) for _ in range(producers)], broker.pid)
+                                    r = measure([dict(spec) for _ in range(producers)], broker.pid)
                                     record(figure="send", flush=flush, body=body, producers=producers,
                                            mode=mode, rep=rep,
                                            rss_kib=proc_status(broker.pid).get("VmRSS", 0), **r)
@@ -535,7 +593,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                     bspec = {"kind": "bare", "endpoint": echo_ep, "batch": args.batch,
                                              "req_size": req_size, "resp_size": resp_size,
                                              "duration": args.duration}
-                                    r = run_workers([dict(bspec) for _ in range(producers)], echo_pid)
+                                    r = measure([dict(bspec) for _ in range(producers)], echo_pid)
                                     record(figure="bare_send", body=body, producers=producers,
                                            rep=rep, req_size=req_size, resp_size=resp_size, **r)
                         if args.no_pull or flush != flushes[0]:
@@ -549,7 +607,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 spec = {"kind": kind, "endpoint": broker.endpoint, "topic": TOPIC,
                                         "ranges": ranges, "max_nums": args.max_nums, "count": 1,
                                         "warmup": 1}
-                                r = run_workers([spec], broker.pid)
+                                r = measure([spec], broker.pid)
                                 record(figure=kind, body=body, rep=rep, **r)
                                 if kind == "pull_raw":
                                     raw_stats = r
@@ -560,7 +618,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                          "req_size": pull_request_size(),
                                          "resp_size": raw_stats["bytes"] // calls + 60,
                                          "duration": max(1.0, raw_stats["wall"]), "warmup": 3}
-                                r = run_workers([bspec], echo_pid)
+                                r = measure([bspec], echo_pid)
                                 record(figure="bare_pull", body=body, rep=rep,
                                        resp_size=bspec["resp_size"], **r)
     finally:
@@ -578,6 +636,9 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, info: dict[str,
     def pick(**kw: Any) -> list[dict[str, Any]]:
         return [r for r in runs if all(r.get(k) == v for k, v in kw.items())]
 
+    def med(sel: list[dict[str, Any]], key: str) -> float:
+        return median([r[key] for r in sel if r.get(key) is not None])
+
     print(f"## Send: `send_batch` of {args.batch} messages, each producer its own process "
           f"(median of {args.repeats} x {args.duration:g} s)\n")
     rows = []
@@ -591,30 +652,27 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, info: dict[str,
         bare_rate = median(bare)
         rows.append([
             flush, body, producers, mode, fmt_rate(rate), f"{rate * body / MB:,.1f}",
-            spread(rates),
-            f"{median([r['server_cpu'] for r in sel]) * 100:.0f}%",
-            f"{median([r['client_cpu'] for r in sel]) * 100:.0f}%",
+            spread(rates), f"{med(sel, 'server_cpu'):.0%}", f"{med(sel, 'server_us_per_msg'):.1f}",
+            f"{med(sel, 'client_us_per_msg'):.1f}", f"{med(sel, 'other_cpu'):.2f}",
             fmt_rate(bare_rate) if bare else "n/a",
             f"{rate / bare_rate:.2f}" if bare else "n/a",
         ])
     print(table(["flush", "body B", "producers", "send_mode", "msgs/s", "MB/s (bodies)",
-                 "min-max msgs/s", "broker CPU", "producers' CPU", "bare gRPC msgs-eq/s",
-                 "pymq / bare"], rows))
+                 "min-max msgs/s", "broker CPU", "broker CPU us/msg", "producers CPU us/msg",
+                 "other load (cores)", "bare gRPC msgs-eq/s", "pymq / bare"], rows))
     bare_rows = []
-    for body in dict.fromkeys(r["body"] for r in pick(figure="bare_send")):
-        for producers in dict.fromkeys(r["producers"] for r in pick(figure="bare_send")):
-            sel = pick(figure="bare_send", body=body, producers=producers)
-            if sel:
-                rate = median([r["rate"] for r in sel])
-                bare_rows.append([body, producers, sel[0]["req_size"], sel[0]["resp_size"],
-                                  f"{rate / args.batch:,.0f}", fmt_rate(rate),
-                                  f"{rate / args.batch * sel[0]['req_size'] / MB:,.0f}",
-                                  f"{median([r['server_cpu'] for r in sel]) * 100:.0f}%"])
+    for body, producers in dict.fromkeys((r["body"], r["producers"]) for r in pick(figure="bare_send")):
+        sel = pick(figure="bare_send", body=body, producers=producers)
+        rate = med(sel, "rate")
+        bare_rows.append([body, producers, sel[0]["req_size"], sel[0]["resp_size"],
+                          f"{rate / args.batch:,.0f}", fmt_rate(rate),
+                          f"{rate / args.batch * sel[0]['req_size'] / MB:,.0f}",
+                          f"{med(sel, 'server_cpu'):.0%}", f"{med(sel, 'other_cpu'):.2f}"])
     if bare_rows:
         print(f"\nBare gRPC (grpc.aio server, identity serializers, same request/response sizes as "
               f"a {args.batch}-message SendMessage):\n")
         print(table(["body B", "callers", "request B", "response B", "calls/s", "msgs-eq/s",
-                     "request MB/s", "server CPU"], bare_rows))
+                     "request MB/s", "server CPU", "other load (cores)"], bare_rows))
     pull_rows = []
     for body in dict.fromkeys(r["body"] for r in pick(figure="pull")):
         for kind, label in (("pull", "pull (MessageExt)"), ("pull_raw", "pull_raw (records)"),
@@ -625,24 +683,25 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, info: dict[str,
             rates = [r["rate"] for r in sel]
             rate = median(rates)
             pull_rows.append([body, label, fmt_rate(rate), f"{rate * body / MB:,.1f}", spread(rates),
-                              f"{median([r['server_cpu'] for r in sel]) * 100:.0f}%",
-                              f"{median([r['client_cpu'] for r in sel]) * 100:.0f}%"])
+                              f"{med(sel, 'server_cpu'):.0%}",
+                              f"{med(sel, 'server_us_per_msg'):.2f}",
+                              f"{med(sel, 'client_us_per_msg'):.2f}", f"{med(sel, 'other_cpu'):.2f}"])
     if pull_rows:
         n = pick(figure="pull_raw")[0]["n"] if pick(figure="pull_raw") else 0
         print(f"\n## Pull: {n:,} messages over 4 queues per pass, max_nums={args.max_nums}, "
               f"1 consumer process (median of {args.repeats} passes; data in the page cache)\n")
         print(table(["body B", "read", "msgs/s", "MB/s (bodies)", "min-max msgs/s", "server CPU",
-                     "consumer CPU"], pull_rows))
+                     "server CPU us/msg", "consumer CPU us/msg", "other load (cores)"], pull_rows))
     targets = []
-    for body, flush, producers, goal, what in (
-        (200, "ASYNC_FLUSH", None, 300_000, "batched send, 200 B, ASYNC_FLUSH"),
-        (None, "SYNC_FLUSH", 4, 50_000, "SYNC_FLUSH, 4 producers"),
+    for flush, body, producers, goal, what in (
+        ("ASYNC_FLUSH", 200, None, 300_000, "batched send, ASYNC_FLUSH"),
+        ("SYNC_FLUSH", None, 4, 50_000, "batched send, SYNC_FLUSH"),
     ):
         sel = [r for r in pick(figure="send", flush=flush)
                if (body is None or r["body"] == body) and (producers is None or r["producers"] == producers)]
-        for key in dict.fromkeys((r["body"], r["producers"]) for r in sel):
-            rate = median([r["rate"] for r in sel if (r["body"], r["producers"]) == key])
-            targets.append([f"{what} (body {key[0]} B, {key[1]} producer(s))", f">= {fmt_rate(goal)}",
+        for b, p, m in dict.fromkeys((r["body"], r["producers"], r["mode"]) for r in sel):
+            rate = median([r["rate"] for r in sel if (r["body"], r["producers"], r["mode"]) == (b, p, m)])
+            targets.append([f"{what}, {b} B, {p} producer(s), {m}", f">= {fmt_rate(goal)}",
                             fmt_rate(rate), "met" if rate >= goal else f"missed ({rate / goal:.0%})"])
     for kind, label in (("pull", "pull (MessageExt)"), ("pull_raw", "pull_raw")):
         for body in dict.fromkeys(r["body"] for r in pick(figure=kind)):
@@ -652,7 +711,9 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, info: dict[str,
     if targets:
         print("\n## Targets\n")
         print(table(["figure", "target msgs/s", "measured", "verdict"], targets))
-    print(f"\n(total {elapsed:.0f} s)")
+    noisy = [r for r in runs if r.get("other_cpu", 0) > 0.3]
+    print(f"\n(total {elapsed:.0f} s; {len(noisy)} of {len(runs)} runs shared the machine with "
+          f"more than 0.3 cores of other load)")
 
 
 if __name__ == "__main__":

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+import gc
+
 from pymq_proto.record import (
     HEADER,
     HEADER_SIZE,
     MessageConst,
-    decode_properties,
-    offset_msg_id,
-    split_tail,
 )
 
 from .message import MessageExt
@@ -22,35 +21,50 @@ _UNIQ = MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
 
 def decode_records(records: bytes, broker_name: str) -> list[MessageExt]:
     """Every record in ``records`` (back to back, as the broker stored them)."""
+    was_enabled = gc.isenabled()
+    gc.disable()  # thousands of new objects and no cycle: no collection passes meanwhile
+    try:
+        return _decode(records, broker_name)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _decode(records: bytes, broker_name: str) -> list[MessageExt]:
     out: list[MessageExt] = []
-    pos, end = 0, len(records)
+    append = out.append
     unpack = HEADER.unpack_from
+    topics: dict[bytes, str] = {}
+    hosts: dict[bytes, str] = {}
+    pos, end = 0, len(records)
     while pos < end:
         (total, _magic, _crc, queue_id, flag, queue_offset, phy, _sys, born, stored, host,
          reconsume, _tx, body_len) = unpack(records, pos)
-        t0, t1, p0, p1 = split_tail(records, pos, total, body_len)
-        props = decode_properties(records[p0:p1])
+        b = pos + HEADER_SIZE
+        t = b + body_len
+        t1 = t + 2 + (records[t] | records[t + 1] << 8)
+        p0 = t1 + 2
+        p1 = p0 + (records[t1] | records[t1 + 1] << 8)
+        raw_topic = records[t + 2 : t1]
+        topic = topics.get(raw_topic)
+        if topic is None:
+            topic = topics[raw_topic] = raw_topic.decode()
+        host_hex = hosts.get(host)
+        if host_hex is None:
+            host_hex = hosts[host] = host.hex().upper()
+        offset_id = f"{host_hex}{phy:016X}"  # = offset_msg_id(host, phy)
+        props: dict[str, str] = {}
+        if p1 > p0:
+            for item in records[p0:p1].decode().split("\x02"):
+                if item:
+                    name, _, value = item.partition("\x01")
+                    props[name] = value
         keys = props.get(_KEYS)
-        offset_id = offset_msg_id(host, phy)
-        out.append(
-            MessageExt(
-                topic=records[t0:t1].decode(),
-                queue_id=queue_id,
-                broker_name=broker_name,
-                queue_offset=queue_offset,
-                msg_id=props.get(_UNIQ, offset_id),
-                offset_msg_id=offset_id,
-                commit_log_offset=phy,
-                body=records[pos + HEADER_SIZE : pos + HEADER_SIZE + body_len],
-                tags=props.get(_TAGS),
-                keys=tuple(keys.split(MessageConst.KEY_SEPARATOR)) if keys else (),
-                properties=props,
-                born_timestamp=born,
-                store_timestamp=stored,
-                reconsume_times=reconsume,
-                store_size=total,
-                flag=flag,
-            )
-        )
+        append(MessageExt(
+            topic, queue_id, broker_name, queue_offset, props.get(_UNIQ, offset_id), offset_id, phy,
+            records[b:t], props.get(_TAGS),
+            tuple(keys.split(MessageConst.KEY_SEPARATOR)) if keys else (), props, born, stored,
+            reconsume, total, flag,
+        ))
         pos += total
     return out

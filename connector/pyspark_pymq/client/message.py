@@ -115,15 +115,28 @@ _uniq_lock = threading.Lock()
 _uniq_counter = 0
 
 
+def _uniq_prefix() -> str:
+    # the pid of this process (a forked Spark worker gets its own), then 0000
+    return f"{os.getpid() & 0xFFFFFFFF:08X}0000"
+
+
 def new_uniq_key() -> str:
     """A msgId (UNIQ_KEY): unique per send, 32 hex digits like RocketMQ's."""
     global _uniq_counter
     with _uniq_lock:
         _uniq_counter += 1
         n = _uniq_counter
-    # pid (a forked Spark worker gets its own), microseconds, counter: 32 hex digits
-    micros = time.time_ns() // 1000 & 0xFFFFFFFFFFFF
-    return f"{os.getpid() & 0xFFFFFFFF:08X}0000{micros:012X}{n & 0xFFFFFFFF:08X}"
+    return f"{_uniq_prefix()}{time.time_ns() // 1000 & 0xFFFFFFFFFFFF:012X}{n & 0xFFFFFFFF:08X}"
+
+
+def new_uniq_keys(n: int) -> list[str]:
+    """``n`` msgIds as :func:`new_uniq_key` makes them, with one lock and one clock read."""
+    global _uniq_counter
+    with _uniq_lock:
+        first = _uniq_counter + 1
+        _uniq_counter += n
+    head = f"{_uniq_prefix()}{time.time_ns() // 1000 & 0xFFFFFFFFFFFF:012X}"
+    return [f"{head}{c & 0xFFFFFFFF:08X}" for c in range(first, first + n)]
 
 
 def encode_message_properties(msg: Message, uniq_key: str) -> bytes:

@@ -28,7 +28,7 @@ from .message import (
     SendResult,
     SendStatus,
     encode_message_properties,
-    new_uniq_key,
+    new_uniq_keys,
 )
 from .route import RouteCache
 from .transport import BrokerClient, map_rpc_error
@@ -244,27 +244,31 @@ class Producer:
         if not messages:
             raise ValueError("nothing to send: the message list is empty")
         topic = messages[0].topic
+        uniq = new_uniq_keys(len(messages))
         entries = []
-        uniq = []
         size = 0
-        for i, msg in enumerate(messages):
+        fixed = HEADER_SIZE + len(topic) + 4
+        max_size = self.max_message_size
+        message_data = pymq_pb2.MessageData
+        for i, (msg, key) in enumerate(zip(messages, uniq, strict=True)):
             if not isinstance(msg, Message):
                 raise TypeError(f"expected a Message at position {i}, got {type(msg).__name__}")
             if msg.topic != topic:
                 raise ValueError(
                     f"a batch holds one topic: message {i} is for {msg.topic!r}, not {topic!r}"
                 )
-            key = new_uniq_key()
-            props = encode_message_properties(msg, key)
-            msize = _message_size(msg, props)
-            if len(msg.body) > self.max_message_size:
+            if msg.properties or msg.tags or msg.keys or msg.delay_level or msg.sharding_key is not None:
+                props = encode_message_properties(msg, key)
+            else:  # the msgId alone: no dict to build
+                props = b"UNIQ_KEY\x01" + key.encode() + b"\x02"
+            body = msg.body
+            if len(body) > max_size:
                 raise MessageIllegalError(
-                    f"message body of {len(msg.body)} bytes is over maxMessageSize "
-                    f"{self.max_message_size} (topic {topic!r})"
+                    f"message body of {len(body)} bytes is over maxMessageSize "
+                    f"{max_size} (topic {topic!r})"
                 )
-            size += msize
-            uniq.append(key)
-            entries.append(pymq_pb2.MessageData(body=msg.body, flag=msg.flag, properties=props))
+            size += fixed + len(body) + len(props)
+            entries.append(message_data(body=body, flag=msg.flag, properties=props))
         if len(messages) > 1:
             for i, msg in enumerate(messages):
                 if msg.delay_level:
