@@ -240,7 +240,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--pull-batch-size", type=int, default=None)
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--quick", action="store_true", help="100,000 messages, 1 run (CI-scale)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.messages, args.runs = 100_000, 1
 
     from broker_process import BrokerProcess
     from pyspark.sql import SparkSession
