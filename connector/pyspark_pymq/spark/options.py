@@ -191,6 +191,22 @@ def _bad(name: str, value: object, allowed: str) -> ValueError:
     return ValueError(f"pymq option {name}={value!r} is not valid: {allowed}")
 
 
+def parse_int_option(
+    name: str, value: str | None, *, minimum: int, maximum: int | None = None
+) -> int | None:
+    """An integer option within [minimum, maximum]; None when unset (source and sink alike)."""
+    if value is None or value == "":
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        number = None
+    if number is None or number < minimum or (maximum is not None and number > maximum):
+        upper = f" and <= {maximum}" if maximum is not None else ""
+        raise _bad(name, value, f"use an integer >= {minimum}{upper}")
+    return number
+
+
 class _Options:
     """The user's options by canonical name, remembering which were given."""
 
@@ -235,17 +251,7 @@ class _Options:
         raise _bad(name, value, "use 'true' or 'false'")
 
     def integer(self, name: str, *, minimum: int, maximum: int | None = None) -> int | None:
-        value = self.values.get(name)
-        if value is None or value == "":
-            return None
-        try:
-            number = int(value)
-        except ValueError:
-            number = None
-        if number is None or number < minimum or (maximum is not None and number > maximum):
-            upper = f" and <= {maximum}" if maximum is not None else ""
-            raise _bad(name, value, f"use an integer >= {minimum}{upper}")
-        return number
+        return parse_int_option(name, self.values.get(name), minimum=minimum, maximum=maximum)
 
     def enum(self, name: str, enum_cls: type[Enum], default: Enum, aliases: dict[str, str]) -> str:
         value = self.values.get(name)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..client.producer import DEFAULT_MAX_MESSAGE_SIZE, SEND_MODES
 from ..client.transport import check_endpoint
-from .options import _parse_group, _parse_topics
+from .options import _parse_group, _parse_topics, parse_int_option
 
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType, StructType
@@ -67,17 +67,8 @@ def _bad(name: str, value: object, allowed: str) -> ValueError:
 
 
 def _int(raw: Mapping[str, str], name: str, default: int, minimum: int, maximum: int | None = None) -> int:
-    value = raw.get(name)
-    if value is None or value == "":
-        return default
-    try:
-        number = int(value)
-    except ValueError:
-        number = None
-    if number is None or number < minimum or (maximum is not None and number > maximum):
-        upper = f" and <= {maximum}" if maximum is not None else ""
-        raise _bad(name, value, f"use an integer >= {minimum}{upper}")
-    return number
+    number = parse_int_option(name, raw.get(name), minimum=minimum, maximum=maximum)
+    return default if number is None else number
 
 
 # column -> (accepted Spark type names, what to say)
