@@ -191,6 +191,16 @@ def _bad(name: str, value: object, allowed: str) -> ValueError:
     return ValueError(f"pymq option {name}={value!r} is not valid: {allowed}")
 
 
+def unknown_option(
+    key: object, known: tuple[str, ...], *, prefix: str = "pymq option",
+    problem: str = "is unknown", known_label: str = "Known options",
+) -> ValueError:
+    """The error for an option name we do not know, with the closest known one as a hint."""
+    hint = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+    did_you_mean = f" Did you mean {hint[0]!r}?" if hint else ""
+    return ValueError(f"{prefix} {key!r} {problem}.{did_you_mean} {known_label}: {', '.join(known)}.")
+
+
 def parse_int_option(
     name: str, value: str | None, *, minimum: int, maximum: int | None = None
 ) -> int | None:
@@ -216,12 +226,7 @@ class _Options:
         for key, value in raw.items():
             name = _CANONICAL.get(str(key).lower())
             if name is None:
-                hint = difflib.get_close_matches(str(key), OPTION_NAMES, n=1, cutoff=0.6)
-                did_you_mean = f" Did you mean {hint[0]!r}?" if hint else ""
-                raise ValueError(
-                    f"pymq option {key!r} is unknown.{did_you_mean} "
-                    f"Known options: {', '.join(OPTION_NAMES)}."
-                )
+                raise unknown_option(key, OPTION_NAMES)
             if kind is not None and kind not in _OPTIONS[name]:
                 other = "batch reads (spark.read)" if stream else "streams (spark.readStream)"
                 raise ValueError(

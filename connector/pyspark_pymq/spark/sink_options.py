@@ -9,7 +9,6 @@ to use instead.
 
 from __future__ import annotations
 
-import difflib
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from ..client.producer import DEFAULT_MAX_MESSAGE_SIZE, SEND_MODES
 from ..client.transport import check_endpoint
-from .options import _parse_group, _parse_topics, parse_int_option
+from .options import _parse_group, _parse_topics, parse_int_option, unknown_option
 
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType, StructType
@@ -121,12 +120,8 @@ def parse_sink_options(raw_options: Mapping[str, str], schema: StructType, *, st
             continue
         name = _CANONICAL.get(str(key).lower())
         if name is None:
-            hint = difflib.get_close_matches(str(key), SINK_OPTION_NAMES, n=1, cutoff=0.6)
-            did_you_mean = f" Did you mean {hint[0]!r}?" if hint else ""
-            raise ValueError(
-                f"pymq sink option {key!r} is unknown.{did_you_mean} "
-                f"Known sink options: {', '.join(SINK_OPTION_NAMES)}."
-            )
+            raise unknown_option(key, SINK_OPTION_NAMES, prefix="pymq sink option",
+                                 known_label="Known sink options")
         raw[name] = "" if value is None else str(value).strip()
     endpoint = raw.get("endpoint") or ""
     if not endpoint:

@@ -23,7 +23,6 @@ default false), ``maxMessages`` (deadLetters, default 10000). Example::
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -33,7 +32,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from ..client.admin import Admin
 from ..client.transport import check_endpoint
-from .options import _parse_group
+from .options import _parse_group, unknown_option
 
 __all__ = ["VIEWS", "ViewOptions", "ViewReader", "parse_view_options", "view_requested"]
 
@@ -73,11 +72,8 @@ def parse_view_options(raw: Mapping[str, str]) -> ViewOptions:
     for key, value in raw.items():
         name = canonical.get(str(key).lower())
         if name is None:
-            hint = difflib.get_close_matches(str(key), _VIEW_OPTIONS, n=1, cutoff=0.6)
-            raise ValueError(
-                f"pymq option {key!r} does not apply to a view read."
-                f"{f' Did you mean {hint[0]!r}?' if hint else ''} View options: {', '.join(_VIEW_OPTIONS)}."
-            )
+            raise unknown_option(key, _VIEW_OPTIONS, problem="does not apply to a view read",
+                                 known_label="View options")
         opts[name] = str(value).strip()
     endpoint = opts.get("endpoint", "")
     if not endpoint:
