@@ -33,6 +33,9 @@ def test_admin_cli_round_trip(endpoint: str, capsys: pytest.CaptureFixture[str])
     assert "look at me" in capsys.readouterr().out
     assert main(["-e", endpoint, "query-message", "cli", "lk"]) == 0
     assert "look at me" in capsys.readouterr().out
+    assert main(["-e", endpoint, "broker"]) == 0
+    info = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+    assert info["transactionsPending"] == "0" and int(info["commitLogMaxOffset"]) > 0
 
 
 def test_render_table_aligns_columns() -> None:

@@ -125,3 +125,62 @@ def test_transactional_messages_refuse_delay_and_batches(tx_broker: BrokerProces
     with pytest.raises(MessageIllegalError, match="batch"):
         Producer(ep).send_batch([Message("orders", b"a", properties=tx),
                                  Message("orders", b"b", properties=tx)])
+
+
+def _half_props(uniq: str, group: str = "tx") -> bytes:
+    from pymq_proto.record import encode_properties
+
+    return encode_properties({"TRAN_MSG": "true", "PGROUP": group, "UNIQ_KEY": uniq})
+
+
+def test_half_message_batch_is_invisible_idempotent_and_ended_by_batch(tx_broker: BrokerProcess) -> None:
+    from pyspark_pymq.client.transaction import HalfMessageProducer
+
+    ep = tx_broker.endpoint
+    keys = [f"TX{i:030d}" for i in range(4)]
+    bodies = [b"a", b"b", b"c", b"d"]
+    halves = HalfMessageProducer(ep, producer_group="tx")
+    halves.send_encoded("orders", bodies, [_half_props(k) for k in keys], keys, queue_id=0)
+    halves.send_encoded("orders", bodies, [_half_props(k) for k in keys], keys, queue_id=0)  # a retry
+    assert visible(ep) == []
+    assert Admin(ep).broker_info()["transactionsPending"] == "4", "a retried half batch was stored twice"
+    with TransactionProducer(ep, "tx", lambda m: UNKNOW) as producer:
+        assert producer.end_transactions([keys[0], keys[1], "NO-SUCH-ID", keys[3]], COMMIT) == 3
+        assert producer.end_transactions([keys[1], keys[2]], ROLLBACK) == 1  # keys[1] ended already
+    assert visible(ep) == [b"a", b"b", b"d"]
+    assert Admin(ep).broker_info()["transactionsPending"] == "0"
+    time.sleep(1.0)  # nothing left for a check-back to resurrect
+    assert visible(ep) == [b"a", b"b", b"d"]
+
+
+def test_half_message_batch_rejects_plain_and_delayed_messages(tx_broker: BrokerProcess) -> None:
+    from pymq_proto.record import encode_properties
+    from pyspark_pymq.client.transaction import HalfMessageProducer
+
+    ep = tx_broker.endpoint
+    halves = HalfMessageProducer(ep, producer_group="tx")
+    plain = encode_properties({"UNIQ_KEY": "P1"})
+    with pytest.raises(MessageIllegalError, match="message 1 of a half message batch lacks TRAN_MSG"):
+        halves.send_encoded("orders", [b"a", b"b"], [_half_props("H1"), plain], ["H1", "P1"])
+    delayed = _half_props("H2") + b"DELAY\x013\x02"
+    with pytest.raises(MessageIllegalError, match="cannot be delayed"):
+        halves.send_encoded("orders", [b"x"], [delayed], ["H2"])
+    assert Admin(ep).broker_info()["transactionsPending"] == "0"
+
+
+def test_half_message_batch_survives_a_broker_crash(tmp_path: Path) -> None:
+    from pyspark_pymq.client.transaction import HalfMessageProducer
+
+    broker = BrokerProcess(tmp_path / "b", FAST, flush_disk_type="SYNC_FLUSH").start()
+    try:
+        Admin(broker.endpoint).create_topic("orders", queues=1)
+        keys = [f"K{i}" for i in range(50)]
+        HalfMessageProducer(broker.endpoint, producer_group="tx").send_encoded(
+            "orders", [b"%d" % i for i in range(50)], [_half_props(k) for k in keys], keys)
+        broker.restart(crash=True)
+        assert Admin(broker.endpoint).broker_info()["transactionsPending"] == "50"
+        with TransactionProducer(broker.endpoint, "tx", lambda m: UNKNOW) as producer:
+            assert producer.end_transactions(keys, COMMIT) == 50
+        assert visible(broker.endpoint) == [b"%d" % i for i in range(50)]
+    finally:
+        broker.stop()

@@ -103,7 +103,7 @@ class BrokerController:
             pull=PullMessageProcessor(ctx, hold),
             send_back=SendBackProcessor(ctx),
             consumer_manage=ConsumerManageProcessor(ctx),
-            admin=AdminBrokerProcessor(ctx, send.dedup),
+            admin=AdminBrokerProcessor(ctx, send.dedup, self.transactions),
             end_transaction=EndTransactionProcessor(ctx, self.transactions, self.producers),
         )
         pymq_pb2_grpc.add_BrokerServicer_to_server(service, server)

@@ -170,6 +170,11 @@ def _cmd_tail(admin: Admin, a: argparse.Namespace) -> None:
             print(f"{mq} @{m.queue_offset} tags={m.tags} keys={' '.join(m.keys)} body={_cell(m.body)}")
 
 
+def _cmd_broker(admin: Admin, a: argparse.Namespace) -> None:
+    for name, value in sorted(admin.broker_info().items()):
+        print(f"{name:24} {value}")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pymq-admin", description="Administer a pymq broker.")
     p.add_argument("-e", "--endpoint", default=os.environ.get("PYMQ_ENDPOINT"),
@@ -181,6 +186,7 @@ def parser() -> argparse.ArgumentParser:
         sp.set_defaults(fn=fn)
         return sp
 
+    add("broker", _cmd_broker, "the broker's runtime info (offsets, flush, pending transactions)")
     add("topics", _cmd_topics, "list topics").add_argument("--all", action="store_true",
                                                            help="include %%RETRY%%/%%DLQ%%/system topics")
     sp = add("create-topic", _cmd_create, "create or update a topic")

@@ -104,6 +104,8 @@ class MessageConst:
     PROPERTY_CONSUME_FAILURE_STAGE = "CONSUME_FAILURE_STAGE"
     PROPERTY_CONSUME_FAILURE_QUERY_ID = "CONSUME_FAILURE_QUERY_ID"
     PROPERTY_CONSUME_FAILURE_BATCH_ID = "CONSUME_FAILURE_BATCH_ID"
+    # pymq: "<queryId>:<batchId>:<transaction>" of a row written by the exactly-once sink
+    PROPERTY_SINK_TRANSACTION = "PYMQ_SINK_TXN"
     KEY_SEPARATOR = " "
 
     SYSTEM_PROPERTIES = frozenset(
@@ -130,6 +132,7 @@ class MessageConst:
             PROPERTY_CONSUME_FAILURE_STAGE,
             PROPERTY_CONSUME_FAILURE_QUERY_ID,
             PROPERTY_CONSUME_FAILURE_BATCH_ID,
+            PROPERTY_SINK_TRANSACTION,
         }
     )
 

@@ -15,14 +15,17 @@ from ..common.mix_all import (
 )
 from ..manager.subscription_group_manager import SubscriptionGroupConfig
 from ..manager.topic_config_manager import TopicConfig
+from ..transaction.transactional_message_service import TransactionalMessageService
 from .context import BrokerContext
 from .dedup import DedupWindow
 
 
 class AdminBrokerProcessor:
-    def __init__(self, ctx: BrokerContext, dedup: DedupWindow) -> None:
+    def __init__(self, ctx: BrokerContext, dedup: DedupWindow,
+                 transactions: TransactionalMessageService) -> None:
         self.ctx = ctx
         self.dedup = dedup
+        self.transactions = transactions
 
     def query_route(self, req: pymq_pb2.QueryRouteRequest) -> pymq_pb2.TopicRouteData:
         """GET_ROUTEINFO_BY_TOPIC: the topic's queues and the endpoint of each broker."""
@@ -194,6 +197,7 @@ class AdminBrokerProcessor:
         return pymq_pb2.BrokerRuntimeInfoResponse(
             broker_name=self.ctx.broker_name,
             endpoint=self.ctx.endpoint,
-            info=self.ctx.store.runtime_info(),
+            info={**self.ctx.store.runtime_info(),
+                  "transactionsPending": str(len(self.transactions.pending))},
         )
 

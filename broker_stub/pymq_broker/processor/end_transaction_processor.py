@@ -19,6 +19,8 @@ from .send_message_processor import wait_store_ok
 
 log = logging.getLogger(__name__)
 
+MAX_END_TRANSACTION_BATCH = 100_000
+
 
 class ProducerManager:
     """Producer groups with an open TransactionStream, and their pending checks."""
@@ -61,16 +63,33 @@ class EndTransactionProcessor:
             raise BrokerException(
                 pymq_pb2.ILLEGAL_ARGUMENT, "end transaction needs the half message's msg_id"
             )
-        if req.state == pymq_pb2.UNKNOW:
-            return pymq_pb2.EndTransactionResponse(resolved=False)
-        commit = req.state == pymq_pb2.COMMIT_MESSAGE
-        if not commit and req.state != pymq_pb2.ROLLBACK_MESSAGE:
-            raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT, f"unknown transaction state {req.state}")
-        resolved = req.msg_id in self.service.pending
-        result = self.service.end_transaction(req.msg_id, commit)
-        if result is not None:
+        resolved = await self._end([req.msg_id], req.state)
+        return pymq_pb2.EndTransactionResponse(resolved=resolved > 0)
+
+    async def end_transaction_batch(
+        self, req: pymq_pb2.EndTransactionBatchRequest
+    ) -> pymq_pb2.EndTransactionBatchResponse:
+        if len(req.msg_ids) > MAX_END_TRANSACTION_BATCH:
+            raise BrokerException(
+                pymq_pb2.ILLEGAL_ARGUMENT,
+                f"{len(req.msg_ids)} msg ids in one EndTransactionBatch; send at most "
+                f"{MAX_END_TRANSACTION_BATCH} per request",
+            )
+        bad = next((i for i, m in enumerate(req.msg_ids) if not m), None)
+        if bad is not None:
+            raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT, f"msg_ids[{bad}] is empty")
+        return pymq_pb2.EndTransactionBatchResponse(resolved=await self._end(list(req.msg_ids), req.state))
+
+    async def _end(self, msg_ids: list[str], state: pymq_pb2.TransactionState.ValueType) -> int:
+        if state == pymq_pb2.UNKNOW:
+            return 0
+        commit = state == pymq_pb2.COMMIT_MESSAGE
+        if not commit and state != pymq_pb2.ROLLBACK_MESSAGE:
+            raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT, f"unknown transaction state {state}")
+        resolved, results = self.service.end_transactions(msg_ids, commit)
+        for result in results:
             await wait_store_ok(self.ctx, result)
-        return pymq_pb2.EndTransactionResponse(resolved=resolved)
+        return resolved
 
     async def transaction_stream(
         self, req: pymq_pb2.TransactionStreamRequest

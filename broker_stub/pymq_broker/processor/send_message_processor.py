@@ -70,7 +70,15 @@ class SendMessageProcessor:
         self.dedup = DedupWindow()
         self._round_robin = itertools.count()
 
-    async def send_message(self, req: pymq_pb2.SendMessageRequest) -> pymq_pb2.SendMessageResponse:
+    async def send_half_message_batch(
+        self, req: pymq_pb2.SendMessageRequest
+    ) -> pymq_pb2.SendMessageResponse:
+        """pymq: many half messages in one request, each its own transaction."""
+        return await self.send_message(req, half_batch=True)
+
+    async def send_message(
+        self, req: pymq_pb2.SendMessageRequest, *, half_batch: bool = False
+    ) -> pymq_pb2.SendMessageResponse:
         ctx = self.ctx
         topic = req.topic
         if not req.messages:
@@ -112,16 +120,24 @@ class SendMessageProcessor:
                     dropped += 1
                     continue
             messages.append(MessageToStore(m.body, m.flag, m.properties, born, req.reconsume_times))
+        if half_batch:
+            plain = next((i for i, m in enumerate(req.messages)
+                          if find_property(m.properties, _TRAN) != b"true"), None)
+            if plain is not None:
+                raise BrokerException(
+                    pymq_pb2.MESSAGE_ILLEGAL,
+                    f"message {plain} of a half message batch lacks TRAN_MSG=true; send it with SendMessage",
+                )
         if messages and find_property(messages[0].properties, _TRAN) == b"true":
-            if len(req.messages) > 1:
+            if len(req.messages) > 1 and not half_batch:
                 raise BrokerException(
                     pymq_pb2.MESSAGE_ILLEGAL, "transactional messages cannot be sent as a batch"
                 )
-            if find_property(messages[0].properties, _DELAY) not in (None, b"0"):
+            if any(find_property(m.properties, _DELAY) not in (None, b"0") for m in messages):
                 raise BrokerException(
                     pymq_pb2.MESSAGE_ILLEGAL, "transactional messages cannot be delayed"
                 )
-            result = self.transactions.prepare_message(topic, queue_id, messages[0])
+            result = self.transactions.prepare_messages(topic, queue_id, messages)
             status = await wait_store_ok(ctx, result)
             return pymq_pb2.SendMessageResponse(
                 status=status, queue_id=queue_id, queue_offset=-1,

@@ -89,6 +89,8 @@ class BrokerGrpcService(pymq_pb2_grpc.BrokerServicer):
     QueryMessage = _rpc("query_message", "admin")
     BrokerRuntimeInfo = _rpc("runtime_info", "admin")
     EndTransaction = _rpc("end_transaction", "end_transaction")
+    EndTransactionBatch = _rpc("end_transaction_batch", "end_transaction")
+    SendHalfMessageBatch = _rpc("send_half_message_batch", "send")
 
     async def TransactionStream(
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]

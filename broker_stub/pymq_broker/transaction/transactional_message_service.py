@@ -35,7 +35,7 @@ from ..common.mix_all import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS
 from ..manager.topic_config_manager import TopicConfigManager
 from ..store.commit_log import MessageToStore
 from ..store.message_store import DefaultMessageStore
-from ..store.results import PutMessageResult
+from ..store.results import PutMessageResult, PutMessageStatus
 
 log = logging.getLogger(__name__)
 MC = MessageConst
@@ -124,36 +124,62 @@ class TransactionalMessageService(ConfigManager):
 
     # -- prepare / end ----------------------------------------------------------
 
-    def prepare_message(self, topic: str, queue_id: int, msg: MessageToStore) -> PutMessageResult:
-        """Store a half message: invisible until its transaction is committed."""
-        props = decode_properties(msg.properties)
-        props[MC.PROPERTY_REAL_TOPIC] = topic
-        props[MC.PROPERTY_REAL_QUEUE_ID] = str(queue_id)
+    def prepare_messages(self, topic: str, queue_id: int, msgs: list[MessageToStore]) -> PutMessageResult:
+        """Store the half messages of many transactions with one put.
+
+        A msgId already pending is skipped: a retried request must not leave a
+        second half message that nobody would end.
+        """
+        halves, uniqs = [], []
+        for msg in msgs:
+            props = decode_properties(msg.properties)
+            uniq = props.get(MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
+            if uniq is not None and (uniq in self.pending or uniq in uniqs):
+                continue
+            props[MC.PROPERTY_REAL_TOPIC] = topic
+            props[MC.PROPERTY_REAL_QUEUE_ID] = str(queue_id)
+            halves.append(MessageToStore(msg.body, msg.flag, encode_properties(props), msg.born_timestamp,
+                                         msg.reconsume_times, msg.sys_flag))
+            uniqs.append(uniq)
+        if not halves:
+            return PutMessageResult(PutMessageStatus.PUT_OK, TRANS_HALF_TOPIC, 0, -1)
         self.topics.create_system_topic(TRANS_HALF_TOPIC, 1)
-        half = MessageToStore(msg.body, msg.flag, encode_properties(props), msg.born_timestamp,
-                              msg.reconsume_times, msg.sys_flag)
-        result = self.store.put_messages(TRANS_HALF_TOPIC, 0, [half])
+        result = self.store.put_messages(TRANS_HALF_TOPIC, 0, halves)
         if result.ok:
-            uniq = props.get(MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, str(result.physical_offsets[0]))
-            self.pending[uniq] = (result.queue_offset, result.physical_offsets[0])
+            for i, (uniq, phy) in enumerate(zip(uniqs, result.physical_offsets, strict=True)):
+                self.pending[uniq or str(phy)] = (result.queue_offset + i, phy)
         return result
 
-    def end_transaction(self, msg_id: str, commit: bool) -> PutMessageResult | None:
-        """Commit or roll back; None when the transaction was resolved (or given up) already."""
-        entry = self.pending.pop(msg_id, None)
-        if entry is None:
-            return None
-        qoff, phy = entry
-        result = None
+    def end_transactions(self, msg_ids: list[str], commit: bool) -> tuple[int, list[PutMessageResult]]:
+        """End many transactions alike: real messages stored per queue, one op record each.
+
+        Returns how many were pending, and the puts to wait for (SYNC_FLUSH).
+        Unknown msgIds (resolved before, given up, never sent) are skipped.
+        """
+        entries = [(m, e) for m in dict.fromkeys(msg_ids) if (e := self.pending.pop(m, None)) is not None]
+        if not entries:
+            return 0, []
+        results: list[PutMessageResult] = []
+        done = [qoff for _m, (qoff, _phy) in entries]
         if commit:
-            rec = self.store.look_message_by_offset(phy)
-            if rec is None:
-                log.error("half message %s at %d is gone; cannot commit", msg_id, phy)
-            else:
+            by_queue: dict[tuple[str, int], list[tuple[str, tuple[int, int], MessageToStore]]] = {}
+            for msg_id, entry in entries:
+                rec = self.store.look_message_by_offset(entry[1])
+                if rec is None:
+                    log.error("half message %s at %d is gone; cannot commit", msg_id, entry[1])
+                    continue
                 topic, qid, real = self._real_message(rec)
-                result = self.store.put_messages(topic, qid, [real])
-        self._mark_done(qoff)
-        return result
+                by_queue.setdefault((topic, qid), []).append((msg_id, entry, real))
+            for (topic, qid), items in by_queue.items():
+                result = self.store.put_messages(topic, qid, [real for _m, _e, real in items])
+                results.append(result)
+                if not result.ok:  # still pending: the producer (or a check-back) ends it again
+                    for msg_id, entry, _real in items:
+                        self.pending[msg_id] = entry
+                        done.remove(entry[0])
+        if done:
+            results.append(self._mark_done(done))
+        return len(entries) - sum(1 for m, _e in entries if m in self.pending), results
 
     def _real_message(self, rec: bytes) -> tuple[str, int, MessageToStore]:
         h = HEADER.unpack_from(rec)
@@ -165,13 +191,16 @@ class TransactionalMessageService(ConfigManager):
         body = rec[HEADER_SIZE : HEADER_SIZE + h[13]]
         return topic, qid, MessageToStore(body, h[4], encode_properties(props), h[8], h[11], h[7])
 
-    def _mark_done(self, half_offset: int) -> None:
+    def _mark_done(self, half_offsets: list[int]) -> PutMessageResult:
+        """Op records marking half messages resolved (RocketMQ's RMQ_SYS_TRANS_OP_HALF_TOPIC)."""
         self.topics.create_system_topic(TRANS_OP_HALF_TOPIC, 1)
-        op = MessageToStore(str(half_offset).encode(), 0, encode_properties({MC.PROPERTY_TAGS: "d"}),
-                            int(time.time() * 1000))
-        self.store.put_messages(TRANS_OP_HALF_TOPIC, 0, [op])
-        self.done.add(half_offset)
+        now = int(time.time() * 1000)
+        tags = encode_properties({MC.PROPERTY_TAGS: "d"})
+        ops = [MessageToStore(str(q).encode(), 0, tags, now) for q in half_offsets]
+        result = self.store.put_messages(TRANS_OP_HALF_TOPIC, 0, ops)
+        self.done.update(half_offsets)
         self._advance()
+        return result
 
     def _advance(self) -> None:
         moved = False
@@ -198,7 +227,7 @@ class TransactionalMessageService(ConfigManager):
             rec = self.store.look_message_by_offset(phy)
             if rec is None:
                 self.pending.pop(msg_id, None)
-                self._mark_done(qoff)
+                self._mark_done([qoff])
                 continue
             store_ts = HEADER.unpack_from(rec)[9]
             props = self._props(rec)
@@ -212,7 +241,7 @@ class TransactionalMessageService(ConfigManager):
                 self.store.put_messages(TRANS_CHECK_MAX_TIME_TOPIC, 0, [real])
                 log.warning("transaction %s (topic %s) given up after %d checks", msg_id, topic, times)
                 self.pending.pop(msg_id, None)
-                self._mark_done(qoff)
+                self._mark_done([qoff])
                 continue
             # re-put with one more check, then mark the old one done (RocketMQ's way)
             props[MC.PROPERTY_TRANSACTION_CHECK_TIMES] = str(times + 1)
@@ -223,7 +252,7 @@ class TransactionalMessageService(ConfigManager):
             if not result.ok:
                 continue
             self.pending[msg_id] = (result.queue_offset, result.physical_offsets[0])
-            self._mark_done(qoff)
+            self._mark_done([qoff])
             new_rec = self.store.look_message_by_offset(result.physical_offsets[0]) or rec
             checks.append(TransactionCheck(
                 props.get(MC.PROPERTY_PRODUCER_GROUP, ""), msg_id,

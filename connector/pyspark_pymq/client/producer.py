@@ -8,7 +8,7 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import grpc
 from pymq_proto.record import HEADER_SIZE, store_host_bytes
@@ -93,6 +93,8 @@ class Producer:
             result = producer.send(Message("orders", b"hello", tags="created"))
             print(result.msg_id, result.queue_offset)
     """
+
+    SEND_RPC: ClassVar[str] = "SendMessage"  # the broker request a send makes
 
     def __init__(
         self,
@@ -352,7 +354,7 @@ class Producer:
             mq = self._select_queue(prepared, last_failed)
             client = self._routes.client(mq.topic, mq.broker_name)
             try:
-                resp = client.call("SendMessage", self._request(prepared, mq, batch))
+                resp = client.call(self.SEND_RPC, self._request(prepared, mq, batch))
             except RETRYABLE as err:
                 self._fault.update(mq.broker_name, True)
                 last_failed, last_error = mq.broker_name, err
@@ -383,7 +385,7 @@ class Producer:
             try:
                 mq = self._select_queue(prepared, last_failed)
                 client = self._routes.client(mq.topic, mq.broker_name)
-                call = client.call_future("SendMessage", self._request(prepared, mq, batch))
+                call = client.call_future(self.SEND_RPC, self._request(prepared, mq, batch))
             except BaseException as err:  # route look-up failed: report on the future
                 failure = err
                 finish(lambda: outer.set_exception(failure))
@@ -393,7 +395,7 @@ class Producer:
                 try:
                     resp = f.result()
                 except grpc.RpcError as rpc_err:
-                    err = map_rpc_error(rpc_err, client.endpoint, "SendMessage")
+                    err = map_rpc_error(rpc_err, client.endpoint, self.SEND_RPC)
                     self._fault.update(mq.broker_name, isinstance(err, RETRYABLE))
                     if left > 0 and isinstance(err, RETRYABLE):
                         attempt(left - 1, mq.broker_name)

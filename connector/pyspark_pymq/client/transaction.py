@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,9 +25,11 @@ from .message import Message, MessageExt, SendResult
 from .producer import Producer
 from .transport import BrokerClient
 
-__all__ = ["LocalTransactionState", "TransactionProducer", "TransactionSendResult"]
+__all__ = ["HalfMessageProducer", "LocalTransactionState", "TransactionProducer", "TransactionSendResult"]
 
 log = logging.getLogger(__name__)
+
+END_TRANSACTION_CHUNK = 20_000  # msg ids per EndTransactionBatch request
 
 
 class LocalTransactionState(enum.Enum):
@@ -128,6 +130,21 @@ class TransactionProducer:
         self._end(result.msg_id, state, from_check=False)
         return TransactionSendResult(result, state)
 
+    def end_transactions(self, msg_ids: Sequence[str], state: LocalTransactionState) -> int:
+        """End many transactions alike (EndTransactionBatch); returns how many were pending.
+
+        Unlike the end after a local transaction, failures raise: the caller
+        (the exactly-once sink's commit) must not report success without it.
+        """
+        resolved = 0
+        for start in range(0, len(msg_ids), END_TRANSACTION_CHUNK):
+            resp = self._client.call("EndTransactionBatch", pymq_pb2.EndTransactionBatchRequest(
+                producer_group=self.producer_group, msg_ids=msg_ids[start : start + END_TRANSACTION_CHUNK],
+                state=_STATE[state],
+            ))
+            resolved += resp.resolved
+        return resolved
+
     def _end(self, msg_id: str, state: LocalTransactionState, *, from_check: bool) -> None:
         try:
             self._client.call("EndTransaction", pymq_pb2.EndTransactionRequest(
@@ -168,3 +185,15 @@ class TransactionProducer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class HalfMessageProducer(Producer):
+    """A Producer whose batches are half messages (SendHalfMessageBatch), one transaction each.
+
+    For bulk writers that end transactions themselves (the exactly-once Spark
+    sink): every message must carry ``TRAN_MSG=true``, ``PGROUP`` and its
+    UNIQ_KEY (its transaction id). It opens no check-back stream: check-backs
+    go to a :class:`TransactionProducer` of the same group.
+    """
+
+    SEND_RPC = "SendHalfMessageBatch"

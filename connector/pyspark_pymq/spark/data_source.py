@@ -173,4 +173,9 @@ class PymqDataSource(DataSource):
         from .sink_options import parse_sink_options
         from .writer import PymqStreamSinkWriter
 
-        return PymqStreamSinkWriter(parse_sink_options(dict(self.options), schema, stream=True))
+        options = parse_sink_options(dict(self.options), schema, stream=True)
+        if options.exactly_once:
+            from .transactional_sink import TransactionalStreamSinkWriter
+
+            return TransactionalStreamSinkWriter(options)
+        return PymqStreamSinkWriter(options)

@@ -9,6 +9,8 @@ to use instead.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,15 +23,16 @@ from .options import _parse_group, _parse_topics, parse_int_option, unknown_opti
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType, StructType
 
-__all__ = ["ACTIONS", "SINK_OPTION_NAMES", "SinkOptions", "parse_sink_options"]
+__all__ = ["ACTIONS", "DELIVERY_GUARANTEES", "SINK_OPTION_NAMES", "SinkOptions", "parse_sink_options"]
 
 ACTIONS = ("send", "reconsumeLater")
+DELIVERY_GUARANTEES = ("at-least-once", "exactly-once")
 DEFAULT_PRODUCER_GROUP = "PYMQ_SPARK_SINK"
 
 _SINK_OPTIONS = (
     "endpoint", "topic", "action", "sendMode", "producerGroup", "retryTimesWhenSendFailed",
     "retryTimesWhenSendAsyncFailed", "sendMsgTimeoutMs", "maxInFlight", "maxBatchBytes",
-    "consumerGroup", "maxReconsumeTimes", "delayLevel", "stage",
+    "consumerGroup", "maxReconsumeTimes", "delayLevel", "stage", "deliveryGuarantee",
 )
 SINK_OPTION_NAMES: tuple[str, ...] = _SINK_OPTIONS
 _CANONICAL = {n.lower(): n for n in _SINK_OPTIONS}
@@ -59,6 +62,8 @@ class SinkOptions:
     keys_is_array: bool
     body_is_string: bool
     write_id: str  # distinguishes batch (non-streaming) writes in UNIQ_KEYs
+    exactly_once: bool = False
+    checkpoint_location: str | None = None  # a local path: exactly-once keeps its commit markers there
 
 
 def _bad(name: str, value: object, allowed: str) -> ValueError:
@@ -115,8 +120,11 @@ def _check_columns(schema: StructType, spec: dict[str, tuple[tuple[str, ...], st
 def parse_sink_options(raw_options: Mapping[str, str], schema: StructType, *, stream: bool) -> SinkOptions:
     """Validate the options and the input columns of a write."""
     raw: dict[str, str] = {}
+    checkpoint: str | None = None
     for key, value in raw_options.items():
         if str(key).lower() in _SPARK_OPTIONS:
+            if str(key).lower() == "checkpointlocation" and value:
+                checkpoint = str(value)
             continue
         name = _CANONICAL.get(str(key).lower())
         if name is None:
@@ -138,6 +146,17 @@ def parse_sink_options(raw_options: Mapping[str, str], schema: StructType, *, st
     send_mode = (raw.get("sendMode") or "sync").lower()
     if send_mode not in SEND_MODES:
         raise _bad("sendMode", raw.get("sendMode"), f"use one of {', '.join(SEND_MODES)}")
+    guarantee = (raw.get("deliveryGuarantee") or "at-least-once").lower()
+    if guarantee not in DELIVERY_GUARANTEES:
+        raise _bad("deliveryGuarantee", raw.get("deliveryGuarantee"),
+                   f"use one of {', '.join(DELIVERY_GUARANTEES)}")
+    exactly_once = guarantee == "exactly-once"
+    producer_group = raw.get("producerGroup") or DEFAULT_PRODUCER_GROUP
+    if exactly_once:
+        checkpoint = _check_exactly_once(action, send_mode, stream, checkpoint)
+        if not raw.get("producerGroup"):  # one group per query: check-backs must reach this query
+            digest = hashlib.blake2b(checkpoint.encode(), digest_size=6).hexdigest().upper()
+            producer_group = f"{DEFAULT_PRODUCER_GROUP}_TX_{digest}"
     columns = tuple(f.name for f in schema.fields)
     topic = _parse_topics(raw["topic"])[0] if raw.get("topic") else None
     if raw.get("topic") and "," in raw["topic"]:
@@ -176,7 +195,7 @@ def parse_sink_options(raw_options: Mapping[str, str], schema: StructType, *, st
         topic=topic,
         action=action,
         send_mode=send_mode,
-        producer_group=raw.get("producerGroup") or DEFAULT_PRODUCER_GROUP,
+        producer_group=producer_group,
         retry_times_when_send_failed=_int(raw, "retryTimesWhenSendFailed", 2, 0, 16),
         retry_times_when_send_async_failed=_int(raw, "retryTimesWhenSendAsyncFailed", 0, 0, 16),
         send_msg_timeout_ms=_int(raw, "sendMsgTimeoutMs", 3000, 1),
@@ -190,4 +209,30 @@ def parse_sink_options(raw_options: Mapping[str, str], schema: StructType, *, st
         keys_is_array=types.get("keys") == "array<string>",
         body_is_string=types.get("body") == "string",
         write_id=uuid.uuid4().hex,
+        exactly_once=exactly_once,
+        checkpoint_location=checkpoint if exactly_once else None,
     )
+
+
+def _check_exactly_once(action: str, send_mode: str, stream: bool, checkpoint: str | None) -> str:
+    """deliveryGuarantee=exactly-once: where it applies; returns the checkpoint as a local path."""
+    what = "pymq sink option deliveryGuarantee=exactly-once"
+    if not stream:
+        raise ValueError(f"{what} is for df.writeStream (a micro-batch is committed once); "
+                         "df.write sends each row once per job run: remove the option")
+    if action != "send":
+        raise ValueError(f"{what} applies to action=send; action={action} sends rows back at least once")
+    if send_mode == "oneway":
+        raise ValueError(f"{what} needs acknowledged sends: use sendMode sync or async, not oneway")
+    if not checkpoint:
+        raise ValueError(f"{what} needs .option('checkpointLocation', '/path'): "
+                         "the sink keeps its commit markers next to Spark's checkpoint")
+    path = checkpoint[len("file:"):] if checkpoint.startswith("file:") else checkpoint
+    if "://" in path or (":" in path.split("/")[0] and not os.path.isabs(path)):
+        raise ValueError(
+            f"{what} keeps its commit markers under checkpointLocation, which must be a local or "
+            f"mounted path on the driver; got {checkpoint!r}. Use a path such as /dbfs/... or /mnt/..."
+        )
+    if path.startswith("//"):
+        path = "/" + path.lstrip("/")
+    return os.path.abspath(path)

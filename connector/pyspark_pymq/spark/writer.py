@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -55,6 +55,8 @@ class SinkCommitMessage(WriterCommitMessage):
     rows: int
     dead_letters: int = 0
     fallbacks: int = 0
+    transaction: str | None = None  # exactly-once: the task's half messages are <transaction><row:016X>
+    query_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -116,10 +118,15 @@ class _Pending:
         self.size = 0
 
 
-def _send_rows(opts: SinkOptions, batches: Iterator[pa.RecordBatch], ids: _TaskIds) -> SinkCommitMessage:
-    producer = Producer(
+def _send_rows(
+    opts: SinkOptions, batches: Iterator[pa.RecordBatch], ids: _TaskIds, *,
+    new_producer: Callable[..., Producer] = Producer, prefix: str | None = None,
+    extra_properties: bytes = b"",
+) -> SinkCommitMessage:
+    """Send every row; ``prefix`` + row index is its UNIQ_KEY, ``extra_properties`` go on each."""
+    producer = new_producer(
         opts.endpoint,
-        send_mode=opts.send_mode,  # type: ignore[arg-type]
+        send_mode=opts.send_mode,
         producer_group=opts.producer_group,
         retry_times_when_send_failed=opts.retry_times_when_send_failed,
         retry_times_when_send_async_failed=opts.retry_times_when_send_async_failed,
@@ -127,7 +134,7 @@ def _send_rows(opts: SinkOptions, batches: Iterator[pa.RecordBatch], ids: _TaskI
         max_message_size=opts.max_batch_bytes,
         max_in_flight=opts.max_in_flight,
     )
-    prefix = ids.key_prefix()
+    prefix = prefix or ids.key_prefix()
     pending: dict[tuple[str, int | None], _Pending] = {}
     futures: list[tuple[int, int, Future[Any]]] = []
     where = f"partition {ids.partition_id} of batch {ids.batch_id}"
@@ -170,6 +177,7 @@ def _send_rows(opts: SinkOptions, batches: Iterator[pa.RecordBatch], ids: _TaskI
                 raise ValueError(f"row {row} of {where} has delay_level {delay}; use 0 or more")
             try:
                 encoded = _encode_properties(props[i], tags[i], keys[i], delay, shard[i], uniq)
+                encoded += extra_properties
             except ValueError as err:
                 raise ValueError(f"row {row} of {where}: {err}") from None
             qid = queue_ids[i]

@@ -1324,6 +1324,60 @@ class EndTransactionResponse(_message.Message):
 Global___EndTransactionResponse: _TypeAlias = EndTransactionResponse  # noqa: Y015
 
 @_typing.final
+class EndTransactionBatchRequest(_message.Message):
+    """pymq: many transactions of one producer group ended alike in one call (the
+    exactly-once Spark sink commits or rolls back a micro-batch this way).
+    Unknown or already-resolved msgIds are skipped, so a repeated call is harmless.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRODUCER_GROUP_FIELD_NUMBER: _builtins.int
+    MSG_IDS_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    FROM_TRANSACTION_CHECK_FIELD_NUMBER: _builtins.int
+    producer_group: _builtins.str
+    state: Global___TransactionState.ValueType
+    from_transaction_check: _builtins.bool
+    @_builtins.property
+    def msg_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        producer_group: _builtins.str = ...,
+        msg_ids: _abc.Iterable[_builtins.str] | None = ...,
+        state: Global___TransactionState.ValueType = ...,
+        from_transaction_check: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_transaction_check", b"from_transaction_check", "msg_ids", b"msg_ids", "producer_group", b"producer_group", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EndTransactionBatchRequest: _TypeAlias = EndTransactionBatchRequest  # noqa: Y015
+
+@_typing.final
+class EndTransactionBatchResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESOLVED_FIELD_NUMBER: _builtins.int
+    resolved: _builtins.int
+    """how many were pending and are now resolved"""
+    def __init__(
+        self,
+        *,
+        resolved: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["resolved", b"resolved"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EndTransactionBatchResponse: _TypeAlias = EndTransactionBatchResponse  # noqa: Y015
+
+@_typing.final
 class TransactionStreamRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -135,6 +135,16 @@ class BrokerStub:
                 request_serializer=pymq__proto_dot_v1_dot_pymq__pb2.EndTransactionRequest.SerializeToString,
                 response_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.EndTransactionResponse.FromString,
                 _registered_method=True)
+        self.SendHalfMessageBatch = channel.unary_unary(
+                '/pymq_proto.v1.Broker/SendHalfMessageBatch',
+                request_serializer=pymq__proto_dot_v1_dot_pymq__pb2.SendMessageRequest.SerializeToString,
+                response_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.SendMessageResponse.FromString,
+                _registered_method=True)
+        self.EndTransactionBatch = channel.unary_unary(
+                '/pymq_proto.v1.Broker/EndTransactionBatch',
+                request_serializer=pymq__proto_dot_v1_dot_pymq__pb2.EndTransactionBatchRequest.SerializeToString,
+                response_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.EndTransactionBatchResponse.FromString,
+                _registered_method=True)
         self.TransactionStream = channel.unary_stream(
                 '/pymq_proto.v1.Broker/TransactionStream',
                 request_serializer=pymq__proto_dot_v1_dot_pymq__pb2.TransactionStreamRequest.SerializeToString,
@@ -266,6 +276,22 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SendHalfMessageBatch(self, request, context):
+        """pymq: the half messages of many transactions in one request, all to one
+        queue (the exactly-once Spark sink sends a task's rows this way); each is
+        its own transaction, ended by its msgId. A msgId that is already pending
+        is not stored twice, so a retried request adds nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndTransactionBatch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def TransactionStream(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -374,6 +400,16 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.EndTransaction,
                     request_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.EndTransactionRequest.FromString,
                     response_serializer=pymq__proto_dot_v1_dot_pymq__pb2.EndTransactionResponse.SerializeToString,
+            ),
+            'SendHalfMessageBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.SendHalfMessageBatch,
+                    request_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.SendMessageRequest.FromString,
+                    response_serializer=pymq__proto_dot_v1_dot_pymq__pb2.SendMessageResponse.SerializeToString,
+            ),
+            'EndTransactionBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndTransactionBatch,
+                    request_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.EndTransactionBatchRequest.FromString,
+                    response_serializer=pymq__proto_dot_v1_dot_pymq__pb2.EndTransactionBatchResponse.SerializeToString,
             ),
             'TransactionStream': grpc.unary_stream_rpc_method_handler(
                     servicer.TransactionStream,
@@ -922,6 +958,60 @@ class Broker:
             '/pymq_proto.v1.Broker/EndTransaction',
             pymq__proto_dot_v1_dot_pymq__pb2.EndTransactionRequest.SerializeToString,
             pymq__proto_dot_v1_dot_pymq__pb2.EndTransactionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendHalfMessageBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pymq_proto.v1.Broker/SendHalfMessageBatch',
+            pymq__proto_dot_v1_dot_pymq__pb2.SendMessageRequest.SerializeToString,
+            pymq__proto_dot_v1_dot_pymq__pb2.SendMessageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndTransactionBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pymq_proto.v1.Broker/EndTransactionBatch',
+            pymq__proto_dot_v1_dot_pymq__pb2.EndTransactionBatchRequest.SerializeToString,
+            pymq__proto_dot_v1_dot_pymq__pb2.EndTransactionBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -60,6 +60,13 @@ class BrokerStub:
     QueryMessage: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.QueryMessageRequest, _pymq_pb2.RecordsResponse]
     BrokerRuntimeInfo: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.BrokerRuntimeInfoRequest, _pymq_pb2.BrokerRuntimeInfoResponse]
     EndTransaction: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.EndTransactionRequest, _pymq_pb2.EndTransactionResponse]
+    SendHalfMessageBatch: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.SendMessageRequest, _pymq_pb2.SendMessageResponse]
+    """pymq: the half messages of many transactions in one request, all to one
+    queue (the exactly-once Spark sink sends a task's rows this way); each is
+    its own transaction, ended by its msgId. A msgId that is already pending
+    is not stored twice, so a retried request adds nothing.
+    """
+    EndTransactionBatch: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.EndTransactionBatchRequest, _pymq_pb2.EndTransactionBatchResponse]
     TransactionStream: _grpc.UnaryStreamMultiCallable[_pymq_pb2.TransactionStreamRequest, _pymq_pb2.CheckTransactionStateRequest]
 
 @_typing.type_check_only
@@ -87,6 +94,13 @@ class BrokerAsyncStub(BrokerStub):
     QueryMessage: _aio.UnaryUnaryMultiCallable[_pymq_pb2.QueryMessageRequest, _pymq_pb2.RecordsResponse]  # type: ignore[assignment]
     BrokerRuntimeInfo: _aio.UnaryUnaryMultiCallable[_pymq_pb2.BrokerRuntimeInfoRequest, _pymq_pb2.BrokerRuntimeInfoResponse]  # type: ignore[assignment]
     EndTransaction: _aio.UnaryUnaryMultiCallable[_pymq_pb2.EndTransactionRequest, _pymq_pb2.EndTransactionResponse]  # type: ignore[assignment]
+    SendHalfMessageBatch: _aio.UnaryUnaryMultiCallable[_pymq_pb2.SendMessageRequest, _pymq_pb2.SendMessageResponse]  # type: ignore[assignment]
+    """pymq: the half messages of many transactions in one request, all to one
+    queue (the exactly-once Spark sink sends a task's rows this way); each is
+    its own transaction, ended by its msgId. A msgId that is already pending
+    is not stored twice, so a retried request adds nothing.
+    """
+    EndTransactionBatch: _aio.UnaryUnaryMultiCallable[_pymq_pb2.EndTransactionBatchRequest, _pymq_pb2.EndTransactionBatchResponse]  # type: ignore[assignment]
     TransactionStream: _aio.UnaryStreamMultiCallable[_pymq_pb2.TransactionStreamRequest, _pymq_pb2.CheckTransactionStateRequest]  # type: ignore[assignment]
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
@@ -231,6 +245,25 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _pymq_pb2.EndTransactionRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_pymq_pb2.EndTransactionResponse, _abc.Awaitable[_pymq_pb2.EndTransactionResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SendHalfMessageBatch(
+        self,
+        request: _pymq_pb2.SendMessageRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pymq_pb2.SendMessageResponse, _abc.Awaitable[_pymq_pb2.SendMessageResponse]]:
+        """pymq: the half messages of many transactions in one request, all to one
+        queue (the exactly-once Spark sink sends a task's rows this way); each is
+        its own transaction, ended by its msgId. A msgId that is already pending
+        is not stored twice, so a retried request adds nothing.
+        """
+
+    @_abc_1.abstractmethod
+    def EndTransactionBatch(
+        self,
+        request: _pymq_pb2.EndTransactionBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pymq_pb2.EndTransactionBatchResponse, _abc.Awaitable[_pymq_pb2.EndTransactionBatchResponse]]: ...
 
     @_abc_1.abstractmethod
     def TransactionStream(

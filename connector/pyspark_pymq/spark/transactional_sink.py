@@ -1,0 +1,262 @@
+"""The exactly-once sink (``deliveryGuarantee=exactly-once``): each micro-batch is committed once.
+
+It is built on RocketMQ's transactional messages:
+
+1. Every task sends its rows as **half messages** (stored, invisible to
+   consumers), tagged ``PYMQ_SINK_TXN=<queryId>:<batchId>:<transaction>``, where
+   ``<transaction>`` is random per task attempt and a row's msgId is
+   ``<transaction><row index as 16 hex digits>``.
+2. The driver's ``commit(N)`` first writes the **commit marker**
+   ``<checkpointLocation>/pymq/commits/N``: the transactions of the tasks that
+   succeeded. That file is the decision. Then it commits those half messages
+   (EndTransactionBatch COMMIT_MESSAGE); Spark records batch N in its own
+   checkpoint only after that.
+3. ``abort(N)`` rolls back the half messages of the tasks it is told about.
+
+After a crash, Spark runs batch N again. Its ``commit(N)`` finds marker N when
+an earlier run had decided: that run's transactions are committed (again:
+ending a transaction twice is harmless) and this run's are rolled back.
+Half messages nobody ended (a failed task attempt, a driver killed before the
+marker) are **checked back** by the broker; the driver answers from the markers:
+in marker N → COMMIT_MESSAGE; marker N exists without it, or a later batch is
+committed → ROLLBACK_MESSAGE; otherwise UNKNOW (the batch is still running or
+waits for the restart; the broker asks again after transactionCheckInterval).
+
+Limits: the checkpoint must be a path the driver can write (local or mounted);
+the query must restart within the broker's transactionCheckMax times
+transactionCheckInterval (15 min by default) or undecided rows are given up to
+TRANS_CHECK_MAX_TIME_TOPIC; rows cannot be delayed.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import signal
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pymq_proto.record import MessageConst as MC
+from pymq_proto.record import encode_properties
+from pyspark.sql.datasource import WriterCommitMessage
+
+from ..client.message import MessageExt
+from ..client.transaction import HalfMessageProducer, LocalTransactionState, TransactionProducer
+from .sink_options import SinkOptions
+from .writer import PymqStreamSinkWriter, SinkCommitMessage, _send_rows, _summary, _task_ids
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["SinkCommitLog", "SinkCommitMarker", "TransactionalStreamSinkWriter", "answer_check"]
+
+log = logging.getLogger(__name__)
+
+COMMIT = LocalTransactionState.COMMIT_MESSAGE
+ROLLBACK = LocalTransactionState.ROLLBACK_MESSAGE
+UNKNOW = LocalTransactionState.UNKNOW
+MARKERS_TO_RETAIN = 100  # like spark.sql.streaming.minBatchesToRetain
+CRASH_AT_ENV = "PYMQ_SINK_CRASH_AT"
+
+
+def msg_ids(transaction: str, rows: int) -> list[str]:
+    return [f"{transaction}{row:016X}" for row in range(rows)]
+
+
+@dataclass(frozen=True)
+class SinkCommitMarker:
+    """The decision for one micro-batch: these tasks' rows are its output."""
+
+    query_id: str
+    batch_id: int
+    transactions: tuple[tuple[str, int], ...]  # (transaction, rows)
+
+
+class SinkCommitLog:
+    """``<checkpointLocation>/pymq/commits/<batchId>``: one JSON marker per committed batch."""
+
+    def __init__(self, checkpoint_location: str) -> None:
+        self.path = Path(checkpoint_location) / "pymq" / "commits"
+
+    def get(self, batch_id: int) -> SinkCommitMarker | None:
+        try:
+            data = json.loads((self.path / str(batch_id)).read_text())
+        except FileNotFoundError:
+            return None
+        return SinkCommitMarker(data["queryId"], int(data["batchId"]),
+                                tuple((str(t), int(n)) for t, n in data["transactions"]))
+
+    def add(self, marker: SinkCommitMarker) -> None:
+        """Write atomically and durably: a marker is there whole, or not at all."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        final = self.path / str(marker.batch_id)
+        tmp = self.path / f".{marker.batch_id}.{uuid.uuid4().hex}.tmp"
+        data = {"version": 1, "queryId": marker.query_id, "batchId": marker.batch_id,
+                "transactions": [list(t) for t in marker.transactions]}
+        with open(tmp, "w") as f:
+            json.dump(data, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        dir_fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def latest(self) -> int | None:
+        batches = self._batches()
+        return max(batches) if batches else None
+
+    def purge(self, before: int) -> None:
+        for b in self._batches():
+            if b < before:
+                (self.path / str(b)).unlink(missing_ok=True)
+
+    def _batches(self) -> list[int]:
+        if not self.path.is_dir():
+            return []
+        return [int(p.name) for p in self.path.iterdir() if p.name.isdigit()]
+
+
+def answer_check(commit_log: SinkCommitLog, msg: MessageExt) -> LocalTransactionState:
+    """The check-back answer for one half message of the exactly-once sink."""
+    tag = msg.properties.get(MC.PROPERTY_SINK_TRANSACTION, "")
+    parts = tag.rsplit(":", 2)
+    if len(parts) != 3 or not parts[1].isdigit():
+        log.warning("half message %s has no valid %s (%r): cannot tell", msg.msg_id,
+                    MC.PROPERTY_SINK_TRANSACTION, tag)
+        return UNKNOW
+    query_id, batch, transaction = parts[0], int(parts[1]), parts[2]
+    marker = commit_log.get(batch)
+    if marker is not None and marker.query_id == query_id:
+        return COMMIT if any(t == transaction for t, _n in marker.transactions) else ROLLBACK
+    latest = commit_log.latest()
+    if marker is None and latest is not None and latest > batch:
+        newer = commit_log.get(latest)
+        if newer is not None and newer.query_id == query_id:
+            return ROLLBACK  # batches commit in order: this one was decided without it
+    return UNKNOW
+
+
+_LISTENERS: dict[tuple[str, str, str], TransactionProducer] = {}
+_LISTENERS_LOCK = threading.Lock()
+
+
+def check_listener(opts: SinkOptions) -> TransactionProducer:
+    """The driver's TransactionProducer of this query: answers check-backs from the markers.
+
+    One per process and query; it lives as long as the (reused) Python worker
+    that runs the sink's commits, so the broker can reach the query between
+    micro-batches too.
+    """
+    assert opts.checkpoint_location is not None
+    key = (opts.endpoint, opts.producer_group, opts.checkpoint_location)
+    with _LISTENERS_LOCK:
+        producer = _LISTENERS.get(key)
+        if producer is None:
+            commit_log = SinkCommitLog(opts.checkpoint_location)
+            producer = TransactionProducer(opts.endpoint, opts.producer_group,
+                                           lambda msg: answer_check(commit_log, msg),
+                                           send_msg_timeout_ms=max(opts.send_msg_timeout_ms, 10_000))
+            _LISTENERS[key] = producer
+        return producer
+
+
+def crash_point(stage: str, batch_id: object) -> None:
+    """kill -9 of the whole driver at one stage of a batch, for the crash tests.
+
+    ``PYMQ_SINK_CRASH_AT=<stage>@<batchId>``; stages: mid-write (in a task, after
+    its first half messages), before-marker, after-marker, mid-commit,
+    after-commit. The tests start the driver as a session leader: the session's
+    process group is the driver and its JVM; Spark's Python workers have their own.
+    """
+    if os.environ.get(CRASH_AT_ENV) == f"{stage}@{batch_id}":
+        log.error("%s=%s: killing the driver", CRASH_AT_ENV, os.environ[CRASH_AT_ENV])
+        os.killpg(os.getsid(0), signal.SIGKILL)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+class _SinkHalfProducer(HalfMessageProducer):
+    def __init__(self, *args: Any, batch_id: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.batch_id = batch_id
+
+    def send_encoded(self, *args: Any, **kwargs: Any) -> list[Any]:
+        results = super().send_encoded(*args, **kwargs)
+        crash_point("mid-write", self.batch_id)
+        return results
+
+
+class TransactionalStreamSinkWriter(PymqStreamSinkWriter):
+    """``writeStream.format("pymq").option("deliveryGuarantee", "exactly-once")``.
+
+    Rows become visible to consumers only when their micro-batch commits, and
+    once: see the module's documentation for how.
+    """
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
+        opts = self.options
+        ids = _task_ids(opts)
+        transaction = uuid.uuid4().hex[:16].upper()
+        tag = f"{ids.query_id}:{ids.batch_id}:{transaction}"
+        extra = encode_properties({
+            MC.PROPERTY_TRANSACTION_PREPARED: "true",
+            MC.PROPERTY_PRODUCER_GROUP: opts.producer_group,
+            MC.PROPERTY_SINK_TRANSACTION: tag,
+        })
+        new_producer = functools.partial(_SinkHalfProducer, batch_id=ids.batch_id)
+        sent = _send_rows(opts, iterator, ids, new_producer=new_producer, prefix=transaction,
+                          extra_properties=extra)
+        return replace(sent, transaction=transaction, query_id=ids.query_id)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        opts = self.options
+        assert opts.checkpoint_location is not None
+        producer = check_listener(opts)
+        ours = _transactions(messages)
+        if not ours:
+            log.info("pymq exactly-once sink batch %d: no rows", batchId)
+            return
+        query_id = next(m.query_id for m in messages if isinstance(m, SinkCommitMessage))
+        commit_log = SinkCommitLog(opts.checkpoint_location)
+        crash_point("before-marker", batchId)
+        marker = commit_log.get(batchId)
+        if marker is None:
+            marker = SinkCommitMarker(query_id, batchId, ours)
+            commit_log.add(marker)
+            crash_point("after-marker", batchId)
+        elif set(marker.transactions) != set(ours):
+            # An earlier run decided this batch before it died: its rows are the output.
+            log.warning("pymq exactly-once sink batch %d was committed by an earlier run; "
+                        "rolling back this run's %d row(s)", batchId, sum(n for _t, n in ours))
+            _end(producer, ours, ROLLBACK)
+        for i, tx in enumerate(marker.transactions):
+            _end(producer, (tx,), COMMIT)
+            if i == 0:
+                crash_point("mid-commit", batchId)
+        crash_point("after-commit", batchId)
+        commit_log.purge(batchId - MARKERS_TO_RETAIN)
+        log.info("pymq exactly-once sink batch %d committed: %s", batchId, _summary(messages))
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        ours = _transactions(messages)
+        if ours:
+            _end(check_listener(self.options), ours, ROLLBACK)
+        log.warning("pymq exactly-once sink batch %d aborted (rolled back): %s", batchId, _summary(messages))
+
+
+def _transactions(messages: Sequence[WriterCommitMessage | None]) -> tuple[tuple[str, int], ...]:
+    return tuple(sorted((m.transaction, m.rows) for m in messages
+                        if isinstance(m, SinkCommitMessage) and m.transaction and m.rows))
+
+
+def _end(producer: TransactionProducer, transactions: Sequence[tuple[str, int]],
+         state: LocalTransactionState) -> None:
+    producer.end_transactions([m for t, n in transactions for m in msg_ids(t, n)], state)

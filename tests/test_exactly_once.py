@@ -1,0 +1,162 @@
+"""The exactly-once sink (deliveryGuarantee=exactly-once): markers, check-back answers, crashes.
+
+The crash tests kill -9 the Spark driver at every stage of a micro-batch
+(while tasks write half messages, before the commit marker, after it, in the
+middle of committing, after committing but before Spark's own checkpoint
+commit), restart the query from its checkpoint, and check that every source
+message is in the destination exactly once, and that no transaction was left
+to the broker's give-up topic.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from broker_process import BrokerProcess
+from helpers import read_all, unique
+from pyspark_pymq import Admin, LocalTransactionState, Message, MessageExt, Producer
+from pyspark_pymq.spark.sink_options import parse_sink_options
+from pyspark_pymq.spark.transactional_sink import (
+    CRASH_AT_ENV,
+    SinkCommitLog,
+    SinkCommitMarker,
+    answer_check,
+)
+
+JOB = Path(__file__).resolve().parent / "jobs" / "exactly_once_job.py"
+COMMIT = LocalTransactionState.COMMIT_MESSAGE
+ROLLBACK = LocalTransactionState.ROLLBACK_MESSAGE
+UNKNOW = LocalTransactionState.UNKNOW
+# Check-backs come fast, and a killed query has a minute to come back before
+# its undecided rows would be given up.
+TX_FLAGS = ["--transaction-timeout", "500", "--transaction-check-interval", "1000",
+            "--transaction-check-max", "60"]
+
+
+def _half(tag: str) -> MessageExt:
+    return MessageExt("dst", 0, "broker-a", 0, "ID", "", 0, b"", None, (),
+                      {"PYMQ_SINK_TXN": tag}, 0, 0, 0)
+
+
+def test_check_back_answers_follow_the_commit_markers(tmp_path: Path) -> None:
+    log = SinkCommitLog(str(tmp_path))
+    assert log.get(0) is None and log.latest() is None
+    log.add(SinkCommitMarker("q1", 3, (("AAAA", 10), ("BBBB", 5))))
+    assert log.get(3) == SinkCommitMarker("q1", 3, (("AAAA", 10), ("BBBB", 5)))
+    assert answer_check(log, _half("q1:3:AAAA")) == COMMIT
+    assert answer_check(log, _half("q1:3:CCCC")) == ROLLBACK  # a failed attempt of batch 3
+    assert answer_check(log, _half("q1:4:DDDD")) == UNKNOW  # batch 4 is not decided yet
+    assert answer_check(log, _half("q1:2:EEEE")) == ROLLBACK  # batch 3 committed: 2 was decided
+    assert answer_check(log, _half("q2:3:AAAA")) == UNKNOW  # another query's: not ours to say
+    assert answer_check(log, _half("garbage")) == UNKNOW
+    for b in range(4, 110):
+        log.add(SinkCommitMarker("q1", b, (("F", 1),)))
+    log.purge(109 - 100)
+    assert log.get(3) is None and log.get(9) is not None and log.latest() == 109
+    assert not [p for p in log.path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_exactly_once_options_are_checked(tmp_path: Path) -> None:
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    schema = StructType([StructField("body", BinaryType())])
+    base = {"endpoint": "127.0.0.1:1", "topic": "t", "deliveryGuarantee": "exactly-once",
+            "checkpointLocation": str(tmp_path / "ckpt")}
+    opts = parse_sink_options(base, schema, stream=True)
+    assert opts.exactly_once and opts.checkpoint_location == str(tmp_path / "ckpt")
+    assert opts.producer_group.startswith("PYMQ_SPARK_SINK_TX_")
+    other = parse_sink_options({**base, "checkpointLocation": str(tmp_path / "other")}, schema, stream=True)
+    assert other.producer_group != opts.producer_group, "each query needs its own check-back group"
+    assert parse_sink_options({**base, "producerGroup": "mine"}, schema, stream=True).producer_group == "mine"
+    assert parse_sink_options({**base, "checkpointLocation": f"file://{tmp_path}/c"}, schema,
+                              stream=True).checkpoint_location == f"{tmp_path}/c"
+    cases = {
+        "deliveryGuarantee='twice'": {**base, "deliveryGuarantee": "twice"},
+        "needs acknowledged sends": {**base, "sendMode": "oneway"},
+        "needs .option\\('checkpointLocation'": {k: v for k, v in base.items() if k != "checkpointLocation"},
+        "must be a local or mounted path": {**base, "checkpointLocation": "s3a://bucket/ckpt"},
+        "applies to action=send": {**base, "action": "reconsumeLater", "consumerGroup": "g"},
+    }
+    for message, options in cases.items():
+        with pytest.raises(ValueError, match=message):
+            parse_sink_options(options, schema, stream=True)
+    with pytest.raises(ValueError, match=r"is for df\.writeStream"):
+        parse_sink_options(base, schema, stream=False)
+
+
+@pytest.mark.spark
+def test_stream_commits_every_batch_once_and_a_replayed_batch_adds_nothing(
+    spark: Any, shared_broker: Any, tmp_path: Path
+) -> None:
+    ep = shared_broker.endpoint
+    src, dst = unique("eo-src"), unique("eo-dst")
+    Admin(ep).create_topic(src, queues=2)
+    Admin(ep).create_topic(dst, queues=2)
+    Producer(ep).send_batch([Message(src, b"r%04d" % i) for i in range(900)])
+    ckpt = tmp_path / "ckpt"
+
+    def run() -> None:
+        (spark.readStream.format("pymq").option("endpoint", ep).option("topic", src)
+         .option("startingOffsets", "earliest").option("maxMessagesPerTrigger", 300)
+         .option("consumerGroup", unique("eo-g")).load().select("body")
+         .writeStream.format("pymq").option("endpoint", ep).option("topic", dst)
+         .option("deliveryGuarantee", "exactly-once").option("checkpointLocation", str(ckpt))
+         .trigger(availableNow=True).start().awaitTermination())
+
+    run()
+    got = read_all(ep, dst)
+    assert Counter(m.body for m in got) == Counter(b"r%04d" % i for i in range(900))
+    markers = SinkCommitLog(str(ckpt))
+    last = markers.latest()
+    assert last is not None
+    decided = [m for b in range(last + 1) if (m := markers.get(b)) is not None]
+    assert len(decided) >= 3, "900 rows at 300 per trigger: three batches with rows or more"
+    committed = {t for m in decided for t, _n in m.transactions}
+    assert {m.properties["PYMQ_SINK_TXN"].rsplit(":", 1)[1] for m in got} == committed
+    assert {m.msg_id[:16] for m in got} == committed
+    # The driver dies after the sink committed the last batch but before Spark recorded
+    # it: Spark runs that batch again; its commit finds the marker and rolls its own rows back.
+    decision = markers.get(last)
+    for name in (str(last), f".{last}.crc"):
+        (ckpt / "commits" / name).unlink()
+    run()
+    assert Counter(m.body for m in read_all(ep, dst)) == Counter(b"r%04d" % i for i in range(900))
+    assert markers.get(last) == decision, "the replay must keep the first run's decision"
+
+
+STAGES = ("mid-write", "before-marker", "after-marker", "mid-commit", "after-commit")
+
+
+@pytest.mark.spark
+def test_kill9_at_every_stage_of_a_batch_then_restart_gives_exactly_once(tmp_path: Path) -> None:
+    """One query killed once per stage: each run recovers from the last kill, then dies at the next stage."""
+    with BrokerProcess(tmp_path / "broker", TX_FLAGS) as broker:
+        ep = broker.endpoint
+        src, dst, group = unique("eo-src"), unique("eo-dst"), unique("eo-g")
+        Admin(ep).create_topic(src, queues=2)
+        Admin(ep).create_topic(dst, queues=2)
+        n = 3200  # 400 per micro-batch: eight batches with rows
+        Producer(ep).send_batch([Message(src, b"m%05d" % i) for i in range(n)])
+        args = [sys.executable, str(JOB), ep, src, dst, group, str(tmp_path / "ckpt")]
+        seen = 0
+        for batch, stage in enumerate(STAGES, start=2):
+            run = subprocess.run([*args, "run"], env={**os.environ, CRASH_AT_ENV: f"{stage}@{batch}"},
+                                 start_new_session=True, capture_output=True, text=True, timeout=240)
+            assert run.returncode == -9, f"the driver was not killed at {stage}: {run.stderr[-3000:]}"
+            visible = Counter(m.body for m in read_all(ep, dst))
+            assert max(visible.values()) == 1, f"rows duplicated after the kill at {stage}"
+            assert visible.total() > seen, f"no batch committed before the kill at {stage}"
+            seen = visible.total()
+        finish = subprocess.run([*args, "finish"], capture_output=True, text=True, timeout=300)
+        assert finish.returncode == 0, finish.stdout[-3000:] + finish.stderr[-3000:]
+        got = Counter(m.body for m in read_all(ep, dst))
+        assert set(got) == {b"m%05d" % i for i in range(n)}, "rows lost"
+        assert max(got.values()) == 1, "rows duplicated"
+        assert "TRANS_CHECK_MAX_TIME_TOPIC" not in Admin(ep).topic_names(include_system=True), \
+            "a transaction was given up instead of being decided"
