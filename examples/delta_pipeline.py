@@ -60,8 +60,9 @@ from collections.abc import Callable  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from typing import Any  # noqa: E402
 
-from pyspark_pymq import Admin, MessageExt, MessageQueue, PullConsumer  # noqa: E402
+from pyspark_pymq import Admin, MessageExt  # noqa: E402
 from pyspark_pymq.spark.listener import ConsumeConcurrentlyStatus, MessageListener  # noqa: E402
+from pyspark_pymq.spark.progress import commit_group_progress  # noqa: E402
 
 #: The Delta jars for Spark 4.2 (Scala 2.13). Maven Central has no 4.4.1 jars
 #: for the delta-spark 4.4.1 Python package (the newest, 4.4.0, is built for
@@ -297,31 +298,6 @@ def wait_until_done(
     query.processAllAvailable()
 
 
-def commit_last_batch(query: Any, endpoint: str, group: str) -> None:
-    """Write the query's last offsets to the broker as the group's progress.
-
-    The source commits a micro-batch's offsets to the broker when Spark plans the
-    next batch, so after the last one the broker's lag shows that batch until
-    the query runs again. The checkpoint is the source of truth; this makes the
-    broker agree with it (do it after ``query.stop()``).
-    """
-    last = query.lastProgress
-    if last is None:
-        return
-    sources = last["sources"] if isinstance(last, dict) else last.sources
-    end = sources[0]["endOffset"] if isinstance(sources[0], dict) else sources[0].endOffset
-    offsets = json.loads(end) if isinstance(end, str) else end
-    queues: dict[MessageQueue, int] = {}
-    for topic, by_queue in offsets.items():
-        if not isinstance(by_queue, dict):
-            continue  # the not-yet-resolved start of a new stream
-        for key, offset in by_queue.items():
-            broker, _, qid = key.rpartition(":")
-            queues[MessageQueue(topic, broker, int(qid))] = int(offset)
-    if queues:
-        PullConsumer(endpoint, group).commit_offsets(queues)
-
-
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--endpoint", required=True, help="host:port of the broker")
@@ -359,7 +335,7 @@ def main(argv: list[str] | None = None) -> None:
         log("interrupted")
     finally:
         query.stop()
-    commit_last_batch(query, args.endpoint, args.group)
+    commit_group_progress(query, args.endpoint, args.group)
     table = spark.read.format("delta").load(args.table)
     rows, distinct = table.count(), table.select("msg_id").distinct().count()
     log(f"done: {rows} row(s) in {args.table} ({distinct} distinct msg_id), "

@@ -33,7 +33,6 @@ import time
 from pathlib import Path
 
 from delta_pipeline import (  # first: puts the repository's pymq on the path for Spark too
-    commit_last_batch,
     delta_spark_session,
     order_json,
     start_pipeline,
@@ -42,6 +41,7 @@ from delta_pipeline import (  # first: puts the repository's pymq on the path fo
 from pymq_broker import EmbeddedBroker
 from pyspark_pymq import Admin, Message, Producer
 from pyspark_pymq.charts import plot_lag, plot_retry_dlq, retry_dlq_counts
+from pyspark_pymq.spark.progress import commit_group_progress
 
 FAST_DELAY_LEVELS = " ".join(["50ms"] * 3 + ["100ms"] * 15)
 TOPIC, GROUP = "orders", "billing"
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             query.stop()
         producer.join()
-        commit_last_batch(query, broker.endpoint, GROUP)
+        commit_group_progress(query, broker.endpoint, GROUP)
 
         rows = spark.read.format("delta").load(str(table))
         delivered = rows.count()

@@ -201,6 +201,13 @@ class TransactionalStreamSinkWriter(PymqStreamSinkWriter):
     once: see the module's documentation for how.
     """
 
+    def __init__(self, options: SinkOptions) -> None:
+        super().__init__(options)
+        # Spark builds the writer on the driver (at query start, and for each
+        # commit): answer check-backs from then on, so that a restarted query
+        # resolves what a killed run left before its own first commit.
+        check_listener(options)
+
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
         opts = self.options
         ids = _task_ids(opts)

@@ -1,0 +1,45 @@
+"""The consumer group's progress on the broker, brought level with a stopped query.
+
+The source commits a micro-batch's offsets to the broker when Spark plans the
+next batch (Spark calls ``commit`` late), so after a query stops, the broker's
+lag still counts its last batch until the query runs again. The checkpoint is
+the source of truth; :func:`commit_group_progress` makes the broker agree.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..client.consumer import PullConsumer
+from .source_offset import is_initial, offsets_from_json
+
+__all__ = ["commit_group_progress"]
+
+
+def commit_group_progress(query: Any, endpoint: str, group: str) -> int:
+    """Write a stopped query's last end offsets as ``group``'s progress; returns the queues written.
+
+    Example::
+
+        query.stop()
+        commit_group_progress(query, "127.0.0.1:8081", "billing")  # lag 0 on the broker
+    """
+    last = query.lastProgress
+    if not last:
+        return 0
+    sources = last["sources"] if isinstance(last, dict) else last.sources
+    written = 0
+    for source in sources:
+        end = source["endOffset"] if isinstance(source, dict) else source.endOffset
+        offset = json.loads(end) if isinstance(end, str) else end
+        if not isinstance(offset, dict) or is_initial(offset):
+            continue
+        try:
+            queues = offsets_from_json(offset)
+        except ValueError:
+            continue  # another source's offsets (a join with a non-pymq stream)
+        if queues:
+            PullConsumer(endpoint, group).commit_offsets(queues)
+            written += len(queues)
+    return written
