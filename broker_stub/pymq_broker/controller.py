@@ -98,6 +98,9 @@ class BrokerController:
         self.transactions.load()
         self.producers = ProducerManager()
         send = SendMessageProcessor(ctx, self.transactions)
+        windows = [(c.topic_name, c.dedup_window_ms)
+                   for c in self.topic_config_manager.topic_config_table.values() if c.dedup_window_ms > 0]
+        send.dedup.recover(store, windows)
         service = BrokerGrpcService(
             send=send,
             pull=PullMessageProcessor(ctx, hold),
