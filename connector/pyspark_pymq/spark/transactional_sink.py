@@ -228,14 +228,14 @@ class TransactionalStreamSinkWriter(PymqStreamSinkWriter):
         assert opts.checkpoint_location is not None
         producer = check_listener(opts)
         ours = _transactions(messages)
-        if not ours:
-            log.info("pymq exactly-once sink batch %d: no rows", batchId)
-            return
-        query_id = next(m.query_id for m in messages if isinstance(m, SinkCommitMessage))
         commit_log = SinkCommitLog(opts.checkpoint_location)
         crash_point("before-marker", batchId)
         marker = commit_log.get(batchId)
         if marker is None:
+            if not ours:
+                log.info("pymq exactly-once sink batch %d: no rows", batchId)
+                return
+            query_id = next(m.query_id for m in messages if isinstance(m, SinkCommitMessage))
             marker = SinkCommitMarker(query_id, batchId, ours)
             commit_log.add(marker)
             crash_point("after-marker", batchId)
