@@ -21,7 +21,7 @@ __all__ = ["PymqDataSource"]
 
 
 class PymqDataSource(DataSource):
-    """Read a pymq (RocketMQ-style) broker from Spark, as a stream or as a batch.
+    """Read a pymq (RocketMQ-style) broker from Spark, as a stream or as a batch, and write to it.
 
     ``format("pymq")`` works once ``pyspark_pymq`` is installed (Spark finds
     ``pyspark_pymq.DefaultSource``); ``spark.dataSource.register(PymqDataSource)``
@@ -120,6 +120,39 @@ class PymqDataSource(DataSource):
                   .option("topic", "%DLQ%analytics")
                   .option("lastMessagesPerQueue", 10)
                   .load())
+
+    Writing (``df.write`` / ``df.writeStream``): columns ``body`` (required),
+    ``topic``, ``tags``, ``keys``, ``properties``, ``delay_level``, ``sharding_key``,
+    ``queue_id``; options:
+
+    ==============================  ====================================================
+    endpoint                        required. ``host:port`` of a broker.
+    topic                           the topic when there is no ``topic`` column.
+    action                          ``send`` (default) or ``reconsumeLater``: rows read
+                                    from pymq go back to ``%RETRY%<consumerGroup>``.
+    sendMode                        ``sync`` (default), ``async`` (the task still waits
+                                    for every answer) or ``oneway`` (lossy).
+    deliveryGuarantee               ``at-least-once`` (default) or ``exactly-once``
+                                    (streams: rows are half messages committed with
+                                    the micro-batch; see
+                                    :mod:`pyspark_pymq.spark.transactional_sink`).
+    producerGroup                   PGROUP (default ``PYMQ_SPARK_SINK``; exactly-once:
+                                    one per checkpoint).
+    retryTimesWhenSendFailed        2; ``retryTimesWhenSendAsyncFailed`` 0.
+    sendMsgTimeoutMs                3000 per request.
+    maxInFlight                     64 unanswered async batches per task.
+    maxBatchBytes                   4 MiB per batch of messages.
+    consumerGroup                   ``reconsumeLater``: whose ``%RETRY%`` topic.
+    maxReconsumeTimes, delayLevel   ``reconsumeLater``: retries before the DLQ (the
+                                    group's), and the delay (0: 3 + retries; -1: DLQ).
+    ==============================  ====================================================
+
+    Example::
+
+        (df.selectExpr("CAST(id AS STRING) AS keys", "to_json(struct(*)) AS body")
+           .writeStream.format("pymq").option("endpoint", "127.0.0.1:8081")
+           .option("topic", "orders").option("deliveryGuarantee", "exactly-once")
+           .option("checkpointLocation", "/chk/orders-out").start())
     """
 
     @classmethod
