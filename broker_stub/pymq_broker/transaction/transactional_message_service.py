@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ from pymq_proto.record import (
     MessageConst,
     decode_properties,
     encode_properties,
+    find_property,
+    remove_property,
     split_tail,
 )
 
@@ -39,8 +42,15 @@ from ..store.results import PutMessageResult, PutMessageStatus
 
 log = logging.getLogger(__name__)
 MC = MessageConst
-_DROP_ON_COMMIT = (MC.PROPERTY_TRANSACTION_PREPARED, MC.PROPERTY_REAL_TOPIC,
-                   MC.PROPERTY_REAL_QUEUE_ID, MC.PROPERTY_TRANSACTION_CHECK_TIMES)
+OP_BATCH = 50_000  # half offsets per op message: ~0.5 MB of digits, well under maxMessageSize
+_UNIQ = MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX.encode()
+_REAL_TOPIC = MC.PROPERTY_REAL_TOPIC.encode()
+_REAL_QID = MC.PROPERTY_REAL_QUEUE_ID.encode()
+_DROP_ON_COMMIT = tuple(p.encode() for p in (MC.PROPERTY_TRANSACTION_PREPARED, MC.PROPERTY_REAL_TOPIC,
+                                              MC.PROPERTY_REAL_QUEUE_ID, MC.PROPERTY_TRANSACTION_CHECK_TIMES))
+
+
+_Commit = tuple[str, tuple[int, int], MessageToStore]  # msg id, (half queue offset, phy), real message
 
 
 @dataclass
@@ -85,9 +95,10 @@ class TransactionalMessageService(ConfigManager):
         if op is not None:
             for _phy, rec in self._records(TRANS_OP_HALF_TOPIC, op.min_offset_in_queue):
                 body_len = HEADER.unpack_from(rec)[13]
-                half = int(rec[HEADER_SIZE : HEADER_SIZE + body_len] or b"-1")
-                if half >= self.check_offset:
-                    self.done.add(half)
+                for part in rec[HEADER_SIZE : HEADER_SIZE + body_len].split(b","):
+                    half = int(part or b"-1")
+                    if half >= self.check_offset:
+                        self.done.add(half)
         for qoff, phy, rec in self._half_records(self.check_offset):
             if qoff not in self.done:
                 props = self._props(rec)
@@ -130,15 +141,24 @@ class TransactionalMessageService(ConfigManager):
         A msgId already pending is skipped: a retried request must not leave a
         second half message that nobody would end.
         """
-        halves, uniqs = [], []
+        halves: list[MessageToStore] = []
+        uniqs: list[str | None] = []
+        seen: set[str] = set()
+        real = encode_properties({MC.PROPERTY_REAL_TOPIC: topic, MC.PROPERTY_REAL_QUEUE_ID: str(queue_id)})
         for msg in msgs:
-            props = decode_properties(msg.properties)
-            uniq = props.get(MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
-            if uniq is not None and (uniq in self.pending or uniq in uniqs):
-                continue
-            props[MC.PROPERTY_REAL_TOPIC] = topic
-            props[MC.PROPERTY_REAL_QUEUE_ID] = str(queue_id)
-            halves.append(MessageToStore(msg.body, msg.flag, encode_properties(props), msg.born_timestamp,
+            raw_uniq = find_property(msg.properties, _UNIQ)
+            uniq = raw_uniq.decode() if raw_uniq is not None else None
+            if uniq is not None:
+                if uniq in self.pending or uniq in seen:
+                    continue
+                seen.add(uniq)
+            props = msg.properties
+            if find_property(props, _REAL_TOPIC) is None and find_property(props, _REAL_QID) is None:
+                # the hot path: append, no decoding (the exactly-once sink sends thousands at once)
+                props = (props if not props or props.endswith(b"\x02") else props + b"\x02") + real
+            else:
+                props = encode_properties({**decode_properties(props), **decode_properties(real)})
+            halves.append(MessageToStore(msg.body, msg.flag, props, msg.born_timestamp,
                                          msg.reconsume_times, msg.sys_flag))
             uniqs.append(uniq)
         if not halves:
@@ -162,7 +182,7 @@ class TransactionalMessageService(ConfigManager):
         results: list[PutMessageResult] = []
         done = [qoff for _m, (qoff, _phy) in entries]
         if commit:
-            by_queue: dict[tuple[str, int], list[tuple[str, tuple[int, int], MessageToStore]]] = {}
+            by_queue: dict[tuple[str, int], list[_Commit]] = {}
             for msg_id, entry in entries:
                 rec = self.store.look_message_by_offset(entry[1])
                 if rec is None:
@@ -170,33 +190,53 @@ class TransactionalMessageService(ConfigManager):
                     continue
                 topic, qid, real = self._real_message(rec)
                 by_queue.setdefault((topic, qid), []).append((msg_id, entry, real))
+            failed: set[int] = set()
             for (topic, qid), items in by_queue.items():
-                result = self.store.put_messages(topic, qid, [real for _m, _e, real in items])
-                results.append(result)
-                if not result.ok:  # still pending: the producer (or a check-back) ends it again
-                    for msg_id, entry, _real in items:
-                        self.pending[msg_id] = entry
-                        done.remove(entry[0])
+                for chunk in self._store_batches(items):
+                    result = self.store.put_messages(topic, qid, [real for _m, _e, real in chunk])
+                    results.append(result)
+                    if not result.ok:  # still pending: the producer (or a check-back) ends it again
+                        for msg_id, entry, _real in chunk:
+                            self.pending[msg_id] = entry
+                            failed.add(entry[0])
+            done = [q for q in done if q not in failed]
         if done:
             results.append(self._mark_done(done))
         return len(entries) - sum(1 for m, _e in entries if m in self.pending), results
 
+    def _store_batches(self, items: list[_Commit]) -> Iterator[list[_Commit]]:
+        """``items`` in store batches of at most maxMessageSize bytes of bodies."""
+        limit = self.store.config.max_message_size
+        start = size = 0
+        for i, item in enumerate(items):
+            if size + len(item[2].body) > limit and i > start:
+                yield items[start:i]
+                start, size = i, 0
+            size += len(item[2].body)
+        yield items[start:]
+
     def _real_message(self, rec: bytes) -> tuple[str, int, MessageToStore]:
+        """The message a half message stands for, as its producer sent it (no decoding)."""
         h = HEADER.unpack_from(rec)
-        props = self._props(rec)
-        topic = props.get(MC.PROPERTY_REAL_TOPIC, "")
-        qid = int(props.get(MC.PROPERTY_REAL_QUEUE_ID, "0") or 0)
+        _t0, _t1, p0, p1 = split_tail(rec, 0, h[0], h[13])
+        props = rec[p0:p1]
+        topic = (find_property(props, _REAL_TOPIC) or b"").decode()
+        qid = int(find_property(props, _REAL_QID) or 0)
         for name in _DROP_ON_COMMIT:
-            props.pop(name, None)
+            props = remove_property(props, name)
         body = rec[HEADER_SIZE : HEADER_SIZE + h[13]]
-        return topic, qid, MessageToStore(body, h[4], encode_properties(props), h[8], h[11], h[7])
+        return topic, qid, MessageToStore(body, h[4], props, h[8], h[11], h[7])
 
     def _mark_done(self, half_offsets: list[int]) -> PutMessageResult:
-        """Op records marking half messages resolved (RocketMQ's RMQ_SYS_TRANS_OP_HALF_TOPIC)."""
+        """Op records marking half messages resolved (RocketMQ's RMQ_SYS_TRANS_OP_HALF_TOPIC).
+
+        As RocketMQ 5 does, one op message carries many half offsets, comma-separated.
+        """
         self.topics.create_system_topic(TRANS_OP_HALF_TOPIC, 1)
         now = int(time.time() * 1000)
         tags = encode_properties({MC.PROPERTY_TAGS: "d"})
-        ops = [MessageToStore(str(q).encode(), 0, tags, now) for q in half_offsets]
+        ops = [MessageToStore(",".join(map(str, half_offsets[i : i + OP_BATCH])).encode(), 0, tags, now)
+               for i in range(0, len(half_offsets), OP_BATCH)]
         result = self.store.put_messages(TRANS_OP_HALF_TOPIC, 0, ops)
         self.done.update(half_offsets)
         self._advance()
