@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+import pyarrow as pa
 import pytest
 from broker_process import BrokerProcess
 from helpers import read_all, unique
@@ -15,6 +16,7 @@ from pymq_proto.record import HEADER, HEADER_SIZE, MESSAGE_MAGIC_CODE
 from pymq_proto.v1 import pymq_pb2, pymq_pb2_grpc
 from pyspark_pymq import Admin, Producer, PullConsumer
 from pyspark_pymq.client.codec import encode_records
+from pyspark_pymq.spark.writer import _encode_properties, encode_plain_batch
 
 KEYS = [f"{i:032X}" for i in range(4)]
 
@@ -198,3 +200,30 @@ def test_header_template_matches_record_layout() -> None:
     h = HEADER.unpack_from(raw)
     assert h[0] == sizes[0] == len(raw) and h[1] == MESSAGE_MAGIC_CODE and h[8] == 5 and h[13] == 3
     assert raw[HEADER_SIZE : HEADER_SIZE + 3] == b"abc"
+
+
+def test_spark_plain_batches_are_encoded_as_the_per_row_path_would() -> None:
+    prefix = "0123456789ABCDEF"
+    bodies = ["a", "bcd", "", "é"]
+    tags = ["x", None, "", "t2"]
+    batch = pa.RecordBatch.from_pydict({"body": pa.array(bodies), "tags": pa.array(tags),
+                                        "keys": pa.array([None] * 4, pa.list_(pa.string()))})
+    encoded = encode_plain_batch(batch, "top", prefix, 7, "here", 1000)
+    assert encoded is not None
+    records, sizes, keys = encoded
+    assert keys == [f"{prefix}{row:016X}" for row in range(7, 11)]
+    props = [_encode_properties(None, t, None, None, None, k) for t, k in zip(tags, keys, strict=True)]
+    expected, expected_sizes = encode_records("top", [b.encode() for b in bodies], props)
+    assert records == expected and list(sizes) == list(expected_sizes)
+    assert parse_encoded(records, sizes.tobytes(), "top").uniq_keys() == [k.encode() for k in keys]
+    # rows that need more than a body and tags take the per-row path; bad rows are named
+    with_delay = batch.append_column("delay_level", pa.array([None, 1, None, None], pa.int32()))
+    assert encode_plain_batch(with_delay, "top", prefix, 0, "here", 1000) is None
+    assert encode_plain_batch(batch, None, prefix, 0, "here", 1000) is None
+    assert encode_plain_batch(batch, "top", prefix, 0, "here", 2) is None  # a body over the limit
+    with pytest.raises(ValueError, match="row 8 of here has a null body"):
+        encode_plain_batch(pa.RecordBatch.from_pydict({"body": pa.array([b"x", None])}), "t", prefix, 7,
+                           "here", 1000)
+    bad = pa.RecordBatch.from_pydict({"body": pa.array([b"x", b"y"]), "tags": pa.array(["ok", "a\x02b"])})
+    with pytest.raises(ValueError, match=r"row 1 of here: .*reserved characters"):
+        encode_plain_batch(bad, "t", prefix, 0, "here", 1000)

@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 _U16 = struct.Struct("<H")
 _BLANK = struct.Struct("<ii")
 RECOVER_READ_CHUNK = 8 * 1024 * 1024
+BULK_READ_SPAN = 1024 * 1024  # get_messages: offsets this close are read together
+BULK_READ_AHEAD = 4096  # ...plus this much past the last one, usually its whole record
 _AR_HEADER = np.arange(HEADER_SIZE, dtype=np.int64)
 
 
@@ -160,6 +162,37 @@ class CommitLog:
             return None
         data = self.get_data(offset, total)
         return data if len(data) == total else None
+
+    def get_messages(self, offsets: Sequence[int]) -> list[bytes | None]:
+        """:meth:`get_message` for many offsets: records close together share one read."""
+        out: list[bytes | None] = [None] * len(offsets)
+        order = sorted(range(len(offsets)), key=offsets.__getitem__)
+        mfq = self.mapped_file_queue
+        i = 0
+        while i < len(order):
+            start = offsets[order[i]]
+            mf = mfq.find_mapped_file_by_offset(start) if start >= 0 else None
+            if mf is None:
+                i += 1
+                continue
+            j = i + 1
+            limit = min(start + BULK_READ_SPAN, mf.end_offset)
+            while j < len(order) and offsets[order[j]] < limit:
+                j += 1
+            last = offsets[order[j - 1]]
+            chunk = mf.read(start - mf.file_from_offset, last - start + BULK_READ_AHEAD)
+            for k in order[i:j]:
+                pos = offsets[k] - start
+                if pos + HEADER_SIZE > len(chunk):
+                    out[k] = self.get_message(offsets[k])
+                    continue
+                total, magic = _BLANK.unpack_from(chunk, pos)
+                if magic != MESSAGE_MAGIC_CODE or total < HEADER_SIZE:
+                    continue
+                fits = pos + total <= len(chunk)
+                out[k] = chunk[pos : pos + total] if fits else self.get_message(offsets[k])
+            i = j
+        return out
 
     def scan(self, start: int, visit: Callable[[int, bytes, int], None] | None = None) -> int:
         """Walk the good records from ``start``; returns where the good log ends.

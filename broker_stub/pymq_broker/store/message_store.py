@@ -283,16 +283,24 @@ class DefaultMessageStore:
     def _to_schedule(
         self, topic: str, queue_id: int, msg: MessageToStore, level: int
     ) -> tuple[str, int, list[MessageToStore]]:
-        level = min(level, self.config.max_delay_level)
         props = decode_properties(msg.properties)
-        props[MessageConst.PROPERTY_DELAY_TIME_LEVEL] = str(level)
-        props[MessageConst.PROPERTY_REAL_TOPIC] = topic
-        props[MessageConst.PROPERTY_REAL_QUEUE_ID] = str(queue_id)
+        schedule_queue = self.schedule_properties(topic, queue_id, props, level)
         scheduled = MessageToStore(
             msg.body, msg.flag, encode_properties(props), msg.born_timestamp,
             msg.reconsume_times, msg.sys_flag,
         )
-        return SCHEDULE_TOPIC, level - 1, [scheduled]
+        return SCHEDULE_TOPIC, schedule_queue, [scheduled]
+
+    def schedule_properties(self, topic: str, queue_id: int, props: dict[str, str], level: int) -> int:
+        """Turn ``props`` into those of a message delayed by ``level``; returns its schedule queue.
+
+        For callers that build the properties anyway (send back): no second decoding.
+        """
+        level = min(level, self.config.max_delay_level)
+        props[MessageConst.PROPERTY_DELAY_TIME_LEVEL] = str(level)
+        props[MessageConst.PROPERTY_REAL_TOPIC] = topic
+        props[MessageConst.PROPERTY_REAL_QUEUE_ID] = str(queue_id)
+        return level - 1
 
     def _tag_code(self, topic: str, props: bytes, store_ts: int) -> int:
         if topic == SCHEDULE_TOPIC:  # the delivery time, as RocketMQ
@@ -530,6 +538,11 @@ class DefaultMessageStore:
         if phy < self.commit_log.min_offset or phy >= self.commit_log.max_offset:
             return None
         return self.commit_log.get_message(phy)
+
+    def look_messages_by_offsets(self, phys: Sequence[int]) -> list[bytes | None]:
+        """:meth:`look_message_by_offset` for many offsets, with few reads."""
+        lo, hi = self.commit_log.min_offset, self.commit_log.max_offset
+        return self.commit_log.get_messages([p if lo <= p < hi else -1 for p in phys])
 
     def query_message(
         self, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int

@@ -351,14 +351,17 @@ class Producer:
         return queues[self._rr % len(queues)]
 
     def _request(self, prepared: _Prepared, mq: MessageQueue, batch: bool) -> Any:
-        return pymq_pb2.SendMessageRequest(
+        req = pymq_pb2.SendMessageRequest(
             producer_group=self.producer_group,
             topic=prepared.topic,
             queue_id=mq.queue_id,
             born_timestamp=int(time.time() * 1000),
-            encoded=pymq_pb2.EncodedBatch(records=prepared.records, sizes=prepared.sizes.tobytes()),
             batch=batch,
         )
+        # set in place: passing an EncodedBatch to the constructor copies it (~0.3 ms per MB)
+        req.encoded.records = prepared.records
+        req.encoded.sizes = prepared.sizes.tobytes()
+        return req
 
     def _result(self, prepared: _Prepared, mq: MessageQueue, resp: Any) -> SendResult:
         host = _store_host(resp.store_host)
