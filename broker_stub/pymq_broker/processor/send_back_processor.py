@@ -116,8 +116,9 @@ class SendBackProcessor:
             or props.get(MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, "")
         )
         props[MC.PROPERTY_ORIGIN_MESSAGE_ID] = origin_id
-        for key, value in req.extra_properties.items():
-            props[key] = value[:MAX_REASON_CHARS]
+        extra = req.extra_properties
+        for key in extra:  # keys then look-ups: a protobuf map's items() view is twice as slow
+            props[key] = extra[key][:MAX_REASON_CHARS]
         delay_level = req.delay_level
         dead = reconsume >= max_times or delay_level < 0
         if dead:

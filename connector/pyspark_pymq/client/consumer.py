@@ -234,7 +234,9 @@ class PullConsumer:
             raise TypeError(f"send_back takes a received MessageExt, got {type(message).__name__}")
         _check_max_times(max_reconsume_times)
         extra = _reason_properties(reason)
-        req = self._send_back_request(message, delay_level, max_reconsume_times, extra)
+        req = pymq_pb2.ConsumerSendMsgBackRequest(
+            **self._send_back_fields(message, delay_level, max_reconsume_times, extra)
+        )
         client = self._routes.client(message.topic, message.broker_name)
         try:
             resp = client.call("ConsumerSendMsgBack", req)
@@ -274,10 +276,10 @@ class PullConsumer:
             # several requests in flight: the broker works on one while the next is built
             for start in range(0, len(idx), SEND_BACK_RPC_ITEMS):
                 part = idx[start : start + SEND_BACK_RPC_ITEMS]
-                req = pymq_pb2.ConsumerSendMsgBackBatchRequest(requests=[
-                    self._send_back_request(messages[i], delay_level, max_reconsume_times, extras[i])
-                    for i in part
-                ])
+                req = pymq_pb2.ConsumerSendMsgBackBatchRequest()
+                add = req.requests.add  # in place: a list of requests would be copied again
+                for i in part:
+                    add(**self._send_back_fields(messages[i], delay_level, max_reconsume_times, extras[i]))
                 calls.append((part, client.call_future("ConsumerSendMsgBackBatch", req)))
         for part, call in calls:
             try:
@@ -294,18 +296,19 @@ class PullConsumer:
                 )
         return [r for r in results if r is not None]
 
-    def _send_back_request(
+    def _send_back_fields(
         self, message: MessageExt, delay_level: int, max_times: int | None, extra: dict[str, str]
-    ) -> pymq_pb2.ConsumerSendMsgBackRequest:
-        return pymq_pb2.ConsumerSendMsgBackRequest(
-            group=self.group,
-            commit_log_offset=message.commit_log_offset,
-            delay_level=delay_level,
-            origin_msg_id=message.msg_id,
-            origin_topic=message.retry_topic or message.topic,
-            max_reconsume_times=max_times or 0,
-            extra_properties=extra,
-        )
+    ) -> dict[str, Any]:
+        """The fields of a ConsumerSendMsgBackRequest."""
+        return {
+            "group": self.group,
+            "commit_log_offset": message.commit_log_offset,
+            "delay_level": delay_level,
+            "origin_msg_id": message.msg_id,
+            "origin_topic": message.retry_topic or message.topic,
+            "max_reconsume_times": max_times or 0,
+            "extra_properties": extra,
+        }
 
     def _send_back_directly(
         self, message: MessageExt, delay_level: int, max_times: int | None, extra: dict[str, str]
