@@ -112,8 +112,8 @@ def main() -> None:
     df.count()
     results: list[tuple[str, tuple[float, float, float, float]]] = []
 
-    def best(name: str, fn: object) -> None:
-        runs = [measure.run(fn, n) for _ in range(args.repeats)]
+    def best(name: str, fn: object, count: int = n) -> None:
+        runs = [measure.run(fn, count) for _ in range(args.repeats)]
         results.append((name, max(runs)))
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -134,13 +134,13 @@ def main() -> None:
                      .option("topic", t).option("sendMode", m).mode("append").save())
             if not args.no_send_back:
                 source = "bench-sync" if "sync" in modes else f"bench-{modes[0]}"
+                # every row the source topic holds (n per repeat), one partition per queue
                 rows = (spark.read.format("pymq").option("endpoint", ep).option("topic", source)
-                        .load().limit(n).cache())
-                rows.count()
+                        .load().cache())
                 best("send back (action=reconsumeLater)",
                      lambda: rows.write.format("pymq").option("endpoint", ep)
                      .option("action", "reconsumeLater").option("consumerGroup", "bench")
-                     .option("delayLevel", 18).mode("append").save())
+                     .option("delayLevel", 18).mode("append").save(), rows.count())
         finally:
             broker.stop()
     ceiling = results[0][1][0]
