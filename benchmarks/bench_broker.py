@@ -256,18 +256,18 @@ def running_echo() -> Iterator[tuple[str, int]]:
 def wire_sizes(body: int, batch: int) -> tuple[int, int]:
     """Serialized sizes of pymq's SendMessageRequest and SendMessageResponse for one batch."""
     from pymq_proto.v1 import pymq_pb2
+    from pyspark_pymq.client.codec import encode_records
     from pyspark_pymq.client.message import Message, encode_message_properties, new_uniq_key
 
     msg = Message(TOPIC, b"x" * body)
-    entries = [
-        pymq_pb2.MessageData(body=msg.body, properties=encode_message_properties(msg, new_uniq_key()))
-        for _ in range(batch)
-    ]
-    req = pymq_pb2.SendMessageRequest(
+    props = [encode_message_properties(msg, new_uniq_key()) for _ in range(batch)]
+    records, sizes = encode_records(TOPIC, [msg.body] * batch, props)
+    req = pymq_pb2.SendMessageRequest(  # the producer's pre-encoded batch
         producer_group="DEFAULT_PRODUCER", topic=TOPIC, queue_id=1,
-        born_timestamp=int(time.time() * 1000), messages=entries, batch=True,
+        born_timestamp=int(time.time() * 1000), batch=True,
+        encoded=pymq_pb2.EncodedBatch(records=records, sizes=sizes.tobytes()),
     )
-    record = 80 + body + 2 + len(TOPIC) + 2 + len(entries[0].properties)
+    record = sizes[0]
     resp = pymq_pb2.SendMessageResponse(
         status=pymq_pb2.SEND_OK, queue_id=1, queue_offset=1_000_000,
         commit_log_offsets=[2**30 + i * record for i in range(batch)],

@@ -224,3 +224,22 @@ def test_delayed_message_waits_in_schedule_topic(tmp_path: Path) -> None:
         assert sms.offset_table == {2: 1}
     finally:
         store.shutdown()
+
+
+def test_look_messages_by_offsets_reads_as_one_by_one(tmp_path: Path) -> None:
+    """The bulk read of send back: same records (or None) as look_message_by_offset, any order."""
+    cfg = {"max_message_size": 8192, "mapped_file_size_commit_log": 16 * 1024}
+    store = make_store(tmp_path, **cfg)
+    try:
+        phys: list[int] = []
+        for i in range(60):  # several segments, some records bigger than the read-ahead
+            size = 5000 if i % 7 == 0 else 100
+            put = store.put_messages("t", i % 2, [msg(b"%03d" % i + bytes(size), TAGS="x")])
+            phys += put.physical_offsets
+        asked = [*reversed(phys), phys[3] + 1, -5, store.commit_log.max_offset + 10, phys[5], phys[5]]
+        got = store.look_messages_by_offsets(asked)
+        assert got == [store.look_message_by_offset(p) for p in asked]
+        assert all(r is not None for r in got[: len(phys)]) and got[-5:-2] == [None, None, None]
+        assert got[0] is not None and got[0][80:83] == b"059"
+    finally:
+        store.shutdown()

@@ -14,15 +14,16 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 from pymq_proto.record import (
     BLANK_MAGIC_CODE,
-    HEADER,
     HEADER_SIZE,
     MESSAGE_MAGIC_CODE,
     record_is_valid,
 )
 
 from .config import MessageStoreConfig
+from .encoded_batch import EncodedRecords
 from .mapped_file import MappedFile, MappedFileQueue
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,9 @@ log = logging.getLogger(__name__)
 _U16 = struct.Struct("<H")
 _BLANK = struct.Struct("<ii")
 RECOVER_READ_CHUNK = 8 * 1024 * 1024
+BULK_READ_SPAN = 1024 * 1024  # get_messages: offsets this close are read together
+BULK_READ_AHEAD = 4096  # ...plus this much past the last one, usually its whole record
+_AR_HEADER = np.arange(HEADER_SIZE, dtype=np.int64)
 
 
 @dataclass(slots=True)
@@ -86,38 +90,41 @@ class CommitLog:
         self, topic: str, queue_id: int, messages: Sequence[MessageToStore]
     ) -> AppendMessageResult:
         """Append ``messages`` to queue ``queue_id`` of ``topic``; one write for all."""
-        topic_b = topic.encode()
-        topic_part = _U16.pack(len(topic_b)) + topic_b
-        tails = [
-            b"".join((m.body, topic_part, _U16.pack(len(m.properties)), m.properties))
-            for m in messages
-        ]
-        total = sum(len(t) for t in tails) + HEADER_SIZE * len(tails)
-        mf = self._mapped_file_for(total)
-        phy = mf.file_from_offset + mf.wrote_position
+        return self.put_records(topic, queue_id, EncodedRecords.from_messages(topic, messages))
+
+    def put_records(self, topic: str, queue_id: int, records: EncodedRecords) -> AppendMessageResult:
+        """Complete the headers of ``records`` (offsets, store time and host, CRC), write once.
+
+        The header fields are set for all records at once with numpy; only the
+        CRC is a call per record (zlib has no batched form).
+        """
+        buf = records.buf
+        n = len(records)
+        mf = self._mapped_file_for(len(buf))
+        first_phy = mf.file_from_offset + mf.wrote_position
         key = f"{topic}-{queue_id}"
-        queue_offset = first_queue_offset = self.topic_queue_table.get(key, 0)
+        first_queue_offset = self.topic_queue_table.get(key, 0)
         now = int(time.time() * 1000)
-        host = self.store_host
-        parts: list[bytes] = []
-        physical_offsets: list[int] = []
-        sizes: list[int] = []
-        pack = HEADER.pack
+        offsets, sizes = records.offsets, records.sizes
+        phys = offsets + first_phy
+        mv = memoryview(buf)
         crc32 = zlib.crc32
-        for m, tail in zip(messages, tails, strict=True):
-            size = HEADER_SIZE + len(tail)
-            parts.append(
-                pack(size, MESSAGE_MAGIC_CODE, crc32(tail), queue_id, m.flag, queue_offset, phy,
-                     m.sys_flag, m.born_timestamp, now, host, m.reconsume_times, 0, len(m.body))
-            )
-            parts.append(tail)
-            physical_offsets.append(phy)
-            sizes.append(size)
-            phy += size
-            queue_offset += 1
-        wrote = mf.append(b"".join(parts))
-        self.topic_queue_table[key] = queue_offset
-        return AppendMessageResult(wrote, physical_offsets, sizes, first_queue_offset, now)
+        h = records.headers
+        h["magic"] = MESSAGE_MAGIC_CODE
+        h["crc"] = [crc32(mv[a + HEADER_SIZE : a + s]) for a, s in zip(offsets.tolist(), sizes.tolist(),
+                                                                    strict=True)]
+        h["queue_id"] = queue_id
+        h["queue_offset"] = np.arange(first_queue_offset, first_queue_offset + n, dtype=np.int64)
+        h["phy"] = phys
+        h["store_ts"] = now
+        h["host"] = self.store_host
+        h["prepared_tx"] = 0
+        mv.release()
+        arr = np.frombuffer(buf, dtype=np.uint8)
+        arr[offsets[:, None] + _AR_HEADER] = h.view(np.uint8).reshape(n, HEADER_SIZE)
+        wrote = mf.append(buf)
+        self.topic_queue_table[key] = first_queue_offset + n
+        return AppendMessageResult(wrote, phys.tolist(), sizes.tolist(), first_queue_offset, now)
 
     def _mapped_file_for(self, size: int) -> MappedFile:
         mfq = self.mapped_file_queue
@@ -155,6 +162,37 @@ class CommitLog:
             return None
         data = self.get_data(offset, total)
         return data if len(data) == total else None
+
+    def get_messages(self, offsets: Sequence[int]) -> list[bytes | None]:
+        """:meth:`get_message` for many offsets: records close together share one read."""
+        out: list[bytes | None] = [None] * len(offsets)
+        order = sorted(range(len(offsets)), key=offsets.__getitem__)
+        mfq = self.mapped_file_queue
+        i = 0
+        while i < len(order):
+            start = offsets[order[i]]
+            mf = mfq.find_mapped_file_by_offset(start) if start >= 0 else None
+            if mf is None:
+                i += 1
+                continue
+            j = i + 1
+            limit = min(start + BULK_READ_SPAN, mf.end_offset)
+            while j < len(order) and offsets[order[j]] < limit:
+                j += 1
+            last = offsets[order[j - 1]]
+            chunk = mf.read(start - mf.file_from_offset, last - start + BULK_READ_AHEAD)
+            for k in order[i:j]:
+                pos = offsets[k] - start
+                if pos + HEADER_SIZE > len(chunk):
+                    out[k] = self.get_message(offsets[k])
+                    continue
+                total, magic = _BLANK.unpack_from(chunk, pos)
+                if magic != MESSAGE_MAGIC_CODE or total < HEADER_SIZE:
+                    continue
+                fits = pos + total <= len(chunk)
+                out[k] = chunk[pos : pos + total] if fits else self.get_message(offsets[k])
+            i = j
+        return out
 
     def scan(self, start: int, visit: Callable[[int, bytes, int], None] | None = None) -> int:
         """Walk the good records from ``start``; returns where the good log ends.

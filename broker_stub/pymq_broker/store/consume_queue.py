@@ -21,7 +21,9 @@ assert CQ_ENTRY.itemsize == CQ_STORE_UNIT_SIZE
 EntryArray = npt.NDArray[np.void]
 
 
-def pack_entries(phys: list[int], sizes: list[int], tags: list[int]) -> bytes:
+def pack_entries(
+    phys: list[int], sizes: list[int], tags: list[int] | npt.NDArray[np.int64]
+) -> bytes:
     arr = np.empty(len(phys), dtype=CQ_ENTRY)
     arr["phy"] = phys
     arr["size"] = sizes

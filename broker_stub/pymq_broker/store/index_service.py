@@ -30,8 +30,13 @@ INDEX_ENTRY_DTYPE = np.dtype([("hash", "<i4"), ("phy", "<i8"), ("diff", "<i4"), 
 assert INDEX_ENTRY_DTYPE.itemsize == INDEX_ENTRY.size
 
 
+def key_seed(topic: str) -> int:
+    """The CRC every key hash of ``topic`` starts from."""
+    return zlib.crc32(f"{topic}#".encode())
+
+
 def key_hash(topic: str, key: str) -> int:
-    return zlib.crc32(key.encode(), zlib.crc32(f"{topic}#".encode())) & 0x7FFFFFFF
+    return zlib.crc32(key.encode(), key_seed(topic)) & 0x7FFFFFFF
 
 
 class IndexFile:
@@ -75,21 +80,30 @@ class IndexFile:
         if self.begin_ts == 0:
             self.begin_ts, self.begin_phy = store_ts, phys[0]
         diff = max(0, (store_ts - self.begin_ts) // 1000)
-        n = self.slots_num
-        first = idx = self.index_count
-        prevs = []
-        for h in hashes:  # chaining is sequential: a later key may reuse a slot
-            s = h % n
-            prevs.append(slots[s])
-            slots[s] = idx
-            idx += 1
-        entries = np.empty(len(hashes), dtype=INDEX_ENTRY_DTYPE)
+        first = self.index_count
+        count = len(hashes)
+        entries = np.empty(count, dtype=INDEX_ENTRY_DTYPE)
         entries["hash"] = hashes
         entries["phy"] = phys
         entries["diff"] = diff
-        entries["prev"] = prevs
+        # Chaining as if the keys were added one by one: a key's "prev" is the last
+        # earlier key of this put in its slot, else the slot's head; the slot's new
+        # head is its last key. Sorting by slot (stably) groups each slot's keys in order.
+        slot_arr = np.frombuffer(slots, dtype=np.int32)
+        slot_of = entries["hash"].astype(np.int64) % self.slots_num
+        order = np.argsort(slot_of, kind="stable")
+        sorted_slots = slot_of[order]
+        same = sorted_slots[1:] == sorted_slots[:-1]
+        idx_sorted = first + order
+        prev_sorted = slot_arr[sorted_slots]
+        prev_sorted[1:] = np.where(same, idx_sorted[:-1], prev_sorted[1:])
+        prev = np.empty(count, dtype=np.int32)
+        prev[order] = prev_sorted
+        entries["prev"] = prev
+        last = np.append(~same, True)
+        slot_arr[sorted_slots[last]] = idx_sorted[last]
         os.pwrite(self.fd, entries.tobytes(), self.entries_pos + first * INDEX_ENTRY.size)
-        self.index_count = idx
+        self.index_count = first + count
         self.end_ts, self.end_phy = store_ts, phys[-1]
 
     def lookup(self, h: int, max_num: int, begin_ms: int, end_ms: int) -> list[int]:
@@ -164,9 +178,12 @@ class IndexService:
 
     def build_index(self, topic: str, keys: list[str], phys: list[int], store_ts: int) -> None:
         """Index ``keys[i]`` of ``topic`` at ``phys[i]`` (several keys may share an offset)."""
-        prefix = f"{topic}#".encode()
         crc = zlib.crc32
-        hashes = [crc(k.encode(), crc(prefix)) & 0x7FFFFFFF for k in keys]
+        seed = key_seed(topic)
+        self.build_index_hashes([crc(k.encode(), seed) & 0x7FFFFFFF for k in keys], phys, store_ts)
+
+    def build_index_hashes(self, hashes: list[int], phys: list[int], store_ts: int) -> None:
+        """:meth:`build_index` with the keys' hashes (:func:`key_hash`) already computed."""
         start = 0
         while start < len(hashes):
             f = self._writable()

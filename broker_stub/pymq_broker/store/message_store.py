@@ -30,8 +30,9 @@ from ..common.mix_all import SCHEDULE_TOPIC
 from .commit_log import AppendMessageResult, CommitLog, MessageToStore
 from .config import SYNC_FLUSH, MessageStoreConfig
 from .consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue, pack_entries
+from .encoded_batch import EncodedRecords
 from .flush import FlushRealTimeService, GroupCommitService, ServiceThread, StoreCheckpoint
-from .index_service import IndexService
+from .index_service import IndexService, key_seed
 from .results import GetMessageResult, GetMessageStatus, PutMessageResult, PutMessageStatus
 
 log = logging.getLogger(__name__)
@@ -204,34 +205,27 @@ class DefaultMessageStore:
         A single message with a DELAY property goes to SCHEDULE_TOPIC_XXXX, queue
         level-1, its real topic and queue kept in REAL_TOPIC / REAL_QID.
         """
-        if not self._running and self._services:
-            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, remark="store is shut down")
         if not messages:
             return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, remark="no message to store")
-        total = 0
-        for i, m in enumerate(messages):
-            problem = self.check_message(topic, m)
-            if problem:
-                status = (
-                    PutMessageStatus.PROPERTIES_SIZE_EXCEEDED
-                    if len(m.properties) > MAX_PROPERTIES_SIZE
-                    else PutMessageStatus.MESSAGE_ILLEGAL
-                )
-                where = f"message {i} of the batch: " if len(messages) > 1 else ""
-                return PutMessageResult(status, remark=where + problem)
-            total += len(m.body)
-        if len(messages) > 1 and total > self.config.max_message_size:
-            return PutMessageResult(
-                PutMessageStatus.MESSAGE_ILLEGAL,
-                remark=(
-                    f"batch of {len(messages)} messages carries {total} bytes, over "
-                    f"maxMessageSize {self.config.max_message_size}; split it"
-                ),
-            )
         if len(messages) == 1:
             topic, queue_id, messages = self.resolve_delay(topic, queue_id, messages)
-        appended = self.commit_log.put_messages(topic, queue_id, messages)
-        self._dispatch(topic, queue_id, messages, appended)
+        return self.put_records(topic, queue_id, EncodedRecords.from_messages(topic, messages))
+
+    def put_records(self, topic: str, queue_id: int, records: EncodedRecords) -> PutMessageResult:
+        """Store records already laid out (a pre-encoded batch, or :meth:`put_messages`).
+
+        No delay handling here: a pre-encoded batch holds no delayed message.
+        """
+        if not self._running and self._services:
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, remark="store is shut down")
+        n = len(records)
+        if not n:
+            return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, remark="no message to store")
+        problem = self._check_records(topic, records)
+        if problem is not None:
+            return problem
+        appended = self.commit_log.put_records(topic, queue_id, records)
+        self._dispatch(topic, queue_id, records, appended)
         return PutMessageResult(
             PutMessageStatus.PUT_OK,
             topic=topic,
@@ -241,6 +235,35 @@ class DefaultMessageStore:
             end_offset=appended.end_offset,
             store_timestamp=appended.store_timestamp,
         )
+
+    def _check_records(self, topic: str, records: EncodedRecords) -> PutMessageResult | None:
+        n = len(records)
+        max_size = self.config.max_message_size
+        body_lens = records.body_lens
+        plens = records.props_end - records.props_start
+        where = "message {i} of the batch: " if n > 1 else ""
+        big = np.flatnonzero(body_lens > max_size)
+        if len(big):
+            i = int(big[0])
+            return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, remark=where.format(i=i) + (
+                f"message body of {int(body_lens[i])} bytes is over maxMessageSize {max_size} "
+                f"(topic {topic!r})"))
+        big = np.flatnonzero(plens > MAX_PROPERTIES_SIZE)
+        if len(big):
+            i = int(big[0])
+            return PutMessageResult(PutMessageStatus.PROPERTIES_SIZE_EXCEEDED, remark=where.format(i=i) + (
+                f"message properties of {int(plens[i])} bytes are over the limit of "
+                f"{MAX_PROPERTIES_SIZE} (topic {topic!r})"))
+        total = int(body_lens.sum())
+        if n > 1 and total > max_size:
+            return PutMessageResult(
+                PutMessageStatus.MESSAGE_ILLEGAL,
+                remark=(
+                    f"batch of {n} messages carries {total} bytes, over "
+                    f"maxMessageSize {max_size}; split it"
+                ),
+            )
+        return None
 
     def resolve_delay(
         self, topic: str, queue_id: int, messages: Sequence[MessageToStore]
@@ -260,16 +283,24 @@ class DefaultMessageStore:
     def _to_schedule(
         self, topic: str, queue_id: int, msg: MessageToStore, level: int
     ) -> tuple[str, int, list[MessageToStore]]:
-        level = min(level, self.config.max_delay_level)
         props = decode_properties(msg.properties)
-        props[MessageConst.PROPERTY_DELAY_TIME_LEVEL] = str(level)
-        props[MessageConst.PROPERTY_REAL_TOPIC] = topic
-        props[MessageConst.PROPERTY_REAL_QUEUE_ID] = str(queue_id)
+        schedule_queue = self.schedule_properties(topic, queue_id, props, level)
         scheduled = MessageToStore(
             msg.body, msg.flag, encode_properties(props), msg.born_timestamp,
             msg.reconsume_times, msg.sys_flag,
         )
-        return SCHEDULE_TOPIC, level - 1, [scheduled]
+        return SCHEDULE_TOPIC, schedule_queue, [scheduled]
+
+    def schedule_properties(self, topic: str, queue_id: int, props: dict[str, str], level: int) -> int:
+        """Turn ``props`` into those of a message delayed by ``level``; returns its schedule queue.
+
+        For callers that build the properties anyway (send back): no second decoding.
+        """
+        level = min(level, self.config.max_delay_level)
+        props[MessageConst.PROPERTY_DELAY_TIME_LEVEL] = str(level)
+        props[MessageConst.PROPERTY_REAL_TOPIC] = topic
+        props[MessageConst.PROPERTY_REAL_QUEUE_ID] = str(queue_id)
+        return level - 1
 
     def _tag_code(self, topic: str, props: bytes, store_ts: int) -> int:
         if topic == SCHEDULE_TOPIC:  # the delivery time, as RocketMQ
@@ -279,19 +310,31 @@ class DefaultMessageStore:
         return tag_hash(find_property(props, _TAGS))
 
     def _dispatch(
-        self, topic: str, queue_id: int, messages: Sequence[MessageToStore],
-        appended: AppendMessageResult,
+        self, topic: str, queue_id: int, records: EncodedRecords, appended: AppendMessageResult,
     ) -> None:
         cq = self.find_consume_queue(topic, queue_id)
         ts = appended.store_timestamp
-        tags = [self._tag_code(topic, m.properties, ts) for m in messages]
+        props: list[bytes] | None = None
+        if topic == SCHEDULE_TOPIC or records.contains(_TAGS + b"\x01"):
+            props = records.all_properties()
+            tags: list[int] | np.ndarray = [self._tag_code(topic, p, ts) for p in props]
+        else:  # no record has tags (a hit in a body only costs the slow path)
+            tags = np.zeros(len(records), dtype=np.int64)
         cq.put_entries(
             appended.queue_offset,
             pack_entries(appended.physical_offsets, appended.sizes, tags),
             appended.end_offset,
         )
         cq.last_store_timestamp = ts
-        self._index(topic, [m.properties for m in messages], appended.physical_offsets, ts)
+        if self.config.message_index_enable:
+            if records.uniq_start is not None and not records.contains(_KEYS + b"\x01"):
+                # every record has a UNIQ_KEY and (it seems) no KEYS: one key each
+                self.index_service.build_index_hashes(
+                    records.uniq_hashes(key_seed(topic)), appended.physical_offsets, ts
+                )
+            else:
+                props = records.all_properties() if props is None else props
+                self._index(topic, props, appended.physical_offsets, ts)
         self.dispatched_offset = appended.end_offset
         listener = self.message_arriving_listener
         if listener is not None:
@@ -495,6 +538,11 @@ class DefaultMessageStore:
         if phy < self.commit_log.min_offset or phy >= self.commit_log.max_offset:
             return None
         return self.commit_log.get_message(phy)
+
+    def look_messages_by_offsets(self, phys: Sequence[int]) -> list[bytes | None]:
+        """:meth:`look_message_by_offset` for many offsets, with few reads."""
+        lo, hi = self.commit_log.min_offset, self.commit_log.max_offset
+        return self.commit_log.get_messages([p if lo <= p < hi else -1 for p in phys])
 
     def query_message(
         self, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int

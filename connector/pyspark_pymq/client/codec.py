@@ -1,18 +1,27 @@
-"""Decoding the stored records that a pull (or a look-up) answers with."""
+"""The commit-log record layout on the client: decoding pulls, encoding batches to send."""
 
 from __future__ import annotations
 
 import gc
+import struct
+from array import array
+from collections.abc import Sequence
 
 from pymq_proto.record import (
     HEADER,
     HEADER_SIZE,
+    MESSAGE_MAGIC_CODE,
     MessageConst,
+    remove_property,
 )
 
 from .message import MessageExt
 
-__all__ = ["decode_records"]
+__all__ = ["UNIQ_PREFIX", "decode_records", "encode_records", "uniq_first"]
+
+UNIQ_PREFIX = b"UNIQ_KEY\x01"
+_U16 = struct.Struct("<H")
+_NO_HOST = bytes(8)
 
 _KEYS = MessageConst.PROPERTY_KEYS
 _TAGS = MessageConst.PROPERTY_TAGS
@@ -68,3 +77,39 @@ def _decode(records: bytes, broker_name: str) -> list[MessageExt]:
         ))
         pos += total
     return out
+
+
+def encode_records(
+    topic: str, bodies: Sequence[bytes], properties: Sequence[bytes],
+    flags: Sequence[int] | None = None, born_timestamp: int = 0,
+) -> tuple[bytes, array[int]]:
+    """Record images of a pre-encoded batch (``EncodedBatch``): the records and their sizes.
+
+    The broker fills the store's header fields (offsets, CRC, store time and
+    host); ``properties[i]`` must begin with UNIQ_KEY (see :func:`uniq_first`).
+    """
+    topic_b = topic.encode()
+    topic_part = _U16.pack(len(topic_b)) + topic_b
+    fixed = HEADER_SIZE + len(topic_part) + 2
+    pack, u16 = HEADER.pack, _U16.pack
+    parts: list[bytes] = []
+    sizes = array("i")
+    add_size = sizes.append
+    for i, body in enumerate(bodies):
+        props = properties[i]
+        size = fixed + len(body) + len(props)
+        parts += (
+            pack(size, MESSAGE_MAGIC_CODE, 0, 0, flags[i] if flags else 0, 0, 0, 0, born_timestamp, 0,
+                 _NO_HOST, 0, 0, len(body)),
+            body, topic_part, u16(len(props)), props,
+        )
+        add_size(size)
+    return b"".join(parts), sizes
+
+
+def uniq_first(properties: bytes, uniq_key: str) -> bytes:
+    """``properties`` with UNIQ_KEY = ``uniq_key`` as the first property (the batch layout)."""
+    head = UNIQ_PREFIX + uniq_key.encode() + b"\x02"
+    if properties.startswith(head):
+        return properties
+    return head + remove_property(properties, UNIQ_PREFIX[:-1])

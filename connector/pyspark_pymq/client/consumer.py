@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 from pymq_proto.record import MessageConst, encode_properties
 from pymq_proto.v1 import pymq_pb2
 
@@ -42,6 +43,7 @@ class SendBackResult:
     fallback: bool  # True when the send back failed and a direct send to %RETRY% was made
 
 DEFAULT_PULL_BATCH_SIZE = 32
+SEND_BACK_RPC_ITEMS = 250  # send_back_batch: messages per request (requests overlap)
 _PULL_STATUS = {
     pymq_pb2.FOUND: PullStatus.FOUND,
     pymq_pb2.NO_NEW_MSG: PullStatus.NO_NEW_MSG,
@@ -232,7 +234,9 @@ class PullConsumer:
             raise TypeError(f"send_back takes a received MessageExt, got {type(message).__name__}")
         _check_max_times(max_reconsume_times)
         extra = _reason_properties(reason)
-        req = self._send_back_request(message, delay_level, max_reconsume_times, extra)
+        req = pymq_pb2.ConsumerSendMsgBackRequest(
+            **self._send_back_fields(message, delay_level, max_reconsume_times, extra)
+        )
         client = self._routes.client(message.topic, message.broker_name)
         try:
             resp = client.call("ConsumerSendMsgBack", req)
@@ -266,18 +270,23 @@ class PullConsumer:
             if not isinstance(m, MessageExt):
                 raise TypeError(f"send_back_batch takes MessageExt items, got {type(m).__name__} at {i}")
             by_broker.setdefault(m.broker_name, []).append(i)
+        calls = []
         for broker, idx in by_broker.items():
-            req = pymq_pb2.ConsumerSendMsgBackBatchRequest(requests=[
-                self._send_back_request(messages[i], delay_level, max_reconsume_times, extras[i])
-                for i in idx
-            ])
             client = self._routes.client(messages[idx[0]].topic, broker)
+            # several requests in flight: the broker works on one while the next is built
+            for start in range(0, len(idx), SEND_BACK_RPC_ITEMS):
+                part = idx[start : start + SEND_BACK_RPC_ITEMS]
+                req = pymq_pb2.ConsumerSendMsgBackBatchRequest()
+                add = req.requests.add  # in place: a list of requests would be copied again
+                for i in part:
+                    add(**self._send_back_fields(messages[i], delay_level, max_reconsume_times, extras[i]))
+                calls.append((part, client.call_future("ConsumerSendMsgBackBatch", req)))
+        for part, call in calls:
             try:
-                resp = client.call("ConsumerSendMsgBackBatch", req)
-                answers = list(resp.results)
-            except PymqError:
-                answers = [None] * len(idx)
-            for i, answer in zip(idx, answers, strict=True):
+                answers = list(call.result().results)
+            except grpc.RpcError:  # each item falls back to a direct send below
+                answers = [None] * len(part)
+            for i, answer in zip(part, answers, strict=True):
                 if answer is not None and not answer.error:
                     results[i] = SendBackResult(answer.topic, answer.dead_letter, False)
         for i, r in enumerate(results):
@@ -287,18 +296,19 @@ class PullConsumer:
                 )
         return [r for r in results if r is not None]
 
-    def _send_back_request(
+    def _send_back_fields(
         self, message: MessageExt, delay_level: int, max_times: int | None, extra: dict[str, str]
-    ) -> pymq_pb2.ConsumerSendMsgBackRequest:
-        return pymq_pb2.ConsumerSendMsgBackRequest(
-            group=self.group,
-            commit_log_offset=message.commit_log_offset,
-            delay_level=delay_level,
-            origin_msg_id=message.msg_id,
-            origin_topic=message.retry_topic or message.topic,
-            max_reconsume_times=max_times or 0,
-            extra_properties=extra,
-        )
+    ) -> dict[str, Any]:
+        """The fields of a ConsumerSendMsgBackRequest."""
+        return {
+            "group": self.group,
+            "commit_log_offset": message.commit_log_offset,
+            "delay_level": delay_level,
+            "origin_msg_id": message.msg_id,
+            "origin_topic": message.retry_topic or message.topic,
+            "max_reconsume_times": max_times or 0,
+            "extra_properties": extra,
+        }
 
     def _send_back_directly(
         self, message: MessageExt, delay_level: int, max_times: int | None, extra: dict[str, str]

@@ -141,7 +141,9 @@ def new_uniq_keys(n: int) -> list[str]:
 
 def encode_message_properties(msg: Message, uniq_key: str) -> bytes:
     """The stored properties of ``msg``: the user's plus RocketMQ's system ones."""
-    props = dict(msg.properties)
+    # UNIQ_KEY first: the layout of a pre-encoded batch (the broker finds it there)
+    props = {MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX: uniq_key}
+    props.update(msg.properties)
     if msg.tags:
         props[MessageConst.PROPERTY_TAGS] = msg.tags
     if msg.keys:

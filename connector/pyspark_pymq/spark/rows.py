@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import pyarrow as pa
 from pymq_proto.record import MessageConst
 
 from ..client.consumer import PullConsumer, SendBackResult
 from ..client.message import MessageExt
 from ..errors import PymqError
-
-if TYPE_CHECKING:
-    import pyarrow as pa
 
 __all__ = ["SEND_BACK_ATTEMPTS", "column", "messages_from_batch", "send_back_acknowledged"]
 
@@ -30,7 +28,25 @@ def column(batch: pa.RecordBatch, name: str, default: Any = None) -> list[Any]:
     index = batch.schema.get_field_index(name)
     if index < 0:
         return [default] * batch.num_rows
-    return list(batch.column(index).to_pylist())
+    arr = batch.column(index)
+    kind = arr.type
+    if (pa.types.is_map(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)
+            or (pa.types.is_integer(kind) and arr.null_count == 0)):
+        # the same values as to_pylist, made in C++ (to_pylist costs ~30 us a row for a map)
+        return list(arr.to_numpy(zero_copy_only=False).tolist())
+    return list(arr.to_pylist())
+
+
+def _ms_column(batch: pa.RecordBatch, name: str) -> list[int]:
+    """A timestamp (or ms) column as ms since the epoch, 0 for null."""
+    index = batch.schema.get_field_index(name)
+    if index < 0:
+        return [0] * batch.num_rows
+    arr = batch.column(index)
+    if pa.types.is_timestamp(arr.type):
+        ms = arr.cast(pa.timestamp("ms", arr.type.tz), safe=False).cast(pa.int64()).fill_null(0)
+        return list(ms.to_numpy().tolist())
+    return [_ms(v) for v in arr.to_pylist()]
 
 
 def _ms(value: Any) -> int:
@@ -46,7 +62,9 @@ def messages_from_batch(batch: pa.RecordBatch) -> list[MessageExt]:
     ``topic`` and RETRY_TOPIC in its properties. Rows without
     ``commit_log_offset`` did not come from a pymq source: ValueError.
     """
-    cols = {name: column(batch, name) for name in _FIELDS}
+    cols = {name: column(batch, name) for name in _FIELDS if not name.endswith("_timestamp")}
+    cols["born_timestamp"] = _ms_column(batch, "born_timestamp")
+    cols["store_timestamp"] = _ms_column(batch, "store_timestamp")
     out = []
     for i in range(batch.num_rows):
         if cols["commit_log_offset"][i] is None or not cols["topic"][i]:
@@ -69,8 +87,8 @@ def messages_from_batch(batch: pa.RecordBatch) -> list[MessageExt]:
             tags=cols["tags"][i],
             keys=tuple(cols["keys"][i] or ()),
             properties=props,
-            born_timestamp=_ms(cols["born_timestamp"][i]),
-            store_timestamp=_ms(cols["store_timestamp"][i]),
+            born_timestamp=cols["born_timestamp"][i],
+            store_timestamp=cols["store_timestamp"][i],
             reconsume_times=cols["reconsume_times"][i] or 0,
         ))
     return out

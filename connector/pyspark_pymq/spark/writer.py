@@ -18,11 +18,17 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import struct
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+from pymq_proto.record import HEADER, HEADER_SIZE, MESSAGE_MAGIC_CODE
 from pymq_proto.record import MessageConst as MC
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
@@ -37,14 +43,13 @@ from ..errors import PymqError
 from .rows import column, messages_from_batch, send_back_acknowledged
 from .sink_options import SinkOptions
 
-if TYPE_CHECKING:
-    import pyarrow as pa
-
 __all__ = ["PymqSinkWriter", "PymqStreamSinkWriter", "SinkCommitMessage", "write_partition"]
 
 log = logging.getLogger(__name__)
 
-SEND_BACK_CHUNK = 1000
+SEND_BACK_CHUNK = 4000  # rows per send_back_batch: its requests overlap, so bigger keeps both busy
+_HEADER_DTYPE = np.dtype([("total", "<i4"), ("magic", "<i4"), ("rest", "V68"), ("body_len", "<i4")])
+assert _HEADER_DTYPE.itemsize == HEADER.size
 
 
 @dataclass
@@ -87,7 +92,10 @@ def _encode_properties(
     user: list[tuple[str, str]] | None, tags: str | None, keys: Any, delay: int | None,
     sharding_key: str | None, uniq: str,
 ) -> bytes:
-    parts = [f"{k}\x01{v}\x02" for k, v in user if k is not None and v is not None] if user else []
+    # UNIQ_KEY first: the pre-encoded batch layout (the broker finds it there)
+    parts = [f"{MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX}\x01{uniq}\x02"]
+    if user:
+        parts += [f"{k}\x01{v}\x02" for k, v in user if k is not None and v is not None]
     if tags:
         parts.append(f"{MC.PROPERTY_TAGS}\x01{tags}\x02")
     if keys:
@@ -98,7 +106,6 @@ def _encode_properties(
         parts.append(f"{MC.PROPERTY_DELAY_TIME_LEVEL}\x01{delay}\x02")
     if sharding_key is not None:
         parts.append(f"{MC.PROPERTY_SHARDING_KEY}\x01{sharding_key}\x02")
-    parts.append(f"{MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX}\x01{uniq}\x02")
     text = "".join(parts)
     if text.count("\x01") != len(parts):
         raise ValueError("a property name or value contains the reserved characters \\x01 or \\x02")
@@ -154,6 +161,23 @@ def _send_rows(
 
     for batch in batches:
         n = batch.num_rows
+        if not n:
+            continue
+        plain = encode_plain_batch(batch, opts.topic, prefix, row, where, opts.max_batch_bytes,
+                                   extra_properties)
+        if plain is not None and opts.topic:
+            records, sizes, keys = plain
+            first = row
+            try:
+                results = producer.send_records(opts.topic, records, sizes, keys)
+            except PymqError as err:
+                raise type(err)(
+                    f"sending rows {first}..{first + n - 1} of {where} to {opts.topic!r} failed: "
+                    f"{err.remark}", code=err.code,
+                ) from err
+            futures.extend((first, first + n - 1, r) for r in results if isinstance(r, Future))
+            row += n
+            continue
         bodies = column(batch, "body")
         topics = column(batch, "topic", opts.topic)
         tags = column(batch, "tags")
@@ -210,6 +234,107 @@ def _send_rows(
                 f"async send of rows {first}..{last} of {where} failed: {err.remark}", code=err.code
             ) from err
     return SinkCommitMessage(ids.partition_id, row)
+
+
+_HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
+_SHIFTS = np.arange(60, -4, -4, dtype=np.uint64)
+_UNIQ = f"{MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX}\x01".encode()
+_PER_ROW_COLUMNS = ("keys", "properties", "delay_level", "sharding_key", "queue_id")
+
+
+def _all_null(batch: pa.RecordBatch, name: str) -> bool:
+    index: int = batch.schema.get_field_index(name)
+    if index < 0:
+        return True
+    nulls: int = batch.column(index).null_count
+    rows: int = batch.num_rows
+    return nulls == rows
+
+
+def _fixed_width(mat: npt.NDArray[np.uint8]) -> pa.Array:
+    """A binary array whose i-th value is row i of ``mat`` (no per-row object)."""
+    n, width = mat.shape
+    offsets = np.arange(0, n * width + 1, width, dtype=np.int32)
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(mat)])
+
+
+def encode_plain_batch(
+    batch: pa.RecordBatch, topic: str | None, prefix: str, first_row: int, where: str, max_body: int,
+    extra_properties: bytes = b"",
+) -> tuple[bytes, npt.NDArray[np.int32], list[str]] | None:
+    """Record images of a whole Arrow batch at once, or None when rows need the per-row path.
+
+    The usual bulk write: rows to the ``topic`` option, round robin, with a body and
+    maybe tags. Rows that name their own topic, queue, sharding key, delay, keys or
+    properties take the per-row path. No per-row Python here but for the msgIds
+    the send results carry.
+    """
+    if not topic or not _all_null(batch, "topic") or not all(
+        _all_null(batch, c) for c in _PER_ROW_COLUMNS
+    ):
+        return None
+    n = batch.num_rows
+    body = batch.column(batch.schema.get_field_index("body"))
+    if body.null_count:
+        i = int(pc.index(pc.is_null(body), True).as_py())
+        raise ValueError(f"row {first_row + i} of {where} has a null body; filter or fill it first")
+    if not pa.types.is_binary(body.type):
+        body = body.cast(pa.binary())
+    body_lens = pc.binary_length(body).to_numpy(zero_copy_only=False).astype(np.int64)
+    if int(body_lens.max()) > max_body:  # the per-row path names the row that is too big
+        return None
+    # UNIQ_KEY = the task's prefix + the row index as 16 hex digits, as the per-row path
+    rows = np.arange(first_row, first_row + n, dtype=np.uint64)
+    digits = _HEX[((rows[:, None] >> _SHIFTS) & np.uint64(15)).astype(np.intp)]
+    key_mat = np.empty((n, 32), dtype=np.uint8)
+    key_mat[:, :16] = np.frombuffer(prefix.encode(), dtype=np.uint8)
+    key_mat[:, 16:] = digits
+    uniq = np.empty((n, len(_UNIQ) + 33), dtype=np.uint8)
+    uniq[:, : len(_UNIQ)] = np.frombuffer(_UNIQ, dtype=np.uint8)
+    uniq[:, len(_UNIQ) : -1] = key_mat
+    uniq[:, -1] = 2
+    plens = np.full(n, uniq.shape[1], dtype=np.int64)
+    parts: list[pa.Array | pa.Scalar] = [_fixed_width(uniq)]
+    if not _all_null(batch, "tags"):
+        tags = batch.column(batch.schema.get_field_index("tags")).cast(pa.binary())
+        bad = pc.or_(pc.match_substring(tags, "\x01"), pc.match_substring(tags, "\x02"))
+        if pc.any(bad).as_py():
+            i = int(pc.index(bad, True).as_py())
+            raise ValueError(
+                f"row {first_row + i} of {where}: a property name or value contains the reserved "
+                "characters \\x01 or \\x02"
+            )
+        tagged = pc.binary_join_element_wise(
+            pa.scalar(f"{MC.PROPERTY_TAGS}\x01".encode()), tags, pa.scalar(b"\x02"), pa.scalar(b"")
+        )
+        tagged = pc.if_else(pc.equal(pc.binary_length(tags), 0), pa.scalar(b""), tagged).fill_null(b"")
+        plens += pc.binary_length(tagged).to_numpy(zero_copy_only=False)
+        parts.append(tagged)
+    if extra_properties:  # the same on every row (the exactly-once sink's transaction tags)
+        plens += len(extra_properties)
+        parts.append(pa.scalar(extra_properties, pa.binary()))
+    topic_b = topic.encode()
+    head = np.zeros(n, dtype=_HEADER_DTYPE)
+    sizes = HEADER_SIZE + body_lens + 2 + len(topic_b) + 2 + plens
+    if int(sizes.max()) > 0x7FFFFFFF:
+        return None
+    head["total"] = sizes
+    head["magic"] = MESSAGE_MAGIC_CODE
+    head["body_len"] = body_lens
+    mid = np.empty((n, 4 + len(topic_b)), dtype=np.uint8)
+    mid[:, :2] = np.frombuffer(struct.pack("<H", len(topic_b)), dtype=np.uint8)
+    mid[:, 2 : 2 + len(topic_b)] = np.frombuffer(topic_b, dtype=np.uint8)
+    mid[:, -2] = plens & 0xFF
+    mid[:, -1] = plens >> 8
+    joined = pc.binary_join_element_wise(
+        _fixed_width(head.view(np.uint8).reshape(n, HEADER_SIZE)), body, _fixed_width(mid), *parts,
+        pa.scalar(b""),
+    )
+    offsets = np.frombuffer(joined.buffers()[1], dtype=np.int32)[joined.offset : joined.offset + n + 1]
+    records = joined.buffers()[2].to_pybytes()[int(offsets[0]) : int(offsets[-1])]
+    text = key_mat.tobytes().decode()
+    keys = [prefix + text[i + 16 : i + 32] for i in range(0, 32 * n, 32)]
+    return records, sizes.astype(np.int32), keys
 
 
 def _one(row: int, body: bytes, encoded: bytes, uniq: str) -> _Pending:

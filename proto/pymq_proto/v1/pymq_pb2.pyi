@@ -216,6 +216,7 @@ class SendMessageRequest(_message.Message):
     MESSAGES_FIELD_NUMBER: _builtins.int
     BATCH_FIELD_NUMBER: _builtins.int
     RECONSUME_TIMES_FIELD_NUMBER: _builtins.int
+    ENCODED_FIELD_NUMBER: _builtins.int
     producer_group: _builtins.str
     topic: _builtins.str
     queue_id: _builtins.int
@@ -229,6 +230,10 @@ class SendMessageRequest(_message.Message):
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[Global___MessageData]:
         """more than one: a batch (same topic, one queue)"""
 
+    @_builtins.property
+    def encoded(self) -> Global___EncodedBatch:
+        """instead of `messages` (issue 5, see EncodedBatch)"""
+
     def __init__(
         self,
         *,
@@ -239,14 +244,48 @@ class SendMessageRequest(_message.Message):
         messages: _abc.Iterable[Global___MessageData] | None = ...,
         batch: _builtins.bool = ...,
         reconsume_times: _builtins.int = ...,
+        encoded: Global___EncodedBatch | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["encoded", b"encoded"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "born_timestamp", b"born_timestamp", "messages", b"messages", "producer_group", b"producer_group", "queue_id", b"queue_id", "reconsume_times", b"reconsume_times", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch", b"batch", "born_timestamp", b"born_timestamp", "encoded", b"encoded", "messages", b"messages", "producer_group", b"producer_group", "queue_id", b"queue_id", "reconsume_times", b"reconsume_times", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SendMessageRequest: _TypeAlias = SendMessageRequest  # noqa: Y015
+
+@_typing.final
+class EncodedBatch(_message.Message):
+    """---- Pre-encoded batches (issue 5) -------------------------------------------
+    The messages of a send as the commit log stores them, so that the broker does
+    no per-message protobuf work: `records` holds the record images back to back
+    (layout: pymq_proto/record.py), and `sizes` their TOTALSIZE values as packed
+    little-endian int32. The producer fills TOTALSIZE, MAGICCODE, FLAG, BODYLEN,
+    body, topic (= the request's topic) and properties, which must begin with
+    UNIQ_KEY; the broker sets every other header field (CRC, queue and physical
+    offsets, timestamps, store host...). A malformed batch is refused with
+    MESSAGE_ILLEGAL and nothing is stored.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECORDS_FIELD_NUMBER: _builtins.int
+    SIZES_FIELD_NUMBER: _builtins.int
+    records: _builtins.bytes
+    sizes: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        records: _builtins.bytes = ...,
+        sizes: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["records", b"records", "sizes", b"sizes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EncodedBatch: _TypeAlias = EncodedBatch  # noqa: Y015
 
 @_typing.final
 class SendMessageResponse(_message.Message):

@@ -1,0 +1,234 @@
+"""Pre-encoded batches (EncodedBatch): what the broker stores, and what it refuses."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pyarrow as pa
+import pytest
+from broker_process import BrokerProcess
+from helpers import read_all, unique
+from pymq_broker.store.encoded_batch import parse_encoded
+from pymq_proto.record import HEADER, HEADER_SIZE, MESSAGE_MAGIC_CODE
+from pymq_proto.v1 import pymq_pb2, pymq_pb2_grpc
+from pyspark_pymq import Admin, Producer, PullConsumer
+from pyspark_pymq.client.codec import encode_records
+from pyspark_pymq.spark.writer import _encode_properties, encode_plain_batch
+
+KEYS = [f"{i:032X}" for i in range(4)]
+
+
+def _records(topic: str, n: int = 4, extra: bytes = b"") -> tuple[bytearray, list[int]]:
+    props = [b"UNIQ_KEY\x01" + KEYS[i].encode() + b"\x02" + extra for i in range(n)]
+    raw, sizes = encode_records(topic, [b"body-%d" % i for i in range(n)], props)
+    return bytearray(raw), list(sizes)
+
+
+def _set(buf: bytearray, record_start: int, field: int, value: object) -> None:
+    fields = list(HEADER.unpack_from(buf, record_start))
+    fields[field] = value
+    HEADER.pack_into(buf, record_start, *fields)
+
+
+def _pack(sizes: list[int]) -> bytes:
+    return struct.pack(f"<{len(sizes)}i", *sizes)
+
+
+# Each case breaks a well-formed batch of 4 records of topic "t" in one way and
+# names the words the error must contain.
+def _bad_sizes_bytes(buf: bytearray, sizes: list[int]) -> tuple[bytes, bytes]:
+    return bytes(buf), _pack(sizes)[:-1]
+
+
+def _sizes_do_not_add_up(buf: bytearray, sizes: list[int]) -> tuple[bytes, bytes]:
+    return bytes(buf) + b"\0", _pack(sizes)
+
+
+def _size_too_small(buf: bytearray, sizes: list[int]) -> tuple[bytes, bytes]:
+    return bytes(buf), _pack([10, sizes[1] + sizes[0] - 10, *sizes[2:]])
+
+
+def _totalsize_differs(buf: bytearray, sizes: list[int]) -> tuple[bytes, bytes]:
+    _set(buf, sizes[0], 0, sizes[1] + 1)
+    return bytes(buf), _pack(sizes)
+
+
+def _bad_magic(buf: bytearray, sizes: list[int]) -> tuple[bytes, bytes]:
+    _set(buf, sizes[0] + sizes[1], 1, 12345)
+    return bytes(buf), _pack(sizes)
+
+
+def _body_len_too_big(buf: bytearray, sizes: list[int]) -> tuple[bytes, bytes]:
+    _set(buf, 0, 13, 10_000)
+    return bytes(buf), _pack(sizes)
+
+
+def _body_len_shifted(buf: bytearray, sizes: list[int]) -> tuple[bytes, bytes]:
+    _set(buf, 0, 13, 7)  # "body-0" is 6 bytes: the topic length is read one byte late
+    return bytes(buf), _pack(sizes)
+
+
+def _other_topic(buf: bytearray, sizes: list[int]) -> tuple[bytes, bytes]:
+    raw, other = encode_records("u", [b"x"], [b"UNIQ_KEY\x01" + KEYS[0].encode() + b"\x02"])
+    return bytes(buf) + raw, _pack([*sizes, *other])
+
+
+def _no_uniq_first(buf: bytearray, sizes: list[int]) -> tuple[bytes, bytes]:
+    raw, one = encode_records("t", [b"x"], [b"TAGS\x01a\x02UNIQ_KEY\x01" + KEYS[0].encode() + b"\x02"])
+    return raw + bytes(buf), _pack([*one, *sizes])
+
+
+def _uniq_not_ended(buf: bytearray, sizes: list[int]) -> tuple[bytes, bytes]:
+    raw, one = encode_records("t", [b"x"], [b"UNIQ_KEY\x01" + b"A" * 200])
+    return bytes(buf) + raw, _pack([*sizes, *one])
+
+
+def _props_len_wrong(buf: bytearray, sizes: list[int]) -> tuple[bytes, bytes]:
+    end = sizes[0]
+    plen_at = end - (9 + 32 + 1) - 2
+    struct.pack_into("<H", buf, plen_at, 9 + 32)
+    return bytes(buf), _pack(sizes)
+
+
+BAD_CASES: list[tuple[Callable[[bytearray, list[int]], tuple[bytes, bytes]], str]] = [
+    (_bad_sizes_bytes, "packed little-endian int32"),
+    (_sizes_do_not_add_up, "add up to"),
+    (_size_too_small, r"sizes\[0\] = 10 is below"),
+    (_totalsize_differs, "record 1 of 4 .*TOTALSIZE"),
+    (_bad_magic, "record 2 of 4 .*MAGICCODE 12345"),
+    (_body_len_too_big, "record 0 of 4 .*BODYLEN 10000"),
+    (_body_len_shifted, "record 0 of 4 .*topic"),
+    (_other_topic, "record 4 of 5 .*not the request's topic 't'"),
+    (_no_uniq_first, "record 0 of 5 .*must begin with UNIQ_KEY"),
+    (_uniq_not_ended, "record 4 of 5 .*UNIQ_KEY value does not end"),
+    (_props_len_wrong, "record 0 of 4 .*do not add up to TOTALSIZE"),
+]
+
+
+@pytest.mark.parametrize(("breaker", "match"), BAD_CASES, ids=[c[0].__name__ for c in BAD_CASES])
+def test_parse_refuses_malformed_batches_naming_the_fault(
+    breaker: Callable[[bytearray, list[int]], tuple[bytes, bytes]], match: str
+) -> None:
+    buf, sizes = _records("t")
+    records, packed = breaker(buf, sizes)
+    with pytest.raises(ValueError, match=match):
+        parse_encoded(records, packed, "t")
+
+
+def test_parse_locates_each_record_and_its_uniq_key() -> None:
+    buf, sizes = _records("t", extra=b"TAGS\x01a\x02")
+    parsed = parse_encoded(bytes(buf), _pack(sizes), "t")
+    assert list(parsed.sizes) == sizes and not parsed.plain
+    assert parsed.uniq_keys() == [k.encode() for k in KEYS]
+    assert parsed.properties(1) == b"UNIQ_KEY\x01" + KEYS[1].encode() + b"\x02TAGS\x01a\x02"
+    assert parsed.message(2)[0] == b"body-2"
+    plain = parse_encoded(bytes(_records("t")[0]), _pack(_records("t")[1]), "t")
+    assert plain.plain and not plain.contains(b"TAGS\x01")
+
+
+def test_broker_refuses_a_malformed_batch_and_stores_nothing(broker: BrokerProcess) -> None:
+    endpoint = broker.endpoint
+    topic = unique("enc")
+    Admin(endpoint).create_topic(topic, queues=1)
+    stub = pymq_pb2_grpc.BrokerStub(grpc.insecure_channel(endpoint))
+    good, sizes = _records(topic)
+    for breaker, _match in BAD_CASES:
+        buf, sz = _records(topic)
+        records, packed = breaker(buf, sz)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.SendMessage(pymq_pb2.SendMessageRequest(
+                topic=topic, queue_id=0, batch=True,
+                encoded=pymq_pb2.EncodedBatch(records=records, sizes=packed)))
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "encoded batch: " in (info.value.details() or "")
+    with pytest.raises(grpc.RpcError) as info:  # both forms at once
+        stub.SendMessage(pymq_pb2.SendMessageRequest(
+            topic=topic, queue_id=0, batch=True, messages=[pymq_pb2.MessageData(body=b"x")],
+            encoded=pymq_pb2.EncodedBatch(records=bytes(good), sizes=_pack(sizes))))
+    assert "both messages and an encoded batch" in (info.value.details() or "")
+    assert sum(Admin(endpoint).topic_stats(topic)["messages"]) == 0
+    # the store is intact: a good batch lands first in the queue and survives a crash
+    resp = stub.SendMessage(pymq_pb2.SendMessageRequest(
+        topic=topic, queue_id=0, batch=True, born_timestamp=1234,
+        encoded=pymq_pb2.EncodedBatch(records=bytes(good), sizes=_pack(sizes))))
+    assert resp.queue_offset == 0 and len(resp.commit_log_offsets) == 4
+    broker.restart(crash=True)
+    got = read_all(broker.endpoint, topic)
+    assert [m.body for m in got] == [b"body-%d" % i for i in range(4)]
+    assert [m.msg_id for m in got] == KEYS
+    assert [m.queue_offset for m in got] == [0, 1, 2, 3]
+    assert [m.commit_log_offset for m in got] == list(resp.commit_log_offsets)
+    assert all(m.born_timestamp == 1234 and m.store_timestamp > 0 for m in got)
+
+
+def test_encoded_batches_keep_tags_keys_dedup_and_recover(tmp_path: Path) -> None:
+    with BrokerProcess(tmp_path / "b") as broker:
+        topic = unique("enc")
+        admin = Admin(broker.endpoint)
+        admin.create_topic(topic, queues=1, dedup_window_ms=60_000)
+        with Producer(broker.endpoint) as producer:
+            props = [b"TAGS\x01" + (b"A" if i % 2 else b"B") + b"\x02KEYS\x01k%d all\x02" % i
+                     for i in range(10)]
+            keys = [f"{i:032X}" for i in range(10)]
+            first = producer.send_encoded(topic, [b"m%d" % i for i in range(10)], props, keys, queue_id=0)
+            assert len(first[0].commit_log_offsets) == 10
+            # a replay of 5 of them plus 5 new: only the new ones are stored, in order
+            again = producer.send_encoded(
+                topic, [b"m%d" % i for i in range(5, 15)],
+                [b"UNIQ_KEY\x01" + f"{i:032X}".encode() + b"\x02" for i in range(5, 15)],
+                [f"{i:032X}" for i in range(5, 15)], queue_id=0,
+            )
+            assert len(again[0].commit_log_offsets) == 5
+        assert [m.body for m in admin.query_message(topic, "k4")] == [b"m4"]
+        assert len(admin.query_message(topic, "all", max_num=32)) == 10
+        assert [m.body for m in admin.query_message(topic, f"{12:032X}")] == [b"m12"]
+        broker.restart(crash=True)  # the records' headers and CRCs pass recovery
+        consumer = PullConsumer(broker.endpoint, "g")
+        mq = consumer.queues(topic)[0]
+        tagged = consumer.pull(mq, 0, 100, subscription="A")
+        assert [m.body for m in tagged.messages] == [b"m1", b"m3", b"m5", b"m7", b"m9"]
+        everything = consumer.pull(mq, 0, 100).messages
+        assert [m.body for m in everything] == [b"m%d" % i for i in [*range(10), *range(10, 15)]]
+        assert everything[3].keys == ("k3", "all") and everything[3].msg_id == keys[3]
+
+
+def test_header_template_matches_record_layout() -> None:
+    raw, sizes = encode_records("t", [b"abc"], [b"UNIQ_KEY\x01K\x02"], born_timestamp=5)
+    h = HEADER.unpack_from(raw)
+    assert h[0] == sizes[0] == len(raw) and h[1] == MESSAGE_MAGIC_CODE and h[8] == 5 and h[13] == 3
+    assert raw[HEADER_SIZE : HEADER_SIZE + 3] == b"abc"
+
+
+def test_spark_plain_batches_are_encoded_as_the_per_row_path_would() -> None:
+    prefix = "0123456789ABCDEF"
+    bodies = ["a", "bcd", "", "é"]
+    tags = ["x", None, "", "t2"]
+    batch = pa.RecordBatch.from_pydict({"body": pa.array(bodies), "tags": pa.array(tags),
+                                        "keys": pa.array([None] * 4, pa.list_(pa.string()))})
+    encoded = encode_plain_batch(batch, "top", prefix, 7, "here", 1000)
+    assert encoded is not None
+    records, sizes, keys = encoded
+    assert keys == [f"{prefix}{row:016X}" for row in range(7, 11)]
+    props = [_encode_properties(None, t, None, None, None, k) for t, k in zip(tags, keys, strict=True)]
+    expected, expected_sizes = encode_records("top", [b.encode() for b in bodies], props)
+    assert records == expected and list(sizes) == list(expected_sizes)
+    assert parse_encoded(records, sizes.tobytes(), "top").uniq_keys() == [k.encode() for k in keys]
+    # the exactly-once sink's transaction properties go on every row, as on the per-row path
+    extra = b"TRAN_MSG\x01true\x02PGROUP\x01g\x02"
+    with_tx = encode_plain_batch(batch, "top", prefix, 7, "here", 1000, extra)
+    assert with_tx is not None
+    assert with_tx[0] == encode_records("top", [b.encode() for b in bodies], [p + extra for p in props])[0]
+    # rows that need more than a body and tags take the per-row path; bad rows are named
+    with_delay = batch.append_column("delay_level", pa.array([None, 1, None, None], pa.int32()))
+    assert encode_plain_batch(with_delay, "top", prefix, 0, "here", 1000) is None
+    assert encode_plain_batch(batch, None, prefix, 0, "here", 1000) is None
+    assert encode_plain_batch(batch, "top", prefix, 0, "here", 2) is None  # a body over the limit
+    with pytest.raises(ValueError, match="row 8 of here has a null body"):
+        encode_plain_batch(pa.RecordBatch.from_pydict({"body": pa.array([b"x", None])}), "t", prefix, 7,
+                           "here", 1000)
+    bad = pa.RecordBatch.from_pydict({"body": pa.array([b"x", b"y"]), "tags": pa.array(["ok", "a\x02b"])})
+    with pytest.raises(ValueError, match=r"row 1 of here: .*reserved characters"):
+        encode_plain_batch(bad, "t", prefix, 0, "here", 1000)
