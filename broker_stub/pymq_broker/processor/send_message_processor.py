@@ -168,28 +168,27 @@ class SendMessageProcessor:
                 )
             result = self.transactions.prepare_messages(topic, queue_id, messages)
             status = await wait_store_ok(ctx, result)
-            return pymq_pb2.SendMessageResponse(
-                status=status, queue_id=queue_id, queue_offset=-1,
-                commit_log_offsets=result.physical_offsets, store_host=ctx.endpoint,
-                broker_name=ctx.broker_name,
-            )
+            return self._response(queue_id, status, result, half=True)
         if topic.startswith(RETRY_GROUP_TOPIC_PREFIX) and messages:
             topic, queue_id, messages = self._retry_or_dlq(topic, queue_id, req.reconsume_times, messages)
         if not messages:
-            return pymq_pb2.SendMessageResponse(
-                status=pymq_pb2.SEND_OK, queue_id=queue_id, queue_offset=-1,
-                store_host=ctx.endpoint, broker_name=ctx.broker_name,
-                duplicates_dropped=dropped,
-            )
+            return self._response(queue_id, pymq_pb2.SEND_OK, None, dropped)
         result = ctx.store.put_messages(topic, queue_id, messages)
         status = await wait_store_ok(ctx, result)
+        return self._response(queue_id, status, result, dropped)
+
+    def _response(
+        self, queue_id: int, status: pymq_pb2.SendStatus.ValueType, result: PutMessageResult | None,
+        dropped: int = 0, *, half: bool = False,
+    ) -> pymq_pb2.SendMessageResponse:
+        """The answer to a send; ``result`` None: nothing stored (every message a duplicate)."""
         return pymq_pb2.SendMessageResponse(
             status=status,
             queue_id=queue_id,
-            queue_offset=result.queue_offset,
-            commit_log_offsets=result.physical_offsets,
-            store_host=ctx.endpoint,
-            broker_name=ctx.broker_name,
+            queue_offset=-1 if result is None or half else result.queue_offset,
+            commit_log_offsets=[] if result is None else result.physical_offsets,
+            store_host=self.ctx.endpoint,
+            broker_name=self.ctx.broker_name,
             duplicates_dropped=dropped,
         )
 
@@ -224,23 +223,12 @@ class SendMessageProcessor:
                     if not (u and seen(topic, u, dedup_window_ms))]
             dropped = len(records) - len(keep)
             if not keep:
-                return pymq_pb2.SendMessageResponse(
-                    status=pymq_pb2.SEND_OK, queue_id=queue_id, queue_offset=-1,
-                    store_host=ctx.endpoint, broker_name=ctx.broker_name, duplicates_dropped=dropped,
-                )
+                return self._response(queue_id, pymq_pb2.SEND_OK, None, dropped)
             if dropped:
                 records = records.select(keep)
         result = ctx.store.put_records(topic, queue_id, records)
         status = await wait_store_ok(ctx, result)
-        return pymq_pb2.SendMessageResponse(
-            status=status,
-            queue_id=queue_id,
-            queue_offset=result.queue_offset,
-            commit_log_offsets=result.physical_offsets,
-            store_host=ctx.endpoint,
-            broker_name=ctx.broker_name,
-            duplicates_dropped=dropped,
-        )
+        return self._response(queue_id, status, result, dropped)
 
     def _retry_or_dlq(
         self, topic: str, queue_id: int, reconsume_times: int, messages: list[MessageToStore]
