@@ -204,7 +204,8 @@ def test_ending_more_than_max_message_size_at_once_and_restarting(tmp_path: Path
             assert producer.end_transactions(keys[:2900], COMMIT) == 2900  # ~5.9 MiB at once
             assert producer.end_transactions(keys[2900:], ROLLBACK) == 100
         broker.restart(crash=True)
-        assert Admin(ep := broker.endpoint).broker_info()["transactionsPending"] == "0"
+        ep = broker.endpoint
+        assert Admin(ep).broker_info()["transactionsPending"] == "0"
         time.sleep(1.0)  # no check-back brings a resolved one back
         assert len(read_all(ep, "orders")) == 2900
     finally:
