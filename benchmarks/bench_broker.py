@@ -22,6 +22,12 @@ Usage::
     python benchmarks/bench_broker.py                 # the full matrix (about 5 min)
     python benchmarks/bench_broker.py --quick         # a smoke run (about 30 s)
     python benchmarks/bench_broker.py --bodies 200 --producers 1 --flush ASYNC_FLUSH
+    python benchmarks/bench_broker.py --single        # single messages (about 1 min)
+
+``--single`` measures puts of ONE message instead: the latency (p50/p99) and rate
+of a synchronous ``Producer.send`` of one ``--bodies`` message, and the store
+path alone (in this process, no gRPC) in µs per put, for a classic
+``MessageData`` message and for a pre-encoded one (its parsing included).
 
 It prints markdown tables; ``--json PATH`` also writes every run.
 """
@@ -533,11 +539,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="before each run wait up to this many seconds for the machine to be idle "
                          "(another job's load would be measured too); 0: don't (default 120, "
                          "0 with --quick)")
+    ap.add_argument("--single", action="store_true",
+                    help="single-message figures: sync send latency and the store path per put")
+    ap.add_argument("--sends", type=int, default=3000, help="--single: sends per run (default 3000)")
+    ap.add_argument("--puts", type=int, default=20000, help="--single: store puts per run (default 20000)")
     ap.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve_echo:
         serve_echo()
         return 0
+    if args.single:
+        return single(args, argv)
     if args.wait_quiet is None:
         args.wait_quiet = 0.0 if args.quick else 120.0
     if args.quick:
@@ -628,6 +640,110 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": info, "argv": sys.argv, "runs": runs},
                                               indent=1))
+    return 0
+
+
+def store_put_us(body: int, puts: int, encoded: bool) -> float:
+    """µs per put of one message, straight into a DefaultMessageStore (no gRPC, no broker)."""
+    from pymq_broker.store.commit_log import MessageToStore
+    from pymq_broker.store.config import MessageStoreConfig
+    from pymq_broker.store.encoded_batch import parse_encoded
+    from pymq_broker.store.message_store import DefaultMessageStore
+    from pyspark_pymq.client.codec import encode_records
+
+    data = Path(tempfile.mkdtemp(prefix="pymq-single-"))
+    store = DefaultMessageStore(MessageStoreConfig(store_path_root_dir=data), b"\x7f\0\0\x01\0\0\x27\x10")
+    store.load()
+    store.start()
+    payload = os.urandom(body)
+    props = [b"UNIQ_KEY\x01%032X\x02" % i for i in range(puts + 1000)]
+    try:
+        if encoded:
+            encoded_puts = [encode_records(TOPIC, [payload], [p]) for p in props]
+            images = [(raw, sizes.tobytes()) for raw, sizes in encoded_puts]
+
+            def put(i: int) -> None:
+                raw, sizes = images[i]
+                store.put_records(TOPIC, 0, parse_encoded(raw, sizes, TOPIC))
+        else:
+            msgs = [MessageToStore(payload, 0, p, 1) for p in props]
+
+            def put(i: int) -> None:
+                store.put_messages(TOPIC, 0, [msgs[i]])
+
+        for i in range(1000):  # warm-up
+            put(puts + i)
+        t0 = time.perf_counter()
+        for i in range(puts):
+            put(i)
+        return (time.perf_counter() - t0) / puts * 1e6
+    finally:
+        store.shutdown()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def send_latencies(endpoint: str, body: int, sends: int) -> list[float]:
+    """Seconds of each synchronous ``Producer.send`` of one message (after 200 warm-up sends)."""
+    from pyspark_pymq.client import Message, Producer
+
+    producer = Producer(endpoint, send_mode="sync")
+    payload = os.urandom(body)
+    out: list[float] = []
+    try:
+        for i in range(200 + sends):
+            msg = Message(TOPIC, payload)
+            t0 = time.perf_counter()
+            producer.send(msg)
+            if i >= 200:
+                out.append(time.perf_counter() - t0)
+    finally:
+        producer.close()
+    return out
+
+
+def single(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    """The single-message figures (``--single``): one table, medians of ``--repeats`` runs."""
+    info = machine_info()
+    print_machine(info, sys.argv if argv is None else ["benchmarks/bench_broker.py", *argv])
+    body = int(args.bodies.split(",")[0])
+    if args.quick:
+        args.repeats, args.sends, args.puts = 1, 500, 3000
+    work_dir = Path(tempfile.mkdtemp(prefix="pymq-bench-", dir=args.work_dir))
+    rows: list[dict[str, Any]] = []
+    try:
+        with running_broker(work_dir, "ASYNC_FLUSH") as broker:
+            from pyspark_pymq.client import Admin
+
+            Admin(broker.endpoint).create_topic(TOPIC, queues=4)
+            for rep in range(args.repeats):
+                busy = wait_quiet(args.wait_quiet) if args.wait_quiet else None
+                cpu0 = proc_cpu_seconds(broker.pid)
+                b0, t0 = machine_busy_seconds()
+                lat = sorted(send_latencies(broker.endpoint, body, args.sends))
+                b1, t1 = machine_busy_seconds()
+                broker_cpu = proc_cpu_seconds(broker.pid) - cpu0
+                row = {
+                    "rep": rep, "p50_ms": lat[len(lat) // 2] * 1e3,
+                    "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3,
+                    "msgs_s": len(lat) / sum(lat), "broker_us_per_send": broker_cpu / len(lat) * 1e6,
+                    "machine_busy": (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0, "busy_before": busy,
+                    "store_classic_us": store_put_us(body, args.puts, encoded=False),
+                    "store_encoded_us": store_put_us(body, args.puts, encoded=True),
+                }
+                rows.append(row)
+                print("  single " + " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                                            for k, v in row.items()), file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+    keys = ["p50_ms", "p99_ms", "msgs_s", "broker_us_per_send", "store_classic_us", "store_encoded_us",
+            "machine_busy"]
+    print(f"\nsingle messages, {body} B body, {args.sends} sync sends and {args.puts} store puts per "
+          f"run, median of {len(rows)} run(s) (spread min-max):\n")
+    print(table(["figure", "median", "spread"],
+                [[k, f"{median([r[k] for r in rows]):.3g}",
+                  f"{min(r[k] for r in rows):.3g}-{max(r[k] for r in rows):.3g}"] for k in keys]))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": info, "argv": sys.argv, "single": rows}, indent=1))
     return 0
 
 

@@ -232,3 +232,105 @@ def test_spark_plain_batches_are_encoded_as_the_per_row_path_would() -> None:
     bad = pa.RecordBatch.from_pydict({"body": pa.array([b"x", b"y"]), "tags": pa.array(["ok", "a\x02b"])})
     with pytest.raises(ValueError, match=r"row 1 of here: .*reserved characters"):
         encode_plain_batch(bad, "t", prefix, 0, "here", 1000)
+
+
+# -- the scalar path (a few records) against the vector path (many) ------------------------
+
+
+def _one_record_cases() -> list[tuple[str, bytes, bytes]]:
+    """Malformed batches of ONE record, each broken in one way (the scalar path's usual input)."""
+    cases: list[tuple[str, bytes, bytes]] = []
+    for breaker, _ in BAD_CASES:
+        buf, sizes = _records("t", n=1)
+        if breaker in (_totalsize_differs, _bad_magic, _size_too_small):
+            continue  # these break records 1 and 2: below, by hand for one record
+        try:
+            cases.append((breaker.__name__, *breaker(buf, sizes)))
+        except IndexError:
+            continue
+    buf, sizes = _records("t", n=1)
+    _set(buf, 0, 0, sizes[0] + 1)
+    cases.append(("totalsize", bytes(buf), _pack(sizes)))
+    buf, sizes = _records("t", n=1)
+    _set(buf, 0, 1, 777)
+    cases.append(("magic", bytes(buf), _pack(sizes)))
+    buf, sizes = _records("t", n=1)
+    _set(buf, 0, 13, -1)
+    cases.append(("negative body length", bytes(buf), _pack(sizes)))
+    raw, one = encode_records("t", [b"b"], [b"UNIQ_KEY\x01\x02"])
+    cases.append(("empty uniq key", raw, bytes(one)))
+    raw, one = encode_records("t", [b"b"], [b"UNIQ_KEY\x01" + b"A" * 200 + b"\x02"])
+    cases.append(("long uniq key", raw, bytes(one)))
+    raw, one = encode_records("t", [b"b"], [b"UNIQ_KEY\x01" + b"A" * 100 + b"\x02"])
+    cases.append(("a 100-digit uniq key is fine", raw, bytes(one)))
+    return cases
+
+
+def _parse_outcome(records: bytes, sizes: bytes, scalar: bool) -> object:
+    try:
+        parsed = parse_encoded(records, sizes, "t", scalar=scalar)
+    except ValueError as err:
+        return str(err)
+    return (bytes(parsed.buf), parsed.offsets.tolist(), parsed.sizes.tolist(), parsed.headers.tobytes(),
+            parsed.props_start.tolist(), parsed.props_end.tolist(), parsed.uniq_keys(), parsed.plain)
+
+
+def test_scalar_parse_accepts_and_refuses_as_the_vector_parse() -> None:
+    """Same records located, same malformed inputs refused with the same message (1 to 5 records)."""
+    outcomes = []
+    for breaker, _ in BAD_CASES:
+        buf, sizes = _records("t")
+        outcomes.append((breaker.__name__, *breaker(buf, sizes)))
+    outcomes += _one_record_cases()
+    for n in (1, 2, 4):
+        buf, sizes = _records("t", n=n, extra=b"TAGS\x01a\x02" if n == 2 else b"")
+        outcomes.append((f"{n} good records", bytes(buf), _pack(sizes)))
+    for name, records, sizes_raw in outcomes:
+        scalar, vector = _parse_outcome(records, sizes_raw, True), _parse_outcome(records, sizes_raw, False)
+        assert scalar == vector, name
+    assert isinstance(_parse_outcome(*_one_record_cases()[0][1:], True), str)
+
+
+def _store_files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)).replace(p.name, "") if p.parent.name == "index" else
+            str(p.relative_to(root)): p.read_bytes()
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name != "checkpoint"}
+
+
+def test_scalar_and_vector_puts_store_the_same_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commit log, consume queues and index: byte for byte the same whichever path puts the records."""
+    from pymq_broker.store import encoded_batch, index_service
+    from pymq_broker.store.commit_log import MessageToStore
+    from pymq_broker.store.config import MessageStoreConfig
+    from pymq_broker.store.message_store import DefaultMessageStore
+
+    monkeypatch.setattr("time.time", lambda: 1_790_000_000.123)
+    files = []
+    for limit in (10**9, 0):  # every put scalar, then every put vector
+        monkeypatch.setattr(encoded_batch, "SCALAR_MAX_RECORDS", limit)
+        monkeypatch.setattr(index_service, "SCALAR_MAX_KEYS", limit)
+        root = tmp_path / f"store-{limit}"
+        config = MessageStoreConfig(store_path_root_dir=root, mapped_file_size_commit_log=4096,
+                                    max_message_size=1024)
+        store = DefaultMessageStore(config, b"\x7f\0\0\x01\0\0\x27\x10")
+        store.load()
+        results = []
+        for n in (1, 3, 1, 6):
+            extra = b"TAGS\x01x\x02KEYS\x01a b\x02"
+            props = [b"UNIQ_KEY\x01" + f"{n}-{i}".encode() + b"\x02" + (extra if i % 2 else b"")
+                     for i in range(n)]
+            raw, sizes = encode_records("t", [b"e" * (40 * i + 1) for i in range(n)], props, born_timestamp=7)
+            results.append(store.put_records("t", n % 2, parse_encoded(raw, bytes(sizes), "t")))
+            classic = [MessageToStore(b"c" * (50 * i + 3), i, p, 9, i, 0) for i, p in enumerate(props)]
+            results.append(store.put_messages("t", 1, classic))
+        for bad in ([MessageToStore(b"x", 0, b"UNIQ_KEY\x01k\x02" + b"P" * 40_000, 9)],
+                    [MessageToStore(b"x" * (1 + 1100 * (i == 2)), 0, b"UNIQ_KEY\x01k\x02", 9)
+                     for i in range(3)],
+                    [MessageToStore(b"x" * 600, 0, b"UNIQ_KEY\x01k\x02", 9) for _ in range(2)]):
+            results.append(store.put_messages("t", 0, bad))
+        store.shutdown()
+        files.append((_store_files(root), [repr(r) for r in results]))
+    assert files[0] == files[1]
+    assert "over the limit" in files[0][1][-3] and "message 2 of the batch" in files[0][1][-2]
+    assert "split it" in files[0][1][-1]
+    assert any(b"TAGS\x01x" in v for v in files[0][0].values())

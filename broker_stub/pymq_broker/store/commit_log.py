@@ -17,13 +17,14 @@ from dataclasses import dataclass
 import numpy as np
 from pymq_proto.record import (
     BLANK_MAGIC_CODE,
+    HEADER,
     HEADER_SIZE,
     MESSAGE_MAGIC_CODE,
     record_is_valid,
 )
 
 from .config import MessageStoreConfig
-from .encoded_batch import EncodedRecords
+from .encoded_batch import EncodedRecords, use_scalar
 from .mapped_file import MappedFile, MappedFileQueue
 
 log = logging.getLogger(__name__)
@@ -92,11 +93,15 @@ class CommitLog:
         """Append ``messages`` to queue ``queue_id`` of ``topic``; one write for all."""
         return self.put_records(topic, queue_id, EncodedRecords.from_messages(topic, messages))
 
-    def put_records(self, topic: str, queue_id: int, records: EncodedRecords) -> AppendMessageResult:
+    def put_records(
+        self, topic: str, queue_id: int, records: EncodedRecords, *, scalar: bool | None = None
+    ) -> AppendMessageResult:
         """Complete the headers of ``records`` (offsets, store time and host, CRC), write once.
 
-        The header fields are set for all records at once with numpy; only the
-        CRC is a call per record (zlib has no batched form).
+        Many records: the header fields are set for all at once with numpy (only
+        the CRC is a call per record: zlib has no batched form). A few (see
+        :func:`~.encoded_batch.use_scalar`): each header is packed with struct.
+        Both write the same bytes.
         """
         buf = records.buf
         n = len(records)
@@ -105,26 +110,34 @@ class CommitLog:
         key = f"{topic}-{queue_id}"
         first_queue_offset = self.topic_queue_table.get(key, 0)
         now = int(time.time() * 1000)
-        offsets, sizes = records.offsets, records.sizes
-        phys = offsets + first_phy
+        offs, size_list = records.offsets.tolist(), records.sizes.tolist()
         mv = memoryview(buf)
         crc32 = zlib.crc32
-        h = records.headers
-        h["magic"] = MESSAGE_MAGIC_CODE
-        h["crc"] = [crc32(mv[a + HEADER_SIZE : a + s]) for a, s in zip(offsets.tolist(), sizes.tolist(),
-                                                                    strict=True)]
-        h["queue_id"] = queue_id
-        h["queue_offset"] = np.arange(first_queue_offset, first_queue_offset + n, dtype=np.int64)
-        h["phy"] = phys
-        h["store_ts"] = now
-        h["host"] = self.store_host
-        h["prepared_tx"] = 0
+        crcs = [crc32(mv[a + HEADER_SIZE : a + s]) for a, s in zip(offs, size_list, strict=True)]
         mv.release()
-        arr = np.frombuffer(buf, dtype=np.uint8)
-        arr[offsets[:, None] + _AR_HEADER] = h.view(np.uint8).reshape(n, HEADER_SIZE)
+        h = records.headers
+        if use_scalar(n, scalar):
+            pack_into, host = HEADER.pack_into, self.store_host
+            for i, (a, f) in enumerate(zip(offs, h.tolist(), strict=True)):
+                pack_into(buf, a, f[0], MESSAGE_MAGIC_CODE, crcs[i], queue_id, f[4], first_queue_offset + i,
+                          first_phy + a, f[7], f[8], now, host, f[11], 0, f[13])
+            phys = [first_phy + a for a in offs]
+        else:
+            offsets = records.offsets
+            h["magic"] = MESSAGE_MAGIC_CODE
+            h["crc"] = crcs
+            h["queue_id"] = queue_id
+            h["queue_offset"] = np.arange(first_queue_offset, first_queue_offset + n, dtype=np.int64)
+            h["phy"] = offsets + first_phy
+            h["store_ts"] = now
+            h["host"] = self.store_host
+            h["prepared_tx"] = 0
+            arr = np.frombuffer(buf, dtype=np.uint8)
+            arr[offsets[:, None] + _AR_HEADER] = h.view(np.uint8).reshape(n, HEADER_SIZE)
+            phys = (offsets + first_phy).tolist()
         wrote = mf.append(buf)
         self.topic_queue_table[key] = first_queue_offset + n
-        return AppendMessageResult(wrote, phys.tolist(), sizes.tolist(), first_queue_offset, now)
+        return AppendMessageResult(wrote, phys, size_list, first_queue_offset, now)
 
     def _mapped_file_for(self, size: int) -> MappedFile:
         mfq = self.mapped_file_queue

@@ -17,12 +17,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
+from pymq_proto.record import HEADER as _HEADER
 from pymq_proto.record import HEADER_SIZE, MAX_PROPERTIES_SIZE, MESSAGE_MAGIC_CODE, find_property
 
 if TYPE_CHECKING:
     from .commit_log import MessageToStore
 
-__all__ = ["HEADER_DTYPE", "UNIQ_PREFIX", "EncodedRecords", "parse_encoded"]
+__all__ = [
+    "HEADER_DTYPE", "SCALAR_MAX_RECORDS", "UNIQ_PREFIX", "EncodedRecords", "parse_encoded", "use_scalar",
+]
 
 HEADER_DTYPE = np.dtype([
     ("total", "<i4"), ("magic", "<i4"), ("crc", "<u4"), ("queue_id", "<i4"), ("flag", "<i4"),
@@ -38,7 +41,7 @@ _AR_HEADER = np.arange(HEADER_SIZE, dtype=np.int64)
 _AR_PREFIX = np.arange(len(UNIQ_PREFIX), dtype=np.int64)
 _AR_UNIQ = np.arange(MAX_UNIQ_KEY + 1, dtype=np.int64)
 _U16 = struct.Struct("<H")
-_ZERO_HEADER = bytes(HEADER_SIZE)
+_NO_HOST = bytes(8)
 
 I64 = npt.NDArray[np.int64]
 
@@ -123,28 +126,28 @@ class EncodedRecords:
         topic_b = topic.encode()
         topic_part = _U16.pack(len(topic_b)) + topic_b
         n = len(messages)
-        headers = np.zeros(n, dtype=HEADER_DTYPE)
+        heads: list[bytes] = []
         parts: list[bytes] = []
-        sizes = np.empty(n, dtype=np.int64)
-        body_lens = np.empty(n, dtype=np.int64)
-        plens = np.empty(n, dtype=np.int64)
+        sizes: list[int] = []
+        plens: list[int] = []
         fixed = HEADER_SIZE + len(topic_part) + 2
-        for i, m in enumerate(messages):
+        pack, u16 = _HEADER.pack, _U16.pack
+        for m in messages:
             body, props = m.body, m.properties
-            parts += (_ZERO_HEADER, body, topic_part, _U16.pack(len(props)), props)
-            body_lens[i] = len(body)
-            plens[i] = len(props)
-            sizes[i] = fixed + len(body) + len(props)
-        headers["total"] = sizes
-        headers["flag"] = [m.flag for m in messages]
-        headers["sys_flag"] = [m.sys_flag for m in messages]
-        headers["born"] = [m.born_timestamp for m in messages]
-        headers["reconsume"] = [m.reconsume_times for m in messages]
-        headers["body_len"] = body_lens
+            size = fixed + len(body) + len(props)
+            head = pack(size, 0, 0, 0, m.flag, 0, 0, m.sys_flag, m.born_timestamp, 0, _NO_HOST,
+                        m.reconsume_times, 0, len(body))
+            heads.append(head)
+            parts += (head, body, topic_part, u16(len(props)), props)
+            sizes.append(size)
+            plens.append(len(props))
+        headers = np.frombuffer(bytearray(b"".join(heads)), dtype=HEADER_DTYPE)
+        size_arr = np.array(sizes, dtype=np.int64)
         offsets = np.zeros(n, dtype=np.int64)
-        np.cumsum(sizes[:-1], out=offsets[1:])
-        props_end = offsets + sizes
-        return cls(bytearray(b"".join(parts)), offsets, sizes, headers, props_end - plens, props_end)
+        np.cumsum(size_arr[:-1], out=offsets[1:])
+        props_end = offsets + size_arr
+        return cls(bytearray(b"".join(parts)), offsets, size_arr, headers,
+                   props_end - np.array(plens, dtype=np.int64), props_end)
 
     def message(self, i: int) -> tuple[bytes, int, bytes]:
         """(body, flag, properties) of record ``i``: for the paths that rewrite messages."""
@@ -162,37 +165,126 @@ def _u16_at(arr: npt.NDArray[np.uint8], pos: I64) -> I64:
     return arr[pos].astype(np.int64) | (arr[pos + 1].astype(np.int64) << 8)
 
 
-def parse_encoded(records: bytes, sizes_raw: bytes, topic: str) -> EncodedRecords:
+SCALAR_MAX_RECORDS = 32
+"""Puts of at most this many records are checked and completed with struct, not numpy.
+
+numpy's fixed cost per call (~1 µs, a few dozen calls per put) outweighs its
+per-record gain below this: a put of n pre-encoded records (parse, checks, commit
+log, index) took 30/47/87/139 µs scalar against 95/104/124/164 µs vector for
+n = 1/4/16/32, even at 48 and ahead past 64 (BENCHMARKS.md, "Single messages").
+"""
+
+
+def use_scalar(n: int, scalar: bool | None) -> bool:
+    """Whether a put of ``n`` records takes the scalar path (``scalar`` forces it either way)."""
+    return n <= SCALAR_MAX_RECORDS if scalar is None else scalar
+
+
+# What a malformed record breaks: one message per rule, for both paths.
+_BAD_TOTAL = "TOTALSIZE {total} differs from sizes[{i}] = {size}"
+_BAD_MAGIC = f"MAGICCODE {{magic}} is not MESSAGE_MAGIC_CODE {MESSAGE_MAGIC_CODE}"
+_BAD_BODY_LEN = "BODYLEN {body_len} does not fit in a record of {size} bytes"
+_BAD_TOPIC_LEN = "its topic is not the request's topic {topic!r} (TOPICLEN differs)"
+_BAD_TOPIC = "its topic is not the request's topic {topic!r}"
+_BAD_LENGTHS = "BODYLEN, TOPICLEN and PROPERTIESLEN do not add up to TOTALSIZE {size}"
+_BAD_PROPS_SIZE = f"properties are over the limit of {MAX_PROPERTIES_SIZE} bytes"
+_NO_UNIQ_FIRST = "properties must begin with UNIQ_KEY"
+_UNIQ_NOT_ENDED = f"its UNIQ_KEY value does not end with \\x02 within {MAX_UNIQ_KEY} bytes"
+_UNIQ_EMPTY = "its UNIQ_KEY is empty"
+
+
+def _refuse(i: int, n: int, offset: int, what: str) -> ValueError:
+    return ValueError(f"encoded batch: record {i} of {n} (at byte {offset}): {what}")
+
+
+def parse_encoded(
+    records: bytes, sizes_raw: bytes, topic: str, *, scalar: bool | None = None
+) -> EncodedRecords:
     """Check and locate the records of an ``EncodedBatch``; ValueError naming what is wrong.
 
-    Every check is over all records at once. The first bad record is named, with
-    its index and byte position: a malformed batch is refused whole.
+    Each check runs over all records before the next (a malformed batch is refused
+    whole, naming the first bad record with its index and byte position). Up to
+    :data:`SCALAR_MAX_RECORDS` records (or as ``scalar`` says) the checks are
+    plain Python, else numpy over all records at once: same rules, same messages.
     """
     if not sizes_raw or len(sizes_raw) % 4:
         raise ValueError(
             f"encoded batch: sizes must be packed little-endian int32 values, one per record; "
             f"got {len(sizes_raw)} bytes"
         )
-    sizes = np.frombuffer(sizes_raw, dtype="<i4").astype(np.int64)
-    n = len(sizes)
+    n = len(sizes_raw) // 4
+    sizes_list = list(struct.unpack(f"<{n}i", sizes_raw))
     topic_b = topic.encode()
     min_size = HEADER_SIZE + 2 + len(topic_b) + 2 + len(UNIQ_PREFIX) + 2
-    small = np.flatnonzero(sizes < min_size)
-    if len(small):
-        i = int(small[0])
+    small = next((i for i, s in enumerate(sizes_list) if s < min_size), None)
+    if small is not None:
         raise ValueError(
-            f"encoded batch: sizes[{i}] = {int(sizes[i])} is below the smallest possible record "
+            f"encoded batch: sizes[{small}] = {sizes_list[small]} is below the smallest possible record "
             f"of {min_size} bytes for topic {topic!r}"
         )
-    if int(sizes.sum()) != len(records):
+    total = sum(sizes_list)
+    if total != len(records):
         raise ValueError(
-            f"encoded batch: the {n} sizes add up to {int(sizes.sum())} bytes but records holds "
+            f"encoded batch: the {n} sizes add up to {total} bytes but records holds "
             f"{len(records)} bytes"
         )
+    buf = bytearray(records)
+    if use_scalar(n, scalar):
+        return _parse_scalar(buf, sizes_list, topic, min_size)
+    return _parse_vector(buf, np.array(sizes_list, dtype=np.int64), topic, min_size)
+
+
+def _parse_scalar(buf: bytearray, sizes: list[int], topic: str, min_size: int) -> EncodedRecords:
+    """:func:`parse_encoded` for a few records: struct, no numpy call per check."""
+    n = len(sizes)
+    topic_b = topic.encode()
+    offsets = [0] * n
+    for i in range(1, n):
+        offsets[i] = offsets[i - 1] + sizes[i - 1]
+    heads = [_HEADER.unpack_from(buf, o) for o in offsets]
+
+    def fail(bad: list[bool], what: str) -> None:
+        if True in bad:
+            i = bad.index(True)
+            raise _refuse(i, n, offsets[i], what.format(
+                i=i, size=sizes[i], total=heads[i][0], magic=heads[i][1], body_len=heads[i][13], topic=topic,
+            ))
+
+    fail([h[0] != s for h, s in zip(heads, sizes, strict=True)], _BAD_TOTAL)
+    fail([h[1] != MESSAGE_MAGIC_CODE for h in heads], _BAD_MAGIC)
+    fail([not 0 <= h[13] <= s - min_size for h, s in zip(heads, sizes, strict=True)], _BAD_BODY_LEN)
+    t = [o + HEADER_SIZE + h[13] for o, h in zip(offsets, heads, strict=True)]
+    fail([_U16.unpack_from(buf, x)[0] != len(topic_b) for x in t], _BAD_TOPIC_LEN)
+    if topic_b:
+        fail([buf[x + 2 : x + 2 + len(topic_b)] != topic_b for x in t], _BAD_TOPIC)
+    p = [x + 2 + len(topic_b) for x in t]
+    plen = [_U16.unpack_from(buf, x)[0] for x in p]
+    ends = [o + s for o, s in zip(offsets, sizes, strict=True)]
+    fail([x + 2 + pl != e for x, pl, e in zip(p, plen, ends, strict=True)], _BAD_LENGTHS)
+    fail([pl > MAX_PROPERTIES_SIZE for pl in plen], _BAD_PROPS_SIZE)
+    props_start = [x + 2 for x in p]
+    fail([buf[x : x + len(UNIQ_PREFIX)] != UNIQ_PREFIX for x in props_start], _NO_UNIQ_FIRST)
+    uniq_start = [x + len(UNIQ_PREFIX) for x in props_start]
+    uniq_end = [buf.find(2, u, min(u + MAX_UNIQ_KEY + 1, e)) for u, e in zip(uniq_start, ends, strict=True)]
+    fail([u < 0 for u in uniq_end], _UNIQ_NOT_ENDED)
+    fail([u == s for u, s in zip(uniq_end, uniq_start, strict=True)], _UNIQ_EMPTY)
+    head_bytes = bytearray(b"".join(buf[o : o + HEADER_SIZE] for o in offsets))
+    headers = np.frombuffer(head_bytes, dtype=HEADER_DTYPE)
+    plain = all(u + 1 == e for u, e in zip(uniq_end, ends, strict=True))
+    return EncodedRecords(
+        buf, np.array(offsets, dtype=np.int64), np.array(sizes, dtype=np.int64), headers,
+        np.array(props_start, dtype=np.int64), np.array(ends, dtype=np.int64),
+        np.array(uniq_start, dtype=np.int64), np.array(uniq_end, dtype=np.int64), plain,
+    )
+
+
+def _parse_vector(buf: bytearray, sizes: I64, topic: str, min_size: int) -> EncodedRecords:
+    """:func:`parse_encoded` for many records: every check over all records at once."""
+    n = len(sizes)
+    topic_b = topic.encode()
     offsets = np.zeros(n, dtype=np.int64)
     np.cumsum(sizes[:-1], out=offsets[1:])
     ends = offsets + sizes
-    buf = bytearray(records)
     arr = np.frombuffer(buf, dtype=np.uint8)
     headers = _gather(arr, offsets, _AR_HEADER).view(HEADER_DTYPE).reshape(n)
 
@@ -200,33 +292,28 @@ def parse_encoded(records: bytes, sizes_raw: bytes, topic: str) -> EncodedRecord
         bad = np.flatnonzero(mask)
         if len(bad):
             i = int(bad[0])
-            raise ValueError(
-                f"encoded batch: record {i} of {n} (at byte {int(offsets[i])}): "
-                + what.format(i=i, h=headers[i], size=int(sizes[i]))
-            )
+            h = headers[i]
+            raise _refuse(i, n, int(offsets[i]), what.format(
+                i=i, size=int(sizes[i]), total=int(h["total"]), magic=int(h["magic"]),
+                body_len=int(h["body_len"]), topic=topic,
+            ))
 
-    fail(headers["total"] != sizes, "TOTALSIZE {h[total]} differs from sizes[{i}] = {size}")
-    fail(headers["magic"] != MESSAGE_MAGIC_CODE,
-         f"MAGICCODE {{h[magic]}} is not MESSAGE_MAGIC_CODE {MESSAGE_MAGIC_CODE}")
+    fail(headers["total"] != sizes, _BAD_TOTAL)
+    fail(headers["magic"] != MESSAGE_MAGIC_CODE, _BAD_MAGIC)
     body_lens = headers["body_len"].astype(np.int64)
-    fail((body_lens < 0) | (body_lens > sizes - min_size),
-         "BODYLEN {h[body_len]} does not fit in a record of {size} bytes")
+    fail((body_lens < 0) | (body_lens > sizes - min_size), _BAD_BODY_LEN)
     t = offsets + HEADER_SIZE + body_lens
-    fail(_u16_at(arr, t) != len(topic_b),
-         f"its topic is not the request's topic {topic!r} (TOPICLEN differs)")
+    fail(_u16_at(arr, t) != len(topic_b), _BAD_TOPIC_LEN)
     if topic_b:
         topics = _gather(arr, t + 2, np.arange(len(topic_b), dtype=np.int64))
-        fail((topics != np.frombuffer(topic_b, dtype=np.uint8)).any(axis=1),
-             f"its topic is not the request's topic {topic!r}")
+        fail((topics != np.frombuffer(topic_b, dtype=np.uint8)).any(axis=1), _BAD_TOPIC)
     p = t + 2 + len(topic_b)
     plen = _u16_at(arr, p)
-    fail(p + 2 + plen != ends,
-         "BODYLEN, TOPICLEN and PROPERTIESLEN do not add up to TOTALSIZE {size}")
-    fail(plen > MAX_PROPERTIES_SIZE, f"properties are over the limit of {MAX_PROPERTIES_SIZE} bytes")
+    fail(p + 2 + plen != ends, _BAD_LENGTHS)
+    fail(plen > MAX_PROPERTIES_SIZE, _BAD_PROPS_SIZE)
     props_start = p + 2
     prefix = _gather(arr, props_start, _AR_PREFIX)
-    fail((prefix != np.frombuffer(UNIQ_PREFIX, dtype=np.uint8)).any(axis=1),
-         "properties must begin with UNIQ_KEY")
+    fail((prefix != np.frombuffer(UNIQ_PREFIX, dtype=np.uint8)).any(axis=1), _NO_UNIQ_FIRST)
     uniq_start = props_start + len(UNIQ_PREFIX)
     # the end of each UNIQ_KEY: first in a window that fits the usual 32 digits, then a wide one
     uniq_end = np.empty(n, dtype=np.int64)
@@ -239,8 +326,7 @@ def parse_encoded(records: bytes, sizes_raw: bytes, topic: str) -> EncodedRecord
         todo = todo[~found]
         if not len(todo):
             break
-    fail(np.isin(np.arange(n), todo),
-         f"its UNIQ_KEY value does not end with \\x02 within {MAX_UNIQ_KEY} bytes")
-    fail(uniq_end == uniq_start, "its UNIQ_KEY is empty")
+    fail(np.isin(np.arange(n), todo), _UNIQ_NOT_ENDED)
+    fail(uniq_end == uniq_start, _UNIQ_EMPTY)
     plain = bool((uniq_end + 1 == ends).all())
     return EncodedRecords(buf, offsets, sizes, headers, props_start, ends, uniq_start, uniq_end, plain)

@@ -28,6 +28,7 @@ INDEX_ENTRY = struct.Struct("<iqii")  # key hash, phy offset, time diff (s), pre
 SLOT = struct.Struct("<i")
 INDEX_ENTRY_DTYPE = np.dtype([("hash", "<i4"), ("phy", "<i8"), ("diff", "<i4"), ("prev", "<i4")])
 assert INDEX_ENTRY_DTYPE.itemsize == INDEX_ENTRY.size
+SCALAR_MAX_KEYS = 32  # puts of at most this many keys are chained key by key (numpy costs more)
 
 
 def key_seed(topic: str) -> int:
@@ -82,6 +83,25 @@ class IndexFile:
         diff = max(0, (store_ts - self.begin_ts) // 1000)
         first = self.index_count
         count = len(hashes)
+        if count <= SCALAR_MAX_KEYS:  # the same chaining, key by key (numpy costs more for a few)
+            pack, nslots = INDEX_ENTRY.pack, self.slots_num
+            parts = []
+            for i, (h, phy) in enumerate(zip(hashes, phys, strict=True)):
+                s = h % nslots
+                parts.append(pack(h, phy, diff, slots[s]))
+                slots[s] = first + i
+            raw = b"".join(parts)
+        else:
+            raw = self._entries(hashes, phys, diff, first)
+        os.pwrite(self.fd, raw, self.entries_pos + first * INDEX_ENTRY.size)
+        self.index_count = first + count
+        self.end_ts, self.end_phy = store_ts, phys[-1]
+
+    def _entries(self, hashes: list[int], phys: list[int], diff: int, first: int) -> bytes:
+        """The entries of many keys at once, chained into (and updating) the slots with numpy."""
+        slots = self.slots
+        assert slots is not None
+        count = len(hashes)
         entries = np.empty(count, dtype=INDEX_ENTRY_DTYPE)
         entries["hash"] = hashes
         entries["phy"] = phys
@@ -102,9 +122,7 @@ class IndexFile:
         entries["prev"] = prev
         last = np.append(~same, True)
         slot_arr[sorted_slots[last]] = idx_sorted[last]
-        os.pwrite(self.fd, entries.tobytes(), self.entries_pos + first * INDEX_ENTRY.size)
-        self.index_count = first + count
-        self.end_ts, self.end_phy = store_ts, phys[-1]
+        return entries.tobytes()
 
     def lookup(self, h: int, max_num: int, begin_ms: int, end_ms: int) -> list[int]:
         """Physical offsets of entries with hash ``h`` stored in [begin_ms, end_ms]."""

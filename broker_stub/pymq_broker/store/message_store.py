@@ -30,7 +30,7 @@ from ..common.mix_all import SCHEDULE_TOPIC
 from .commit_log import AppendMessageResult, CommitLog, MessageToStore
 from .config import SYNC_FLUSH, MessageStoreConfig
 from .consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue, pack_entries
-from .encoded_batch import EncodedRecords
+from .encoded_batch import EncodedRecords, use_scalar
 from .flush import FlushRealTimeService, GroupCommitService, ServiceThread, StoreCheckpoint
 from .index_service import IndexService, key_seed
 from .results import GetMessageResult, GetMessageStatus, PutMessageResult, PutMessageStatus
@@ -43,6 +43,14 @@ _UNIQ = MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX.encode()
 _DELAY = MessageConst.PROPERTY_DELAY_TIME_LEVEL.encode()
 
 MessageArrivingListener = Callable[[str, int, int], None]
+
+
+def _first_over(values: np.ndarray, limit: int) -> int | None:
+    """The index of the first of ``values`` over ``limit``, or None (plain Python for a few)."""
+    if use_scalar(len(values), None):
+        return next((i for i, v in enumerate(values.tolist()) if v > limit), None)
+    big = np.flatnonzero(values > limit)
+    return int(big[0]) if len(big) else None
 
 
 class _FlushConsumeQueueService(ServiceThread):
@@ -242,20 +250,17 @@ class DefaultMessageStore:
         body_lens = records.body_lens
         plens = records.props_end - records.props_start
         where = "message {i} of the batch: " if n > 1 else ""
-        big = np.flatnonzero(body_lens > max_size)
-        if len(big):
-            i = int(big[0])
+        i = _first_over(body_lens, max_size)
+        if i is not None:
             return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, remark=where.format(i=i) + (
                 f"message body of {int(body_lens[i])} bytes is over maxMessageSize {max_size} "
                 f"(topic {topic!r})"))
-        big = np.flatnonzero(plens > MAX_PROPERTIES_SIZE)
-        if len(big):
-            i = int(big[0])
+        i = _first_over(plens, MAX_PROPERTIES_SIZE)
+        if i is not None:
             return PutMessageResult(PutMessageStatus.PROPERTIES_SIZE_EXCEEDED, remark=where.format(i=i) + (
                 f"message properties of {int(plens[i])} bytes are over the limit of "
                 f"{MAX_PROPERTIES_SIZE} (topic {topic!r})"))
-        total = int(body_lens.sum())
-        if n > 1 and total > max_size:
+        if n > 1 and (total := int(body_lens.sum())) > max_size:
             return PutMessageResult(
                 PutMessageStatus.MESSAGE_ILLEGAL,
                 remark=(
