@@ -188,8 +188,9 @@ class _SinkHalfProducer(HalfMessageProducer):
         super().__init__(*args, **kwargs)
         self.batch_id = batch_id
 
-    def send_encoded(self, *args: Any, **kwargs: Any) -> list[Any]:
-        results = super().send_encoded(*args, **kwargs)
+    def _send_prepared(self, *args: Any, **kwargs: Any) -> list[Any]:
+        # every send path (per-row and whole Arrow batches) ends here
+        results = super()._send_prepared(*args, **kwargs)
         crash_point("mid-write", self.batch_id)
         return results
 
