@@ -82,8 +82,7 @@ def _recent_keys(
     while end > cq.min_offset_in_queue and len(out) < limit:
         start = max(cq.min_offset_in_queue, end - step)
         entries = cq.get_entries(start, end - start)
-        for phy in reversed(entries["phy"].tolist()):
-            rec = store.look_message_by_offset(int(phy))
+        for rec in reversed(store.look_messages_by_offsets(entries["phy"].tolist())):
             if rec is None:
                 continue
             h = HEADER.unpack_from(rec)

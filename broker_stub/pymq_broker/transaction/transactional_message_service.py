@@ -183,8 +183,8 @@ class TransactionalMessageService(ConfigManager):
         done = [qoff for _m, (qoff, _phy) in entries]
         if commit:
             by_queue: dict[tuple[str, int], list[_Commit]] = {}
-            for msg_id, entry in entries:
-                rec = self.store.look_message_by_offset(entry[1])
+            records = self.store.look_messages_by_offsets([phy for _m, (_q, phy) in entries])
+            for (msg_id, entry), rec in zip(entries, records, strict=True):
                 if rec is None:
                     log.error("half message %s at %d is gone; cannot commit", msg_id, entry[1])
                     continue
