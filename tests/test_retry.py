@@ -15,6 +15,7 @@ from pyspark_pymq.client.consumer import retry_topic
 # level L waits 20*L ms: distinct, increasing, and the whole ladder takes ~3.4 s
 LEVEL_MS = [20 * level for level in range(1, 19)]
 LEVELS = " ".join(f"{ms}ms" for ms in LEVEL_MS)
+MC_REASON = "CONSUME_FAILURE_REASON"
 
 
 @pytest.fixture
@@ -230,3 +231,131 @@ def test_send_back_batch_routes_each_item_and_falls_back_per_item(retry_broker) 
     assert {m.properties["CONSUME_FAILURE_REASON"] for m in got} == {f"r{i}" for i in range(50)}
     assert all(m.reconsume_times == 1 and m.retry_topic == "many" for m in got)
     assert len(Admin(ep).dead_letter_messages("gb")) == 2
+
+
+def _raw_records(ep: str, topic: str, queue_id: int = 0) -> list[bytes]:
+    """The properties of every stored record of a queue, as the commit log holds them."""
+    from pymq_proto.record import HEADER, split_tail
+
+    consumer = PullConsumer(ep, "raw-reader")
+    from pyspark_pymq import MessageQueue
+
+    raw = consumer.pull_raw(MessageQueue(topic, "broker-a", queue_id), 0, 1000)
+    out, pos, buf = [], 0, raw.records
+    while pos < len(buf):
+        h = HEADER.unpack_from(buf, pos)
+        _, _, p0, p1 = split_tail(buf, pos, h[0], h[13])
+        out.append(bytes(buf[p0:p1]))
+        pos += h[0]
+    return out
+
+
+def test_sending_back_again_replaces_the_entries_of_the_last_send_back(retry_broker) -> None:
+    """The second send back of a message keeps its first origin and user properties,
+    and writes every entry it sets once, with the new values (no decode of the rest)."""
+    ep = retry_broker.endpoint
+    Admin(ep).create_topic("twice", queues=1)
+    sent = Producer(ep).send(Message("twice", b"b", tags="T", keys=["k1"], properties={"user": "u"}))
+    consumer = PullConsumer(ep, "g2")
+    first = consumer.pull(consumer.queues("twice")[0], 0, 10).messages[0]
+    consumer.send_back(first, delay_level=1, reason={"CONSUME_FAILURE_REASON": "one", "step": "a"})
+    retry_mq = consumer.retry_queues()[0]
+    got: list[MessageExt] = []
+    deadline = time.monotonic() + 10
+    while not got and time.monotonic() < deadline:
+        got = consumer.pull(retry_mq, 0, 10, suspend_timeout_ms=100).messages
+    consumer.send_back(got[0], delay_level=2, reason="two")
+    while len(got) < 2 and time.monotonic() < deadline:
+        got = consumer.pull(retry_mq, 0, 10, suspend_timeout_ms=100).messages
+    again = got[1]
+    assert again.msg_id == sent.msg_id and again.reconsume_times == 2 and again.retry_topic == "twice"
+    assert again.tags == "T" and again.keys == ("k1",) and again.properties["user"] == "u"
+    assert again.properties["CONSUME_FAILURE_REASON"] == "two"
+    assert again.properties["step"] == "a"  # not replaced by this send back: kept
+    assert again.properties["ORIGIN_MESSAGE_ID"] == sent.msg_id
+    stored = _raw_records(ep, retry_topic("g2"))[1]
+    names = [entry.split(b"\x01")[0] for entry in stored.split(b"\x02") if entry]
+    assert len(names) == len(set(names)), f"an entry is written twice: {stored!r}"
+    assert b"RECONSUME_TIME\x012\x02" in stored and b"RETRY_TOPIC\x01twice\x02" in stored
+
+
+def test_send_back_batch_sets_shared_and_per_message_properties(retry_broker) -> None:
+    from pyspark_pymq.client.consumer import SendBackColumns
+
+    ep = retry_broker.endpoint
+    Admin(ep).create_topic("cols", queues=1)
+    Producer(ep).send_batch([Message("cols", b"m%d" % i) for i in range(4)])
+    consumer = PullConsumer(ep, "gc")
+    msgs = consumer.pull(consumer.queues("cols")[0], 0, 10).messages
+    columns = SendBackColumns(
+        "broker-a", [m.commit_log_offset for m in msgs], [1, 1, -1, 1],
+        properties={"CONSUME_FAILURE_STAGE": "s"},
+        property_columns={"CONSUME_FAILURE_REASON": ["r0", "", "r2", "r3"]},
+    )
+    results = consumer.send_back_columns(columns, lambda idx: [msgs[i] for i in idx])
+    assert [r.dead_letter for r in results] == [False, False, True, False]
+    assert not any(r.fallback for r in results)
+    dead = Admin(ep).dead_letter_messages("gc")
+    assert [d.body for d in dead] == [b"m2"] and dead[0].properties["CONSUME_FAILURE_REASON"] == "r2"
+    assert dead[0].properties["CONSUME_FAILURE_STAGE"] == "s" and dead[0].retry_topic == "cols"
+    got: list[MessageExt] = []
+    deadline = time.monotonic() + 10
+    while len(got) < 3 and time.monotonic() < deadline:
+        got = consumer.pull(consumer.retry_queues()[0], 0, 10, suspend_timeout_ms=100).messages
+    by_body = {m.body: m.properties for m in got}
+    assert [by_body[b][MC_REASON] for b in (b"m0", b"m3")] == ["r0", "r3"]
+    assert MC_REASON not in by_body[b"m1"]  # an empty value sets nothing
+    assert all(p["CONSUME_FAILURE_STAGE"] == "s" for p in by_body.values())
+
+
+def test_bad_send_back_batches_are_refused_whole_naming_the_field(retry_broker) -> None:
+    import grpc
+    from pymq_proto.v1 import pymq_pb2, pymq_pb2_grpc
+
+    ep = retry_broker.endpoint
+    Admin(ep).create_topic("bad", queues=1)
+    Producer(ep).send(Message("bad", b"x"))
+    consumer = PullConsumer(ep, "gbad")
+    m = consumer.pull(consumer.queues("bad")[0], 0, 10).messages[0]
+    stub = pymq_pb2_grpc.BrokerStub(grpc.insecure_channel(ep))
+
+    def refused(**fields: object) -> str:
+        req = pymq_pb2.ConsumerSendMsgBackBatchRequest(
+            group="gbad", commit_log_offsets=[m.commit_log_offset], **fields)  # type: ignore[arg-type]
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ConsumerSendMsgBackBatch(req)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        return str(info.value.details())
+
+    assert "delay_levels has 2 values for 1" in refused(delay_levels=[1, 1])
+    assert "'DELAY'" in refused(delay_levels=[1], extra_properties={"DELAY": "1"})
+    assert "'CONSUME_FAILURE_REASON' value 'a\\x02b'" in refused(
+        delay_levels=[1], property_columns=[pymq_pb2.PropertyColumn(name="CONSUME_FAILURE_REASON",
+                                                                    values=["a\x02b"])])
+    assert "origin_topics has 2 values" in refused(delay_levels=[1], origin_topics=["a", "b"])
+    # nothing was stored, and the broker still serves: the classic one-message RPC works
+    assert Admin(ep).topic_names(include_system=True).count(retry_topic("gbad")) == 0
+    one = stub.ConsumerSendMsgBack(pymq_pb2.ConsumerSendMsgBackRequest(
+        group="gbad", commit_log_offset=m.commit_log_offset, delay_level=-1,
+        extra_properties={"CONSUME_FAILURE_REASON": "r"}))
+    assert one.dead_letter and one.topic == "%DLQ%gbad"
+    dead = Admin(ep).dead_letter_messages("gbad")
+    assert [d.body for d in dead] == [b"x"] and dead[0].properties["CONSUME_FAILURE_REASON"] == "r"
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ConsumerSendMsgBack(pymq_pb2.ConsumerSendMsgBackRequest(group="gbad", commit_log_offset=10**12))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "no message at commit log offset 1000000000000" in str(info.value.details())
+
+
+def test_reasons_are_cleaned_and_reserved_names_refused(retry_broker) -> None:
+    ep = retry_broker.endpoint
+    Admin(ep).create_topic("why", queues=1)
+    Producer(ep).send(Message("why", b"x"))
+    consumer = PullConsumer(ep, "gw")
+    m = consumer.pull(consumer.queues("why")[0], 0, 10).messages[0]
+    with pytest.raises(ValueError, match="'REAL_TOPIC' cannot be a reason"):
+        consumer.send_back(m, reason={"REAL_TOPIC": "x"})
+    result = consumer.send_back(m, delay_level=-1, reason="line\x01with\x02separators")
+    assert result.dead_letter and not result.fallback
+    dead = Admin(ep).dead_letter_messages("gw")
+    assert dead[0].properties["CONSUME_FAILURE_REASON"] == "line\ufffdwith\ufffdseparators"

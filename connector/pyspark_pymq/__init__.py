@@ -24,6 +24,8 @@ __all__ = [
     "PullResult",
     "PullStatus",
     "PymqError",
+    "SendBackColumns",
+    "SendBackResult",
     "SendResult",
     "SendStatus",
     "TopicConfig",

@@ -135,6 +135,20 @@ class MessageConst:
             PROPERTY_SINK_TRANSACTION,
         }
     )
+    # what the broker sets on a message it sends back (so not for a consumer's reason to set)
+    SEND_BACK_PROPERTIES = frozenset(
+        {
+            PROPERTY_RETRY_TOPIC,
+            PROPERTY_ORIGIN_MESSAGE_ID,
+            PROPERTY_DELAY_TIME_LEVEL,
+            PROPERTY_REAL_TOPIC,
+            PROPERTY_REAL_QUEUE_ID,
+            PROPERTY_RECONSUME_TIME,
+            PROPERTY_MAX_RECONSUME_TIMES,
+            PROPERTY_DLQ_ORIGIN_TOPIC,
+            PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
+        }
+    )
 
 
 def encode_properties(props: Mapping[str, str]) -> bytes:

@@ -6,39 +6,68 @@ physical offset; past maxReconsumeTimes (or with a delay level < 0) write it to
 level 3 + reconsumeTimes (when the client passed 0), RECONSUME_TIME + 1,
 RETRY_TOPIC = the original topic and ORIGIN_MESSAGE_ID = the first msg id.
 The delay takes it through SCHEDULE_TOPIC_XXXX.
+
+Both RPCs share one implementation over the batch's columns (a single send back
+is a batch of one). The new properties are the stored ones as bytes, minus the
+entries a send back sets, plus the new entries: no decoding of the rest.
 """
 
 from __future__ import annotations
 
+import functools
 import random
+import re
 from dataclasses import dataclass
 
-from pymq_proto.record import HEADER, MessageConst, decode_properties, encode_properties, split_tail
+from pymq_proto.record import (
+    HEADER,
+    HEADER_SIZE,
+    MAX_PROPERTIES_SIZE,
+    NAME_VALUE_SEPARATOR,
+    PROPERTY_SEPARATOR,
+    MessageConst,
+    encode_properties,
+    find_property,
+    split_tail,
+)
 from pymq_proto.v1 import pymq_pb2
 
 from ..common.broker_exception import BrokerException
 from ..common.mix_all import SCHEDULE_TOPIC, get_dlq_topic, get_retry_topic, is_retry_topic
+from ..manager.topic_config_manager import TopicConfig
 from ..store.commit_log import MessageToStore
 from .context import BrokerContext
-from .send_message_processor import wait_store_ok
+from .send_message_processor import PUT_STATUS_TO_CODE, wait_store_ok
 
 MC = MessageConst
 MAX_REASON_CHARS = 4000
+# the entries a send back writes, as "NAME\x01" (values follow)
+_RETRY, _ORIGIN, _TIMES, _MAX_TIMES, _DLQ_TOPIC, _DLQ_ID = (f"{name}{NAME_VALUE_SEPARATOR}" for name in (
+    MC.PROPERTY_RETRY_TOPIC, MC.PROPERTY_ORIGIN_MESSAGE_ID, MC.PROPERTY_RECONSUME_TIME,
+    MC.PROPERTY_MAX_RECONSUME_TIMES, MC.PROPERTY_DLQ_ORIGIN_TOPIC, MC.PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
+))
+_UNIQ = MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX.encode()
+_RETRY_TOPIC = MC.PROPERTY_RETRY_TOPIC.encode()
+_ORIGIN_ID = MC.PROPERTY_ORIGIN_MESSAGE_ID.encode()
+# What a send back sets itself: replaced on the message, refused as extra properties.
+SET_BY_SEND_BACK = tuple(sorted(MC.SEND_BACK_PROPERTIES))
+
+
+@functools.lru_cache(maxsize=64)
+def _entries_named(names: tuple[str, ...]) -> re.Pattern[bytes]:
+    """Matches the encoded property entries called one of ``names``, capturing (name, value)."""
+    alternatives = b"|".join(re.escape(n.encode()) for n in names)
+    return re.compile(rb"(?:^|(?<=\x02))(" + alternatives + rb")\x01([^\x02]*)(?:\x02|$)")
 
 
 @dataclass(slots=True)
-class _SendBack:
-    """One message to send back, resolved: where it goes and what is stored.
+class _Columns:
+    """A checked batch request: its extra properties, encoded, and what they replace."""
 
-    ``topic`` is the answer's (%RETRY% or %DLQ%); a retry is stored in
-    SCHEDULE_TOPIC_XXXX first (``store_topic`` / ``store_queue_id``).
-    """
-
-    topic: str
-    store_topic: str
-    store_queue_id: int
-    message: MessageToStore
-    dead: bool
+    n: int
+    shared: str
+    columns: list[tuple[str, list[str]]]
+    replaced: re.Pattern[bytes]
 
 
 class SendBackProcessor:
@@ -48,104 +77,173 @@ class SendBackProcessor:
     async def consumer_send_msg_back(
         self, req: pymq_pb2.ConsumerSendMsgBackRequest
     ) -> pymq_pb2.ConsumerSendMsgBackResponse:
-        item = self._prepare(req, self.ctx.store.look_message_by_offset(req.commit_log_offset))
-        result = self.ctx.store.put_messages(item.store_topic, item.store_queue_id, [item.message])
-        await wait_store_ok(self.ctx, result)
+        batch = pymq_pb2.ConsumerSendMsgBackBatchRequest(
+            group=req.group, max_reconsume_times=req.max_reconsume_times,
+            commit_log_offsets=[req.commit_log_offset], delay_levels=[req.delay_level],
+            origin_msg_ids=[req.origin_msg_id], origin_topics=[req.origin_topic],
+            extra_properties=req.extra_properties,
+        )
+        resp = await self.consumer_send_msg_back_batch(batch)
+        if resp.errors[0]:
+            raise BrokerException(pymq_pb2.ResponseCode.Value(resp.error_codes[0]), resp.errors[0])
+        dead = resp.dead_letters[0]
         return pymq_pb2.ConsumerSendMsgBackResponse(
-            topic=item.topic, commit_log_offset=result.physical_offsets[0], dead_letter=item.dead
+            topic=get_dlq_topic(req.group) if dead else get_retry_topic(req.group),
+            commit_log_offset=resp.commit_log_offsets[0], dead_letter=dead,
         )
 
     async def consumer_send_msg_back_batch(
         self, req: pymq_pb2.ConsumerSendMsgBackBatchRequest
     ) -> pymq_pb2.ConsumerSendMsgBackBatchResponse:
         """Each item as ConsumerSendMsgBack; messages bound for one queue share a write."""
-        results = [pymq_pb2.ConsumerSendMsgBackResponse() for _ in req.requests]
-        groups: dict[tuple[str, int], list[tuple[int, MessageToStore]]] = {}
-        records = self.ctx.store.look_messages_by_offsets([one.commit_log_offset for one in req.requests])
-        for i, one in enumerate(req.requests):
-            try:
-                item = self._prepare(one, records[i])
-            except BrokerException as err:
-                results[i].error, results[i].error_code = err.remark, err.code_name
-                continue
-            results[i].topic, results[i].dead_letter = item.topic, item.dead
-            groups.setdefault((item.store_topic, item.store_queue_id), []).append((i, item.message))
-        last = None
-        max_bytes = self.ctx.store.config.max_message_size
-        for (topic, queue_id), items in groups.items():
-            for chunk in _chunks(items, max_bytes):
-                put = self.ctx.store.put_messages(topic, queue_id, [m for _, m in chunk])
-                if not put.ok:
-                    for i, _m in chunk:
-                        results[i].error = put.remark or put.status.value
-                        results[i].error_code = "SYSTEM_ERROR"
-                    continue
-                for (i, _m), phy in zip(chunk, put.physical_offsets, strict=True):
-                    results[i].commit_log_offset = phy
-                last = put
-        if last is not None:
-            await wait_store_ok(self.ctx, last)  # a later write is durable only after earlier ones
-        return pymq_pb2.ConsumerSendMsgBackBatchResponse(results=results)
-
-    def _prepare(self, req: pymq_pb2.ConsumerSendMsgBackRequest, record: bytes | None) -> _SendBack:
-        """``record`` is what the commit log holds at ``req.commit_log_offset`` (None: nothing)."""
         ctx = self.ctx
+        cols = _check_columns(req)
+        n = cols.n
         group = req.group
         sub = ctx.subscription_group_manager.find_subscription_group_config(group)
         if req.max_reconsume_times > 0:  # set by a client: applies to the group, last wins
             ctx.subscription_group_manager.set_retry_max_times(group, req.max_reconsume_times)
         max_times = req.max_reconsume_times if req.max_reconsume_times > 0 else sub.retry_max_times
-        if record is None:
+        offsets = list(req.commit_log_offsets)
+        levels = list(req.delay_levels)
+        origin_ids = list(req.origin_msg_ids) or [""] * n
+        origin_topics = list(req.origin_topics) or [""] * n
+        records = ctx.store.look_messages_by_offsets(offsets)
+        phys, dead_letters, errors, codes = [0] * n, [False] * n, [""] * n, [""] * n
+        groups: dict[tuple[str, int], list[tuple[int, MessageToStore]]] = {}
+        retry_topic, dlq_topic = get_retry_topic(group), get_dlq_topic(group)
+        retry: TopicConfig | None = None
+        queues = 1
+        schedules: dict[tuple[int, int], tuple[str, int]] = {}  # (retry queue, level) -> properties
+        max_text = f"{_MAX_TIMES}{max_times}\x02"
+        for i in range(n):
+            record = records[i]
+            if record is None:
+                errors[i] = (
+                    f"no message at commit log offset {offsets[i]} (it may have expired); "
+                    "pass the commit_log_offset of a consumed message"
+                )
+                codes[i] = "ILLEGAL_ARGUMENT"
+                continue
+            h = HEADER.unpack_from(record)
+            total, flag, born, reconsume, body_len = h[0], h[4], h[8], h[11], h[13]
+            t0, t1, p0, p1 = split_tail(record, 0, total, body_len)
+            props = record[p0:p1]
+            old = dict(cols.replaced.findall(props))
+            if old:
+                props = cols.replaced.sub(b"", props)
+            if props and not props.endswith(b"\x02"):
+                props += b"\x02"
+            stored_topic = record[t0:t1].decode()
+            origin_topic = (old.get(_RETRY_TOPIC) or b"").decode() or origin_topics[i] or stored_topic
+            if is_retry_topic(origin_topic):
+                origin_topic = origin_topics[i] or origin_topic
+            origin_id = (
+                (old.get(_ORIGIN_ID) or b"").decode() or origin_ids[i]
+                or (find_property(props, _UNIQ) or b"").decode()
+            )
+            level = levels[i]
+            dead = reconsume >= max_times or level < 0
+            if dead:
+                store_topic, store_queue_id = dlq_topic, 0
+                tail = f"{_DLQ_TOPIC}{origin_topic}\x02{_DLQ_ID}{origin_id}\x02"
+            else:  # the delay goes through SCHEDULE_TOPIC_XXXX, as the store's resolve_delay
+                if retry is None:  # created on first use: a dead letter alone does not make it
+                    retry = ctx.topic_config_manager.create_topic_of_retry(group, sub.retry_queue_nums)
+                    queues = retry.write_queue_nums
+                key = (random.randrange(queues) if queues > 1 else 0, level or 3 + reconsume)
+                delayed = schedules.get(key)
+                if delayed is None:
+                    props_of, queue = ctx.store.schedule_properties(retry_topic, *key)
+                    delayed = schedules[key] = (encode_properties(props_of).decode(), queue)
+                tail, store_queue_id = delayed
+                store_topic = SCHEDULE_TOPIC
+            own = "".join(
+                f"{name}\x01{values[i]}\x02" for name, values in cols.columns if values[i]
+            ) if cols.columns else ""
+            new_props = props + (
+                f"{cols.shared}{own}{_RETRY}{origin_topic}\x02{_ORIGIN}{origin_id}\x02"
+                f"{_TIMES}{reconsume + 1}\x02{max_text}{tail}"
+            ).encode()
+            if len(new_props) > MAX_PROPERTIES_SIZE:
+                errors[i] = (
+                    f"its properties would be {len(new_props)} bytes, over the limit of "
+                    f"{MAX_PROPERTIES_SIZE}; send shorter extra properties"
+                )
+                codes[i] = "MESSAGE_ILLEGAL"
+                continue
+            dead_letters[i] = dead
+            body = record[HEADER_SIZE : HEADER_SIZE + body_len]
+            message = MessageToStore(body, flag, new_props, born, reconsume + 1)
+            groups.setdefault((store_topic, store_queue_id), []).append((i, message))
+        if any(dead_letters):
+            ctx.topic_config_manager.create_topic_of_dlq(group)
+        last = None
+        max_bytes = ctx.store.config.max_message_size
+        for (topic, queue_id), items in groups.items():
+            for chunk in _chunks(items, max_bytes):
+                put = ctx.store.put_messages(topic, queue_id, [m for _, m in chunk])
+                if not put.ok:
+                    code = pymq_pb2.ResponseCode.Name(
+                        PUT_STATUS_TO_CODE.get(put.status, pymq_pb2.SYSTEM_ERROR)
+                    )
+                    for i, _m in chunk:
+                        errors[i], codes[i] = put.remark or put.status.value, code
+                    continue
+                for (i, _m), phy in zip(chunk, put.physical_offsets, strict=True):
+                    phys[i] = phy
+                last = put
+        if last is not None:
+            await wait_store_ok(ctx, last)  # a later write is durable only after earlier ones
+        return pymq_pb2.ConsumerSendMsgBackBatchResponse(
+            commit_log_offsets=phys, dead_letters=dead_letters, errors=errors, error_codes=codes,
+        )
+
+
+def _check_columns(req: pymq_pb2.ConsumerSendMsgBackBatchRequest) -> _Columns:
+    """The request's columns line up and its extra properties can be stored; else ILLEGAL_ARGUMENT."""
+    n = len(req.commit_log_offsets)
+    counts = {"delay_levels": (len(req.delay_levels), False),
+              "origin_msg_ids": (len(req.origin_msg_ids), True),
+              "origin_topics": (len(req.origin_topics), True)}
+    columns = [(c.name, [v[:MAX_REASON_CHARS] for v in c.values]) for c in req.property_columns]
+    counts.update({f"property_columns[{c!r}]": (len(v), False) for c, v in columns})
+    for field, (count, may_be_empty) in counts.items():
+        if count != n and not (may_be_empty and count == 0):
             raise BrokerException(
                 pymq_pb2.ILLEGAL_ARGUMENT,
-                f"no message at commit log offset {req.commit_log_offset} (it may have expired); "
-                "pass the commit_log_offset of a consumed message",
+                f"{field} has {count} values for {n} commit_log_offsets; give one per message"
+                + (" (or none)" if may_be_empty else ""),
             )
-        h = HEADER.unpack_from(record)
-        total, flag, born, reconsume, body_len = h[0], h[4], h[8], h[11], h[13]
-        t0, t1, p0, p1 = split_tail(record, 0, total, body_len)
-        stored_topic = record[t0:t1].decode()
-        props = decode_properties(record[p0:p1])
-        origin_topic = props.get(MC.PROPERTY_RETRY_TOPIC) or req.origin_topic or stored_topic
-        if is_retry_topic(origin_topic):
-            origin_topic = req.origin_topic or origin_topic
-        props[MC.PROPERTY_RETRY_TOPIC] = origin_topic
-        origin_id = (
-            props.get(MC.PROPERTY_ORIGIN_MESSAGE_ID)
-            or req.origin_msg_id
-            or props.get(MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, "")
+    extra = req.extra_properties
+    shared = {key: extra[key][:MAX_REASON_CHARS] for key in extra}
+    names = [*shared, *(name for name, _ in columns)]
+    for name in names:
+        if not name or name in SET_BY_SEND_BACK or _has_separator(name):
+            raise BrokerException(
+                pymq_pb2.ILLEGAL_ARGUMENT,
+                f"extra property name {name!r} cannot be set on a message sent back: names must be "
+                "non-empty, without \\x01 or \\x02, and not one the send back sets "
+                f"({', '.join(SET_BY_SEND_BACK)})",
+            )
+    if len(set(names)) != len(names):
+        raise BrokerException(
+            pymq_pb2.ILLEGAL_ARGUMENT, f"extra property names {names} repeat a name; give each once",
         )
-        props[MC.PROPERTY_ORIGIN_MESSAGE_ID] = origin_id
-        extra = req.extra_properties
-        for key in extra:  # keys then look-ups: a protobuf map's items() view is twice as slow
-            props[key] = extra[key][:MAX_REASON_CHARS]
-        delay_level = req.delay_level
-        dead = reconsume >= max_times or delay_level < 0
-        if dead:
-            topic = get_dlq_topic(group)
-            ctx.topic_config_manager.create_topic_of_dlq(group)
-            queue_id = 0
-            props[MC.PROPERTY_DLQ_ORIGIN_TOPIC] = origin_topic
-            props[MC.PROPERTY_DLQ_ORIGIN_MESSAGE_ID] = origin_id
-            props.pop(MC.PROPERTY_DELAY_TIME_LEVEL, None)
-        else:
-            topic = get_retry_topic(group)
-            cfg = ctx.topic_config_manager.create_topic_of_retry(group, sub.retry_queue_nums)
-            queue_id = random.randrange(cfg.write_queue_nums)
-            if delay_level == 0:
-                delay_level = 3 + reconsume
-            props[MC.PROPERTY_DELAY_TIME_LEVEL] = str(delay_level)
-        props[MC.PROPERTY_RECONSUME_TIME] = str(reconsume + 1)
-        props[MC.PROPERTY_MAX_RECONSUME_TIMES] = str(max_times)
-        store_topic, store_queue_id = topic, queue_id
-        if not dead:  # the delay goes through SCHEDULE_TOPIC_XXXX, as the store's resolve_delay
-            store_topic = SCHEDULE_TOPIC
-            store_queue_id = ctx.store.schedule_properties(topic, queue_id, props, delay_level)
-        body = record[80 : 80 + body_len]
-        return _SendBack(
-            topic, store_topic, store_queue_id,
-            MessageToStore(body, flag, encode_properties(props), born, reconsume + 1), dead,
-        )
+    for name, values in [*((k, [v]) for k, v in shared.items()), *columns]:
+        if _has_separator("".join(values)):
+            i = next(i for i, v in enumerate(values) if _has_separator(v))
+            raise BrokerException(
+                pymq_pb2.ILLEGAL_ARGUMENT,
+                f"extra property {name!r} value {values[i][:80]!r} (message {i}) contains \\x01 or "
+                "\\x02, which separate stored properties; remove them",
+            )
+    replaced = _entries_named((*SET_BY_SEND_BACK, *names))
+    return _Columns(n, encode_properties(shared).decode(), columns, replaced)
+
+
+def _has_separator(text: str) -> bool:
+    return NAME_VALUE_SEPARATOR in text or PROPERTY_SEPARATOR in text
 
 
 def _chunks(

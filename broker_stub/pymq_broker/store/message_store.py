@@ -146,7 +146,7 @@ class DefaultMessageStore:
         cq = self.find_consume_queue(topic, queue_id)
         key = f"{topic}-{queue_id}"
         if queue_offset >= cq.max_offset_in_queue:
-            tag = self._tag_code(topic, props, store_ts)
+            tag = self._tag_code(topic, queue_id, props, store_ts)
             cq.put_entries(queue_offset, pack_entries([offset], [total], [tag]), offset + total)
             self.commit_log.topic_queue_table[key] = queue_offset + 1
             self._index(topic, [props], [offset], store_ts)
@@ -289,29 +289,30 @@ class DefaultMessageStore:
         self, topic: str, queue_id: int, msg: MessageToStore, level: int
     ) -> tuple[str, int, list[MessageToStore]]:
         props = decode_properties(msg.properties)
-        schedule_queue = self.schedule_properties(topic, queue_id, props, level)
+        delayed, schedule_queue = self.schedule_properties(topic, queue_id, level)
+        props.update(delayed)
         scheduled = MessageToStore(
             msg.body, msg.flag, encode_properties(props), msg.born_timestamp,
             msg.reconsume_times, msg.sys_flag,
         )
         return SCHEDULE_TOPIC, schedule_queue, [scheduled]
 
-    def schedule_properties(self, topic: str, queue_id: int, props: dict[str, str], level: int) -> int:
-        """Turn ``props`` into those of a message delayed by ``level``; returns its schedule queue.
+    def schedule_properties(self, topic: str, queue_id: int, level: int) -> tuple[dict[str, str], int]:
+        """The properties delaying a message for ``topic``/``queue_id`` by ``level``; its schedule queue.
 
-        For callers that build the properties anyway (send back): no second decoding.
+        Queue L-1 of SCHEDULE_TOPIC_XXXX holds level L (capped at the highest level).
         """
         level = min(level, self.config.max_delay_level)
-        props[MessageConst.PROPERTY_DELAY_TIME_LEVEL] = str(level)
-        props[MessageConst.PROPERTY_REAL_TOPIC] = topic
-        props[MessageConst.PROPERTY_REAL_QUEUE_ID] = str(queue_id)
-        return level - 1
+        return {
+            MessageConst.PROPERTY_DELAY_TIME_LEVEL: str(level),
+            MessageConst.PROPERTY_REAL_TOPIC: topic,
+            MessageConst.PROPERTY_REAL_QUEUE_ID: str(queue_id),
+        }, level - 1
 
-    def _tag_code(self, topic: str, props: bytes, store_ts: int) -> int:
-        if topic == SCHEDULE_TOPIC:  # the delivery time, as RocketMQ
-            level = find_property(props, _DELAY)
-            lvl = min(int(level), self.config.max_delay_level) if level and level.isdigit() else 1
-            return store_ts + self.config.delay_levels_ms[max(lvl, 1) - 1]
+    def _tag_code(self, topic: str, queue_id: int, props: bytes, store_ts: int) -> int:
+        if topic == SCHEDULE_TOPIC:  # the delivery time, as RocketMQ: queue L-1 holds level L
+            level_index = min(max(queue_id, 0), self.config.max_delay_level - 1)
+            return store_ts + self.config.delay_levels_ms[level_index]
         return tag_hash(find_property(props, _TAGS))
 
     def _dispatch(
@@ -320,9 +321,11 @@ class DefaultMessageStore:
         cq = self.find_consume_queue(topic, queue_id)
         ts = appended.store_timestamp
         props: list[bytes] | None = None
-        if topic == SCHEDULE_TOPIC or records.contains(_TAGS + b"\x01"):
+        if topic == SCHEDULE_TOPIC:
+            tags: list[int] | np.ndarray = np.full(len(records), self._tag_code(topic, queue_id, b"", ts))
+        elif records.contains(_TAGS + b"\x01"):
             props = records.all_properties()
-            tags: list[int] | np.ndarray = [self._tag_code(topic, p, ts) for p in props]
+            tags = [self._tag_code(topic, queue_id, p, ts) for p in props]
         else:  # no record has tags (a hit in a body only costs the slow path)
             tags = np.zeros(len(records), dtype=np.int64)
         cq.put_entries(

@@ -2,7 +2,7 @@
 
 from ..errors import PymqError
 from .admin import Admin, TopicConfig
-from .consumer import PullConsumer
+from .consumer import PullConsumer, SendBackColumns, SendBackResult
 from .message import (
     Message,
     MessageExt,
@@ -26,6 +26,8 @@ __all__ = [
     "PullResult",
     "PullStatus",
     "PymqError",
+    "SendBackColumns",
+    "SendBackResult",
     "SendResult",
     "SendStatus",
     "TopicConfig",

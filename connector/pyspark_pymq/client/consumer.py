@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -17,7 +17,7 @@ from .message import MessageExt, MessageQueue, PullResult, PullStatus
 from .route import RouteCache
 from .transport import BrokerClient
 
-__all__ = ["DEFAULT_PULL_BATCH_SIZE", "PullConsumer", "SendBackResult", "retry_topic"]
+__all__ = ["DEFAULT_PULL_BATCH_SIZE", "PullConsumer", "SendBackColumns", "SendBackResult", "retry_topic"]
 
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
@@ -42,8 +42,73 @@ class SendBackResult:
     dead_letter: bool
     fallback: bool  # True when the send back failed and a direct send to %RETRY% was made
 
+
+
+@dataclass(frozen=True, slots=True)
+class SendBackColumns:
+    """Messages of one broker to send back, as columns: item i is the i-th value of each.
+
+    What :meth:`PullConsumer.send_back_batch` builds from MessageExt, and what the
+    Spark sink builds from a batch's Arrow columns without a MessageExt per row.
+
+    Attributes:
+        broker_name: the broker that stores the messages.
+        commit_log_offsets: each consumed message's ``commit_log_offset``.
+        delay_levels: one per message (0: level 3 + reconsume times; < 0: the DLQ).
+        origin_msg_ids, origin_topics: each message's ``msg_id`` and original topic,
+            or empty (the broker takes them from the stored message).
+        properties: set on every message (e.g. the query and batch that failed).
+        property_columns: a property name to one value per message, e.g. each
+            failure reason; "" leaves that message without it.
+    """
+
+    broker_name: str
+    commit_log_offsets: Sequence[int]
+    delay_levels: Sequence[int]
+    origin_msg_ids: Sequence[str] = ()
+    origin_topics: Sequence[str] = ()
+    properties: Mapping[str, str] = field(default_factory=dict)
+    property_columns: Mapping[str, Sequence[str]] = field(default_factory=dict)
+
+    def check(self) -> None:
+        """ValueError naming the column whose length or property names are wrong."""
+        n = len(self.commit_log_offsets)
+        lengths = {"delay_levels": len(self.delay_levels), "origin_msg_ids": len(self.origin_msg_ids) or n,
+                   "origin_topics": len(self.origin_topics) or n,
+                   **{f"property_columns[{k!r}]": len(v) for k, v in self.property_columns.items()}}
+        for name, count in lengths.items():
+            if count != n:
+                raise ValueError(
+                    f"{name} has {count} values for {n} commit_log_offsets; give one per message"
+                )
+        for name in [*self.properties, *self.property_columns]:
+            check_property_name(name)
+
+    def extra_properties(self, i: int) -> dict[str, str]:
+        """Item ``i``'s extra properties: the shared ones and its non-empty column values."""
+        own = {k: v[i] for k, v in self.property_columns.items() if v[i]}
+        return {**self.properties, **own}
+
+
 DEFAULT_PULL_BATCH_SIZE = 32
-SEND_BACK_RPC_ITEMS = 250  # send_back_batch: messages per request (requests overlap)
+SEND_BACK_RPC_ITEMS = 1000  # send back: messages per request (the requests of a call overlap)
+_SEPARATORS = str.maketrans({"\x01": "\ufffd", "\x02": "\ufffd"})
+
+
+def check_property_name(name: object) -> None:
+    """ValueError/TypeError unless ``name`` can be an extra property of a message sent back."""
+    if not isinstance(name, str):
+        raise TypeError(f"a reason's property names must be str, got {name!r}")
+    if not name or "\x01" in name or "\x02" in name or name in MC.SEND_BACK_PROPERTIES:
+        raise ValueError(
+            f"property name {name!r} cannot be a reason: names must be non-empty, without \\x01 or "
+            f"\\x02, and not one the send back sets ({', '.join(sorted(MC.SEND_BACK_PROPERTIES))})"
+        )
+
+
+def clean_property_value(value: str) -> str:
+    """``value`` with the property separators \\x01 and \\x02 replaced (U+FFFD): free text is kept."""
+    return value.translate(_SEPARATORS) if "\x01" in value or "\x02" in value else value
 _PULL_STATUS = {
     pymq_pb2.FOUND: PullStatus.FOUND,
     pymq_pb2.NO_NEW_MSG: PullStatus.NO_NEW_MSG,
@@ -230,20 +295,7 @@ class PullConsumer:
         (RocketMQ's fallback); if that fails too, the error is raised so that the
         caller consumes the message again later.
         """
-        if not isinstance(message, MessageExt):
-            raise TypeError(f"send_back takes a received MessageExt, got {type(message).__name__}")
-        _check_max_times(max_reconsume_times)
-        extra = _reason_properties(reason)
-        req = pymq_pb2.ConsumerSendMsgBackRequest(
-            **self._send_back_fields(message, delay_level, max_reconsume_times, extra)
-        )
-        client = self._routes.client(message.topic, message.broker_name)
-        try:
-            resp = client.call("ConsumerSendMsgBack", req)
-            return SendBackResult(resp.topic, resp.dead_letter, False)
-        except PymqError:
-            pass
-        return self._send_back_directly(message, delay_level, max_reconsume_times, extra)
+        return self.send_back_batch([message], delay_level, max_reconsume_times, [reason])[0]
 
     def send_back_batch(
         self,
@@ -252,7 +304,7 @@ class PullConsumer:
         max_reconsume_times: int | None = None,
         reasons: Sequence[str | Mapping[str, str] | None] | None = None,
     ) -> list[SendBackResult]:
-        """:meth:`send_back` for many messages in one request per broker.
+        """:meth:`send_back` for many messages in few requests.
 
         Same rules and fallback, item by item: a message the broker cannot send
         back is sent to %RETRY%<group> directly. ``reasons`` lines up with
@@ -262,53 +314,81 @@ class PullConsumer:
             raise ValueError(
                 f"reasons has {len(reasons)} items for {len(messages)} messages; give one per message"
             )
-        _check_max_times(max_reconsume_times)
-        extras = [_reason_properties(reasons[i] if reasons else None) for i in range(len(messages))]
-        results: list[SendBackResult | None] = [None] * len(messages)
         by_broker: dict[str, list[int]] = {}
         for i, m in enumerate(messages):
             if not isinstance(m, MessageExt):
-                raise TypeError(f"send_back_batch takes MessageExt items, got {type(m).__name__} at {i}")
-            by_broker.setdefault(m.broker_name, []).append(i)
-        calls = []
-        for broker, idx in by_broker.items():
-            client = self._routes.client(messages[idx[0]].topic, broker)
-            # several requests in flight: the broker works on one while the next is built
-            for start in range(0, len(idx), SEND_BACK_RPC_ITEMS):
-                part = idx[start : start + SEND_BACK_RPC_ITEMS]
-                req = pymq_pb2.ConsumerSendMsgBackBatchRequest()
-                add = req.requests.add  # in place: a list of requests would be copied again
-                for i in part:
-                    add(**self._send_back_fields(messages[i], delay_level, max_reconsume_times, extras[i]))
-                calls.append((part, client.call_future("ConsumerSendMsgBackBatch", req)))
-        for part, call in calls:
-            try:
-                answers = list(call.result().results)
-            except grpc.RpcError:  # each item falls back to a direct send below
-                answers = [None] * len(part)
-            for i, answer in zip(part, answers, strict=True):
-                if answer is not None and not answer.error:
-                    results[i] = SendBackResult(answer.topic, answer.dead_letter, False)
-        for i, r in enumerate(results):
-            if r is None:
-                results[i] = self._send_back_directly(
-                    messages[i], delay_level, max_reconsume_times, extras[i]
+                raise TypeError(
+                    f"send_back_batch takes received MessageExt items, got {type(m).__name__} at {i}"
                 )
+            by_broker.setdefault(m.broker_name, []).append(i)
+        extras = [_reason_properties(reasons[i] if reasons else None) for i in range(len(messages))]
+        names = list(dict.fromkeys(k for extra in extras for k in extra))
+        results: list[SendBackResult | None] = [None] * len(messages)
+        for broker, idx in by_broker.items():
+            columns = SendBackColumns(
+                broker,
+                [messages[i].commit_log_offset for i in idx],
+                [delay_level] * len(idx),
+                [messages[i].msg_id for i in idx],
+                [messages[i].retry_topic or messages[i].topic for i in idx],
+                property_columns={k: [extras[i].get(k, "") for i in idx] for k in names},
+            )
+            done = self.send_back_columns(columns, _pick(messages, idx), max_reconsume_times)
+            for i, r in zip(idx, done, strict=True):
+                results[i] = r
         return [r for r in results if r is not None]
 
-    def _send_back_fields(
-        self, message: MessageExt, delay_level: int, max_times: int | None, extra: dict[str, str]
-    ) -> dict[str, Any]:
-        """The fields of a ConsumerSendMsgBackRequest."""
-        return {
-            "group": self.group,
-            "commit_log_offset": message.commit_log_offset,
-            "delay_level": delay_level,
-            "origin_msg_id": message.msg_id,
-            "origin_topic": message.retry_topic or message.topic,
-            "max_reconsume_times": max_times or 0,
-            "extra_properties": extra,
-        }
+    def send_back_columns(
+        self,
+        columns: SendBackColumns,
+        messages: Callable[[Sequence[int]], Sequence[MessageExt]],
+        max_reconsume_times: int | None = None,
+    ) -> list[SendBackResult]:
+        """:meth:`send_back_batch` for messages given as columns (the Spark sink's way).
+
+        ``messages(indexes)`` returns the MessageExt of those items: it is called
+        only for the fallback, the direct send of items the broker could not send
+        back. Requests of SEND_BACK_RPC_ITEMS go out together, so that the
+        broker works on one while the next is on its way.
+        """
+        _check_max_times(max_reconsume_times)
+        columns.check()
+        n = len(columns.commit_log_offsets)
+        # the route of a topic the messages came from (asking for %RETRY%'s would create it)
+        route_topic = columns.origin_topics[0] if columns.origin_topics else retry_topic(self.group)
+        client = self._routes.client(route_topic, columns.broker_name)
+        parts = []
+        for a in range(0, n, SEND_BACK_RPC_ITEMS):
+            b = min(a + SEND_BACK_RPC_ITEMS, n)
+            req = pymq_pb2.ConsumerSendMsgBackBatchRequest(
+                group=self.group,
+                max_reconsume_times=max_reconsume_times or 0,
+                commit_log_offsets=columns.commit_log_offsets[a:b],
+                delay_levels=columns.delay_levels[a:b],
+                origin_msg_ids=columns.origin_msg_ids[a:b],
+                origin_topics=columns.origin_topics[a:b],
+                extra_properties=columns.properties,
+                property_columns=[
+                    pymq_pb2.PropertyColumn(name=k, values=v[a:b])
+                    for k, v in columns.property_columns.items()
+                ],
+            )
+            parts.append((a, b, req))
+        results: list[SendBackResult | None] = [None] * n
+        retry, dlq = retry_topic(self.group), dlq_topic(self.group)
+        for a, b, resp in _answers(client, "ConsumerSendMsgBackBatch", parts):
+            if resp is None:  # each item falls back to a direct send below
+                continue
+            for i, dead, error in zip(range(a, b), resp.dead_letters, resp.errors, strict=True):
+                if not error:
+                    results[i] = SendBackResult(dlq if dead else retry, dead, False)
+        failed = [i for i, r in enumerate(results) if r is None]
+        if failed:
+            for i, message in zip(failed, messages(failed), strict=True):
+                results[i] = self._send_back_directly(
+                    message, columns.delay_levels[i], max_reconsume_times, columns.extra_properties(i)
+                )
+        return [r for r in results if r is not None]
 
     def _send_back_directly(
         self, message: MessageExt, delay_level: int, max_times: int | None, extra: dict[str, str]
@@ -337,6 +417,38 @@ class PullConsumer:
         return SendBackResult(topic, False, True)
 
 
+def _answers(
+    client: BrokerClient, method: str, parts: list[tuple[int, int, Any]]
+) -> list[tuple[int, int, Any]]:
+    """Each part's response, or None where the call failed.
+
+    Several requests go out together (the broker works on one while the next
+    arrives); a single one is a blocking call, as a future's thread hand-off
+    would add half a millisecond to it.
+    """
+    if len(parts) == 1:
+        a, b, req = parts[0]
+        try:
+            return [(a, b, client.call(method, req))]
+        except PymqError:
+            return [(a, b, None)]
+    calls = [(a, b, client.call_future(method, req)) for a, b, req in parts]
+    out = []
+    for a, b, call in calls:
+        try:
+            out.append((a, b, call.result()))
+        except grpc.RpcError:
+            out.append((a, b, None))
+    return out
+
+
+def _pick(
+    messages: Sequence[MessageExt], idx: list[int]
+) -> Callable[[Sequence[int]], list[MessageExt]]:
+    """``messages(part)`` of :meth:`PullConsumer.send_back_columns`, for the items ``idx``."""
+    return lambda part: [messages[idx[j]] for j in part]
+
+
 def _check_max_times(max_times: int | None) -> None:
     if max_times is not None and (not isinstance(max_times, int) or max_times < 1):
         raise ValueError(f"max_reconsume_times must be an int >= 1, got {max_times!r}")
@@ -346,10 +458,11 @@ def _reason_properties(reason: str | Mapping[str, str] | None) -> dict[str, str]
     if reason is None:
         return {}
     if isinstance(reason, str):
-        return {MC.PROPERTY_CONSUME_FAILURE_REASON: reason}
+        return {MC.PROPERTY_CONSUME_FAILURE_REASON: clean_property_value(reason)}
     out = {}
     for k, v in reason.items():
-        if not isinstance(k, str) or not isinstance(v, str):
+        if not isinstance(v, str):
             raise TypeError(f"reason must map str to str, got {k!r}: {v!r}")
-        out[k] = v
+        check_property_name(k)
+        out[k] = clean_property_value(v)
     return out

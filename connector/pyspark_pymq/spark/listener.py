@@ -117,8 +117,11 @@ def _call(listener: Listener, msgs: list[MessageExt]) -> tuple[bool, str, str]:
 
 def _send_back(consumer: PullConsumer, cfg: _Config, failed: list[tuple[MessageExt, dict[str, str]]],
                level: int, stats: ConsumeStats) -> None:
-    results = send_back_acknowledged(consumer, failed, level, cfg.max_reconsume_times,
-                                     "message(s) the listener failed")
+    results = send_back_acknowledged(
+        lambda: consumer.send_back_batch([m for m, _ in failed], level, cfg.max_reconsume_times,
+                                         [r for _, r in failed]),
+        f"{len(failed)} message(s) the listener failed to %RETRY%{consumer.group}",
+    )
     dead = sum(r.dead_letter for r in results)
     stats.dead_letters += dead
     stats.reconsume_later += len(results) - dead

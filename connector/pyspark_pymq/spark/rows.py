@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pymq_proto.record import MessageConst
 
-from ..client.consumer import PullConsumer, SendBackResult
+from ..client.consumer import SendBackColumns, SendBackResult
 from ..client.message import MessageExt
 from ..errors import PymqError
 
-__all__ = ["SEND_BACK_ATTEMPTS", "column", "messages_from_batch", "send_back_acknowledged"]
+__all__ = [
+    "SEND_BACK_ATTEMPTS", "column", "messages_from_batch", "rows_as_messages", "send_back_acknowledged",
+    "send_back_columns",
+]
 
 SEND_BACK_ATTEMPTS = 4
-Failed = list[tuple[MessageExt, dict[str, str]]]
 
 _FIELDS = ("topic", "queue_id", "broker_name", "queue_offset", "msg_id", "offset_msg_id",
            "commit_log_offset", "body", "tags", "keys", "properties", "born_timestamp",
@@ -94,27 +98,79 @@ def messages_from_batch(batch: pa.RecordBatch) -> list[MessageExt]:
     return out
 
 
-def send_back_acknowledged(
-    consumer: PullConsumer, failed: Failed, delay_level: int, max_reconsume_times: int | None,
-    where: str,
-) -> list[SendBackResult]:
-    """Send ``failed`` (message, reason) back, retrying with backoff until acknowledged.
+def rows_as_messages(batch: pa.RecordBatch) -> Callable[[Sequence[int]], list[MessageExt]]:
+    """``messages(indexes)`` for :meth:`PullConsumer.send_back_columns`: those rows as MessageExt."""
+    return lambda indexes: messages_from_batch(batch.take(pa.array(indexes, pa.int64())))
+
+
+def send_back_columns(
+    batch: pa.RecordBatch, delay_level: int, properties: Mapping[str, str]
+) -> list[tuple[SendBackColumns, pa.RecordBatch]]:
+    """The rows of a pymq source batch as send-back columns, one per broker, with their rows.
+
+    Straight from the Arrow columns (a MessageExt per row cost more than the send
+    back itself). ``delay_level`` is for rows whose ``delay_level`` column is
+    null or absent; ``error`` and ``error_class`` columns become each row's
+    CONSUME_FAILURE_REASON / _EXCEPTION. Rows without ``commit_log_offset`` or
+    ``topic`` did not come from a pymq source: ValueError.
+    """
+    for name in ("commit_log_offset", "topic"):
+        index = batch.schema.get_field_index(name)
+        missing = pa.array([True] * batch.num_rows) if index < 0 else pc.is_null(batch.column(index))
+        if name == "topic" and index >= 0:
+            missing = pc.or_(missing, pc.equal(batch.column(index), ""))
+        if pc.any(missing).as_py():
+            raise ValueError(
+                f"row {pc.index(missing, True).as_py()} has no commit_log_offset or topic: only rows "
+                "read with format('pymq') (with their metadata columns) can be sent back"
+            )
+    brokers = _strings(batch, "broker_name")
+    if len(set(brokers)) > 1:
+        names = pa.array(brokers)
+        return [part for b in dict.fromkeys(brokers)
+                for part in send_back_columns(batch.filter(pc.equal(names, b)), delay_level, properties)]
+    index = batch.schema.get_field_index("delay_level")
+    delays = ([delay_level] * batch.num_rows if index < 0
+              else batch.column(index).fill_null(delay_level).to_numpy().tolist())
+    reasons = {prop: _strings(batch, col, clean=True) for col, prop in _REASON_COLUMNS
+               if batch.schema.get_field_index(col) >= 0}
+    offsets = batch.column(batch.schema.get_field_index("commit_log_offset")).cast(pa.int64())
+    columns = SendBackColumns(
+        brokers[0] if brokers else "", offsets.to_numpy().tolist(), delays,
+        _strings(batch, "msg_id"), _strings(batch, "topic"), properties, reasons,
+    )
+    return [(columns, batch)]
+
+
+_REASON_COLUMNS = (("error", MessageConst.PROPERTY_CONSUME_FAILURE_REASON),
+                   ("error_class", MessageConst.PROPERTY_CONSUME_FAILURE_EXCEPTION))
+
+
+def _strings(batch: pa.RecordBatch, name: str, *, clean: bool = False) -> list[str]:
+    """A string column as a list, "" for null or absent; ``clean``: without property separators."""
+    index = batch.schema.get_field_index(name)
+    if index < 0:
+        return [""] * batch.num_rows
+    arr = batch.column(index).cast(pa.string()).fill_null("")
+    if clean:
+        arr = pc.replace_substring_regex(arr, "[\x01\x02]", "\ufffd")
+    return list(arr.to_numpy(zero_copy_only=False).tolist())
+
+
+def send_back_acknowledged(send: Callable[[], list[SendBackResult]], what: str) -> list[SendBackResult]:
+    """Run ``send`` (the send back of ``what``), retrying with backoff until acknowledged.
 
     A micro-batch must not complete before its send backs are acknowledged:
     after SEND_BACK_ATTEMPTS the error is raised, so the task fails and Spark
-    runs it again (at-least-once). ``where`` says which rows, for the message.
+    runs it again (at-least-once). ``what`` says which rows, for the message.
     """
     for attempt in range(SEND_BACK_ATTEMPTS):
         try:
-            return consumer.send_back_batch(
-                [m for m, _ in failed], delay_level=delay_level,
-                max_reconsume_times=max_reconsume_times, reasons=[r for _, r in failed],
-            )
+            return send()
         except PymqError as err:
             if attempt + 1 == SEND_BACK_ATTEMPTS:
                 raise type(err)(
-                    f"could not send {len(failed)} {where} back to %RETRY%{consumer.group}: "
-                    f"{err.remark}; the task fails so that Spark runs it again",
+                    f"could not send {what} back: {err.remark}; the task fails so that Spark runs it again",
                     code=err.code,
                 ) from err
             time.sleep(0.5 * 2**attempt)

@@ -22,6 +22,7 @@ import struct
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -37,17 +38,15 @@ from pyspark.sql.datasource import (
 )
 
 from ..client.consumer import PullConsumer
-from ..client.message import MessageExt
 from ..client.producer import Producer
 from ..errors import PymqError
-from .rows import column, messages_from_batch, send_back_acknowledged
+from .rows import column, rows_as_messages, send_back_acknowledged, send_back_columns
 from .sink_options import SinkOptions
 
 __all__ = ["PymqSinkWriter", "PymqStreamSinkWriter", "SinkCommitMessage", "write_partition"]
 
 log = logging.getLogger(__name__)
 
-SEND_BACK_CHUNK = 4000  # rows per send_back_batch: its requests overlap, so bigger keeps both busy
 _HEADER_DTYPE = np.dtype([("total", "<i4"), ("magic", "<i4"), ("rest", "V68"), ("body_len", "<i4")])
 assert _HEADER_DTYPE.itemsize == HEADER.size
 
@@ -351,38 +350,22 @@ def _send_back_rows(
     assert opts.consumer_group is not None
     consumer = PullConsumer(opts.endpoint, opts.consumer_group)
     total = dead = fallbacks = 0
-    by_delay: dict[int, list[tuple[MessageExt, dict[str, str]]]] = {}
-
-    def flush(level: int, items: list[tuple[MessageExt, dict[str, str]]]) -> None:
-        nonlocal dead, fallbacks
-        results = send_back_acknowledged(
-            consumer, items, level, opts.max_reconsume_times,
-            f"row(s) of partition {ids.partition_id} of batch {ids.batch_id}",
-        )
-        dead += sum(r.dead_letter for r in results)
-        fallbacks += sum(r.fallback for r in results)
-
+    shared = {
+        MC.PROPERTY_CONSUME_FAILURE_STAGE: opts.stage,
+        MC.PROPERTY_CONSUME_FAILURE_QUERY_ID: ids.query_id,
+        MC.PROPERTY_CONSUME_FAILURE_BATCH_ID: ids.batch_id,
+    }
     for batch in batches:
-        messages = messages_from_batch(batch)
-        delays = column(batch, "delay_level")
-        errors = column(batch, "error")
-        error_classes = column(batch, "error_class")
-        for i, msg in enumerate(messages):
-            reason = {
-                MC.PROPERTY_CONSUME_FAILURE_REASON: errors[i] or "",
-                MC.PROPERTY_CONSUME_FAILURE_EXCEPTION: error_classes[i] or "",
-                MC.PROPERTY_CONSUME_FAILURE_STAGE: opts.stage,
-                MC.PROPERTY_CONSUME_FAILURE_QUERY_ID: ids.query_id,
-                MC.PROPERTY_CONSUME_FAILURE_BATCH_ID: ids.batch_id,
-            }
-            level = opts.delay_level if delays[i] is None else int(delays[i])
-            items = by_delay.setdefault(level, [])
-            items.append((msg, reason))
-            total += 1
-            if len(items) >= SEND_BACK_CHUNK:
-                flush(level, by_delay.pop(level))
-    for level, items in by_delay.items():
-        flush(level, items)
+        for columns, rows in send_back_columns(batch, opts.delay_level, shared):
+            results = send_back_acknowledged(
+                partial(consumer.send_back_columns, columns, rows_as_messages(rows),
+                        opts.max_reconsume_times),
+                f"{len(rows)} row(s) of partition {ids.partition_id} of batch {ids.batch_id} "
+                f"to %RETRY%{consumer.group}",
+            )
+            total += len(results)
+            dead += sum(r.dead_letter for r in results)
+            fallbacks += sum(r.fallback for r in results)
     return SinkCommitMessage(ids.partition_id, total, dead, fallbacks)
 
 

@@ -732,28 +732,20 @@ class ConsumerSendMsgBackResponse(_message.Message):
     TOPIC_FIELD_NUMBER: _builtins.int
     COMMIT_LOG_OFFSET_FIELD_NUMBER: _builtins.int
     DEAD_LETTER_FIELD_NUMBER: _builtins.int
-    ERROR_FIELD_NUMBER: _builtins.int
-    ERROR_CODE_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     """%RETRY%<group> or %DLQ%<group>"""
     commit_log_offset: _builtins.int
     dead_letter: _builtins.bool
-    error: _builtins.str
-    """batch only: why this one could not be sent back"""
-    error_code: _builtins.str
-    """batch only: its ResponseCode name"""
     def __init__(
         self,
         *,
         topic: _builtins.str = ...,
         commit_log_offset: _builtins.int = ...,
         dead_letter: _builtins.bool = ...,
-        error: _builtins.str = ...,
-        error_code: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_log_offset", b"commit_log_offset", "dead_letter", b"dead_letter", "error", b"error", "error_code", b"error_code", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_log_offset", b"commit_log_offset", "dead_letter", b"dead_letter", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -761,44 +753,153 @@ Global___ConsumerSendMsgBackResponse: _TypeAlias = ConsumerSendMsgBackResponse  
 
 @_typing.final
 class ConsumerSendMsgBackBatchRequest(_message.Message):
-    """pymq: many send backs in one call (a Spark task returns many rows at once).
-    Each item follows ConsumerSendMsgBack's rules; an item that fails carries
-    its error and the others still go through.
+    """pymq: many send backs in one call (a Spark task returns many rows at once),
+    as columns: item i is commit_log_offsets[i], sent back with delay_levels[i]
+    and the i-th value of each per-item column. Columns keep the request a few
+    packed arrays (one sub-message with a map per item cost more than the send
+    back itself). Each item follows ConsumerSendMsgBack's rules; an item that
+    fails carries its error and the others still go through.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    REQUESTS_FIELD_NUMBER: _builtins.int
+    @_typing.final
+    class ExtraPropertiesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    GROUP_FIELD_NUMBER: _builtins.int
+    MAX_RECONSUME_TIMES_FIELD_NUMBER: _builtins.int
+    COMMIT_LOG_OFFSETS_FIELD_NUMBER: _builtins.int
+    DELAY_LEVELS_FIELD_NUMBER: _builtins.int
+    ORIGIN_MSG_IDS_FIELD_NUMBER: _builtins.int
+    ORIGIN_TOPICS_FIELD_NUMBER: _builtins.int
+    EXTRA_PROPERTIES_FIELD_NUMBER: _builtins.int
+    PROPERTY_COLUMNS_FIELD_NUMBER: _builtins.int
+    group: _builtins.str
+    max_reconsume_times: _builtins.int
+    """0: the group's setting"""
     @_builtins.property
-    def requests(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConsumerSendMsgBackRequest]: ...
+    def commit_log_offsets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """physical offsets of the consumed messages"""
+
+    @_builtins.property
+    def delay_levels(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """one per item: 0 broker decides, < 0 DLQ"""
+
+    @_builtins.property
+    def origin_msg_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """one per item, or none"""
+
+    @_builtins.property
+    def origin_topics(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """one per item, or none"""
+
+    @_builtins.property
+    def extra_properties(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """set on every item (e.g. the query and batch)"""
+
+    @_builtins.property
+    def property_columns(self) -> _containers.RepeatedCompositeFieldContainer[Global___PropertyColumn]:
+        """set per item (e.g. its failure reason)"""
+
     def __init__(
         self,
         *,
-        requests: _abc.Iterable[Global___ConsumerSendMsgBackRequest] | None = ...,
+        group: _builtins.str = ...,
+        max_reconsume_times: _builtins.int = ...,
+        commit_log_offsets: _abc.Iterable[_builtins.int] | None = ...,
+        delay_levels: _abc.Iterable[_builtins.int] | None = ...,
+        origin_msg_ids: _abc.Iterable[_builtins.str] | None = ...,
+        origin_topics: _abc.Iterable[_builtins.str] | None = ...,
+        extra_properties: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        property_columns: _abc.Iterable[Global___PropertyColumn] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["requests", b"requests"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_log_offsets", b"commit_log_offsets", "delay_levels", b"delay_levels", "extra_properties", b"extra_properties", "group", b"group", "max_reconsume_times", b"max_reconsume_times", "origin_msg_ids", b"origin_msg_ids", "origin_topics", b"origin_topics", "property_columns", b"property_columns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ConsumerSendMsgBackBatchRequest: _TypeAlias = ConsumerSendMsgBackBatchRequest  # noqa: Y015
 
 @_typing.final
-class ConsumerSendMsgBackBatchResponse(_message.Message):
+class PropertyColumn(_message.Message):
+    """One property for each item of a batch; an empty value leaves that item without it."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
-    RESULTS_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    VALUES_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
     @_builtins.property
-    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConsumerSendMsgBackResponse]: ...
+    def values(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
-        results: _abc.Iterable[Global___ConsumerSendMsgBackResponse] | None = ...,
+        name: _builtins.str = ...,
+        values: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "values", b"values"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PropertyColumn: _TypeAlias = PropertyColumn  # noqa: Y015
+
+@_typing.final
+class ConsumerSendMsgBackBatchResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMMIT_LOG_OFFSETS_FIELD_NUMBER: _builtins.int
+    DEAD_LETTERS_FIELD_NUMBER: _builtins.int
+    ERRORS_FIELD_NUMBER: _builtins.int
+    ERROR_CODES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def commit_log_offsets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """one value per item, in the request's order
+        where the new message was stored
+        """
+
+    @_builtins.property
+    def dead_letters(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]:
+        """%DLQ%<group>, else %RETRY%<group>"""
+
+    @_builtins.property
+    def errors(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """"" when the item was sent back"""
+
+    @_builtins.property
+    def error_codes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the ResponseCode name of each error"""
+
+    def __init__(
+        self,
+        *,
+        commit_log_offsets: _abc.Iterable[_builtins.int] | None = ...,
+        dead_letters: _abc.Iterable[_builtins.bool] | None = ...,
+        errors: _abc.Iterable[_builtins.str] | None = ...,
+        error_codes: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_log_offsets", b"commit_log_offsets", "dead_letters", b"dead_letters", "error_codes", b"error_codes", "errors", b"errors"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
