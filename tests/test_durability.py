@@ -23,7 +23,10 @@ ROUNDS = int(os.environ.get("PYMQ_KILL9_ROUNDS", "6"))
 PRODUCERS = 4
 
 
-def _produce(endpoint: str, worker: int, acked: list[tuple[int, int, bytes]], stop: threading.Event) -> None:
+def _produce(
+    endpoint: str, worker: int, acked: list[tuple[int, int, bytes]], keyed: list[tuple[str, bytes]],
+    stop: threading.Event,
+) -> None:
     producer = Producer(endpoint, retry_times_when_send_failed=0, send_msg_timeout_ms=2000)
     rnd = random.Random(worker)
     seq = 0
@@ -45,6 +48,7 @@ def _produce(endpoint: str, worker: int, acked: list[tuple[int, int, bytes]], st
                 return
             if r.status == SendStatus.SEND_OK:
                 acked.append((r.queue_id, r.queue_offset, body))
+                keyed.append((f"w{worker}-{seq}", body))
 
 
 @pytest.mark.parametrize("round_no", range(ROUNDS))
@@ -53,11 +57,15 @@ def test_kill9_under_sync_flush_loses_no_acknowledged_message(tmp_path: Path, ro
     try:
         Admin(broker.endpoint).create_topic("durable", queues=3)
         acked_per_round: list[list[tuple[int, int, bytes]]] = []
+        last_keyed: list[tuple[str, bytes]] = []  # sent just before each crash: after the last index flush
         for _crash in range(2):  # crash, restart, crash again on the same store
             acked: list[tuple[int, int, bytes]] = []
+            keyed: list[tuple[str, bytes]] = []
             stop = threading.Event()
             threads = [
-                threading.Thread(target=_produce, args=(broker.endpoint, w + 10 * round_no, acked, stop))
+                threading.Thread(
+                    target=_produce, args=(broker.endpoint, w + 10 * round_no, acked, keyed, stop)
+                )
                 for w in range(PRODUCERS)
             ]
             for t in threads:
@@ -68,6 +76,7 @@ def test_kill9_under_sync_flush_loses_no_acknowledged_message(tmp_path: Path, ro
             for t in threads:
                 t.join(30)
             acked_per_round.append(acked)
+            last_keyed += keyed[-40:]
             broker.start()
         everything = [a for acked in acked_per_round for a in acked]
         assert len(everything) > 50, "the producers should have had time to send"
@@ -87,6 +96,10 @@ def test_kill9_under_sync_flush_loses_no_acknowledged_message(tmp_path: Path, ro
                     offset += 1
         for q, off, body in everything:
             assert stored.get((q, off)) == body, f"acknowledged message {q}/{off} lost or changed"
+        admin = Admin(broker.endpoint)
+        for key, body in last_keyed:  # the index lost no key either
+            # (each crash round reuses the workers' keys: the message is one of the hits)
+            assert body in [m.body for m in admin.query_message("durable", key)], key
         # and the broker keeps taking messages after the crashes
         r = Producer(broker.endpoint).send(Message("durable", b"after"))
         assert r.status == SendStatus.SEND_OK

@@ -67,6 +67,23 @@ class IndexFile:
         raw = os.pread(self.fd, self.slots_num * SLOT.size, INDEX_HEADER.size)
         self.slots = array.array("i", raw.ljust(self.slots_num * SLOT.size, b"\0"))
 
+    def rebuild_slots(self) -> None:
+        """The slot table from the entries the header counts (after a crash).
+
+        The table and the header are written one after the other at a flush, so
+        after a crash the table on disk may point past the header's count or miss
+        entries it counts; the entries themselves are authoritative. Each slot is
+        headed by its newest entry.
+        """
+        n = self.index_count - 1
+        raw = os.pread(self.fd, n * INDEX_ENTRY.size, self.entries_pos + INDEX_ENTRY.size)
+        hashes = np.frombuffer(raw, dtype=INDEX_ENTRY_DTYPE, count=len(raw) // INDEX_ENTRY.size)["hash"]
+        slots = np.zeros(self.slots_num, dtype=np.int32)
+        newest_first = (hashes.astype(np.int64) % self.slots_num)[::-1]
+        used, first = np.unique(newest_first, return_index=True)
+        slots[used] = len(hashes) - first  # entry i of the file is hashes[i - 1]
+        self.slots = array.array("i", slots.tobytes())
+
     def release_slots(self) -> None:
         self.flush()
         self.slots = None
@@ -174,13 +191,27 @@ class IndexService:
         self.files: list[IndexFile] = []
         self.dirty = False
 
-    def load(self) -> None:
+    def load(self, *, crashed: bool = False) -> None:
+        """Open the index files; after a crash, rebuild the newest one's slot table."""
         self.root.mkdir(parents=True, exist_ok=True)
         for path in sorted(self.root.iterdir()):
             if path.name.isdigit():
                 self.files.append(IndexFile(path, self.slots, self.max_index, load=True))
         if self.files:
-            self.files[-1].load_slots()
+            if crashed:
+                self.files[-1].rebuild_slots()
+            else:
+                self.files[-1].load_slots()
+
+    @property
+    def indexed_upto(self) -> int:
+        """The physical offset of the last record the index files hold for sure, -1 if none.
+
+        Entries are written as they come, but the newest file's slot table and
+        header only at each flush: after a crash, the entries past its header
+        are unreachable, and the store indexes those records again.
+        """
+        return max((f.end_phy for f in self.files if f.end_ts), default=-1)
 
     def _writable(self) -> IndexFile:
         if not self.files or self.files[-1].is_full():

@@ -83,6 +83,7 @@ class DefaultMessageStore:
         self._services: list[ServiceThread] = []
         self._running = False
         self.last_exit_ok = True
+        self._indexed_upto = -1  # recovery indexes the records after it again
 
     # -- life cycle -------------------------------------------------------------
 
@@ -101,7 +102,8 @@ class DefaultMessageStore:
                         cq = self.find_consume_queue(topic_dir.name, int(qdir.name))
                         cq.load()
                         cq.recover()
-        self.index_service.load()
+        self.index_service.load(crashed=not self.last_exit_ok)
+        self._indexed_upto = self.index_service.indexed_upto
         self._recover()
 
     def _recover(self) -> None:
@@ -149,6 +151,7 @@ class DefaultMessageStore:
             tag = self._tag_code(topic, queue_id, props, store_ts)
             cq.put_entries(queue_offset, pack_entries([offset], [total], [tag]), offset + total)
             self.commit_log.topic_queue_table[key] = queue_offset + 1
+        if offset > self._indexed_upto:  # its keys were indexed after the last index flush, or never
             self._index(topic, [props], [offset], store_ts)
 
     def start(self) -> None:
