@@ -308,15 +308,20 @@ def test_send_back_batch_sets_shared_and_per_message_properties(retry_broker) ->
     assert all(p["CONSUME_FAILURE_STAGE"] == "s" for p in by_body.values())
 
 
+def _one_consumed(ep: str, topic: str, group: str) -> tuple[PullConsumer, MessageExt]:
+    """A topic with one message ``x``, consumed by ``group``."""
+    Admin(ep).create_topic(topic, queues=1)
+    Producer(ep).send(Message(topic, b"x"))
+    consumer = PullConsumer(ep, group)
+    return consumer, consumer.pull(consumer.queues(topic)[0], 0, 10).messages[0]
+
+
 def test_bad_send_back_batches_are_refused_whole_naming_the_field(retry_broker) -> None:
     import grpc
     from pymq_proto.v1 import pymq_pb2, pymq_pb2_grpc
 
     ep = retry_broker.endpoint
-    Admin(ep).create_topic("bad", queues=1)
-    Producer(ep).send(Message("bad", b"x"))
-    consumer = PullConsumer(ep, "gbad")
-    m = consumer.pull(consumer.queues("bad")[0], 0, 10).messages[0]
+    _consumer, m = _one_consumed(ep, "bad", "gbad")
     stub = pymq_pb2_grpc.BrokerStub(grpc.insecure_channel(ep))
 
     def refused(**fields: object) -> str:
@@ -349,10 +354,7 @@ def test_bad_send_back_batches_are_refused_whole_naming_the_field(retry_broker) 
 
 def test_reasons_are_cleaned_and_reserved_names_refused(retry_broker) -> None:
     ep = retry_broker.endpoint
-    Admin(ep).create_topic("why", queues=1)
-    Producer(ep).send(Message("why", b"x"))
-    consumer = PullConsumer(ep, "gw")
-    m = consumer.pull(consumer.queues("why")[0], 0, 10).messages[0]
+    consumer, m = _one_consumed(ep, "why", "gw")
     with pytest.raises(ValueError, match="'REAL_TOPIC' cannot be a reason"):
         consumer.send_back(m, reason={"REAL_TOPIC": "x"})
     result = consumer.send_back(m, delay_level=-1, reason="line\x01with\x02separators")

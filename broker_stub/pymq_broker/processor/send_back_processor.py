@@ -96,10 +96,26 @@ class SendBackProcessor:
         self, req: pymq_pb2.ConsumerSendMsgBackBatchRequest
     ) -> pymq_pb2.ConsumerSendMsgBackBatchResponse:
         """Each item as ConsumerSendMsgBack; messages bound for one queue share a write."""
-        ctx = self.ctx
         cols = _check_columns(req)
-        n = cols.n
-        group = req.group
+        answers = _Answers.of(cols.n)
+        writes = self._resend_messages(req, cols, answers)
+        if any(answers.dead_letters):
+            self.ctx.topic_config_manager.create_topic_of_dlq(req.group)
+        await self._store(writes, answers)
+        return pymq_pb2.ConsumerSendMsgBackBatchResponse(
+            commit_log_offsets=answers.phys, dead_letters=answers.dead_letters, errors=answers.errors,
+            error_codes=answers.codes,
+        )
+
+    def _resend_messages(
+        self, req: pymq_pb2.ConsumerSendMsgBackBatchRequest, cols: _Columns, answers: _Answers
+    ) -> dict[tuple[str, int], list[tuple[int, MessageToStore]]]:
+        """The new message of each item, by the queue it is written to (SCHEDULE_TOPIC_XXXX or DLQ).
+
+        One loop over the items, no call per item: this is the send back's hot path.
+        """
+        ctx = self.ctx
+        n, group = cols.n, req.group
         sub = ctx.subscription_group_manager.find_subscription_group_config(group)
         if req.max_reconsume_times > 0:  # set by a client: applies to the group, last wins
             ctx.subscription_group_manager.set_retry_max_times(group, req.max_reconsume_times)
@@ -109,8 +125,7 @@ class SendBackProcessor:
         origin_ids = list(req.origin_msg_ids) or [""] * n
         origin_topics = list(req.origin_topics) or [""] * n
         records = ctx.store.look_messages_by_offsets(offsets)
-        phys, dead_letters, errors, codes = [0] * n, [False] * n, [""] * n, [""] * n
-        groups: dict[tuple[str, int], list[tuple[int, MessageToStore]]] = {}
+        writes: dict[tuple[str, int], list[tuple[int, MessageToStore]]] = {}
         retry_topic, dlq_topic = get_retry_topic(group), get_dlq_topic(group)
         retry: TopicConfig | None = None
         queues = 1
@@ -119,11 +134,10 @@ class SendBackProcessor:
         for i in range(n):
             record = records[i]
             if record is None:
-                errors[i] = (
+                answers.fail(i, "ILLEGAL_ARGUMENT", (
                     f"no message at commit log offset {offsets[i]} (it may have expired); "
                     "pass the commit_log_offset of a consumed message"
-                )
-                codes[i] = "ILLEGAL_ARGUMENT"
+                ))
                 continue
             h = HEADER.unpack_from(record)
             total, flag, born, reconsume, body_len = h[0], h[4], h[8], h[11], h[13]
@@ -166,38 +180,55 @@ class SendBackProcessor:
                 f"{_TIMES}{reconsume + 1}\x02{max_text}{tail}"
             ).encode()
             if len(new_props) > MAX_PROPERTIES_SIZE:
-                errors[i] = (
+                answers.fail(i, "MESSAGE_ILLEGAL", (
                     f"its properties would be {len(new_props)} bytes, over the limit of "
                     f"{MAX_PROPERTIES_SIZE}; send shorter extra properties"
-                )
-                codes[i] = "MESSAGE_ILLEGAL"
+                ))
                 continue
-            dead_letters[i] = dead
+            answers.dead_letters[i] = dead
             body = record[HEADER_SIZE : HEADER_SIZE + body_len]
             message = MessageToStore(body, flag, new_props, born, reconsume + 1)
-            groups.setdefault((store_topic, store_queue_id), []).append((i, message))
-        if any(dead_letters):
-            ctx.topic_config_manager.create_topic_of_dlq(group)
+            writes.setdefault((store_topic, store_queue_id), []).append((i, message))
+        return writes
+
+    async def _store(
+        self, writes: dict[tuple[str, int], list[tuple[int, MessageToStore]]], answers: _Answers
+    ) -> None:
+        """Write each queue's messages in puts within maxMessageSize; a failed put fails its items."""
+        store = self.ctx.store
         last = None
-        max_bytes = ctx.store.config.max_message_size
-        for (topic, queue_id), items in groups.items():
-            for chunk in _chunks(items, max_bytes):
-                put = ctx.store.put_messages(topic, queue_id, [m for _, m in chunk])
+        for (topic, queue_id), items in writes.items():
+            for chunk in _chunks(items, store.config.max_message_size):
+                put = store.put_messages(topic, queue_id, [m for _, m in chunk])
                 if not put.ok:
                     code = pymq_pb2.ResponseCode.Name(
                         PUT_STATUS_TO_CODE.get(put.status, pymq_pb2.SYSTEM_ERROR)
                     )
                     for i, _m in chunk:
-                        errors[i], codes[i] = put.remark or put.status.value, code
+                        answers.fail(i, code, put.remark or put.status.value)
                     continue
                 for (i, _m), phy in zip(chunk, put.physical_offsets, strict=True):
-                    phys[i] = phy
+                    answers.phys[i] = phy
                 last = put
         if last is not None:
-            await wait_store_ok(ctx, last)  # a later write is durable only after earlier ones
-        return pymq_pb2.ConsumerSendMsgBackBatchResponse(
-            commit_log_offsets=phys, dead_letters=dead_letters, errors=errors, error_codes=codes,
-        )
+            await wait_store_ok(self.ctx, last)  # a later write is durable only after earlier ones
+
+
+@dataclass(slots=True)
+class _Answers:
+    """The batch response's columns, filled item by item."""
+
+    phys: list[int]
+    dead_letters: list[bool]
+    errors: list[str]
+    codes: list[str]
+
+    @classmethod
+    def of(cls, n: int) -> _Answers:
+        return cls([0] * n, [False] * n, [""] * n, [""] * n)
+
+    def fail(self, i: int, code: str, error: str) -> None:
+        self.errors[i], self.codes[i], self.dead_letters[i] = error, code, False
 
 
 def _check_columns(req: pymq_pb2.ConsumerSendMsgBackBatchRequest) -> _Columns:
