@@ -63,6 +63,21 @@ def test_properties_round_trip_and_find() -> None:
     assert find_property(raw, b"missing") is None
 
 
+def test_named_entries_read_and_cut_whole_entries_only() -> None:
+    from pymq_proto.record import entries_named
+
+    entries = entries_named(("TAGS", "REAL_QID"))
+    for props in ({"TAGS": "A", "KEYS": "k", "REAL_QID": "3"}, {"KEYS": "k", "TAGS": "A"},
+                  {"XTAGS": "TAGS", "REAL_QIDX": "1", "a": "REAL_QID"}, {}):
+        raw = encode_properties(props)
+        for tail in (raw, raw[:-1]):  # a last entry may lack its separator
+            kept = {k: v for k, v in props.items() if k not in ("TAGS", "REAL_QID")}
+            assert decode_properties(entries.cut(tail)) == kept, tail
+            assert entries.values(tail) == {k.encode(): v.encode() for k, v in props.items()
+                                            if k in ("TAGS", "REAL_QID")}, tail
+    assert entries.cut(encode_properties({"KEYS": "k", "TAGS": "A"})) == b"KEYS\x01k\x02"
+
+
 def test_delay_levels_parse_with_units() -> None:
     assert parse_delay_levels("100ms 1s 2m 1h 1d") == [100, 1000, 120_000, 3_600_000, 86_400_000]
     with pytest.raises(ValueError, match="'5x'"):

@@ -210,3 +210,40 @@ def test_ending_more_than_max_message_size_at_once_and_restarting(tmp_path: Path
         assert len(read_all(ep, "orders")) == 2900
     finally:
         broker.stop()
+
+
+def test_encoded_and_classic_half_batches_store_the_same_half_messages(tmp_path: Path) -> None:
+    """An encoded half batch is re-addressed in bulk (topic, REAL_TOPIC/REAL_QID appended);
+    it must store what the per-message path stores, and commit to the same messages."""
+    import grpc
+    from pymq_proto.v1 import pymq_pb2, pymq_pb2_grpc
+    from pyspark_pymq import MessageQueue
+    from pyspark_pymq.client.transaction import HalfMessageProducer
+
+    with BrokerProcess(tmp_path / "b") as broker:
+        ep = broker.endpoint
+        Admin(ep).create_topic("orders", queues=2)
+        bodies = [b"x" * i for i in range(1, 40)]
+        fast = [f"F{i:031d}" for i in range(len(bodies))]
+        classic = [f"C{i:031d}" for i in range(len(bodies))]
+        HalfMessageProducer(ep, producer_group="tx").send_encoded(
+            "orders", bodies, [_half_props(k) for k in fast], fast, queue_id=1)
+        messages = [pymq_pb2.MessageData(body=b, properties=_half_props(k))
+                    for b, k in zip(bodies, classic, strict=True)]
+        pymq_pb2_grpc.BrokerStub(grpc.insecure_channel(ep)).SendHalfMessageBatch(
+            pymq_pb2.SendMessageRequest(topic="orders", queue_id=1, batch=True, messages=messages))
+        halves = PullConsumer(ep, "h").pull(MessageQueue("RMQ_SYS_TRANS_HALF_TOPIC", "broker-a", 0), 0, 1000)
+
+        def seen(m: MessageExt) -> tuple[object, ...]:
+            props = {k: v for k, v in m.properties.items() if k != "UNIQ_KEY"}
+            return m.topic, m.queue_id, m.body, m.flag, m.reconsume_times, sorted(props.items())
+
+        stored = [seen(m) for m in halves.messages]
+        assert len(stored) == 2 * len(bodies) and stored[: len(bodies)] == stored[len(bodies):]
+        assert stored[0][0] == "RMQ_SYS_TRANS_HALF_TOPIC" and ("REAL_QID", "1") in stored[0][5]
+        with TransactionProducer(ep, "tx", lambda m: UNKNOW) as producer:
+            assert producer.end_transactions(fast + classic, COMMIT) == 2 * len(bodies)
+        real = PullConsumer(ep, "r").pull(MessageQueue("orders", "broker-a", 1), 0, 1000).messages
+        assert [seen(m) for m in real[: len(bodies)]] == [seen(m) for m in real[len(bodies):]]
+        assert [m.body for m in real] == bodies + bodies
+        assert real[0].properties == {"UNIQ_KEY": fast[0], "PGROUP": "tx"}

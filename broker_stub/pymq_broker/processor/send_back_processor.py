@@ -14,9 +14,7 @@ entries a send back sets, plus the new entries: no decoding of the rest.
 
 from __future__ import annotations
 
-import functools
 import random
-import re
 from dataclasses import dataclass
 
 from pymq_proto.record import (
@@ -26,7 +24,9 @@ from pymq_proto.record import (
     NAME_VALUE_SEPARATOR,
     PROPERTY_SEPARATOR,
     MessageConst,
+    NamedEntries,
     encode_properties,
+    entries_named,
     find_property,
     split_tail,
 )
@@ -53,13 +53,6 @@ _ORIGIN_ID = MC.PROPERTY_ORIGIN_MESSAGE_ID.encode()
 SET_BY_SEND_BACK = tuple(sorted(MC.SEND_BACK_PROPERTIES))
 
 
-@functools.lru_cache(maxsize=64)
-def _entries_named(names: tuple[str, ...]) -> re.Pattern[bytes]:
-    """Matches the encoded property entries called one of ``names``, capturing (name, value)."""
-    alternatives = b"|".join(re.escape(n.encode()) for n in names)
-    return re.compile(rb"(?:^|(?<=\x02))(" + alternatives + rb")\x01([^\x02]*)(?:\x02|$)")
-
-
 @dataclass(slots=True)
 class _Columns:
     """A checked batch request: its extra properties, encoded, and what they replace."""
@@ -67,7 +60,7 @@ class _Columns:
     n: int
     shared: str
     columns: list[tuple[str, list[str]]]
-    replaced: re.Pattern[bytes]
+    replaced: NamedEntries
 
 
 class SendBackProcessor:
@@ -143,9 +136,9 @@ class SendBackProcessor:
             total, flag, born, reconsume, body_len = h[0], h[4], h[8], h[11], h[13]
             t0, t1, p0, p1 = split_tail(record, 0, total, body_len)
             props = record[p0:p1]
-            old = dict(cols.replaced.findall(props))
+            old = cols.replaced.values(props)
             if old:
-                props = cols.replaced.sub(b"", props)
+                props = cols.replaced.cut(props)
             if props and not props.endswith(b"\x02"):
                 props += b"\x02"
             stored_topic = record[t0:t1].decode()
@@ -269,7 +262,7 @@ def _check_columns(req: pymq_pb2.ConsumerSendMsgBackBatchRequest) -> _Columns:
                 f"extra property {name!r} value {values[i][:80]!r} (message {i}) contains \\x01 or "
                 "\\x02, which separate stored properties; remove them",
             )
-    replaced = _entries_named((*SET_BY_SEND_BACK, *names))
+    replaced = entries_named((*SET_BY_SEND_BACK, *names))
     return _Columns(n, encode_properties(shared).decode(), columns, replaced)
 
 

@@ -74,6 +74,14 @@ class _Item(NamedTuple):
     properties: bytes
 
 
+def _stamp(records: EncodedRecords, born: int, reconsume_times: int) -> None:
+    """The request's header fields on every record of a pre-encoded batch."""
+    h = records.headers
+    h["born"] = born
+    h["reconsume"] = reconsume_times
+    h["sys_flag"] = 0
+
+
 class SendMessageProcessor:
     def __init__(self, ctx: BrokerContext, transactions: TransactionalMessageService) -> None:
         self.ctx = ctx
@@ -131,9 +139,13 @@ class SendMessageProcessor:
         born = req.born_timestamp
         items: Sequence[_Item | pymq_pb2.MessageData] = req.messages
         if records is not None:
-            if not half_batch and not self._needs_rewrite(topic, records):
-                return await self._send_records(topic, queue_id, records, born, req.reconsume_times,
-                                                cfg.dedup_window_ms)
+            _stamp(records, born, req.reconsume_times)
+            if half_batch and not cfg.dedup_window_ms:
+                half = self.transactions.prepare_records(topic, queue_id, records)
+                if half is not None:
+                    return self._response(queue_id, await wait_store_ok(ctx, half), half, half=True)
+            elif not half_batch and not self._needs_rewrite(topic, records):
+                return await self._send_records(topic, queue_id, records, cfg.dedup_window_ms)
             items = [_Item(*records.message(i)) for i in range(len(records))]
         messages = []
         dropped = 0
@@ -207,15 +219,10 @@ class SendMessageProcessor:
         )
 
     async def _send_records(
-        self, topic: str, queue_id: int, records: EncodedRecords, born: int, reconsume_times: int,
-        dedup_window_ms: int,
+        self, topic: str, queue_id: int, records: EncodedRecords, dedup_window_ms: int,
     ) -> pymq_pb2.SendMessageResponse:
         """A pre-encoded batch: header fields set for all records at once, one write."""
         ctx = self.ctx
-        h = records.headers
-        h["born"] = born
-        h["reconsume"] = reconsume_times
-        h["sys_flag"] = 0
         dropped = 0
         if dedup_window_ms > 0:
             seen = self.dedup.seen_recently

@@ -103,22 +103,58 @@ class EncodedRecords:
         return [bytes(buf[a:b]) for a, b in zip(self.uniq_start.tolist(), self.uniq_end.tolist(),
                                                  strict=True)]
 
-    def select(self, keep: Sequence[int]) -> EncodedRecords:
-        """Only the records at indexes ``keep`` (in order): the de-duplication window's cut."""
+    def select(self, keep: Sequence[int], *, topic: str | None = None, suffix: bytes = b"") -> EncodedRecords:
+        """Only the records at indexes ``keep`` (in order), maybe re-addressed.
+
+        The de-duplication window's cut; and the half messages, which are stored
+        in another ``topic`` with ``suffix`` (REAL_TOPIC/REAL_QID) appended to
+        their properties (the caller checks that they end with a whole entry).
+        """
         idx = np.asarray(keep, dtype=np.int64)
-        mv = memoryview(self.buf)
         offs, sizes = self.offsets[idx], self.sizes[idx]
-        buf = bytearray(b"".join(mv[a : a + s] for a, s in zip(offs.tolist(), sizes.tolist(), strict=True)))
+        props_start, props_end = self.props_start[idx], self.props_end[idx]
+        body_end = offs + HEADER_SIZE + self.body_lens[idx].astype(np.int64)
+        new_topic = b"" if topic is None else _U16.pack(len(topic.encode())) + topic.encode()
+        mv = memoryview(self.buf)
+        parts: list[memoryview | bytes] = []
+        if topic is None and not suffix:
+            parts = [mv[a : a + s] for a, s in zip(offs.tolist(), sizes.tolist(), strict=True)]
+        else:
+            for a, t, p, e in zip(offs.tolist(), body_end.tolist(), (props_start - 2).tolist(),
+                                  props_end.tolist(), strict=True):
+                parts += (mv[a:t], new_topic or mv[t:p], mv[p:e], suffix)
+        buf = bytearray(b"".join(parts))
+        mv.release()
+        grow = (len(new_topic) - (props_start - 2 - body_end) if topic is not None else 0) + len(suffix)
+        new_sizes = sizes + grow
         new_offs = np.zeros(len(idx), dtype=np.int64)
-        np.cumsum(sizes[:-1], out=new_offs[1:])
-        shift = new_offs - offs
+        np.cumsum(new_sizes[:-1], out=new_offs[1:])
+        props_shift = new_offs - offs + grow - len(suffix)  # where each record's properties moved
+        headers = self.headers[idx]
+        headers["total"] = new_sizes
+        new_props_start = props_start + props_shift
+        if suffix:
+            arr = np.frombuffer(buf, dtype=np.uint8)
+            lens = _u16_at(arr, new_props_start - 2) + len(suffix)  # PROPERTIESLEN
+            arr[new_props_start - 2] = lens & 0xFF
+            arr[new_props_start - 1] = lens >> 8
         return EncodedRecords(
-            buf, new_offs, sizes, self.headers[idx], self.props_start[idx] + shift,
-            self.props_end[idx] + shift,
-            None if self.uniq_start is None else self.uniq_start[idx] + shift,
-            None if self.uniq_end is None else self.uniq_end[idx] + shift,
-            self.plain,
+            buf, new_offs, new_sizes, headers, new_props_start, new_offs + new_sizes,
+            None if self.uniq_start is None else self.uniq_start[idx] + props_shift,
+            None if self.uniq_end is None else self.uniq_end[idx] + props_shift,
+            self.plain and not suffix,
         )
+
+    def properties_end_whole(self) -> bool:
+        """Whether every record's properties end with \\x02 (a whole entry): more can be appended."""
+        arr = np.frombuffer(self.buf, dtype=np.uint8)
+        return bool((self.props_end > self.props_start).all() and (arr[self.props_end - 1] == 2).all())
+
+    def each_properties_contain(self, needle: bytes) -> bool:
+        """Whether ``needle`` occurs within every record's properties (one C search each)."""
+        find = self.buf.find
+        return all(find(needle, a, b) >= 0
+                   for a, b in zip(self.props_start.tolist(), self.props_end.tolist(), strict=True))
 
     @classmethod
     def from_messages(cls, topic: str, messages: Sequence[MessageToStore]) -> EncodedRecords:

@@ -28,8 +28,8 @@ from pymq_proto.record import (
     MessageConst,
     decode_properties,
     encode_properties,
+    entries_named,
     find_property,
-    remove_property,
     split_tail,
 )
 
@@ -37,6 +37,7 @@ from ..common.config_manager import ConfigManager
 from ..common.mix_all import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from ..manager.topic_config_manager import TopicConfigManager
 from ..store.commit_log import MessageToStore
+from ..store.encoded_batch import EncodedRecords
 from ..store.message_store import DefaultMessageStore
 from ..store.results import PutMessageResult, PutMessageStatus
 
@@ -46,8 +47,17 @@ OP_BATCH = 50_000  # half offsets per op message: ~0.5 MB of digits, well under 
 _UNIQ = MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX.encode()
 _REAL_TOPIC = MC.PROPERTY_REAL_TOPIC.encode()
 _REAL_QID = MC.PROPERTY_REAL_QUEUE_ID.encode()
-_DROP_ON_COMMIT = tuple(p.encode() for p in (MC.PROPERTY_TRANSACTION_PREPARED, MC.PROPERTY_REAL_TOPIC,
-                                              MC.PROPERTY_REAL_QUEUE_ID, MC.PROPERTY_TRANSACTION_CHECK_TIMES))
+_DROP_ON_COMMIT = entries_named((MC.PROPERTY_TRANSACTION_PREPARED, MC.PROPERTY_REAL_TOPIC,
+                                  MC.PROPERTY_REAL_QUEUE_ID, MC.PROPERTY_TRANSACTION_CHECK_TIMES))
+
+
+_DELAY = MC.PROPERTY_DELAY_TIME_LEVEL.encode()
+_TRAN_TRUE = f"\x02{MC.PROPERTY_TRANSACTION_PREPARED}\x01true\x02".encode()  # never first: UNIQ_KEY is
+
+
+def _real_properties(topic: str, queue_id: int) -> bytes:
+    """What a half message carries of where it really goes."""
+    return encode_properties({MC.PROPERTY_REAL_TOPIC: topic, MC.PROPERTY_REAL_QUEUE_ID: str(queue_id)})
 
 
 _Commit = tuple[str, tuple[int, int], MessageToStore]  # msg id, (half queue offset, phy), real message
@@ -141,30 +151,60 @@ class TransactionalMessageService(ConfigManager):
         A msgId already pending is skipped: a retried request must not leave a
         second half message that nobody would end.
         """
-        halves: list[MessageToStore] = []
-        uniqs: list[str | None] = []
-        seen: set[str] = set()
-        real = encode_properties({MC.PROPERTY_REAL_TOPIC: topic, MC.PROPERTY_REAL_QUEUE_ID: str(queue_id)})
-        for msg in msgs:
-            raw_uniq = find_property(msg.properties, _UNIQ)
-            uniq = raw_uniq.decode() if raw_uniq is not None else None
-            if uniq is not None:
-                if uniq in self.pending or uniq in seen:
-                    continue
-                seen.add(uniq)
+        keep, uniqs = self._new_transactions([
+            raw.decode() if (raw := find_property(m.properties, _UNIQ)) is not None else None for m in msgs
+        ])
+        if not keep:
+            return PutMessageResult(PutMessageStatus.PUT_OK, TRANS_HALF_TOPIC, 0, -1)
+        real = _real_properties(topic, queue_id)
+        halves = []
+        for msg in (msgs[i] for i in keep):
             props = msg.properties
             if find_property(props, _REAL_TOPIC) is None and find_property(props, _REAL_QID) is None:
-                # the hot path: append, no decoding (the exactly-once sink sends thousands at once)
+                # append, no decoding (the exactly-once sink sends thousands at once)
                 props = (props if not props or props.endswith(b"\x02") else props + b"\x02") + real
             else:
                 props = encode_properties({**decode_properties(props), **decode_properties(real)})
             halves.append(MessageToStore(msg.body, msg.flag, props, msg.born_timestamp,
                                          msg.reconsume_times, msg.sys_flag))
-            uniqs.append(uniq)
-        if not halves:
+        self.topics.create_system_topic(TRANS_HALF_TOPIC, 1)
+        return self._pending_after(self.store.put_messages(TRANS_HALF_TOPIC, 0, halves), uniqs)
+
+    def prepare_records(self, topic: str, queue_id: int, records: EncodedRecords) -> PutMessageResult | None:
+        """:meth:`prepare_messages` for a pre-encoded batch: its records stored as they came.
+
+        REAL_TOPIC/REAL_QID are appended to the properties of all records at once.
+        None when some record needs the per-message path (which also names what
+        is wrong): it may lack TRAN_MSG=true, carry a delay or a REAL_TOPIC
+        already, or end its properties mid-entry.
+        """
+        if (records.contains(_DELAY + b"\x01") or records.contains(_REAL_TOPIC + b"\x01")
+                or records.contains(_REAL_QID + b"\x01") or not records.properties_end_whole()
+                or not records.each_properties_contain(_TRAN_TRUE)):
+            return None
+        keep, uniqs = self._new_transactions([raw.decode() if raw else None for raw in records.uniq_keys()])
+        if not keep:
             return PutMessageResult(PutMessageStatus.PUT_OK, TRANS_HALF_TOPIC, 0, -1)
         self.topics.create_system_topic(TRANS_HALF_TOPIC, 1)
-        result = self.store.put_messages(TRANS_HALF_TOPIC, 0, halves)
+        halves = records.select(keep, topic=TRANS_HALF_TOPIC, suffix=_real_properties(topic, queue_id))
+        return self._pending_after(self.store.put_records(TRANS_HALF_TOPIC, 0, halves), uniqs)
+
+    def _new_transactions(self, uniqs: list[str | None]) -> tuple[list[int], list[str | None]]:
+        """Indexes (and msgIds) of those neither pending nor earlier in the request (None: no msgId)."""
+        keep: list[int] = []
+        kept: list[str | None] = []
+        seen: set[str] = set()
+        for i, uniq in enumerate(uniqs):
+            if uniq is not None:
+                if uniq in self.pending or uniq in seen:
+                    continue
+                seen.add(uniq)
+            keep.append(i)
+            kept.append(uniq)
+        return keep, kept
+
+    def _pending_after(self, result: PutMessageResult, uniqs: list[str | None]) -> PutMessageResult:
+        """Once stored, each half message waits for its end under its msgId (else its offset)."""
         if result.ok:
             for i, (uniq, phy) in enumerate(zip(uniqs, result.physical_offsets, strict=True)):
                 self.pending[uniq or str(phy)] = (result.queue_offset + i, phy)
@@ -220,10 +260,10 @@ class TransactionalMessageService(ConfigManager):
         h = HEADER.unpack_from(rec)
         _t0, _t1, p0, p1 = split_tail(rec, 0, h[0], h[13])
         props = rec[p0:p1]
-        topic = (find_property(props, _REAL_TOPIC) or b"").decode()
-        qid = int(find_property(props, _REAL_QID) or 0)
-        for name in _DROP_ON_COMMIT:
-            props = remove_property(props, name)
+        dropped = _DROP_ON_COMMIT.values(props)
+        props = _DROP_ON_COMMIT.cut(props)
+        topic = (dropped.get(_REAL_TOPIC) or b"").decode()
+        qid = int(dropped.get(_REAL_QID) or 0)
         body = rec[HEADER_SIZE : HEADER_SIZE + h[13]]
         return topic, qid, MessageToStore(body, h[4], props, h[8], h[11], h[7])
 
