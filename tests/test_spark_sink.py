@@ -13,6 +13,8 @@ import pyarrow.dataset as ds
 import pytest
 from helpers import read_all, unique
 from pyspark_pymq import Admin, Message, MessageExt, Producer, PullConsumer
+from pyspark_pymq.client.route import PERM_READ
+from pyspark_pymq.errors import NoPermissionError
 from pyspark_pymq.spark.listener import ConsumeConcurrentlyStatus, MessageListener
 from pyspark_pymq.spark.sink_options import parse_sink_options
 from pyspark_pymq.spark.writer import write_partition
@@ -123,6 +125,39 @@ def test_replayed_rows_are_dropped_by_the_dedup_window(shared_broker: Any) -> No
     assert len(read_all(ep, plain)) == 1000  # at-least-once: the replay duplicated
     got = read_all(ep, dedup)
     assert sorted(m.body.decode() for m in got) == sorted(f"r{i}" for i in range(500))
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("per_row", [False, True], ids=["plain", "per-row"])
+def test_a_refused_send_fails_the_task_with_the_code_and_the_rows(
+    shared_broker: Any, mode: str, per_row: bool
+) -> None:
+    """A read-only topic: NO_PERMISSION is not retriable, so the task fails naming the rows."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    ep = shared_broker.endpoint
+    topic = unique(f"readonly-{mode}")
+    Admin(ep).create_topic(topic, queues=1, perm=PERM_READ)
+    fields = [StructField("body", StringType())] + ([StructField("tags", StringType())] if per_row else [])
+    columns = [pa.array([f"r{i}" for i in range(30)])] + ([pa.array(["t"] * 30)] if per_row else [])
+    batch = pa.record_batch(columns, names=[f.name for f in fields])
+    opts = parse_sink_options({"endpoint": ep, "topic": topic, "sendMode": mode}, StructType(fields),
+                              stream=False)
+    with pytest.raises(NoPermissionError) as info:
+        write_partition(opts, iter([batch]))
+    assert info.value.code == "NO_PERMISSION"
+    assert "rows 0..29 of partition 0" in str(info.value) and "no writable queue" in str(info.value)
+    assert Admin(ep).topic_stats(topic)["max_offset"].sum() == 0
+
+
+def test_a_write_query_with_a_refused_send_fails_naming_the_code(spark: Any, shared_broker: Any) -> None:
+    ep = shared_broker.endpoint
+    topic = unique("readonly-query")
+    Admin(ep).create_topic(topic, queues=1, perm=PERM_READ)
+    df = spark.range(10).selectExpr("CAST(id AS STRING) AS body").coalesce(1)
+    with pytest.raises(Exception) as info:
+        df.write.format("pymq").option("endpoint", ep).option("topic", topic).mode("append").save()
+    assert "[NO_PERMISSION]" in str(info.value) and "rows 0..9 of partition 0" in str(info.value)
 
 
 def test_stream_replay_from_checkpoint_adds_no_duplicates_with_dedup(

@@ -20,6 +20,7 @@ from ..errors import (
     BrokerUnavailableError,
     IllegalArgumentError,
     MessageIllegalError,
+    NoPermissionError,
     PymqError,
     RequestTimeoutError,
     SystemBusyError,
@@ -33,7 +34,7 @@ from .message import (
     encode_message_properties,
     new_uniq_keys,
 )
-from .route import RouteCache
+from .route import PERM_READ, PERM_WRITE, RouteCache
 from .transport import BrokerClient, map_rpc_error
 
 __all__ = ["DEFAULT_MAX_MESSAGE_SIZE", "Producer", "SendMode"]
@@ -323,16 +324,21 @@ class Producer:
 
     def queue_for_key(self, topic: str, sharding_key: str) -> int:
         """The queue id a sharding key maps to (MessageQueueSelector by hash)."""
-        queues = self._routes.get(topic).publish_queues
-        if not queues:
-            raise IllegalArgumentError(f"topic {topic!r} has no writable queue")
+        queues = self._publish_queues(topic)
         return queues[zlib.crc32(sharding_key.encode()) % len(queues)].queue_id
 
-    def _select_queue(self, prepared: _Prepared, last_failed: str | None) -> MessageQueue:
-        route = self._routes.get(prepared.topic)
-        queues = route.publish_queues
+    def _publish_queues(self, topic: str) -> tuple[MessageQueue, ...]:
+        queues = self._routes.get(topic).publish_queues
         if not queues:
-            raise IllegalArgumentError(f"topic {prepared.topic!r} has no writable queue")
+            # RocketMQ's broker answers NO_PERMISSION for a send to a topic without PERM_WRITE.
+            raise NoPermissionError(
+                f"topic {topic!r} has no writable queue; give it write permission "
+                f"(perm {PERM_READ | PERM_WRITE}) or send to another topic"
+            )
+        return queues
+
+    def _select_queue(self, prepared: _Prepared, last_failed: str | None) -> MessageQueue:
+        queues = self._publish_queues(prepared.topic)
         if prepared.queue_id is not None:
             for mq in queues:
                 if mq.queue_id == prepared.queue_id:
