@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import socket
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -11,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
+from broker_process import BrokerProcess
 from helpers import read_all, unique
 from pyspark_pymq import Admin, Message, MessageExt, Producer, PullConsumer
 from pyspark_pymq.client.route import PERM_READ
@@ -20,6 +26,7 @@ from pyspark_pymq.spark.sink_options import parse_sink_options
 from pyspark_pymq.spark.writer import write_partition
 
 pytestmark = pytest.mark.spark
+TASK_RETRY_JOB = Path(__file__).resolve().parent / "jobs" / "task_retry_job.py"
 
 
 def test_batch_write_sends_every_row_with_its_columns(spark: Any, shared_broker: Any) -> None:
@@ -108,6 +115,22 @@ def test_bad_columns_and_options_fail_before_any_row_is_written(spark: Any, shar
     assert read_all(ep, topic) == []
 
 
+def test_a_stream_with_a_bad_column_fails_at_start_naming_it(
+    spark: Any, shared_broker: Any, tmp_path: Path
+) -> None:
+    ep = shared_broker.endpoint
+    topic = unique("bad-stream")
+    Admin(ep).create_topic(topic, queues=1)
+    q = (spark.readStream.format("rate").option("rowsPerSecond", 50).load()
+         .selectExpr("value AS body", "CAST(value AS STRING) AS tags")
+         .writeStream.format("pymq").option("endpoint", ep).option("topic", topic)
+         .option("checkpointLocation", str(tmp_path / "ckpt")).start())
+    with pytest.raises(Exception) as info:
+        q.awaitTermination(120)
+    assert "column 'body' has type bigint" in str(info.value) and "binary or string" in str(info.value)
+    assert read_all(ep, topic) == []
+
+
 def test_replayed_rows_are_dropped_by_the_dedup_window(shared_broker: Any) -> None:
     """The same task twice (a retry or a replayed batch) sends the same UNIQ_KEYs."""
     from pyspark.sql.types import StringType, StructField, StructType
@@ -158,6 +181,26 @@ def test_a_write_query_with_a_refused_send_fails_naming_the_code(spark: Any, sha
     with pytest.raises(Exception) as info:
         df.write.format("pymq").option("endpoint", ep).option("topic", topic).mode("append").save()
     assert "[NO_PERMISSION]" in str(info.value) and "rows 0..9 of partition 0" in str(info.value)
+
+
+def test_a_retried_task_sends_the_same_keys_so_the_dedup_window_drops_them(shared_broker: Any) -> None:
+    """A real task retry (its own driver, local[2,2]): the first attempt died after 200+ rows."""
+    ep = shared_broker.endpoint
+    plain, dedup = unique("retry-nodedup"), unique("retry-dedup")
+    Admin(ep).create_topic(plain, queues=2)
+    Admin(ep).create_topic(dedup, queues=2, dedup_window_ms=600_000)
+    job = subprocess.run([sys.executable, str(TASK_RETRY_JOB), ep, plain, dedup],
+                         capture_output=True, text=True, timeout=300)
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+    expected = sorted(str(i) for i in range(1000))
+    got = read_all(ep, plain)  # at-least-once: the first attempt's rows are there twice...
+    assert len(got) >= 1200 and sorted({m.body.split(b":")[0].decode() for m in got}) == expected
+    by_key: dict[str, set[bytes]] = {}
+    for m in got:
+        by_key.setdefault(m.msg_id, set()).add(m.body)
+    assert len(by_key) == 1000 and all(len(b) == 1 for b in by_key.values())  # ...with the same keys
+    got = read_all(ep, dedup)  # so a de-duplication window stores each row once
+    assert sorted(m.body.split(b":")[0].decode() for m in got) == expected
 
 
 def test_stream_replay_from_checkpoint_adds_no_duplicates_with_dedup(
@@ -272,3 +315,189 @@ def test_listener_stream_retries_failures_and_dead_letters_poison(
     assert all(d.reconsume_times == max_times + 1 for d in dead)
     assert all("cannot handle" in d.properties["CONSUME_FAILURE_REASON"] for d in dead)
     assert {d.properties["CONSUME_FAILURE_EXCEPTION"] for d in dead} == {"ValueError"}
+
+
+def _pull_retry(ep: str, group: str, n: int) -> list[MessageExt]:
+    """The first ``n`` messages of %RETRY%<group>, waiting for their delay to pass."""
+    consumer = PullConsumer(ep, group)
+    retry_mq = consumer.retry_queues()[0]
+    got: list[MessageExt] = []
+    deadline = time.monotonic() + 30
+    while len(got) < n and time.monotonic() < deadline:
+        got = consumer.pull(retry_mq, 0, 1000, suspend_timeout_ms=200).messages
+    return got
+
+
+def test_stream_reconsume_later_keeps_the_query_and_batch_of_each_failure(
+    spark: Any, shared_broker: Any, tmp_path: Path
+) -> None:
+    """df.writeStream with action=reconsumeLater: the dead letter can say which query and batch failed it."""
+    ep = shared_broker.endpoint
+    topic, group = unique("sback"), unique("sbg")
+    Admin(ep).create_topic(topic, queues=2)
+    Producer(ep).send_batch([Message(topic, f"m{i}") for i in range(40)])
+    failed = (spark.readStream.format("pymq").option("endpoint", ep).option("topic", topic)
+              .option("consumerGroup", group).option("startingOffsets", "earliest")
+              .option("includeRetry", "false").load()
+              .where("CAST(body AS STRING) LIKE 'm1%'")  # m1, m10..m19
+              .selectExpr("*", "concat('no price in ', CAST(body AS STRING)) AS error",
+                          "'KeyError' AS error_class"))
+    q = (failed.writeStream.format("pymq").option("endpoint", ep).option("action", "reconsumeLater")
+         .option("consumerGroup", group).option("delayLevel", 1)
+         .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
+    q.awaitTermination(120)
+    assert q.exception() is None
+    batches = {str(p["batchId"]) for p in q.recentProgress if p["numInputRows"]}
+    got = _pull_retry(ep, group, 11)
+    assert sorted(m.body for m in got) == sorted([b"m1"] + [f"m1{i}".encode() for i in range(10)])
+    for m in got:
+        assert m.retry_topic == topic and m.reconsume_times == 1
+        assert m.properties["CONSUME_FAILURE_REASON"] == f"no price in {m.body.decode()}"
+        assert m.properties["CONSUME_FAILURE_EXCEPTION"] == "KeyError"
+        assert m.properties["CONSUME_FAILURE_STAGE"] == "spark-stream-sink"
+        assert m.properties["CONSUME_FAILURE_QUERY_ID"] == str(q.id)
+        assert m.properties["CONSUME_FAILURE_BATCH_ID"] in batches
+
+
+def test_listener_batches_of_messages_fail_whole_and_none_means_reconsume_later(
+    spark: Any, shared_broker: Any, tmp_path: Path
+) -> None:
+    """consumeMessageBatchMaxSize 4: one call per 4 messages; a failed call sends all 4 back."""
+    ep = shared_broker.endpoint
+    topic, group = unique("lbatch"), unique("lbg")
+    Admin(ep).create_topic(topic, queues=2)
+    Producer(ep).send_batch([Message(topic, f"m{i}") for i in range(30)])
+    log = tmp_path / "calls.log"  # the listener runs in Spark's Python workers: log to a file
+
+    def handle(msgs: list[MessageExt]) -> Any:
+        bodies = [m.body.decode() for m in msgs]
+        with log.open("a") as f:
+            f.write(" ".join(bodies) + "\n")
+        if "m5" in bodies:
+            return None  # RocketMQ: null is RECONSUME_LATER
+        if "m17" in bodies:
+            raise KeyError("m17")
+        if "m22" in bodies:
+            return ConsumeConcurrentlyStatus.RECONSUME_LATER
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    listener = MessageListener(ep, group, handle, consume_message_batch_max_size=4, delay_level=1)
+    df = spark.read.format("pymq").option("endpoint", ep).option("topic", topic).load()
+    good = {r["body"].decode() for r in listener.process(df, 7).select("body").collect()}
+    calls = [line.split() for line in log.read_text().splitlines()]
+    assert all(1 <= len(c) <= 4 for c in calls) and sum(len(c) for c in calls) == 30
+    assert sum(len(c) == 4 for c in calls) >= 6  # 2 queues of 15: at most one short call each
+    failed_calls = [c for c in calls if {"m5", "m17", "m22"} & set(c)]
+    failed = {b for c in failed_calls for b in c}
+    assert good == {f"m{i}" for i in range(30)} - failed
+    assert listener.last_stats.reconsume_later == len(failed)
+    assert listener.last_stats.consumed == 30 - len(failed)
+    back = {m.body.decode(): m for m in _pull_retry(ep, group, len(failed))}
+    assert set(back) == failed
+    reason = {b: back[b].properties["CONSUME_FAILURE_REASON"] for b in failed}
+    exc = {b: back[b].properties.get("CONSUME_FAILURE_EXCEPTION", "") for b in failed}
+    for call in failed_calls:
+        if "m5" in call:
+            assert {reason[b] for b in call} == {"listener returned None"}
+        elif "m17" in call:
+            assert {exc[b] for b in call} == {"KeyError"}
+        else:
+            assert {reason[b] for b in call} == {
+                f"listener returned {ConsumeConcurrentlyStatus.RECONSUME_LATER!r}"}
+    assert {m.properties["CONSUME_FAILURE_BATCH_ID"] for m in back.values()} == {"7"}
+
+
+def test_stream_sink_keeps_per_key_order_end_to_end(spark: Any, shared_broker: Any, tmp_path: Path) -> None:
+    """Rows of a key, in order in their Spark partition, reach the consumer in that order over batches."""
+    ep = shared_broker.endpoint
+    topic, group = unique("e2e-order"), unique("e2e-g")
+    Admin(ep).create_topic(topic, queues=4)
+    src = tmp_path / "src"
+    keys = [f"order-{k}" for k in range(8)]
+    for wave in range(3):  # one file per micro-batch; each holds the next 10 steps of every key
+        rows = [(key, wave * 10 + step) for key in keys for step in range(10)]
+        (spark.createDataFrame(rows, "key string, step int").repartition(3, "key")
+         .sortWithinPartitions("key", "step").write.parquet(str(src / f"wave={wave}")))
+    q = (spark.readStream.schema("key string, step int, wave int").option("maxFilesPerTrigger", 3)
+         .parquet(str(src))
+         .selectExpr("key AS sharding_key", "CAST(step AS STRING) AS body", "key AS keys")
+         .writeStream.format("pymq").option("endpoint", ep).option("topic", topic)
+         .option("checkpointLocation", str(tmp_path / "sink-ckpt")).trigger(availableNow=True).start())
+    q.awaitTermination(120)
+    assert q.exception() is None
+    out = tmp_path / "out"
+    r = (spark.readStream.format("pymq").option("endpoint", ep).option("topic", topic)
+         .option("consumerGroup", group).option("startingOffsets", "earliest")
+         .option("maxMessagesPerTrigger", 50).load()
+         .selectExpr("keys[0] AS key", "CAST(CAST(body AS STRING) AS INT) AS step", "queue_id",
+                     "queue_offset")
+         .writeStream.format("parquet").option("checkpointLocation", str(tmp_path / "src-ckpt"))
+         .trigger(availableNow=True).start(str(out)))
+    r.awaitTermination(120)
+    assert r.exception() is None
+    rows = ds.dataset(str(out)).to_table().to_pylist()
+    assert len(rows) == 240
+    for key in keys:
+        mine = sorted((row for row in rows if row["key"] == key), key=lambda row: row["queue_offset"])
+        assert len({row["queue_id"] for row in mine}) == 1  # one key, one queue
+        assert [row["step"] for row in mine] == list(range(30)), f"{key} out of order"
+
+
+def test_a_send_back_that_cannot_be_done_fails_the_batch_and_its_rerun_loses_nothing(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The broker dies while the listener runs: the batch fails; after a restart it runs again."""
+    with socket.socket() as s:  # the broker comes back on the same port: the endpoint stays valid
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    broker = BrokerProcess(tmp_path / "broker", ["--port", str(port), "--message-delay-level", "100ms"])
+    broker.start()
+    try:
+        ep = broker.endpoint
+        topic, group = unique("sbfail"), unique("sbfail-g")
+        Admin(ep).create_topic(topic, queues=1)
+        Producer(ep).send_batch([Message(topic, str(i)) for i in range(40)])
+        poison = {i for i in range(40) if i % 10 == 3}
+        killed, pid, out = tmp_path / "killed", broker.pid, tmp_path / "out"
+
+        def handle(msgs: list[MessageExt]) -> ConsumeConcurrentlyStatus:
+            i = int(msgs[0].body)
+            if i in poison:
+                if not killed.exists():  # the first failure: the broker goes before it is sent back
+                    killed.touch()
+                    os.kill(pid, signal.SIGKILL)
+                raise ValueError(f"cannot handle {i}")
+            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+        listener = MessageListener(ep, group, handle, max_reconsume_times=2, delay_level=1)
+
+        def each_batch(df: Any, batch_id: int) -> None:
+            listener.process(df, batch_id).select("body").write.mode("append").parquet(str(out))
+
+        def start() -> Any:
+            return (spark.readStream.format("pymq").option("endpoint", ep).option("topic", topic)
+                    .option("consumerGroup", group).option("startingOffsets", "earliest").load()
+                    .writeStream.foreachBatch(each_batch)
+                    .option("checkpointLocation", str(tmp_path / "ckpt"))
+                    .trigger(processingTime="200 milliseconds").start())
+
+        q = start()
+        with pytest.raises(Exception) as info:  # the batch whose send back failed fails the query
+            q.awaitTermination(120)
+        assert "could not send" in str(info.value) and f"%RETRY%{group}" in str(info.value)
+        assert not out.exists() or ds.dataset(str(out)).count_rows() == 0  # nothing of the failed batch
+        broker.start()
+        q = start()  # from the checkpoint: the failed batch runs again
+        admin = Admin(ep)
+        deadline = time.monotonic() + 120
+        try:
+            while len(admin.dead_letter_messages(group)) < len(poison) and time.monotonic() < deadline:
+                assert q.isActive, f"query stopped: {q.exception()}"
+                time.sleep(0.3)
+        finally:
+            q.stop()
+        bodies = Counter(int(r["body"]) for r in ds.dataset(str(out)).to_table().to_pylist())
+        assert set(bodies) == set(range(40)) - poison and max(bodies.values()) == 1
+        assert sorted(int(d.body) for d in admin.dead_letter_messages(group)) == sorted(poison)
+    finally:
+        broker.stop()

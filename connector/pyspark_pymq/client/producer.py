@@ -82,7 +82,8 @@ class Producer:
             ``concurrent.futures.Future``; at most ``max_in_flight`` unanswered
             sends, further sends wait; retried ``retry_times_when_send_async_failed``
             times, 0 by default as in RocketMQ) or ``"oneway"`` (no answer is
-            awaited: **messages may be lost**).
+            awaited: **messages may be lost**; after :meth:`flush`,
+            ``oneway_unacknowledged`` counts those whose send failed).
         producer_group: RocketMQ's producer group, kept as PGROUP.
         send_msg_timeout_ms: per request, 3000 as in RocketMQ.
         max_message_size: 4 MiB; a larger message fails before it is sent.
@@ -133,6 +134,8 @@ class Producer:
         self._pending: set[Future[Any]] = set()
         self._pending_lock = threading.Lock()
         self._closed = False
+        # oneway: messages whose send failed (nobody waits for them; the count is all that is kept)
+        self.oneway_unacknowledged = 0
 
     # -- public API -------------------------------------------------------------
 
@@ -387,14 +390,16 @@ class Producer:
         last_failed: str | None = None
         last_error: PymqError | None = None
         for _ in range(attempts):
-            mq = self._select_queue(prepared, last_failed)
-            client = self._routes.client(mq.topic, mq.broker_name)
-            try:
+            mq: MessageQueue | None = None
+            try:  # the route look-up is part of the try: a broker that is slow to answer it is retried too
+                mq = self._select_queue(prepared, last_failed)
+                client = self._routes.client(mq.topic, mq.broker_name)
                 resp = client.call(self.SEND_RPC, self._request(prepared, mq, batch))
             except RETRYABLE as err:
-                self._fault.update(mq.broker_name, True)
-                last_failed, last_error = mq.broker_name, err
-                self._routes.invalidate(prepared.topic)
+                if mq is not None:
+                    self._fault.update(mq.broker_name, True)
+                    last_failed = mq.broker_name
+                last_error = err
                 continue
             self._fault.update(mq.broker_name, False)
             return self._result(prepared, mq, resp)
@@ -411,10 +416,12 @@ class Producer:
         with self._pending_lock:
             self._pending.add(outer)
 
-        def finish(set_outcome: Callable[[], None]) -> None:
+        def finish(set_outcome: Callable[[], None], failed: bool = False) -> None:
             self._in_flight.release()
             with self._pending_lock:
                 self._pending.discard(outer)
+                if failed and oneway:
+                    self.oneway_unacknowledged += len(prepared.sizes)
             set_outcome()
 
         def attempt(left: int, last_failed: str | None) -> None:
@@ -422,9 +429,12 @@ class Producer:
                 mq = self._select_queue(prepared, last_failed)
                 client = self._routes.client(mq.topic, mq.broker_name)
                 call = client.call_future(self.SEND_RPC, self._request(prepared, mq, batch))
-            except BaseException as err:  # route look-up failed: report on the future
+            except BaseException as err:  # route look-up failed: retried as a send, else on the future
+                if left > 0 and isinstance(err, RETRYABLE):
+                    attempt(left - 1, last_failed)
+                    return
                 failure = err
-                finish(lambda: outer.set_exception(failure))
+                finish(lambda: outer.set_exception(failure), failed=True)
                 return
 
             def done(f: Any) -> None:
@@ -436,7 +446,7 @@ class Producer:
                     if left > 0 and isinstance(err, RETRYABLE):
                         attempt(left - 1, mq.broker_name)
                         return
-                    finish(lambda: outer.set_exception(err))
+                    finish(lambda: outer.set_exception(err), failed=True)
                     return
                 self._fault.update(mq.broker_name, False)
                 result = self._result(prepared, mq, resp)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pymq_proto.v1 import pymq_pb2
 
+from ..errors import BrokerUnavailableError, RequestTimeoutError
 from .message import MessageQueue
 from .transport import BrokerClient
 
@@ -44,7 +45,13 @@ class TopicRoute:
 
 
 class RouteCache:
-    """Routes by topic, refreshed after ROUTE_TTL_S or on demand."""
+    """Routes by topic, refreshed after ROUTE_TTL_S.
+
+    As RocketMQ's client keeps its last topic route when the name server does
+    not answer, a refresh that fails with a transient error (the broker is
+    unreachable or slow) keeps serving the route it had: a send can then
+    still be retried, and fault avoidance decides where it goes.
+    """
 
     def __init__(self, bootstrap: BrokerClient) -> None:
         self.bootstrap = bootstrap
@@ -57,7 +64,12 @@ class RouteCache:
         hit = self._routes.get(topic)
         if hit is not None and not refresh and now - hit[0] < ROUTE_TTL_S:
             return hit[1]
-        data = self.bootstrap.call("QueryRoute", pymq_pb2.QueryRouteRequest(topic=topic))
+        try:
+            data = self.bootstrap.call("QueryRoute", pymq_pb2.QueryRouteRequest(topic=topic))
+        except (BrokerUnavailableError, RequestTimeoutError):
+            if hit is None:
+                raise
+            return hit[1]
         route = TopicRoute.from_proto(data)
         with self._lock:
             self._routes[topic] = (now, route)
@@ -77,7 +89,3 @@ class RouteCache:
         with self._lock:
             self._clients[broker_name] = client
         return client
-
-    def invalidate(self, topic: str) -> None:
-        with self._lock:
-            self._routes.pop(topic, None)

@@ -53,11 +53,15 @@ assert _HEADER_DTYPE.itemsize == HEADER.size
 
 @dataclass
 class SinkCommitMessage(WriterCommitMessage):
-    """What one task wrote: ``rows`` sent (or sent back), ``dead_letters`` among them."""
+    """What one task wrote: ``rows`` sent (or sent back), ``dead_letters`` among them.
+
+    ``unacknowledged``: oneway rows whose send failed (oneway does not fail the task).
+    """
 
     partition_id: int
     rows: int
     dead_letters: int = 0
+    unacknowledged: int = 0
     fallbacks: int = 0
     transaction: str | None = None  # exactly-once: the task's half messages are <transaction><row:016X>
     query_id: str = ""
@@ -223,8 +227,13 @@ def _send_rows(
             row += 1
     for dest, p in list(pending.items()):
         flush(dest, p)
+    lost = 0
     if opts.send_mode == "oneway":
-        producer.flush()  # answers are not checked, but nothing is left unsent
+        producer.flush()  # answers do not fail the task, but nothing is left unsent
+        lost = producer.oneway_unacknowledged
+        if lost:
+            log.warning("sendMode=oneway: %d of %d row(s) of %s were not acknowledged and may be lost "
+                        "(use sync or async to fail the task instead)", lost, row, where)
     for first, last, fut in futures:
         try:
             fut.result()
@@ -232,7 +241,7 @@ def _send_rows(
             raise type(err)(
                 f"async send of rows {first}..{last} of {where} failed: {err.remark}", code=err.code
             ) from err
-    return SinkCommitMessage(ids.partition_id, row)
+    return SinkCommitMessage(ids.partition_id, row, unacknowledged=lost)
 
 
 _HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
@@ -378,9 +387,11 @@ def write_partition(opts: SinkOptions, batches: Iterator[pa.RecordBatch]) -> Sin
 
 
 def _summary(messages: list[WriterCommitMessage | None]) -> str:
-    rows = sum(m.rows for m in messages if isinstance(m, SinkCommitMessage))
-    dead = sum(m.dead_letters for m in messages if isinstance(m, SinkCommitMessage))
-    return f"{rows} row(s) from {len(messages)} task(s), {dead} to the DLQ"
+    done = [m for m in messages if isinstance(m, SinkCommitMessage)]
+    text = (f"{sum(m.rows for m in done)} row(s) from {len(messages)} task(s), "
+            f"{sum(m.dead_letters for m in done)} to the DLQ")
+    lost = sum(m.unacknowledged for m in done)
+    return f"{text}, {lost} oneway row(s) not acknowledged" if lost else text
 
 
 class PymqSinkWriter(DataSourceArrowWriter):

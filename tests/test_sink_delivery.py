@@ -1,0 +1,157 @@
+"""What each send mode promises when the broker misbehaves, and how send backs hold a task.
+
+The broker is a real process: SIGSTOP pauses it (requests time out, then are
+answered once it resumes), SIGKILL takes it away. The sink's executor loop
+(``write_partition``) is called directly, as a Spark task would.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from broker_process import BrokerProcess
+from helpers import read_all, unique
+from pyspark_pymq import Admin, Message, Producer
+from pyspark_pymq.client.message import MessageQueue
+from pyspark_pymq.client.route import TopicRoute
+from pyspark_pymq.errors import BrokerUnavailableError, RequestTimeoutError
+from pyspark_pymq.spark import rows as rows_module
+from pyspark_pymq.spark.rows import SEND_BACK_ATTEMPTS, send_back_acknowledged
+from pyspark_pymq.spark.sink_options import SinkOptions, parse_sink_options
+from pyspark_pymq.spark.writer import write_partition
+
+
+def _options(endpoint: str, topic: str, **options: str) -> SinkOptions:
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    schema = StructType([StructField("body", StringType())])
+    return parse_sink_options({"endpoint": endpoint, "topic": topic, **options}, schema, stream=False)
+
+
+def _rows(n: int) -> Iterator[pa.RecordBatch]:
+    return iter([pa.record_batch([pa.array([f"r{i}" for i in range(n)])], names=["body"])])
+
+
+@contextmanager
+def paused(broker: BrokerProcess, seconds: float) -> Iterator[None]:
+    """The broker stops answering (SIGSTOP) for ``seconds``, then answers what it was sent."""
+    os.kill(broker.pid, signal.SIGSTOP)
+    timer = threading.Timer(seconds, os.kill, (broker.pid, signal.SIGCONT))
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.join()
+
+
+def test_sync_retries_a_send_the_paused_broker_did_not_answer(broker: BrokerProcess) -> None:
+    """Every try times out after 1 s; the broker is back after 1.5 s: a later try is acknowledged."""
+    topic = unique("sync-pause")
+    Admin(broker.endpoint).create_topic(topic, queues=2, dedup_window_ms=60_000)
+    opts = _options(broker.endpoint, topic, sendMsgTimeoutMs="1000")
+    with paused(broker, 1.5):
+        started = time.monotonic()
+        done = write_partition(opts, _rows(200))
+    assert time.monotonic() - started > 1.0  # the first try really timed out
+    assert done.rows == 200
+    got = read_all(broker.endpoint, topic)  # the timed-out try may have been stored too: dropped
+    assert sorted(m.body.decode() for m in got) == sorted(f"r{i}" for i in range(200))
+
+
+def test_sync_without_retries_and_async_by_default_fail_the_task_naming_the_rows(
+    broker: BrokerProcess,
+) -> None:
+    """RocketMQ does not retry async sends (retryTimesWhenSendAsyncFailed 0): the task fails."""
+    topic = unique("no-retry")
+    Admin(broker.endpoint).create_topic(topic, queues=1)
+    for options, what in (
+        ({"sendMode": "sync", "retryTimesWhenSendFailed": "0"}, "sending rows 0..49 of partition 0"),
+        ({"sendMode": "async"}, "async send of rows 0..49 of partition 0"),
+    ):
+        opts = _options(broker.endpoint, topic, sendMsgTimeoutMs="500", **options)
+        with paused(broker, 1.0), pytest.raises(RequestTimeoutError) as info:
+            write_partition(opts, _rows(50))
+        assert info.value.code == "REQUEST_TIMEOUT" and what in str(info.value), options
+
+
+def test_async_with_retries_delivers_through_a_paused_broker(broker: BrokerProcess) -> None:
+    topic = unique("async-pause")
+    Admin(broker.endpoint).create_topic(topic, queues=2, dedup_window_ms=60_000)
+    opts = _options(broker.endpoint, topic, sendMode="async", retryTimesWhenSendAsyncFailed="2",
+                    sendMsgTimeoutMs="1000", maxBatchBytes="4096")
+    with paused(broker, 1.5):
+        done = write_partition(opts, _rows(300))
+    assert done.rows == 300
+    assert sorted(m.body.decode() for m in read_all(broker.endpoint, topic)) == sorted(
+        f"r{i}" for i in range(300))
+
+
+def test_oneway_does_not_fail_the_task_but_counts_what_was_not_acknowledged(
+    broker: BrokerProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    """oneway is lossy by contract: a dead broker loses the rows; the log says how many."""
+    topic = unique("oneway-dead")
+    Admin(broker.endpoint).create_topic(topic, queues=1)
+    opts = _options(broker.endpoint, topic, sendMode="oneway", maxBatchBytes="4096",
+                    sendMsgTimeoutMs="500")
+    broker.kill()
+    with caplog.at_level(logging.WARNING, logger="pyspark_pymq.spark.writer"):
+        done = write_partition(opts, _rows(100))
+    assert done.rows == 100 and done.unacknowledged == 100
+    assert "100 of 100 row(s) of partition 0" in caplog.text and "oneway" in caplog.text
+    broker.start()
+    Admin(broker.endpoint).create_topic(topic, queues=1, update_if_exists=True)
+    assert read_all(broker.endpoint, topic) == []  # lost, as oneway allows
+
+
+def test_sync_retry_avoids_the_broker_that_just_failed() -> None:
+    """Fault avoidance: the retry goes to another broker's queue, and new sends avoid the failed one."""
+    producer = Producer("127.0.0.1:1")  # never called: the route is given
+    queues = tuple(MessageQueue("t", b, q) for b in ("broker-a", "broker-b") for q in range(2))
+    route = TopicRoute("t", queues, queues, {"broker-a": "127.0.0.1:1", "broker-b": "127.0.0.1:2"})
+    producer._routes._routes["t"] = (time.monotonic(), route)
+    prepared = producer._prepare([Message("t", b"x")])
+    for _ in range(8):
+        assert producer._select_queue(prepared, "broker-a").broker_name == "broker-b"
+    producer._fault.update("broker-b", True)
+    picks = {producer._select_queue(prepared, None).broker_name for _ in range(8)}
+    assert picks == {"broker-a"}
+    producer._fault.update("broker-b", False)
+    picks = {producer._select_queue(prepared, None).broker_name for _ in range(8)}
+    assert picks == {"broker-a", "broker-b"}
+
+
+def test_send_backs_are_retried_until_acknowledged_then_fail_the_task(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A micro-batch does not complete before its send backs are acknowledged."""
+    monkeypatch.setattr(rows_module.time, "sleep", lambda s: None)
+    calls: list[int] = []
+
+    def flaky() -> list[Any]:
+        calls.append(1)
+        if len(calls) < 3:
+            raise BrokerUnavailableError("broker at x is unavailable")
+        return ["acknowledged"]
+
+    assert send_back_acknowledged(flaky, "3 row(s)") == ["acknowledged"] and len(calls) == 3
+
+    def down() -> list[Any]:
+        calls.append(1)
+        raise BrokerUnavailableError("broker at x is unavailable")
+
+    calls.clear()
+    with pytest.raises(BrokerUnavailableError) as info:
+        send_back_acknowledged(down, "3 row(s) of partition 1")
+    assert len(calls) == SEND_BACK_ATTEMPTS
+    assert "could not send 3 row(s) of partition 1 back" in str(info.value)
+    assert "Spark runs it again" in str(info.value) and info.value.code == "SERVICE_NOT_AVAILABLE"
