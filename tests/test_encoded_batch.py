@@ -195,6 +195,19 @@ def test_encoded_batches_keep_tags_keys_dedup_and_recover(tmp_path: Path) -> Non
         assert everything[3].keys == ("k3", "all") and everything[3].msg_id == keys[3]
 
 
+def test_row_keys_are_the_row_indexes_in_hex_made_when_read() -> None:
+    from pyspark_pymq.client.message import RowKeys
+
+    keys = RowKeys("P", 14, 18)
+    assert list(keys) == ["P000000000000000E", "P000000000000000F", "P0000000000000010", "P0000000000000011"]
+    assert len(keys) == 4 and keys[0] == "P000000000000000E" and keys[-1] == "P0000000000000011"
+    assert keys[1:3] == ("P000000000000000F", "P0000000000000010") and isinstance(keys[1:3], RowKeys)
+    assert keys[::2] == ("P000000000000000E", "P0000000000000010") and keys[5:] == ()
+    assert keys == tuple(keys) and hash(keys) == hash(tuple(keys)) and keys != RowKeys("Q", 14, 18)
+    with pytest.raises(IndexError, match="row key 4 is out of range for 4 keys"):
+        keys[4]
+
+
 def test_header_template_matches_record_layout() -> None:
     raw, sizes = encode_records("t", [b"abc"], [b"UNIQ_KEY\x01K\x02"], born_timestamp=5)
     h = HEADER.unpack_from(raw)
@@ -211,7 +224,7 @@ def test_spark_plain_batches_are_encoded_as_the_per_row_path_would() -> None:
     encoded = encode_plain_batch(batch, "top", prefix, 7, "here", 1000)
     assert encoded is not None
     records, sizes, keys = encoded
-    assert keys == [f"{prefix}{row:016X}" for row in range(7, 11)]
+    assert list(keys) == [f"{prefix}{row:016X}" for row in range(7, 11)]
     props = [_encode_properties(None, t, None, None, None, k) for t, k in zip(tags, keys, strict=True)]
     expected, expected_sizes = encode_records("top", [b.encode() for b in bodies], props)
     assert records == expected and list(sizes) == list(expected_sizes)

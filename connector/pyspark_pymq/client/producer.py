@@ -29,6 +29,7 @@ from .codec import encode_records, uniq_first
 from .message import (
     Message,
     MessageQueue,
+    RowKeys,
     SendResult,
     SendStatus,
     encode_message_properties,
@@ -218,7 +219,8 @@ class Producer:
             )
         if not len(size_arr):
             return []
-        prepared = _Prepared(topic, sharding_key, records, size_arr, list(uniq_keys), queue_id)
+        keys = uniq_keys if isinstance(uniq_keys, RowKeys) else list(uniq_keys)
+        prepared = _Prepared(topic, sharding_key, records, size_arr, keys, queue_id)
         return self._send_prepared(prepared)
 
     def _send_prepared(self, whole: _Prepared) -> list[Any]:
@@ -380,7 +382,8 @@ class Producer:
             status=_STATUS.get(resp.status, SendStatus.SEND_OK),
             message_queue=MessageQueue(mq.topic, mq.broker_name, resp.queue_id),
             queue_offset=resp.queue_offset,
-            msg_ids=tuple(prepared.uniq_keys),
+            msg_ids=prepared.uniq_keys[:] if isinstance(prepared.uniq_keys, RowKeys)
+            else tuple(prepared.uniq_keys),
             commit_log_offsets=tuple(resp.commit_log_offsets),
             store_host=host,
         )
@@ -471,7 +474,7 @@ class _Prepared:
 
     def __init__(
         self, topic: str, sharding_key: str | None, records: bytes, sizes: npt.NDArray[np.int32],
-        uniq_keys: list[str], queue_id: int | None = None,
+        uniq_keys: list[str] | RowKeys, queue_id: int | None = None,
     ) -> None:
         self.topic = topic
         self.sharding_key = sharding_key

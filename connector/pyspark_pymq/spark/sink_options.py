@@ -28,6 +28,10 @@ __all__ = ["ACTIONS", "DELIVERY_GUARANTEES", "SINK_OPTION_NAMES", "SinkOptions",
 ACTIONS = ("send", "reconsumeLater")
 DELIVERY_GUARANTEES = ("at-least-once", "exactly-once")
 DEFAULT_PRODUCER_GROUP = "PYMQ_SPARK_SINK"
+# Each request of the sink is a batch of up to maxBatchBytes (4 MiB), not one message: a
+# few in flight keep the broker busy, while 64 (the client's default) held ~200 MB per task
+# and were ~30% slower (BENCHMARKS.md), with the last requests near sendMsgTimeoutMs.
+DEFAULT_MAX_IN_FLIGHT = 4
 
 _SINK_OPTIONS = (
     "endpoint", "topic", "action", "sendMode", "producerGroup", "retryTimesWhenSendFailed",
@@ -199,7 +203,7 @@ def parse_sink_options(raw_options: Mapping[str, str], schema: StructType, *, st
         retry_times_when_send_failed=_int(raw, "retryTimesWhenSendFailed", 2, 0, 16),
         retry_times_when_send_async_failed=_int(raw, "retryTimesWhenSendAsyncFailed", 0, 0, 16),
         send_msg_timeout_ms=_int(raw, "sendMsgTimeoutMs", 3000, 1),
-        max_in_flight=_int(raw, "maxInFlight", 64, 1, 4096),
+        max_in_flight=_int(raw, "maxInFlight", DEFAULT_MAX_IN_FLIGHT, 1, 4096),
         max_batch_bytes=_int(raw, "maxBatchBytes", DEFAULT_MAX_MESSAGE_SIZE, 1024, DEFAULT_MAX_MESSAGE_SIZE),
         consumer_group=group,
         max_reconsume_times=None if not max_reconsume else _int(raw, "maxReconsumeTimes", 16, 1),

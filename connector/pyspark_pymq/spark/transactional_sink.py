@@ -46,7 +46,7 @@ from pymq_proto.record import MessageConst as MC
 from pymq_proto.record import encode_properties
 from pyspark.sql.datasource import WriterCommitMessage
 
-from ..client.message import MessageExt
+from ..client.message import MessageExt, RowKeys
 from ..client.transaction import HalfMessageProducer, LocalTransactionState, TransactionProducer
 from .sink_options import SinkOptions
 from .writer import PymqStreamSinkWriter, SinkCommitMessage, _send_rows, _summary, _task_ids
@@ -65,8 +65,9 @@ MARKERS_TO_RETAIN = 100  # like spark.sql.streaming.minBatchesToRetain
 CRASH_AT_ENV = "PYMQ_SINK_CRASH_AT"
 
 
-def msg_ids(transaction: str, rows: int) -> list[str]:
-    return [f"{transaction}{row:016X}" for row in range(rows)]
+def msg_ids(transaction: str, rows: int) -> RowKeys:
+    """The msgIds of a task's half messages (its rows, keyed under its transaction)."""
+    return RowKeys(transaction, 0, rows)
 
 
 @dataclass(frozen=True)

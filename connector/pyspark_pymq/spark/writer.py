@@ -38,6 +38,7 @@ from pyspark.sql.datasource import (
 )
 
 from ..client.consumer import PullConsumer
+from ..client.message import RowKeys
 from ..client.producer import Producer
 from ..errors import PymqError
 from .rows import column, rows_as_messages, send_back_acknowledged, send_back_columns
@@ -169,10 +170,10 @@ def _send_rows(
         plain = encode_plain_batch(batch, opts.topic, prefix, row, where, opts.max_batch_bytes,
                                    extra_properties)
         if plain is not None and opts.topic:
-            records, sizes, keys = plain
+            records, sizes, row_keys = plain
             first = row
             try:
-                results = producer.send_records(opts.topic, records, sizes, keys)
+                results = producer.send_records(opts.topic, records, sizes, row_keys)
             except PymqError as err:
                 raise type(err)(
                     f"sending rows {first}..{first + n - 1} of {where} to {opts.topic!r} failed: "
@@ -269,7 +270,7 @@ def _fixed_width(mat: npt.NDArray[np.uint8]) -> pa.Array:
 def encode_plain_batch(
     batch: pa.RecordBatch, topic: str | None, prefix: str, first_row: int, where: str, max_body: int,
     extra_properties: bytes = b"",
-) -> tuple[bytes, npt.NDArray[np.int32], list[str]] | None:
+) -> tuple[bytes, npt.NDArray[np.int32], RowKeys] | None:
     """Record images of a whole Arrow batch at once, or None when rows need the per-row path.
 
     The usual bulk write: rows to the ``topic`` option, round robin, with a body and
@@ -293,13 +294,10 @@ def encode_plain_batch(
         return None
     # UNIQ_KEY = the task's prefix + the row index as 16 hex digits, as the per-row path
     rows = np.arange(first_row, first_row + n, dtype=np.uint64)
-    digits = _HEX[((rows[:, None] >> _SHIFTS) & np.uint64(15)).astype(np.intp)]
-    key_mat = np.empty((n, 32), dtype=np.uint8)
-    key_mat[:, :16] = np.frombuffer(prefix.encode(), dtype=np.uint8)
-    key_mat[:, 16:] = digits
-    uniq = np.empty((n, len(_UNIQ) + 33), dtype=np.uint8)
-    uniq[:, : len(_UNIQ)] = np.frombuffer(_UNIQ, dtype=np.uint8)
-    uniq[:, len(_UNIQ) : -1] = key_mat
+    key_head = _UNIQ + prefix.encode()
+    uniq = np.empty((n, len(key_head) + 17), dtype=np.uint8)
+    uniq[:, : len(key_head)] = np.frombuffer(key_head, dtype=np.uint8)
+    uniq[:, len(key_head) : -1] = _HEX[((rows[:, None] >> _SHIFTS) & np.uint64(15)).astype(np.intp)]
     uniq[:, -1] = 2
     plens = np.full(n, uniq.shape[1], dtype=np.int64)
     parts: list[pa.Array | pa.Scalar] = [_fixed_width(uniq)]
@@ -340,9 +338,7 @@ def encode_plain_batch(
     )
     offsets = np.frombuffer(joined.buffers()[1], dtype=np.int32)[joined.offset : joined.offset + n + 1]
     records = joined.buffers()[2].to_pybytes()[int(offsets[0]) : int(offsets[-1])]
-    text = key_mat.tobytes().decode()
-    keys = [prefix + text[i + 16 : i + 32] for i in range(0, 32 * n, 32)]
-    return records, sizes.astype(np.int32), keys
+    return records, sizes.astype(np.int32), RowKeys(prefix, first_row, first_row + n)
 
 
 def _one(row: int, body: bytes, encoded: bytes, uniq: str) -> _Pending:
