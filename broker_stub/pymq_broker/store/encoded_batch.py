@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
+from numpy.lib.stride_tricks import sliding_window_view
 from pymq_proto.record import HEADER as _HEADER
 from pymq_proto.record import HEADER_SIZE, MAX_PROPERTIES_SIZE, MESSAGE_MAGIC_CODE, find_property
 
@@ -37,9 +38,6 @@ assert HEADER_DTYPE.itemsize == HEADER_SIZE
 
 UNIQ_PREFIX = b"UNIQ_KEY\x01"
 MAX_UNIQ_KEY = 128  # RocketMQ's are 32 hex digits; the bound keeps the search vectorized
-_AR_HEADER = np.arange(HEADER_SIZE, dtype=np.int64)
-_AR_PREFIX = np.arange(len(UNIQ_PREFIX), dtype=np.int64)
-_AR_UNIQ = np.arange(MAX_UNIQ_KEY + 1, dtype=np.int64)
 _U16 = struct.Struct("<H")
 _NO_HOST = bytes(8)
 
@@ -192,8 +190,9 @@ class EncodedRecords:
         return body, int(self.headers["flag"][i]), self.properties(i)
 
 
-def _gather(arr: npt.NDArray[np.uint8], starts: I64, width: npt.NDArray[np.int64]) -> npt.NDArray[np.uint8]:
-    out: npt.NDArray[np.uint8] = arr[starts[:, None] + width]
+def _gather(arr: npt.NDArray[np.uint8], starts: I64, width: int) -> npt.NDArray[np.uint8]:
+    """``width`` bytes from each of ``starts``, as rows (no index array of n x width positions)."""
+    out: npt.NDArray[np.uint8] = sliding_window_view(arr, width)[starts]
     return out
 
 
@@ -248,17 +247,18 @@ def parse_encoded(
             f"encoded batch: sizes must be packed little-endian int32 values, one per record; "
             f"got {len(sizes_raw)} bytes"
         )
-    n = len(sizes_raw) // 4
-    sizes_list = list(struct.unpack(f"<{n}i", sizes_raw))
+    sizes = np.frombuffer(sizes_raw, dtype="<i4").astype(np.int64)
+    n = len(sizes)
     topic_b = topic.encode()
     min_size = HEADER_SIZE + 2 + len(topic_b) + 2 + len(UNIQ_PREFIX) + 2
-    small = next((i for i, s in enumerate(sizes_list) if s < min_size), None)
-    if small is not None:
+    too_small = np.flatnonzero(sizes < min_size)
+    if len(too_small):
+        small = int(too_small[0])
         raise ValueError(
-            f"encoded batch: sizes[{small}] = {sizes_list[small]} is below the smallest possible record "
+            f"encoded batch: sizes[{small}] = {int(sizes[small])} is below the smallest possible record "
             f"of {min_size} bytes for topic {topic!r}"
         )
-    total = sum(sizes_list)
+    total = int(sizes.sum())
     if total != len(records):
         raise ValueError(
             f"encoded batch: the {n} sizes add up to {total} bytes but records holds "
@@ -266,8 +266,8 @@ def parse_encoded(
         )
     buf = bytearray(records)
     if use_scalar(n, scalar):
-        return _parse_scalar(buf, sizes_list, topic, min_size)
-    return _parse_vector(buf, np.array(sizes_list, dtype=np.int64), topic, min_size)
+        return _parse_scalar(buf, sizes.tolist(), topic, min_size)
+    return _parse_vector(buf, sizes, topic, min_size)
 
 
 def _parse_scalar(buf: bytearray, sizes: list[int], topic: str, min_size: int) -> EncodedRecords:
@@ -322,7 +322,7 @@ def _parse_vector(buf: bytearray, sizes: I64, topic: str, min_size: int) -> Enco
     np.cumsum(sizes[:-1], out=offsets[1:])
     ends = offsets + sizes
     arr = np.frombuffer(buf, dtype=np.uint8)
-    headers = _gather(arr, offsets, _AR_HEADER).view(HEADER_DTYPE).reshape(n)
+    headers = _gather(arr, offsets, HEADER_SIZE).view(HEADER_DTYPE).reshape(n)
 
     def fail(mask: npt.NDArray[np.bool_], what: str) -> None:
         bad = np.flatnonzero(mask)
@@ -341,28 +341,23 @@ def _parse_vector(buf: bytearray, sizes: I64, topic: str, min_size: int) -> Enco
     t = offsets + HEADER_SIZE + body_lens
     fail(_u16_at(arr, t) != len(topic_b), _BAD_TOPIC_LEN)
     if topic_b:
-        topics = _gather(arr, t + 2, np.arange(len(topic_b), dtype=np.int64))
+        topics = _gather(arr, t + 2, len(topic_b))
         fail((topics != np.frombuffer(topic_b, dtype=np.uint8)).any(axis=1), _BAD_TOPIC)
     p = t + 2 + len(topic_b)
     plen = _u16_at(arr, p)
     fail(p + 2 + plen != ends, _BAD_LENGTHS)
     fail(plen > MAX_PROPERTIES_SIZE, _BAD_PROPS_SIZE)
     props_start = p + 2
-    prefix = _gather(arr, props_start, _AR_PREFIX)
+    prefix = _gather(arr, props_start, len(UNIQ_PREFIX))
     fail((prefix != np.frombuffer(UNIQ_PREFIX, dtype=np.uint8)).any(axis=1), _NO_UNIQ_FIRST)
     uniq_start = props_start + len(UNIQ_PREFIX)
-    # the end of each UNIQ_KEY: first in a window that fits the usual 32 digits, then a wide one
-    uniq_end = np.empty(n, dtype=np.int64)
-    todo = np.arange(n)
-    for width in (_AR_UNIQ[:33], _AR_UNIQ):
-        window = np.minimum(uniq_start[todo, None] + width, len(arr) - 1)
-        stops = (arr[window] == 2) & (window < ends[todo, None])
-        found = stops.any(axis=1)
-        uniq_end[todo] = uniq_start[todo] + stops.argmax(axis=1)
-        todo = todo[~found]
-        if not len(todo):
-            break
-    fail(np.isin(np.arange(n), todo), _UNIQ_NOT_ENDED)
+    # the end of each UNIQ_KEY: the first separator from its start on, if within its bounds
+    stops = np.flatnonzero(arr == 2)
+    if not len(stops):
+        stops = np.array([len(arr)], dtype=np.int64)
+    uniq_end = stops[np.minimum(np.searchsorted(stops, uniq_start), len(stops) - 1)]
+    fail((uniq_end < uniq_start) | (uniq_end >= np.minimum(uniq_start + MAX_UNIQ_KEY + 1, ends)),
+         _UNIQ_NOT_ENDED)
     fail(uniq_end == uniq_start, _UNIQ_EMPTY)
     plain = bool((uniq_end + 1 == ends).all())
     return EncodedRecords(buf, offsets, sizes, headers, props_start, ends, uniq_start, uniq_end, plain)
