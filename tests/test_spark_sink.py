@@ -239,12 +239,7 @@ def test_reconsume_later_sends_rows_back_with_their_error(spark: Any, shared_bro
             .selectExpr("*", "'bad payload' AS error", "'ValueError' AS error_class"))
     (rows.write.format("pymq").option("endpoint", ep).option("action", "reconsumeLater")
      .option("consumerGroup", group).option("delayLevel", 1).mode("append").save())
-    consumer = PullConsumer(ep, group)
-    retry_mq = consumer.retry_queues()[0]
-    got: list[MessageExt] = []
-    deadline = time.monotonic() + 15
-    while len(got) < 20 and time.monotonic() < deadline:
-        got = consumer.pull(retry_mq, 0, 100, suspend_timeout_ms=200).messages
+    got = _pull_retry(ep, group, 20)
     assert sorted(m.body for m in got) == sorted(f"m{i}".encode() for i in range(20))
     m = got[0]
     assert m.retry_topic == topic and m.reconsume_times == 1
