@@ -3,11 +3,14 @@
 
 The same query written to Spark's ``noop`` sink in the same run is the ceiling
 (what Spark itself costs to produce the rows); each figure is also given as a
-ratio of it. The broker runs as a separate process on loopback.
+ratio of it. A Python data source that discards its rows (``null_sink.py``) shows
+what handing the rows to a Python writer costs before anything is sent. The
+broker runs as a separate process on loopback.
 
     python benchmarks/bench_sink.py            # 1,000,000 rows of 200 B
     python benchmarks/bench_sink.py --quick    # 200,000 rows
     python benchmarks/bench_sink.py --modes async --repeats 3
+    python benchmarks/bench_sink.py --modes async,oneway --max-in-flight 2,4,8,64 --no-send-back
 
 Besides msgs/s, each figure has the CPU time per message of every process of
 the run (JVM, Python workers, broker) and of the broker alone, steadier than
@@ -26,10 +29,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SRC = [str(ROOT / d) for d in ("connector", "broker_stub", "proto")]
 sys.path[:0] = [*SRC, str(ROOT / "tests")]
-os.environ["PYTHONPATH"] = os.pathsep.join([*SRC, os.environ.get("PYTHONPATH", "")])
+os.environ["PYTHONPATH"] = os.pathsep.join([*SRC, str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")])
 os.environ["PYSPARK_PYTHON"] = sys.executable
 
 from broker_process import BrokerProcess  # noqa: E402
+from null_sink import NullDataSource  # noqa: E402
 from pyspark_pymq import Admin  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -99,6 +103,8 @@ def main() -> None:
     ap.add_argument("--modes", default="sync,async,oneway", help="send modes to measure")
     ap.add_argument("--repeats", type=int, default=1, help="runs per figure; the fastest is shown")
     ap.add_argument("--no-send-back", action="store_true", help="skip action=reconsumeLater")
+    ap.add_argument("--max-in-flight", default="",
+                    help="maxInFlight values to measure each mode with (default: the sink's default)")
     args = ap.parse_args()
     n = 200_000 if args.quick else args.rows
     modes = [m for m in args.modes.split(",") if m]
@@ -126,14 +132,22 @@ def main() -> None:
             # starts the Python workers, so that the first measured mode does not pay for it
             (df.limit(1000).write.format("pymq").option("endpoint", ep).option("topic", "bench-warmup")
              .mode("append").save())
+            spark.dataSource.register(NullDataSource)
+            df.limit(1000).write.format("pymq-bench-null").mode("append").save()  # its warm-up too
+            best("Python sink that discards its rows", lambda: df.write.format("pymq-bench-null")
+                 .mode("append").save())
+            windows = [w for w in args.max_in_flight.split(",") if w] or [""]
             for mode in modes:
-                topic = f"bench-{mode}"
-                Admin(ep).create_topic(topic, queues=4)
-                best(f"pymq sink, sendMode={mode}",
-                     lambda t=topic, m=mode: df.write.format("pymq").option("endpoint", ep)
-                     .option("topic", t).option("sendMode", m).mode("append").save())
+                for window in windows:
+                    topic = f"bench-{mode}{window}"
+                    Admin(ep).create_topic(topic, queues=4)
+                    writer = df.write.format("pymq").option("endpoint", ep).option("topic", topic)
+                    if window:
+                        writer = writer.option("maxInFlight", window)
+                    best(f"pymq sink, sendMode={mode}" + (f", maxInFlight={window}" if window else ""),
+                         lambda w=writer, m=mode: w.option("sendMode", m).mode("append").save())
             if not args.no_send_back:
-                source = "bench-sync" if "sync" in modes else f"bench-{modes[0]}"
+                source = f"bench-sync{windows[0]}" if "sync" in modes else f"bench-{modes[0]}{windows[0]}"
                 # every row the source topic holds (n per repeat), one partition per queue
                 rows = (spark.read.format("pymq").option("endpoint", ep).option("topic", source)
                         .load().cache())
