@@ -112,7 +112,8 @@ def _call(listener: Listener, msgs: list[MessageExt]) -> tuple[bool, str, str]:
         return False, type(err).__name__, str(err)[:2000]
     if status in _OK:
         return True, "", ""
-    return False, "", f"listener returned {status.name if isinstance(status, enum.Enum) else status!r}"
+    said = status.name if isinstance(status, enum.Enum) else repr(status)
+    return False, "", f"listener returned {said}"
 
 
 def _send_back(consumer: PullConsumer, cfg: _Config, failed: list[tuple[MessageExt, dict[str, str]]],
