@@ -112,6 +112,9 @@ def test_bad_columns_and_options_fail_before_any_row_is_written(spark: Any, shar
                                               topic=topic, sendmod="sync")
     msg = write(spark.createDataFrame([("x",)], "body string"), topic=topic, action="reconsumeLater")
     assert "consumerGroup is required" in msg
+    with pytest.raises(Exception, match=r"mode\('overwrite'\).*append-only.*\.mode\('append'\)"):
+        (spark.createDataFrame([("x",)], "body string").write.format("pymq").option("endpoint", ep)
+         .option("topic", topic).mode("overwrite").save())
     assert read_all(ep, topic) == []
 
 

@@ -199,6 +199,11 @@ class PymqDataSource(DataSource):
         from .sink_options import parse_sink_options
         from .writer import PymqSinkWriter
 
+        if overwrite:  # Spark's own error for the default mode suggests "Overwrite": say why not
+            raise ValueError(
+                "pymq sink: mode('overwrite') would have to remove the messages a topic already "
+                "holds, and a topic is append-only; write with .mode('append')"
+            )
         return PymqSinkWriter(parse_sink_options(dict(self.options), schema, stream=False))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> PymqStreamSinkWriter:
