@@ -21,6 +21,7 @@ import pytest
 from broker_process import BrokerProcess
 from helpers import read_all, unique
 from pyspark_pymq import Admin, Message, Producer
+from pyspark_pymq.client import route as route_module
 from pyspark_pymq.client.message import MessageQueue
 from pyspark_pymq.client.route import TopicRoute
 from pyspark_pymq.errors import BrokerUnavailableError, RequestTimeoutError
@@ -111,6 +112,31 @@ def test_oneway_does_not_fail_the_task_but_counts_what_was_not_acknowledged(
     broker.start()
     Admin(broker.endpoint).create_topic(topic, queues=1, update_if_exists=True)
     assert read_all(broker.endpoint, topic) == []  # lost, as oneway allows
+
+
+def test_a_failed_route_refresh_keeps_the_route_and_asks_again_only_after_a_pause(
+    broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A paused broker costs one route time-out per ROUTE_RETRY_AFTER_S, not one per send."""
+    topic = unique("route-pause")
+    Admin(broker.endpoint).create_topic(topic, queues=2)
+    producer = Producer(broker.endpoint, send_msg_timeout_ms=300)
+    routes = producer._routes
+    route = routes.get(topic)
+    asked: list[str] = []
+    call = routes.bootstrap.call
+
+    def counting_call(rpc: str, request: Any) -> Any:
+        asked.append(rpc)
+        return call(rpc, request)
+
+    monkeypatch.setattr(routes.bootstrap, "call", counting_call)
+    monkeypatch.setattr(route_module, "ROUTE_RETRY_AFTER_S", 0.2)
+    routes._routes[topic] = (time.monotonic() - route_module.ROUTE_TTL_S - 1, route)  # expired
+    with paused(broker, 1.0):  # the block lasts the whole second: the 0.2 s pass in it
+        got = [routes.get(topic) for _ in range(5)]
+    assert got == [route] * 5 and asked == ["QueryRoute"]  # one time-out, then the kept route
+    assert routes.get(topic) == route and asked == ["QueryRoute", "QueryRoute"]  # asked again
 
 
 def test_sync_retry_avoids_the_broker_that_just_failed() -> None:

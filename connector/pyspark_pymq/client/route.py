@@ -22,6 +22,9 @@ __all__ = ["PERM_READ", "PERM_WRITE", "RouteCache", "TopicRoute"]
 PERM_READ = 4
 PERM_WRITE = 2
 ROUTE_TTL_S = 30.0
+# After a failed refresh the last route is served this long before asking again, so a
+# broker that does not answer costs one timeout per interval, not one per send.
+ROUTE_RETRY_AFTER_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +52,9 @@ class RouteCache:
 
     As RocketMQ's client keeps its last topic route when the name server does
     not answer, a refresh that fails with a transient error (the broker is
-    unreachable or slow) keeps serving the route it had: a send can then
-    still be retried, and fault avoidance decides where it goes.
+    unreachable or slow) keeps serving the route it had, and asks again only
+    after ROUTE_RETRY_AFTER_S: a send can then still be retried, and fault
+    avoidance decides where it goes.
     """
 
     def __init__(self, bootstrap: BrokerClient) -> None:
@@ -69,6 +73,8 @@ class RouteCache:
         except (BrokerUnavailableError, RequestTimeoutError):
             if hit is None:
                 raise
+            with self._lock:
+                self._routes[topic] = (time.monotonic() - ROUTE_TTL_S + ROUTE_RETRY_AFTER_S, hit[1])
             return hit[1]
         route = TopicRoute.from_proto(data)
         with self._lock:
