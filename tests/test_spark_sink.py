@@ -153,12 +153,15 @@ def test_replayed_rows_are_dropped_by_the_dedup_window(shared_broker: Any) -> No
     assert sorted(m.body.decode() for m in got) == sorted(f"r{i}" for i in range(500))
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("mode", ["sync", "async", "oneway"])
 @pytest.mark.parametrize("per_row", [False, True], ids=["plain", "per-row"])
 def test_a_refused_send_fails_the_task_with_the_code_and_the_rows(
     shared_broker: Any, mode: str, per_row: bool
 ) -> None:
-    """A read-only topic: NO_PERMISSION is not retriable, so the task fails naming the rows."""
+    """A read-only topic: NO_PERMISSION is not retriable, so the task fails naming the rows.
+
+    oneway too: it is lossy only in transport, and no send could ever succeed here.
+    """
     from pyspark.sql.types import StringType, StructField, StructType
 
     ep = shared_broker.endpoint

@@ -84,7 +84,9 @@ class Producer:
             sends, further sends wait; retried ``retry_times_when_send_async_failed``
             times, 0 by default as in RocketMQ) or ``"oneway"`` (no answer is
             awaited: **messages may be lost**; after :meth:`flush`,
-            ``oneway_unacknowledged`` counts those whose send failed).
+            ``oneway_unacknowledged`` counts those whose send failed since
+            the producer was made; a send no retry could mend, such as one to
+            a topic without write permission, still raises).
         producer_group: RocketMQ's producer group, kept as PGROUP.
         send_msg_timeout_ms: per request, 3000 as in RocketMQ.
         max_message_size: 4 MiB; a larger message fails before it is sent.
@@ -337,8 +339,9 @@ class Producer:
         if not queues:
             # RocketMQ's broker answers NO_PERMISSION for a send to a topic without PERM_WRITE.
             raise NoPermissionError(
-                f"topic {topic!r} has no writable queue; give it write permission "
-                f"(perm {PERM_READ | PERM_WRITE}) or send to another topic"
+                f"topic {topic!r} has no writable queue (no write permission, or 0 write queues); "
+                f"update it with Admin(endpoint).create_topic({topic!r}, perm={PERM_READ | PERM_WRITE}, "
+                f"write_queues=N) or send to another topic"
             )
         return queues
 
@@ -437,7 +440,12 @@ class Producer:
                     attempt(left - 1, last_failed)
                     return
                 failure = err
-                finish(lambda: outer.set_exception(failure), failed=True)
+                # oneway is lossy only in transport: as RocketMQ's sendOneway throws when it
+                # finds no route or queue, an error no retry can mend reaches the caller.
+                refused = oneway and not isinstance(err, RETRYABLE)
+                finish(lambda: outer.set_exception(failure), failed=not refused)
+                if refused:
+                    raise
                 return
 
             def done(f: Any) -> None:

@@ -140,7 +140,7 @@ class PymqDataSource(DataSource):
                                     one per checkpoint).
     retryTimesWhenSendFailed        2; ``retryTimesWhenSendAsyncFailed`` 0.
     sendMsgTimeoutMs                3000 per request.
-    maxInFlight                     4 unanswered async batches per task.
+    maxInFlight                     4 unanswered async or oneway batches per task.
     maxBatchBytes                   4 MiB per batch of messages.
     consumerGroup                   ``reconsumeLater``: whose ``%RETRY%`` topic.
     maxReconsumeTimes, delayLevel   ``reconsumeLater``: retries before the DLQ (the
