@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 from broker_process import BrokerProcess
 from helpers import read_all, unique
+from pymq_broker.store import encoded_batch
 from pymq_broker.store.encoded_batch import parse_encoded
 from pymq_proto.record import HEADER, HEADER_SIZE, MESSAGE_MAGIC_CODE
 from pymq_proto.v1 import pymq_pb2, pymq_pb2_grpc
@@ -206,6 +207,8 @@ def test_row_keys_are_the_row_indexes_in_hex_made_when_read() -> None:
     assert keys == tuple(keys) and hash(keys) == hash(tuple(keys)) and keys != RowKeys("Q", 14, 18)
     with pytest.raises(IndexError, match="row key 4 is out of range for 4 keys"):
         keys[4]
+    with pytest.raises(TypeError, match=r"integers or slices, not float 1\.0"):
+        keys[1.0]  # type: ignore[index]
 
 
 def test_header_template_matches_record_layout() -> None:
@@ -288,8 +291,24 @@ def _parse_outcome(records: bytes, sizes: bytes, scalar: bool) -> object:
             parsed.props_start.tolist(), parsed.props_end.tolist(), parsed.uniq_keys(), parsed.plain)
 
 
-def test_scalar_parse_accepts_and_refuses_as_the_vector_parse() -> None:
-    """Same records located, same malformed inputs refused with the same message (1 to 5 records)."""
+def _binary_records(n: int, last_props: bytes | None = None) -> tuple[str, bytes, bytes]:
+    """``n`` records with 1 KB bodies full of 0x02 (as binary payloads have), the last one's
+    properties ``last_props`` if given."""
+    bodies = [bytes([2, 65 + i % 26]) * 512 for i in range(n)]
+    props = [b"UNIQ_KEY\x01" + f"{i:032X}".encode() + b"\x02" for i in range(n)]
+    if last_props is not None:
+        props[-1] = last_props
+    raw, sizes = encode_records("t", bodies, props)
+    return f"{n} binary records ending {props[-1][-12:]!r}", raw, _pack(list(sizes))
+
+
+@pytest.mark.parametrize("scan_below", [0, 10**9], ids=["windows", "scan"])
+def test_scalar_parse_accepts_and_refuses_as_the_vector_parse(
+    monkeypatch: pytest.MonkeyPatch, scan_below: int
+) -> None:
+    """Same records located, same malformed inputs refused with the same message, whichever
+    way the vector parse searches for the UNIQ_KEY ends."""
+    monkeypatch.setattr(encoded_batch, "SCAN_BELOW_RECORD_BYTES", scan_below)
     outcomes = []
     for breaker, _ in BAD_CASES:
         buf, sizes = _records("t")
@@ -298,9 +317,16 @@ def test_scalar_parse_accepts_and_refuses_as_the_vector_parse() -> None:
     for n in (1, 2, 4):
         buf, sizes = _records("t", n=n, extra=b"TAGS\x01a\x02" if n == 2 else b"")
         outcomes.append((f"{n} good records", bytes(buf), _pack(sizes)))
+    outcomes += [_binary_records(40), _binary_records(40, b"UNIQ_KEY\x01" + b"A" * 200 + b"\x02"),
+                 _binary_records(40, b"UNIQ_KEY\x01" + b"A" * 128 + b"\x02"),
+                 _binary_records(40, b"UNIQ_KEY\x01KEY\x02TAGS\x01" + b"t" * 300 + b"\x02")]
     for name, records, sizes_raw in outcomes:
         scalar, vector = _parse_outcome(records, sizes_raw, True), _parse_outcome(records, sizes_raw, False)
         assert scalar == vector, name
+    assert isinstance(_parse_outcome(*_binary_records(40, b"UNIQ_KEY\x01" + b"A" * 129 + b"\x02")[1:], False),
+                      str)
+    assert not isinstance(
+        _parse_outcome(*_binary_records(40, b"UNIQ_KEY\x01" + b"A" * 128 + b"\x02")[1:], False), str)
     assert isinstance(_parse_outcome(*_one_record_cases()[0][1:], True), str)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import operator
 import os
 import threading
 import time
@@ -164,7 +165,13 @@ class RowKeys(Sequence[str]):
             if step != 1:
                 return tuple(self)[index]
             return RowKeys(self.prefix, self.start + a, self.start + b)
-        i = index + len(self) if index < 0 else index
+        try:
+            i = operator.index(index)
+        except TypeError:
+            raise TypeError(
+                f"row key indices must be integers or slices, not {type(index).__name__} {index!r}"
+            ) from None
+        i = i + len(self) if i < 0 else i
         if not 0 <= i < len(self):
             raise IndexError(f"row key {index} is out of range for {len(self)} keys")
         return f"{self.prefix}{self.start + i:016X}"
