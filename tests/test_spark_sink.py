@@ -154,9 +154,9 @@ def test_replayed_rows_are_dropped_by_the_dedup_window(shared_broker: Any) -> No
 
 
 @pytest.mark.parametrize("mode", ["sync", "async", "oneway"])
-@pytest.mark.parametrize("per_row", [False, True], ids=["plain", "per-row"])
+@pytest.mark.parametrize("per_row", [None, "tags", "sharding_key"], ids=["plain", "per-row", "sharded"])
 def test_a_refused_send_fails_the_task_with_the_code_and_the_rows(
-    shared_broker: Any, mode: str, per_row: bool
+    shared_broker: Any, mode: str, per_row: str | None
 ) -> None:
     """A read-only topic: NO_PERMISSION is not retriable, so the task fails naming the rows.
 
@@ -167,7 +167,7 @@ def test_a_refused_send_fails_the_task_with_the_code_and_the_rows(
     ep = shared_broker.endpoint
     topic = unique(f"readonly-{mode}")
     Admin(ep).create_topic(topic, queues=1, perm=PERM_READ)
-    fields = [StructField("body", StringType())] + ([StructField("tags", StringType())] if per_row else [])
+    fields = [StructField("body", StringType())] + ([StructField(per_row, StringType())] if per_row else [])
     columns = [pa.array([f"r{i}" for i in range(30)])] + ([pa.array(["t"] * 30)] if per_row else [])
     batch = pa.record_batch(columns, names=[f.name for f in fields])
     opts = parse_sink_options({"endpoint": ep, "topic": topic, "sendMode": mode}, StructType(fields),
@@ -175,7 +175,8 @@ def test_a_refused_send_fails_the_task_with_the_code_and_the_rows(
     with pytest.raises(NoPermissionError) as info:
         write_partition(opts, iter([batch]))
     assert info.value.code == "NO_PERMISSION"
-    assert "rows 0..29 of partition 0" in str(info.value) and "no writable queue" in str(info.value)
+    rows = "row 0 of partition 0" if per_row == "sharding_key" else "rows 0..29 of partition 0"
+    assert rows in str(info.value) and "no writable queue" in str(info.value)
     assert Admin(ep).topic_stats(topic)["max_offset"].sum() == 0
 
 

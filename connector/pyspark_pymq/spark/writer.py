@@ -210,7 +210,12 @@ def _send_rows(
                 raise ValueError(f"row {row} of {where}: {err}") from None
             qid = queue_ids[i]
             if qid is None and shard[i] is not None:
-                qid = producer.queue_for_key(topic, shard[i])
+                try:
+                    qid = producer.queue_for_key(topic, shard[i])
+                except PymqError as err:
+                    raise type(err)(
+                        f"row {row} of {where} to {topic!r}: {err.remark}", code=err.code
+                    ) from err
             if delay:  # a delayed message goes alone
                 flush((topic, qid), _one(row, body, encoded, uniq))
                 row += 1
