@@ -155,10 +155,8 @@ def _send_rows(
         try:
             results = producer.send_encoded(dest[0], p.bodies, p.props, p.keys, queue_id=dest[1])
         except PymqError as err:
-            raise type(err)(
-                f"sending rows {p.first_row}..{p.first_row + len(p.bodies) - 1} of {where} to "
-                f"{dest[0]!r} failed: {err.remark}", code=err.code,
-            ) from err
+            raise _naming(err, f"sending rows {p.first_row}..{p.first_row + len(p.bodies) - 1} of {where} "
+                               f"to {dest[0]!r}") from err
         for r in results:
             if isinstance(r, Future):
                 futures.append((p.first_row, p.first_row + len(p.bodies) - 1, r))
@@ -175,10 +173,8 @@ def _send_rows(
             try:
                 results = producer.send_records(opts.topic, records, sizes, row_keys)
             except PymqError as err:
-                raise type(err)(
-                    f"sending rows {first}..{first + n - 1} of {where} to {opts.topic!r} failed: "
-                    f"{err.remark}", code=err.code,
-                ) from err
+                what = f"sending rows {first}..{first + n - 1} of {where} to {opts.topic!r}"
+                raise _naming(err, what) from err
             futures.extend((first, first + n - 1, r) for r in results if isinstance(r, Future))
             row += n
             continue
@@ -213,9 +209,7 @@ def _send_rows(
                 try:
                     qid = producer.queue_for_key(topic, shard[i])
                 except PymqError as err:
-                    raise type(err)(
-                        f"row {row} of {where} to {topic!r}: {err.remark}", code=err.code
-                    ) from err
+                    raise _naming(err, f"choosing the queue of row {row} of {where} in {topic!r}") from err
             if delay:  # a delayed message goes alone
                 flush((topic, qid), _one(row, body, encoded, uniq))
                 row += 1
@@ -244,10 +238,13 @@ def _send_rows(
         try:
             fut.result()
         except PymqError as err:
-            raise type(err)(
-                f"async send of rows {first}..{last} of {where} failed: {err.remark}", code=err.code
-            ) from err
+            raise _naming(err, f"async send of rows {first}..{last} of {where}") from err
     return SinkCommitMessage(ids.partition_id, row, unacknowledged=lost)
+
+
+def _naming(err: PymqError, what: str) -> PymqError:
+    """``err`` again, its code kept, its message saying which rows failed where."""
+    return type(err)(f"{what} failed: {err.remark}", code=err.code)
 
 
 _HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
