@@ -5,8 +5,10 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 SOURCES := $(shell find connector broker_stub proto -name '*.py' -o -name '*.proto' -o -name '*.pyi' 2>/dev/null)
 PYTEST_ARGS ?=
+RMQ_VERSION := 5.3.3
+RMQ         := $(VENV)/rocketmq-$(RMQ_VERSION)
 
-.PHONY: setup demo test lint typecheck proto bench clean
+.PHONY: setup rocketmq demo test lint typecheck proto bench clean
 
 # Java 17 for Spark, a virtualenv with the pinned dependencies, pymq installed into it.
 setup: $(VENV)/.installed
@@ -25,12 +27,27 @@ $(VENV)/.installed: $(VENV)/.deps $(SOURCES)
 	$(PIP) install -q --no-deps --force-reinstall .
 	touch $@
 
+# The real Apache RocketMQ (name server, brokers, mqadmin, Java client) that integration tests run
+# (tests/rocketmq_cluster.py): jars from Maven Central, once, through the project's own Maven cache
+# and settings, so nothing in ~/.m2 can break or change it. javac compiles the tests' Java producer.
+rocketmq: $(RMQ)/.fetched
+
+$(RMQ)/.fetched: tests/rocketmq/pom.xml tests/rocketmq/settings.xml $(VENV)/.java
+	@command -v mvn >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq maven)
+	@command -v javac >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq openjdk-17-jdk-headless)
+	rm -rf $(RMQ)/lib.tmp
+	mvn -q -B -s tests/rocketmq/settings.xml -f tests/rocketmq/pom.xml -Dmaven.repo.local=$(abspath $(VENV))/m2 \
+	  org.apache.maven.plugins:maven-dependency-plugin:3.6.1:copy-dependencies \
+	  -DincludeScope=runtime -DoutputDirectory=$(abspath $(RMQ))/lib.tmp
+	rm -rf $(RMQ)/lib && mv $(RMQ)/lib.tmp $(RMQ)/lib
+	touch $@
+
 # The main job: the demo pipeline on an embedded broker.
 demo: setup
 	$(PY) examples/demo_pipeline.py
 
-# Every test: unit, integration (a real broker process, a real local Spark), lint and types.
-test: setup
+# Every test: unit, integration (a real broker process, real RocketMQ, a real local Spark), lint and types.
+test: setup rocketmq
 	$(PY) -m ruff check connector broker_stub proto tests examples benchmarks
 	$(PY) -m mypy connector broker_stub proto
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -110,7 +110,7 @@ def _synthetic_batch(body_size: int, rows: int) -> Any:
     batch = _BATCHES.get((body_size, rows))
     if batch is None:
         from pymq_proto.record import encode_properties, encode_record, store_host_bytes
-        from pyspark_pymq.spark.record_batch import decode_records
+        from pyspark_pymq.backend.pymq_arrow import decode_records
 
         host = store_host_bytes("127.0.0.1", 8081)
         records = b"".join(

@@ -27,6 +27,7 @@ os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
 from broker_process import BrokerProcess  # noqa: E402
+from rocketmq_cluster import RocketMQCluster  # noqa: E402
 
 # Short delay levels so that retry ladders run in seconds in tests.
 FAST_DELAY_LEVELS = (
@@ -53,6 +54,21 @@ def shared_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerPr
     data = tmp_path_factory.mktemp("shared-broker")
     with BrokerProcess(data, extra_args=["--message-delay-level", FAST_DELAY_LEVELS]) as proc:
         yield proc
+
+
+@pytest.fixture(scope="session")
+def rocketmq_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RocketMQCluster]:
+    """A real Apache RocketMQ 5.3.3 cluster for the session: a name server, broker-a and broker-b.
+
+    Shared by every test that asks for it: use distinct topic and group names. Tests that
+    kill or restart a broker must leave it running again.
+    """
+    cluster = RocketMQCluster(tmp_path_factory.mktemp("rocketmq"))
+    cluster.start()
+    yield cluster
+    # The session is over and nothing reads the stores again: no need to wait out the
+    # brokers' ~10 s shutdown hooks.
+    cluster.stop(grace=3.0)
 
 
 @pytest.fixture(scope="session")

@@ -16,10 +16,13 @@ from pymq_broker.store.encoded_batch import parse_encoded
 from pymq_proto.record import HEADER, HEADER_SIZE, MESSAGE_MAGIC_CODE
 from pymq_proto.v1 import pymq_pb2, pymq_pb2_grpc
 from pyspark_pymq import Admin, Producer, PullConsumer
+from pyspark_pymq.backend import BackendConfig
+from pyspark_pymq.backend.pymq import PymqBackend
 from pyspark_pymq.client.codec import encode_records
 from pyspark_pymq.spark.writer import _encode_properties, encode_plain_batch
 
 KEYS = [f"{i:032X}" for i in range(4)]
+PYMQ = PymqBackend(BackendConfig("127.0.0.1:1"))  # frames records; never connects
 
 
 def _records(topic: str, n: int = 4, extra: bytes = b"") -> tuple[bytearray, list[int]]:
@@ -224,7 +227,7 @@ def test_spark_plain_batches_are_encoded_as_the_per_row_path_would() -> None:
     tags = ["x", None, "", "t2"]
     batch = pa.RecordBatch.from_pydict({"body": pa.array(bodies), "tags": pa.array(tags),
                                         "keys": pa.array([None] * 4, pa.list_(pa.string()))})
-    encoded = encode_plain_batch(batch, "top", prefix, 7, "here", 1000)
+    encoded = encode_plain_batch(batch, "top", prefix, 7, "here", 1000, b"", PYMQ)
     assert encoded is not None
     records, sizes, keys = encoded
     assert list(keys) == [f"{prefix}{row:016X}" for row in range(7, 11)]
@@ -234,20 +237,20 @@ def test_spark_plain_batches_are_encoded_as_the_per_row_path_would() -> None:
     assert parse_encoded(records, sizes.tobytes(), "top").uniq_keys() == [k.encode() for k in keys]
     # the exactly-once sink's transaction properties go on every row, as on the per-row path
     extra = b"TRAN_MSG\x01true\x02PGROUP\x01g\x02"
-    with_tx = encode_plain_batch(batch, "top", prefix, 7, "here", 1000, extra)
+    with_tx = encode_plain_batch(batch, "top", prefix, 7, "here", 1000, extra, PYMQ)
     assert with_tx is not None
     assert with_tx[0] == encode_records("top", [b.encode() for b in bodies], [p + extra for p in props])[0]
     # rows that need more than a body and tags take the per-row path; bad rows are named
     with_delay = batch.append_column("delay_level", pa.array([None, 1, None, None], pa.int32()))
-    assert encode_plain_batch(with_delay, "top", prefix, 0, "here", 1000) is None
-    assert encode_plain_batch(batch, None, prefix, 0, "here", 1000) is None
-    assert encode_plain_batch(batch, "top", prefix, 0, "here", 2) is None  # a body over the limit
+    assert encode_plain_batch(with_delay, "top", prefix, 0, "here", 1000, b"", PYMQ) is None
+    assert encode_plain_batch(batch, None, prefix, 0, "here", 1000, b"", PYMQ) is None
+    assert encode_plain_batch(batch, "top", prefix, 0, "here", 2, b"", PYMQ) is None  # a body over the limit
     with pytest.raises(ValueError, match="row 8 of here has a null body"):
         encode_plain_batch(pa.RecordBatch.from_pydict({"body": pa.array([b"x", None])}), "t", prefix, 7,
-                           "here", 1000)
+                           "here", 1000, b"", PYMQ)
     bad = pa.RecordBatch.from_pydict({"body": pa.array([b"x", b"y"]), "tags": pa.array(["ok", "a\x02b"])})
     with pytest.raises(ValueError, match=r"row 1 of here: .*reserved characters"):
-        encode_plain_batch(bad, "t", prefix, 0, "here", 1000)
+        encode_plain_batch(bad, "t", prefix, 0, "here", 1000, b"", PYMQ)
 
 
 # -- the scalar path (a few records) against the vector path (many) ------------------------

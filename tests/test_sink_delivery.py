@@ -121,7 +121,7 @@ def test_a_failed_route_refresh_keeps_the_route_and_asks_again_only_after_a_paus
     topic = unique("route-pause")
     Admin(broker.endpoint).create_topic(topic, queues=2)
     producer = Producer(broker.endpoint, send_msg_timeout_ms=300)
-    routes = producer._routes
+    routes = producer.backend._routes  # type: ignore[attr-defined]
     route = routes.get(topic)
     asked: list[str] = []
     call = routes.bootstrap.call
@@ -144,7 +144,7 @@ def test_sync_retry_avoids_the_broker_that_just_failed() -> None:
     producer = Producer("127.0.0.1:1")  # never called: the route is given
     queues = tuple(MessageQueue("t", b, q) for b in ("broker-a", "broker-b") for q in range(2))
     route = TopicRoute("t", queues, queues, {"broker-a": "127.0.0.1:1", "broker-b": "127.0.0.1:2"})
-    producer._routes._routes["t"] = (time.monotonic(), route)
+    producer.backend._routes._routes["t"] = (time.monotonic(), route)
     prepared = producer._prepare([Message("t", b"x")])
     for _ in range(8):
         assert producer._select_queue(prepared, "broker-a").broker_name == "broker-b"

@@ -18,6 +18,12 @@ import pytest
 from pymq_proto.record import encode_properties, encode_record, store_host_bytes
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+from pyspark_pymq.backend.pymq_arrow import (
+    decode_records,
+    empty_batch,
+    find_record_starts,
+    messages_to_batch,
+)
 from pyspark_pymq.client.codec import decode_records as decode_messages
 from pyspark_pymq.client.message import MessageQueue
 from pyspark_pymq.spark.data_loss import DataLossError, report_data_loss
@@ -34,12 +40,6 @@ from pyspark_pymq.spark.options import (
     MessageModel,
     StartKind,
     parse_source_options,
-)
-from pyspark_pymq.spark.record_batch import (
-    decode_records,
-    empty_batch,
-    find_record_starts,
-    messages_to_batch,
 )
 from pyspark_pymq.spark.schema import COLUMNS, SOURCE_DDL, arrow_schema, source_schema
 from pyspark_pymq.spark.source_offset import (

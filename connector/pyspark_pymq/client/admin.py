@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 from pymq_proto.record import MessageConst, parse_offset_msg_id
 from pymq_proto.v1 import pymq_pb2
 
+from ..backend.pymq import mq_proto
 from ..errors import TopicNotExistError
 from .codec import decode_records
-from .consumer import PullConsumer, dlq_topic, mq_proto
+from .consumer import PullConsumer, dlq_topic
 from .message import Message, MessageExt, MessageQueue
 from .route import PERM_READ, PERM_WRITE
 from .transport import BrokerClient

@@ -7,6 +7,9 @@ import struct
 from array import array
 from collections.abc import Sequence
 
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
 from pymq_proto.record import (
     HEADER,
     HEADER_SIZE,
@@ -17,7 +20,7 @@ from pymq_proto.record import (
 
 from .message import MessageExt
 
-__all__ = ["UNIQ_PREFIX", "decode_records", "encode_records", "uniq_first"]
+__all__ = ["UNIQ_PREFIX", "decode_records", "encode_records", "fixed_width", "uniq_first"]
 
 UNIQ_PREFIX = b"UNIQ_KEY\x01"
 _U16 = struct.Struct("<H")
@@ -113,3 +116,10 @@ def uniq_first(properties: bytes, uniq_key: str) -> bytes:
     if properties.startswith(head):
         return properties
     return head + remove_property(properties, UNIQ_PREFIX[:-1])
+
+
+def fixed_width(mat: npt.NDArray[np.uint8]) -> pa.Array:
+    """A binary array whose i-th value is row i of ``mat`` (no per-row object)."""
+    n, width = mat.shape
+    offsets = np.arange(0, n * width + 1, width, dtype=np.int32)
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(mat)])

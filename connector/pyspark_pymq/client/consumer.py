@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-import grpc
 from pymq_proto.record import MessageConst, encode_properties
-from pymq_proto.v1 import pymq_pb2
 
-from ..errors import PymqError
-from .codec import decode_records
-from .message import MessageExt, MessageQueue, PullResult, PullStatus
-from .route import RouteCache
-from .transport import BrokerClient
+from ..backend.base import Backend, PullBatch, SendRequest, backend_config, open_backend
+from .codec import uniq_first
+from .message import (
+    MessageExt,
+    MessageQueue,
+    PullResult,
+    SendBackColumns,
+    check_property_name,
+    clean_property_value,
+    new_uniq_keys,
+)
 
 __all__ = ["DEFAULT_PULL_BATCH_SIZE", "PullConsumer", "SendBackColumns", "SendBackResult", "retry_topic"]
 
@@ -44,83 +46,7 @@ class SendBackResult:
 
 
 
-@dataclass(frozen=True, slots=True)
-class SendBackColumns:
-    """Messages of one broker to send back, as columns: item i is the i-th value of each.
-
-    What :meth:`PullConsumer.send_back_batch` builds from MessageExt, and what the
-    Spark sink builds from a batch's Arrow columns without a MessageExt per row.
-
-    Attributes:
-        broker_name: the broker that stores the messages.
-        commit_log_offsets: each consumed message's ``commit_log_offset``.
-        delay_levels: one per message (0: level 3 + reconsume times; < 0: the DLQ).
-        origin_msg_ids, origin_topics: each message's ``msg_id`` and original topic,
-            or empty (the broker takes them from the stored message).
-        properties: set on every message (e.g. the query and batch that failed).
-        property_columns: a property name to one value per message, e.g. each
-            failure reason; "" leaves that message without it.
-    """
-
-    broker_name: str
-    commit_log_offsets: Sequence[int]
-    delay_levels: Sequence[int]
-    origin_msg_ids: Sequence[str] = ()
-    origin_topics: Sequence[str] = ()
-    properties: Mapping[str, str] = field(default_factory=dict)
-    property_columns: Mapping[str, Sequence[str]] = field(default_factory=dict)
-
-    def check(self) -> None:
-        """ValueError naming the column whose length or property names are wrong."""
-        n = len(self.commit_log_offsets)
-        lengths = {"delay_levels": len(self.delay_levels), "origin_msg_ids": len(self.origin_msg_ids) or n,
-                   "origin_topics": len(self.origin_topics) or n,
-                   **{f"property_columns[{k!r}]": len(v) for k, v in self.property_columns.items()}}
-        for name, count in lengths.items():
-            if count != n:
-                raise ValueError(
-                    f"{name} has {count} values for {n} commit_log_offsets; give one per message"
-                )
-        for name in [*self.properties, *self.property_columns]:
-            check_property_name(name)
-
-    def extra_properties(self, i: int) -> dict[str, str]:
-        """Item ``i``'s extra properties: the shared ones and its non-empty column values."""
-        own = {k: v[i] for k, v in self.property_columns.items() if v[i]}
-        return {**self.properties, **own}
-
-
 DEFAULT_PULL_BATCH_SIZE = 32
-SEND_BACK_RPC_ITEMS = 1000  # send back: messages per request (the requests of a call overlap)
-_SEPARATORS = str.maketrans({"\x01": "\ufffd", "\x02": "\ufffd"})
-
-
-def check_property_name(name: object) -> None:
-    """ValueError/TypeError unless ``name`` can be an extra property of a message sent back."""
-    if not isinstance(name, str):
-        raise TypeError(f"a reason's property names must be str, got {name!r}")
-    if not name or "\x01" in name or "\x02" in name or name in MC.SEND_BACK_PROPERTIES:
-        raise ValueError(
-            f"property name {name!r} cannot be a reason: names must be non-empty, without \\x01 or "
-            f"\\x02, and not one the send back sets ({', '.join(sorted(MC.SEND_BACK_PROPERTIES))})"
-        )
-
-
-def clean_property_value(value: str) -> str:
-    """``value`` with the property separators \\x01 and \\x02 replaced (U+FFFD): free text is kept."""
-    return value.translate(_SEPARATORS) if "\x01" in value or "\x02" in value else value
-_PULL_STATUS = {
-    pymq_pb2.FOUND: PullStatus.FOUND,
-    pymq_pb2.NO_NEW_MSG: PullStatus.NO_NEW_MSG,
-    pymq_pb2.NO_MATCHED_MSG: PullStatus.NO_MATCHED_MSG,
-    pymq_pb2.OFFSET_ILLEGAL: PullStatus.OFFSET_ILLEGAL,
-}
-
-
-def mq_proto(mq: MessageQueue) -> pymq_pb2.MessageQueue:
-    return pymq_pb2.MessageQueue(topic=mq.topic, broker_name=mq.broker_name, queue_id=mq.queue_id)
-
-
 class PullConsumer:
     """Pulls messages by (MessageQueue, offset) for a consumer group.
 
@@ -129,8 +55,11 @@ class PullConsumer:
     broker and in ``Admin.group_progress``.
 
     Args:
-        endpoint: ``host:port`` of a broker.
+        endpoint: ``host:port`` of a pymq broker.
         group: the consumer group.
+        namesrv_addr: instead of ``endpoint``, Apache RocketMQ's name servers
+            (``"host:9876;host2:9876"``): the same calls go to every broker of a topic's route.
+        access_key, secret_key: RocketMQ ACL credentials (requests are signed).
         timeout_ms: per request (long-polling pulls add their suspend time).
 
     Example::
@@ -143,27 +72,45 @@ class PullConsumer:
             consumer.commit(mq, result.next_begin_offset)
     """
 
-    def __init__(self, endpoint: str, group: str, *, timeout_ms: int = 10_000) -> None:
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        group: str = "",
+        *,
+        namesrv_addr: str | None = None,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        timeout_ms: int = 10_000,
+        backend: Backend | None = None,
+    ) -> None:
         if not isinstance(group, str) or not group:
             raise ValueError(f"consumer group must be a non-empty string, got {group!r}")
         self.group = group
-        self._client = BrokerClient(endpoint, timeout_ms / 1000.0)
-        self._routes = RouteCache(self._client)
+        self._backend = backend or open_backend(
+            backend_config(endpoint, namesrv_addr, access_key, secret_key), timeout_ms / 1000.0
+        )
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend
 
     @property
     def endpoint(self) -> str:
-        return self._client.endpoint
+        """The endpoint or name servers this consumer talks to."""
+        return self._backend.config.address
 
     def queues(self, topic: str) -> list[MessageQueue]:
         """The readable MessageQueues of ``topic`` (TopicNotExistError if none)."""
-        return list(self._routes.get(topic, refresh=True).subscribe_queues)
+        return list(self._backend.route(topic, refresh=True).subscribe_queues)
+
+    def register(self, *topics: str) -> None:
+        """Tell the brokers this group consumes ``topics`` (RocketMQ: creates ``%RETRY%<group>``,
+        so that ``mqadmin consumerProgress`` and RocketMQ Dashboard show the group's lag)."""
+        self._backend.register_consumer(self.group, topics)
 
     def retry_queues(self) -> list[MessageQueue]:
         """The queues of this group's %RETRY% topic (created on first ask)."""
         return self.queues(retry_topic(self.group))
-
-    def _broker(self, mq: MessageQueue) -> BrokerClient:
-        return self._routes.client(mq.topic, mq.broker_name)
 
     def pull_raw(
         self,
@@ -175,24 +122,16 @@ class PullConsumer:
         expression_type: str = "TAG",
         max_bytes: int = 0,
         suspend_timeout_ms: int = 0,
-    ) -> Any:
-        """The broker's PullMessageResponse, records undecoded (for columnar decoders)."""
+    ) -> PullBatch:
+        """One pull, records undecoded (for columnar decoders: :meth:`Backend.decode_arrow`)."""
         if not isinstance(offset, int) or offset < 0:
             raise ValueError(f"pull offset must be an int >= 0, got {offset!r}")
         if not isinstance(max_nums, int) or max_nums < 1:
             raise ValueError(f"max_nums must be an int >= 1, got {max_nums!r}")
-        req = pymq_pb2.PullMessageRequest(
-            consumer_group=self.group,
-            message_queue=mq_proto(mq),
-            queue_offset=offset,
-            max_msg_nums=max_nums,
-            max_bytes=max_bytes,
-            subscription=subscription,
-            expression_type=expression_type,
-            suspend_timeout_ms=suspend_timeout_ms,
+        return self._backend.pull(
+            self.group, mq, offset, max_nums, subscription=subscription, expression_type=expression_type,
+            max_bytes=max_bytes, suspend_timeout_ms=suspend_timeout_ms,
         )
-        client = self._broker(mq)
-        return client.call("PullMessage", req, client.timeout + suspend_timeout_ms / 1000.0)
 
     def pull(
         self,
@@ -211,7 +150,7 @@ class PullConsumer:
         With ``suspend_timeout_ms`` > 0 a pull that finds nothing new waits
         (long polling) and returns as soon as a message arrives.
         """
-        resp = self.pull_raw(
+        pulled = self.pull_raw(
             mq,
             offset,
             max_nums,
@@ -220,12 +159,15 @@ class PullConsumer:
             max_bytes=max_bytes,
             suspend_timeout_ms=suspend_timeout_ms,
         )
+        messages = self._backend.decode_messages(
+            pulled, mq, subscription=subscription, expression_type=expression_type
+        )
         return PullResult(
-            status=_PULL_STATUS[resp.status],
-            messages=decode_records(resp.records, mq.broker_name) if resp.records else [],
-            next_begin_offset=resp.next_begin_offset,
-            min_offset=resp.min_offset,
-            max_offset=resp.max_offset,
+            status=pulled.status,
+            messages=messages,
+            next_begin_offset=pulled.next_begin_offset,
+            min_offset=pulled.min_offset,
+            max_offset=pulled.max_offset,
         )
 
     def commit(self, mq: MessageQueue, offset: int) -> None:
@@ -234,46 +176,25 @@ class PullConsumer:
 
     def commit_offsets(self, offsets: Mapping[MessageQueue, int]) -> None:
         """Record the group's progress on several queues (one request per broker)."""
-        by_broker: dict[str, list[pymq_pb2.QueueOffset]] = {}
         for mq, offset in offsets.items():
             if not isinstance(offset, int) or offset < 0:
                 raise ValueError(f"offset for {mq} must be an int >= 0, got {offset!r}")
-            by_broker.setdefault(mq.broker_name, []).append(
-                pymq_pb2.QueueOffset(message_queue=mq_proto(mq), offset=offset)
-            )
-        for broker, items in by_broker.items():
-            client = self._routes.client(items[0].message_queue.topic, broker)
-            client.call(
-                "UpdateOffset",
-                pymq_pb2.UpdateOffsetRequest(consumer_group=self.group, offsets=items),
-            )
+        self._backend.commit_offsets(self.group, offsets)
 
     def committed(self, mq: MessageQueue) -> int:
         """The group's progress on ``mq``, or -1 when it has none."""
-        resp = self._broker(mq).call(
-            "GetOffset", pymq_pb2.GetOffsetRequest(consumer_group=self.group, message_queue=mq_proto(mq))
-        )
-        return int(resp.offset)
-
-    def _query_offset(
-        self, mq: MessageQueue, kind: pymq_pb2.OffsetQueryType.ValueType, timestamp: int = 0
-    ) -> int:
-        resp = self._broker(mq).call(
-            "QueryOffset",
-            pymq_pb2.QueryOffsetRequest(message_queue=mq_proto(mq), type=kind, timestamp=timestamp),
-        )
-        return int(resp.offset)
+        return self._backend.committed(self.group, mq)
 
     def min_offset(self, mq: MessageQueue) -> int:
-        return self._query_offset(mq, pymq_pb2.BEGINNING)
+        return self._backend.min_offset(mq)
 
     def max_offset(self, mq: MessageQueue) -> int:
         """One past the last message of ``mq`` (where the next message will go)."""
-        return self._query_offset(mq, pymq_pb2.END)
+        return self._backend.max_offset(mq)
 
     def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
         """The first offset whose store time is >= ``timestamp_ms`` (max offset if none)."""
-        return self._query_offset(mq, pymq_pb2.TIMESTAMP, timestamp_ms)
+        return self._backend.search_offset(mq, timestamp_ms)
 
     def send_back(
         self,
@@ -331,6 +252,7 @@ class PullConsumer:
                 [delay_level] * len(idx),
                 [messages[i].msg_id for i in idx],
                 [messages[i].retry_topic or messages[i].topic for i in idx],
+                reconsume_times=[messages[i].reconsume_times for i in idx],
                 property_columns={k: [extras[i].get(k, "") for i in idx] for k in names},
             )
             done = self.send_back_columns(columns, _pick(messages, idx), max_reconsume_times)
@@ -353,35 +275,12 @@ class PullConsumer:
         """
         _check_max_times(max_reconsume_times)
         columns.check()
-        n = len(columns.commit_log_offsets)
-        # the route of a topic the messages came from (asking for %RETRY%'s would create it)
-        route_topic = columns.origin_topics[0] if columns.origin_topics else retry_topic(self.group)
-        client = self._routes.client(route_topic, columns.broker_name)
-        parts = []
-        for a in range(0, n, SEND_BACK_RPC_ITEMS):
-            b = min(a + SEND_BACK_RPC_ITEMS, n)
-            req = pymq_pb2.ConsumerSendMsgBackBatchRequest(
-                group=self.group,
-                max_reconsume_times=max_reconsume_times or 0,
-                commit_log_offsets=columns.commit_log_offsets[a:b],
-                delay_levels=columns.delay_levels[a:b],
-                origin_msg_ids=columns.origin_msg_ids[a:b],
-                origin_topics=columns.origin_topics[a:b],
-                extra_properties=columns.properties,
-                property_columns=[
-                    pymq_pb2.PropertyColumn(name=k, values=v[a:b])
-                    for k, v in columns.property_columns.items()
-                ],
-            )
-            parts.append((a, b, req))
-        results: list[SendBackResult | None] = [None] * n
+        outcomes = self._backend.send_back(self.group, columns, max_reconsume_times)
         retry, dlq = retry_topic(self.group), dlq_topic(self.group)
-        for a, b, resp in _answers(client, "ConsumerSendMsgBackBatch", parts):
-            if resp is None:  # each item falls back to a direct send below
-                continue
-            for i, dead, error in zip(range(a, b), resp.dead_letters, resp.errors, strict=True):
-                if not error:
-                    results[i] = SendBackResult(dlq if dead else retry, dead, False)
+        results: list[SendBackResult | None] = [
+            None if o is None else SendBackResult(dlq if o.dead_letter else retry, o.dead_letter, False)
+            for o in outcomes
+        ]
         failed = [i for i, r in enumerate(results) if r is None]
         if failed:
             for i, message in zip(failed, messages(failed), strict=True):
@@ -403,43 +302,17 @@ class PullConsumer:
         props[MC.PROPERTY_DELAY_TIME_LEVEL] = str(
             delay_level if delay_level > 0 else 3 + message.reconsume_times
         )
+        props.pop(MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, None)
         topic = retry_topic(self.group)
-        req = pymq_pb2.SendMessageRequest(
-            topic=topic,
-            queue_id=-1,
-            born_timestamp=int(time.time() * 1000),
-            messages=[pymq_pb2.MessageData(
-                body=message.body, flag=message.flag, properties=encode_properties(props)
-            )],
-            reconsume_times=message.reconsume_times + 1,
-        )
-        self._routes.client(topic, message.broker_name).call("SendMessage", req)
+        # the retry copy keeps the original's UNIQ_KEY, as RocketMQ's client does
+        uniq = message.properties.get(MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX) or new_uniq_keys(1)[0]
+        props_b = uniq_first(encode_properties(props), uniq)
+        records, sizes = self._backend.encode_records(topic, [message.body], [props_b], [message.flag])
+        request = SendRequest(topic, records, sizes, [uniq], reconsume_times=message.reconsume_times + 1)
+        queues = self._backend.route(topic).publish_queues
+        mq = next((q for q in queues if q.broker_name == message.broker_name), queues[0])
+        self._backend.send(self.group, request, mq, self._backend.timeout_s)
         return SendBackResult(topic, False, True)
-
-
-def _answers(
-    client: BrokerClient, method: str, parts: list[tuple[int, int, Any]]
-) -> list[tuple[int, int, Any]]:
-    """Each part's response, or None where the call failed.
-
-    Several requests go out together (the broker works on one while the next
-    arrives); a single one is a blocking call, as a future's thread hand-off
-    would add half a millisecond to it.
-    """
-    if len(parts) == 1:
-        a, b, req = parts[0]
-        try:
-            return [(a, b, client.call(method, req))]
-        except PymqError:
-            return [(a, b, None)]
-    calls = [(a, b, client.call_future(method, req)) for a, b, req in parts]
-    out = []
-    for a, b, call in calls:
-        try:
-            out.append((a, b, call.result()))
-        except grpc.RpcError:
-            out.append((a, b, None))
-    return out
 
 
 def _pick(

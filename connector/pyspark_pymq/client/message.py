@@ -20,6 +20,7 @@ __all__ = [
     "PullResult",
     "PullStatus",
     "RowKeys",
+    "SendBackColumns",
     "SendResult",
     "SendStatus",
 ]
@@ -303,3 +304,72 @@ class PullResult:
     next_begin_offset: int
     min_offset: int
     max_offset: int
+
+
+_SEPARATORS = str.maketrans({"\x01": "\ufffd", "\x02": "\ufffd"})
+
+
+def check_property_name(name: object) -> None:
+    """ValueError/TypeError unless ``name`` can be an extra property of a message sent back."""
+    if not isinstance(name, str):
+        raise TypeError(f"a reason's property names must be str, got {name!r}")
+    if not name or "\x01" in name or "\x02" in name or name in MessageConst.SEND_BACK_PROPERTIES:
+        raise ValueError(
+            f"property name {name!r} cannot be a reason: names must be non-empty, without \\x01 or "
+            f"\\x02, and not one the send back sets ({', '.join(sorted(MessageConst.SEND_BACK_PROPERTIES))})"
+        )
+
+
+def clean_property_value(value: str) -> str:
+    """``value`` with the property separators \\x01 and \\x02 replaced (U+FFFD): free text is kept."""
+    return value.translate(_SEPARATORS) if "\x01" in value or "\x02" in value else value
+
+
+@dataclass(frozen=True, slots=True)
+class SendBackColumns:
+    """Messages of one broker to send back, as columns: item i is the i-th value of each.
+
+    What :meth:`PullConsumer.send_back_batch` builds from MessageExt, and what the
+    Spark sink builds from a batch's Arrow columns without a MessageExt per row.
+
+    Attributes:
+        broker_name: the broker that stores the messages.
+        commit_log_offsets: each consumed message's ``commit_log_offset``.
+        delay_levels: one per message (0: level 3 + reconsume times; < 0: the DLQ).
+        origin_msg_ids, origin_topics: each message's ``msg_id`` and original topic,
+            or empty (the broker takes them from the stored message).
+        properties: set on every message (e.g. the query and batch that failed).
+        property_columns: a property name to one value per message, e.g. each
+            failure reason; "" leaves that message without it.
+        reconsume_times: each message's reconsume times, or empty (a backend whose
+            broker does not say where a message went infers %DLQ% from them).
+    """
+
+    broker_name: str
+    commit_log_offsets: Sequence[int]
+    delay_levels: Sequence[int]
+    origin_msg_ids: Sequence[str] = ()
+    origin_topics: Sequence[str] = ()
+    properties: Mapping[str, str] = field(default_factory=dict)
+    property_columns: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    reconsume_times: Sequence[int] = ()
+
+    def check(self) -> None:
+        """ValueError naming the column whose length or property names are wrong."""
+        n = len(self.commit_log_offsets)
+        lengths = {"delay_levels": len(self.delay_levels), "origin_msg_ids": len(self.origin_msg_ids) or n,
+                   "origin_topics": len(self.origin_topics) or n,
+                   "reconsume_times": len(self.reconsume_times) or n,
+                   **{f"property_columns[{k!r}]": len(v) for k, v in self.property_columns.items()}}
+        for name, count in lengths.items():
+            if count != n:
+                raise ValueError(
+                    f"{name} has {count} values for {n} commit_log_offsets; give one per message"
+                )
+        for name in [*self.properties, *self.property_columns]:
+            check_property_name(name)
+
+    def extra_properties(self, i: int) -> dict[str, str]:
+        """Item ``i``'s extra properties: the shared ones and its non-empty column values."""
+        own = {k: v[i] for k, v in self.property_columns.items() if v[i]}
+        return {**self.properties, **own}

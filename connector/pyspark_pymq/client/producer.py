@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import functools
+import random
 import threading
 import time
 import zlib
@@ -10,12 +10,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, ClassVar, Literal
 
-import grpc
 import numpy as np
 import numpy.typing as npt
-from pymq_proto.record import store_host_bytes
-from pymq_proto.v1 import pymq_pb2
 
+from ..backend.base import Backend, SendRequest, backend_config, open_backend
 from ..errors import (
     BrokerUnavailableError,
     IllegalArgumentError,
@@ -25,18 +23,16 @@ from ..errors import (
     RequestTimeoutError,
     SystemBusyError,
 )
-from .codec import encode_records, uniq_first
+from .codec import uniq_first
 from .message import (
     Message,
     MessageQueue,
     RowKeys,
     SendResult,
-    SendStatus,
     encode_message_properties,
     new_uniq_keys,
 )
-from .route import PERM_READ, PERM_WRITE, RouteCache
-from .transport import BrokerClient, map_rpc_error
+from .route import PERM_READ, PERM_WRITE
 
 __all__ = ["DEFAULT_MAX_MESSAGE_SIZE", "Producer", "SendMode"]
 
@@ -46,12 +42,6 @@ DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
 # Errors worth another try on another queue or broker; the rest are the
 # message's own fault (too big, no such topic...) and would fail again.
 RETRYABLE = (BrokerUnavailableError, RequestTimeoutError, SystemBusyError)
-_STATUS = {
-    pymq_pb2.SEND_OK: SendStatus.SEND_OK,
-    pymq_pb2.FLUSH_DISK_TIMEOUT_STATUS: SendStatus.FLUSH_DISK_TIMEOUT,
-    pymq_pb2.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
-    pymq_pb2.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
-}
 
 
 class LatencyFaultTolerance:
@@ -73,10 +63,13 @@ class LatencyFaultTolerance:
 
 
 class Producer:
-    """Sends messages to a pymq broker with RocketMQ's send semantics.
+    """Sends messages with RocketMQ's send semantics, to pymq's broker or to Apache RocketMQ.
 
     Args:
-        endpoint: ``host:port`` of a broker; routes lead to the others.
+        endpoint: ``host:port`` of a pymq broker; routes lead to the others.
+        namesrv_addr: instead of ``endpoint``, Apache RocketMQ's name servers,
+            ``"host:9876;host2:9876"``.
+        access_key, secret_key: RocketMQ ACL credentials (requests are signed).
         send_mode: ``"sync"`` (default: wait for each result, retry
             ``retry_times_when_send_failed`` more times on another queue,
             avoiding a broker that just failed), ``"async"`` (``send`` returns a
@@ -98,12 +91,15 @@ class Producer:
             print(result.msg_id, result.queue_offset)
     """
 
-    SEND_RPC: ClassVar[str] = "SendMessage"  # the broker request a send makes
+    HALF_MESSAGES: ClassVar[bool] = False  # True: every send stores transaction half messages
 
     def __init__(
         self,
-        endpoint: str,
+        endpoint: str | None = None,
         *,
+        namesrv_addr: str | None = None,
+        access_key: str | None = None,
+        secret_key: str | None = None,
         send_mode: SendMode = "sync",
         producer_group: str = "DEFAULT_PRODUCER",
         retry_times_when_send_failed: int = 2,
@@ -129,10 +125,13 @@ class Producer:
         self.retry_times_when_send_async_failed = retry_times_when_send_async_failed
         self.timeout = send_msg_timeout_ms / 1000.0
         self.max_message_size = max_message_size
-        self._client = BrokerClient(endpoint, self.timeout)
-        self._routes = RouteCache(self._client)
+        self._backend: Backend = open_backend(
+            backend_config(endpoint, namesrv_addr, access_key, secret_key), self.timeout
+        )
         self._fault = LatencyFaultTolerance()
-        self._rr = 0
+        # A random start, as RocketMQ's ThreadLocalIndex: producers made together (one per Spark
+        # task) would otherwise all send their first batch to the same queue.
+        self._rr = random.randrange(1 << 16)
         self._in_flight = threading.BoundedSemaphore(max_in_flight)
         self._pending: set[Future[Any]] = set()
         self._pending_lock = threading.Lock()
@@ -191,7 +190,7 @@ class Producer:
         if not bodies:
             return []
         props = [uniq_first(p, k) for p, k in zip(properties, uniq_keys, strict=True)]
-        records, sizes = encode_records(topic, bodies, props)
+        records, sizes = self._backend.encode_records(topic, bodies, props)
         return self.send_records(topic, records, sizes, uniq_keys, queue_id=queue_id,
                                  sharding_key=sharding_key)
 
@@ -205,9 +204,9 @@ class Producer:
         queue_id: int | None = None,
         sharding_key: str | None = None,
     ) -> list[Any]:
-        """Send record images built by :func:`~pyspark_pymq.client.codec.encode_records`.
+        """Send message images built by the backend (:meth:`Backend.encode_records` or ``frame_columns``).
 
-        For writers that lay records out themselves (the Spark sink, with Arrow):
+        For writers that lay messages out themselves (the Spark sink, with Arrow):
         ``records`` back to back, ``sizes`` their lengths, ``uniq_keys`` their
         UNIQ_KEYs (first property of each). Split and sent as :meth:`send_encoded`.
         """
@@ -222,31 +221,35 @@ class Producer:
         if not len(size_arr):
             return []
         keys = uniq_keys if isinstance(uniq_keys, RowKeys) else list(uniq_keys)
-        prepared = _Prepared(topic, sharding_key, records, size_arr, keys, queue_id)
+        prepared = SendRequest(topic, records, size_arr, keys, sharding_key, queue_id)
         return self._send_prepared(prepared)
 
-    def _send_prepared(self, whole: _Prepared) -> list[Any]:
+    @property
+    def backend(self) -> Backend:
+        """Where the messages go (for writers that encode messages themselves)."""
+        return self._backend
+
+    def _send_prepared(self, whole: SendRequest) -> list[Any]:
         results: list[Any] = []
         for chunk in self._split_batch(whole):
-            batch = len(chunk.sizes) > 1
             if self.send_mode == "sync":
-                results.append(self._send_with_retry(chunk, batch))
+                results.append(self._send_with_retry(chunk))
             elif self.send_mode == "async":
-                results.append(self._send_async(chunk, batch))
+                results.append(self._send_async(chunk))
             else:
-                self._send_async(chunk, batch, oneway=True)
+                self._send_async(chunk, oneway=True)
                 results.append(None)
         return results
 
     def send_sync(self, message: Message) -> SendResult:
-        return self._send_with_retry(self._prepare([message]), False)
+        return self._send_with_retry(self._prepare([message]))
 
     def send_async(self, message: Message) -> Future[SendResult]:
-        return self._send_async(self._prepare([message]), False)
+        return self._send_async(self._prepare([message]))
 
     def send_oneway(self, message: Message) -> None:
         """Send without waiting for the answer: the message may be lost."""
-        self._send_async(self._prepare([message]), False, oneway=True)
+        self._send_async(self._prepare([message]), oneway=True)
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every async or oneway send has been answered."""
@@ -276,7 +279,7 @@ class Producer:
 
     # -- internals --------------------------------------------------------------
 
-    def _prepare(self, messages: Sequence[Message]) -> _Prepared:
+    def _prepare(self, messages: Sequence[Message]) -> SendRequest:
         if self._closed:
             raise PymqError("the producer is closed")
         if not messages:
@@ -312,16 +315,15 @@ class Producer:
                         f"batch messages cannot be delayed: message {i} has "
                         f"delay_level={msg.delay_level}"
                     )
-        records, sizes = encode_records(topic, bodies, props_list, [m.flag for m in messages])
-        return _Prepared(topic, messages[0].sharding_key, records, np.frombuffer(sizes, dtype=np.int32),
-                         uniq)
+        records, sizes = self._backend.encode_records(topic, bodies, props_list, [m.flag for m in messages])
+        return SendRequest(topic, records, sizes, uniq, messages[0].sharding_key)
 
-    def _split_batch(self, prepared: _Prepared) -> list[_Prepared]:
+    def _split_batch(self, prepared: SendRequest) -> list[SendRequest]:
         """Batches of at most ``max_message_size`` bytes (a record too big alone goes alone)."""
         if len(prepared.records) <= self.max_message_size:
             return [prepared]
         ends = np.cumsum(prepared.sizes, dtype=np.int64)
-        chunks: list[_Prepared] = []
+        chunks: list[SendRequest] = []
         start, base = 0, 0
         while start < len(ends):
             stop = max(int(np.searchsorted(ends, base + self.max_message_size, side="right")), start + 1)
@@ -335,17 +337,17 @@ class Producer:
         return queues[zlib.crc32(sharding_key.encode()) % len(queues)].queue_id
 
     def _publish_queues(self, topic: str) -> tuple[MessageQueue, ...]:
-        queues = self._routes.get(topic).publish_queues
+        queues = self._backend.route(topic).publish_queues
         if not queues:
             # RocketMQ's broker answers NO_PERMISSION for a send to a topic without PERM_WRITE.
             raise NoPermissionError(
                 f"topic {topic!r} has no writable queue (no write permission, or 0 write queues); "
-                f"update it with Admin(endpoint).create_topic({topic!r}, perm={PERM_READ | PERM_WRITE}, "
+                f"update it with Admin(...).create_topic({topic!r}, perm={PERM_READ | PERM_WRITE}, "
                 f"write_queues=N) or send to another topic"
             )
         return queues
 
-    def _select_queue(self, prepared: _Prepared, last_failed: str | None) -> MessageQueue:
+    def _select_queue(self, prepared: SendRequest, last_failed: str | None) -> MessageQueue:
         queues = self._publish_queues(prepared.topic)
         if prepared.queue_id is not None:
             for mq in queues:
@@ -366,32 +368,7 @@ class Producer:
         self._rr += 1
         return queues[self._rr % len(queues)]
 
-    def _request(self, prepared: _Prepared, mq: MessageQueue, batch: bool) -> Any:
-        req = pymq_pb2.SendMessageRequest(
-            producer_group=self.producer_group,
-            topic=prepared.topic,
-            queue_id=mq.queue_id,
-            born_timestamp=int(time.time() * 1000),
-            batch=batch,
-        )
-        # set in place: passing an EncodedBatch to the constructor copies it (~0.3 ms per MB)
-        req.encoded.records = prepared.records
-        req.encoded.sizes = prepared.sizes.tobytes()
-        return req
-
-    def _result(self, prepared: _Prepared, mq: MessageQueue, resp: Any) -> SendResult:
-        host = _store_host(resp.store_host)
-        return SendResult(
-            status=_STATUS.get(resp.status, SendStatus.SEND_OK),
-            message_queue=MessageQueue(mq.topic, mq.broker_name, resp.queue_id),
-            queue_offset=resp.queue_offset,
-            msg_ids=prepared.uniq_keys[:] if isinstance(prepared.uniq_keys, RowKeys)
-            else tuple(prepared.uniq_keys),
-            commit_log_offsets=tuple(resp.commit_log_offsets),
-            store_host=host,
-        )
-
-    def _send_with_retry(self, prepared: _Prepared, batch: bool) -> SendResult:
+    def _send_with_retry(self, prepared: SendRequest) -> SendResult:
         attempts = 1 + self.retry_times_when_send_failed
         last_failed: str | None = None
         last_error: PymqError | None = None
@@ -399,8 +376,8 @@ class Producer:
             mq: MessageQueue | None = None
             try:  # the route look-up is part of the try: a broker that is slow to answer it is retried too
                 mq = self._select_queue(prepared, last_failed)
-                client = self._routes.client(mq.topic, mq.broker_name)
-                resp = client.call(self.SEND_RPC, self._request(prepared, mq, batch))
+                result = self._backend.send(self.producer_group, prepared, mq, self.timeout,
+                                            half=self.HALF_MESSAGES)
             except RETRYABLE as err:
                 if mq is not None:
                     self._fault.update(mq.broker_name, True)
@@ -408,14 +385,12 @@ class Producer:
                 last_error = err
                 continue
             self._fault.update(mq.broker_name, False)
-            return self._result(prepared, mq, resp)
+            return result
         assert last_error is not None
         last_error.remark = f"{last_error.remark} (after {attempts} attempts)"
         raise last_error
 
-    def _send_async(
-        self, prepared: _Prepared, batch: bool, *, oneway: bool = False
-    ) -> Future[SendResult]:
+    def _send_async(self, prepared: SendRequest, *, oneway: bool = False) -> Future[SendResult]:
         outer: Future[SendResult] = Future()
         retries = 0 if oneway else self.retry_times_when_send_async_failed
         self._in_flight.acquire()
@@ -433,8 +408,8 @@ class Producer:
         def attempt(left: int, last_failed: str | None) -> None:
             try:
                 mq = self._select_queue(prepared, last_failed)
-                client = self._routes.client(mq.topic, mq.broker_name)
-                call = client.call_future(self.SEND_RPC, self._request(prepared, mq, batch))
+                call = self._backend.send_future(self.producer_group, prepared, mq, self.timeout,
+                                                 half=self.HALF_MESSAGES)
             except BaseException as err:  # route look-up failed: retried as a send, else on the future
                 if left > 0 and isinstance(err, RETRYABLE):
                     attempt(left - 1, last_failed)
@@ -448,51 +423,21 @@ class Producer:
                     raise
                 return
 
-            def done(f: Any) -> None:
+            def done(f: Future[SendResult]) -> None:
                 try:
-                    resp = f.result()
-                except grpc.RpcError as rpc_err:
-                    err = map_rpc_error(rpc_err, client.endpoint, self.SEND_RPC)
+                    result = f.result()
+                except PymqError as err:
                     self._fault.update(mq.broker_name, isinstance(err, RETRYABLE))
                     if left > 0 and isinstance(err, RETRYABLE):
                         attempt(left - 1, mq.broker_name)
                         return
-                    finish(lambda: outer.set_exception(err), failed=True)
+                    error = err
+                    finish(lambda: outer.set_exception(error), failed=True)
                     return
                 self._fault.update(mq.broker_name, False)
-                result = self._result(prepared, mq, resp)
                 finish(lambda: outer.set_result(result))
 
             call.add_done_callback(done)
 
         attempt(retries, None)
         return outer
-
-
-@functools.lru_cache(maxsize=64)
-def _store_host(store_host: str) -> bytes:
-    host, _, port = store_host.rpartition(":")
-    return store_host_bytes(host or "127.0.0.1", int(port) if port.isdigit() else 0)
-
-
-class _Prepared:
-    """Messages encoded once as record images, ready to be sent (and re-sent on retry)."""
-
-    __slots__ = ("queue_id", "records", "sharding_key", "sizes", "topic", "uniq_keys")
-
-    def __init__(
-        self, topic: str, sharding_key: str | None, records: bytes, sizes: npt.NDArray[np.int32],
-        uniq_keys: list[str] | RowKeys, queue_id: int | None = None,
-    ) -> None:
-        self.topic = topic
-        self.sharding_key = sharding_key
-        self.records = records
-        self.sizes = sizes
-        self.uniq_keys = uniq_keys
-        self.queue_id = queue_id
-
-    def slice(self, start: int, stop: int, first_byte: int, end_byte: int) -> _Prepared:
-        return _Prepared(
-            self.topic, self.sharding_key, self.records[first_byte:end_byte], self.sizes[start:stop],
-            self.uniq_keys[start:stop], self.queue_id,
-        )

@@ -196,4 +196,4 @@ class HalfMessageProducer(Producer):
     go to a :class:`TransactionProducer` of the same group.
     """
 
-    SEND_RPC = "SendHalfMessageBatch"
+    HALF_MESSAGES = True

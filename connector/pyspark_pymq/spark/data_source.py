@@ -21,7 +21,7 @@ __all__ = ["PymqDataSource"]
 
 
 class PymqDataSource(DataSource):
-    """Read a pymq (RocketMQ-style) broker from Spark, as a stream or as a batch, and write to it.
+    """Read a pymq broker or an Apache RocketMQ cluster from Spark, as a stream or a batch, and write to it.
 
     ``format("pymq")`` works once ``pyspark_pymq`` is installed (Spark finds
     ``pyspark_pymq.DefaultSource``); ``spark.dataSource.register(PymqDataSource)``
@@ -34,7 +34,11 @@ class PymqDataSource(DataSource):
     Options (names are case-insensitive; all are checked before the query starts):
 
     ========================  ==========================================================
-    endpoint                  required. ``host:port`` of a broker.
+    endpoint                  ``host:port`` of a pymq broker (the embedded broker).
+    namesrvAddr               instead of ``endpoint``: Apache RocketMQ's name servers,
+                              ``host:9876;host2:9876``. Exactly one of the two.
+    accessKey, secretKey      RocketMQ ACL credentials (with ``namesrvAddr``): every
+                              request is signed; the secret never shows in plans or logs.
     topic                     required. One topic or a comma-separated list.
     consumerGroup             the consumer group. Required for streams in CLUSTERING;
                               batch reads need none.
@@ -126,7 +130,9 @@ class PymqDataSource(DataSource):
     ``queue_id``; options:
 
     ==============================  ====================================================
-    endpoint                        required. ``host:port`` of a broker.
+    endpoint                        ``host:port`` of a pymq broker, or
+    namesrvAddr                     Apache RocketMQ's name servers (exactly one);
+    accessKey, secretKey            RocketMQ ACL credentials (with ``namesrvAddr``).
     topic                           the topic when there is no ``topic`` column.
     action                          ``send`` (default) or ``reconsumeLater``: rows read
                                     from pymq go back to ``%RETRY%<consumerGroup>``.
@@ -135,7 +141,8 @@ class PymqDataSource(DataSource):
     deliveryGuarantee               ``at-least-once`` (default) or ``exactly-once``
                                     (streams: rows are half messages committed with
                                     the micro-batch; see
-                                    :mod:`pyspark_pymq.spark.transactional_sink`).
+                                    :mod:`pyspark_pymq.spark.transactional_sink`;
+                                    pymq endpoint only for now).
     producerGroup                   PGROUP (default ``PYMQ_SPARK_SINK``; exactly-once:
                                     one per checkpoint).
     retryTimesWhenSendFailed        2; ``retryTimesWhenSendAsyncFailed`` 0.

@@ -48,9 +48,9 @@ from typing import TYPE_CHECKING, Any
 
 from pymq_proto.record import MessageConst as MC
 
+from ..backend.base import BackendConfig, backend_config, cached_backend
 from ..client.consumer import PullConsumer
 from ..client.message import MessageExt
-from ..client.transport import check_endpoint
 from .rows import messages_from_batch, send_back_acknowledged
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ class ConsumeStats:
 
 @dataclass(frozen=True)
 class _Config:
-    endpoint: str
+    backend: BackendConfig
     group: str
     orderly: bool
     broadcasting: bool
@@ -144,7 +144,7 @@ def consume_partition(
     """The executor side: yields the rows whose messages were consumed."""
     import pyarrow as pa
 
-    consumer = PullConsumer(cfg.endpoint, cfg.group)
+    consumer = PullConsumer(group=cfg.group, backend=cached_backend(cfg.backend))
     for batch in batches:
         messages = messages_from_batch(batch)
         ok = [False] * len(messages)
@@ -203,7 +203,7 @@ class MessageListener:
     """Run a RocketMQ-style listener over a micro-batch read from a pymq source.
 
     Args:
-        endpoint: ``host:port`` of the broker.
+        endpoint: ``host:port`` of a pymq broker.
         consumer_group: the group whose %RETRY% / %DLQ% topics take failures
             (the source's ``consumerGroup``).
         listener: ``f(list[MessageExt]) -> ConsumeConcurrentlyStatus`` (or
@@ -217,14 +217,19 @@ class MessageListener:
             orderly default: unlimited, as in RocketMQ).
         suspend_current_queue_time_millis: orderly retry pause (1000).
         delay_level: delay of a sent-back message (0: RocketMQ's 3 + retries).
+        namesrv_addr, access_key, secret_key: Apache RocketMQ instead of ``endpoint``
+            (``MessageListener(None, group, f, namesrv_addr="host:9876")``).
     """
 
     def __init__(
         self,
-        endpoint: str,
+        endpoint: str | None,
         consumer_group: str,
         listener: Listener,
         *,
+        namesrv_addr: str | None = None,
+        access_key: str | None = None,
+        secret_key: str | None = None,
         orderly: bool = False,
         message_model: str = "CLUSTERING",
         consume_message_batch_max_size: int = 1,
@@ -250,7 +255,7 @@ class MessageListener:
             )
         self.listener = listener
         self.config = _Config(
-            endpoint=check_endpoint(endpoint),
+            backend=backend_config(endpoint, namesrv_addr, access_key, secret_key),
             group=consumer_group,
             orderly=orderly,
             broadcasting=message_model == "BROADCASTING",

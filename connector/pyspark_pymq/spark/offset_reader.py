@@ -4,28 +4,23 @@ Runs only on the driver (the streaming source runner, or the planner of a batch
 read); executors never call it. It answers, per MessageQueue of the query's
 topics (and of ``%RETRY%<group>`` when retries are read along):
 
-- the queue's bounds ``[min offset, max offset)`` (one ``TopicStats`` call per
-  topic and broker, not one call per queue);
+- the queue's bounds ``[min offset, max offset)`` (one stats call per topic and
+  broker, not one call per queue, where the backend allows);
 - the starting offsets for each ``startingOffsets`` mode;
 - the ending offsets of a batch read.
 
 Broker errors at this point are the user's first contact with the broker, so
-they are re-raised naming the option to fix: the endpoint for an unreachable
-broker, the topic for an unknown topic.
+they are re-raised naming the option to fix: endpoint / namesrvAddr for an
+unreachable broker, the topic for an unknown topic.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
-from pymq_proto.v1 import pymq_pb2
-
-from ..client.consumer import PullConsumer
+from ..backend.base import Backend, QueueBounds, open_backend
 from ..client.message import MessageQueue
-from ..client.route import RouteCache
-from ..client.transport import BrokerClient
 from ..errors import BrokerUnavailableError, PymqError, RequestTimeoutError, TopicNotExistError
 from .data_loss import report_data_loss
 from .options import ConsumeFromWhere, SourceOptions, StartingPosition, StartKind
@@ -36,91 +31,51 @@ __all__ = ["OffsetReader", "QueueBounds"]
 logger = logging.getLogger("pyspark_pymq.spark")
 
 
-@dataclass(frozen=True, slots=True)
-class QueueBounds:
-    """A queue's offsets on the broker: messages are at ``[min_offset, max_offset)``."""
-
-    min_offset: int
-    max_offset: int
-
-
 class OffsetReader:
     """Offsets of the query's queues, read from the broker (driver only).
 
-    Holds gRPC channels: never pickled (the readers drop it in ``__getstate__``).
+    Holds connections: never pickled (the readers drop it in ``__getstate__``).
     """
 
-    def __init__(self, opts: SourceOptions) -> None:
+    def __init__(self, opts: SourceOptions, backend: Backend | None = None) -> None:
         self.opts = opts
-        self.consumer = PullConsumer(
-            opts.endpoint, opts.pull_group, timeout_ms=opts.connect_timeout_ms
-        )
-        self._bootstrap = BrokerClient(opts.endpoint, opts.connect_timeout_ms / 1000.0)
-        self._routes = RouteCache(self._bootstrap)
-        self._clients: dict[str, BrokerClient] = {}
+        self.backend = backend or open_backend(opts.backend, opts.connect_timeout_ms / 1000.0)
+        self._registered = False
 
     # -- errors -------------------------------------------------------------------
 
     def _explain(self, err: PymqError, topic: str | None = None) -> PymqError:
         """``err`` with the option that fixes it named (same error type)."""
         opts = self.opts
+        cfg = opts.backend
         if isinstance(err, (BrokerUnavailableError, RequestTimeoutError)):
+            check = (
+                "Check that the name servers run there and the namesrvAddr is right" if cfg.namesrv_addr
+                else "Check that pymq-broker runs there and the endpoint is right"
+            )
             return type(err)(
-                f"pymq source cannot reach the broker at {opts.endpoint} (option "
-                f"endpoint={opts.endpoint!r}, connectTimeoutMs={opts.connect_timeout_ms}): "
-                f"{err.remark}. Check that pymq-broker runs there and the endpoint is right"
+                f"pymq source cannot reach {cfg.where} (option {cfg.option}, "
+                f"connectTimeoutMs={opts.connect_timeout_ms}): {err.remark}. {check}"
             )
         if isinstance(err, TopicNotExistError) and topic is not None:
+            create = (
+                f"mqadmin updateTopic -n {cfg.namesrv_addr} -c <cluster> -t {topic}" if cfg.namesrv_addr
+                else f"Admin({cfg.endpoint!r}).create_topic({topic!r})"
+            )
             return TopicNotExistError(
                 f"pymq option topic={','.join(opts.topics)!r}: topic {topic!r} does not exist "
-                f"on the broker at {opts.endpoint}. Create it first (e.g. "
-                f"Admin({opts.endpoint!r}).create_topic({topic!r})) or correct the option"
+                f"on {cfg.where}. Create it first (e.g. {create}) or correct the option"
             )
         return err
 
     # -- what the broker has -----------------------------------------------------------
 
-    def _client_for(self, endpoint: str) -> BrokerClient:
-        if endpoint == self._bootstrap.endpoint:
-            return self._bootstrap
-        client = self._clients.get(endpoint)
-        if client is None:
-            client = BrokerClient(endpoint, self._bootstrap.timeout)
-            self._clients[endpoint] = client
-        return client
-
     def topic_bounds(self, topic: str) -> dict[MessageQueue, QueueBounds] | None:
         """Bounds of every readable queue of ``topic``; None if the topic does not exist."""
         try:
-            route = self._routes.get(topic, refresh=True)
-        except TopicNotExistError:
-            return None
+            return self.backend.queue_bounds(topic)
         except PymqError as err:
             raise self._explain(err, topic) from None
-        if not route.subscribe_queues:
-            return None
-        stats: dict[MessageQueue, QueueBounds] = {}
-        for broker in sorted({mq.broker_name for mq in route.subscribe_queues}):
-            endpoint = route.endpoints.get(broker, self._bootstrap.endpoint)
-            try:
-                resp = self._client_for(endpoint).call(
-                    "TopicStats", pymq_pb2.TopicStatsRequest(topic=topic)
-                )
-            except TopicNotExistError:
-                return None
-            except PymqError as err:
-                raise self._explain(err, topic) from None
-            for q in resp.queues:
-                mq = MessageQueue(q.message_queue.topic or topic, q.message_queue.broker_name
-                                  or broker, q.message_queue.queue_id)
-                stats[mq] = QueueBounds(int(q.min_offset), int(q.max_offset))
-        out: dict[MessageQueue, QueueBounds] = {}
-        for mq in route.subscribe_queues:
-            bounds = stats.get(mq)
-            if bounds is None:  # a queue the broker has not written yet
-                bounds = QueueBounds(self.consumer.min_offset(mq), self.consumer.max_offset(mq))
-            out[mq] = bounds
-        return out
 
     def bounds(self, *, require_topics: bool) -> tuple[dict[MessageQueue, QueueBounds], list[str]]:
         """Bounds of all the query's queues, and the user topics that do not exist.
@@ -129,6 +84,7 @@ class OffsetReader:
         naming the option; mid-stream the caller decides (data loss). A
         missing retry topic is normal (no message failed yet) and never reported.
         """
+        self._register()
         out: dict[MessageQueue, QueueBounds] = {}
         missing: list[str] = []
         retry = self.opts.retry_topic
@@ -144,17 +100,27 @@ class OffsetReader:
             out.update(found)
         return out, missing
 
+    def _register(self) -> None:
+        """Once per driver: a stream in CLUSTERING registers its group (where the broker wants it)."""
+        if self._registered or not (self.opts.stream and self.opts.commits_progress):
+            return
+        self._registered = True
+        try:
+            self.backend.register_consumer(self.opts.pull_group, self.opts.topics)
+        except PymqError as err:  # only what the broker's tools show depends on it
+            logger.warning("pymq source: could not register group %s: %s", self.opts.pull_group, err)
+
     # -- where to start -------------------------------------------------------------------
 
     def _committed(self, mq: MessageQueue) -> int:
         try:
-            return self.consumer.committed(mq)
+            return self.backend.committed(self.opts.pull_group, mq)
         except PymqError as err:
             raise self._explain(err, mq.topic) from None
 
     def _search(self, mq: MessageQueue, timestamp_ms: int) -> int:
         try:
-            return self.consumer.search_offset(mq, timestamp_ms)
+            return self.backend.search_offset(mq, timestamp_ms)
         except PymqError as err:
             raise self._explain(err, mq.topic) from None
 
@@ -276,7 +242,7 @@ class OffsetReader:
     def commit(self, offsets: Mapping[MessageQueue, int]) -> None:
         """Write ``offsets`` as the group's progress (CLUSTERING streams only)."""
         if offsets:
-            self.consumer.commit_offsets(offsets)
+            self.backend.commit_offsets(self.opts.pull_group, offsets)
 
 
 def _check_queue_keys(

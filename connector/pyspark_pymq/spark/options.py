@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from ..client.transport import check_endpoint
+from ..backend.base import BackendConfig, check_subscription, parse_backend_options
 from .source_offset import QueueKey, parse_offsets_json
 
 __all__ = [
@@ -107,7 +107,7 @@ class EndingPosition:
 class SourceOptions:
     """The validated options of one query (see :class:`PymqDataSource` for the manual)."""
 
-    endpoint: str
+    backend: BackendConfig
     topics: tuple[str, ...]
     stream: bool
     consumer_group: str | None
@@ -127,6 +127,11 @@ class SourceOptions:
     connect_timeout_ms: int
     min_partitions: int | None
     max_messages_per_partition: int | None
+
+    @property
+    def endpoint(self) -> str:
+        """The broker's endpoint or RocketMQ's name servers (for messages)."""
+        return self.backend.address
 
     @property
     def pull_group(self) -> str:
@@ -161,6 +166,9 @@ class SourceOptions:
 _STREAM, _BATCH = "stream", "batch"
 _OPTIONS: dict[str, tuple[str, ...]] = {
     "endpoint": (_STREAM, _BATCH),
+    "namesrvAddr": (_STREAM, _BATCH),
+    "accessKey": (_STREAM, _BATCH),
+    "secretKey": (_STREAM, _BATCH),
     "topic": (_STREAM, _BATCH),
     "consumerGroup": (_STREAM, _BATCH),
     "messageModel": (_STREAM, _BATCH),
@@ -342,16 +350,7 @@ def parse_source_options(raw: Mapping[str, str], *, stream: bool | None) -> Sour
     """
     opts = _Options(raw, stream)
 
-    endpoint_value = opts.get("endpoint")
-    if endpoint_value is None or endpoint_value == "":
-        raise ValueError(
-            "pymq option endpoint is required: set .option('endpoint', 'host:port') "
-            "to the address pymq-broker prints ('pymq broker listening on HOST:PORT')"
-        )
-    try:
-        endpoint = check_endpoint(endpoint_value)
-    except ValueError as err:
-        raise _bad("endpoint", endpoint_value, str(err)) from None
+    backend = parse_backend_options(opts.get, "pymq option")
 
     topics = _parse_topics(opts.get("topic"))
     group = _parse_group(opts.get("consumerGroup"))
@@ -374,13 +373,10 @@ def parse_source_options(raw: Mapping[str, str], *, stream: bool | None) -> Sour
     subscription_type = opts.text("subscriptionType", "TAG").upper()
     if subscription_type not in ("TAG", "SQL92"):
         raise _bad("subscriptionType", opts.get("subscriptionType"), "use TAG (default) or SQL92")
-    if subscription_type == "SQL92":
-        from pymq_broker.filter.sql92 import compile_sql92  # the broker's own parser
-
-        try:
-            compile_sql92(subscription)
-        except ValueError as err:
-            raise _bad("subscription", subscription, str(err)) from None
+    try:
+        check_subscription(backend, subscription, subscription_type)
+    except ValueError as err:
+        raise _bad("subscription", subscription, str(err)) from None
 
     consume_from_where = ConsumeFromWhere(
         opts.enum(
@@ -533,7 +529,7 @@ def parse_source_options(raw: Mapping[str, str], *, stream: bool | None) -> Sour
     max_per_partition = opts.integer("maxMessagesPerPartition", minimum=1)
 
     return SourceOptions(
-        endpoint=endpoint,
+        backend=backend,
         topics=topics,
         stream=bool(stream),
         consumer_group=group,

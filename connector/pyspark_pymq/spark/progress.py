@@ -17,8 +17,13 @@ from .source_offset import is_initial, offsets_from_json
 __all__ = ["commit_group_progress"]
 
 
-def commit_group_progress(query: Any, endpoint: str, group: str) -> int:
+def commit_group_progress(
+    query: Any, endpoint: str | None, group: str, *, namesrv_addr: str | None = None,
+    access_key: str | None = None, secret_key: str | None = None,
+) -> int:
     """Write a stopped query's last end offsets as ``group``'s progress; returns the queues written.
+
+    ``endpoint`` names a pymq broker; for Apache RocketMQ pass ``None`` and ``namesrv_addr``.
 
     Example::
 
@@ -40,6 +45,7 @@ def commit_group_progress(query: Any, endpoint: str, group: str) -> int:
         except ValueError:
             continue  # another source's offsets (a join with a non-pymq stream)
         if queues:
-            PullConsumer(endpoint, group).commit_offsets(queues)
+            PullConsumer(endpoint, group, namesrv_addr=namesrv_addr, access_key=access_key,
+                         secret_key=secret_key).commit_offsets(queues)
             written += len(queues)
     return written

@@ -7,10 +7,11 @@ decodes them straight into ``pyarrow.RecordBatch`` es of about 8192 rows
 (:mod:`.record_batch`). The next pull is requested before the current answer
 is decoded, so the broker's work and the decoding overlap.
 
-Consumers (and their gRPC channels and routes) are cached per worker process:
+Backends (and their connections and routes) are cached per worker process:
 Spark reuses Python workers across tasks, so only a worker's first task pays
 for connecting. The cache key includes the pid, so a forked worker never
-reuses its parent's channel.
+reuses its parent's connections. Pull statuses, record layouts and the
+decoding into Arrow belong to the backend (:mod:`pyspark_pymq.backend`).
 
 Gaps found while pulling (messages expired by retention, a queue emptied by a
 deleted topic) go through :func:`.data_loss.report_data_loss`.
@@ -18,38 +19,27 @@ deleted topic) go through :func:`.data_loss.report_data_loss`.
 
 from __future__ import annotations
 
-import os
-import struct
-import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
-from ..client.consumer import PullConsumer
-from ..client.message import MessageQueue
+from ..backend.base import PullBatch, cached_backend
+from ..client.message import MessageQueue, PullStatus
 from ..errors import TopicNotExistError
 from .data_loss import report_data_loss
 from .offset_range import OffsetRange
 from .options import RETRY_GROUP_TOPIC_PREFIX, SourceOptions
-from .record_batch import decode_records
 
 __all__ = ["PymqInputPartition", "make_partitions", "read_partition"]
-
-# pymq_pb2.PullStatus values (kept here to avoid decoding enums per pull)
-_FOUND, _NO_NEW_MSG, _NO_MATCHED_MSG, _OFFSET_ILLEGAL = 0, 1, 2, 3
-
 
 # Pulls answer ~1 MiB each (the fastest size over gRPC); their records are decoded
 # and handed to Spark in batches of about this many rows or bytes, which keeps the
 # per-batch costs (Python calls, Arrow IPC messages, JVM batches) small.
 _BATCH_ROWS = 8192
 _BATCH_BYTES = 8 << 20
-_QUEUE_OFFSET = struct.Struct("<q")
-_QUEUE_OFFSET_AT = 20  # QUEUEOFFSET in the record header (pymq_proto.record)
 
 
 @dataclass(frozen=True)
@@ -98,23 +88,6 @@ def make_partitions(ranges: list[OffsetRange], opts: SourceOptions) -> list[Pymq
     ]
 
 
-_consumers: dict[tuple[int, str, str, int], PullConsumer] = {}
-_consumers_lock = threading.Lock()
-
-
-def cached_consumer(endpoint: str, group: str, timeout_ms: int) -> PullConsumer:
-    """This worker process's consumer for (endpoint, group, timeout)."""
-    key = (os.getpid(), endpoint, group, timeout_ms)
-    consumer = _consumers.get(key)
-    if consumer is None:
-        with _consumers_lock:
-            consumer = _consumers.get(key)
-            if consumer is None:
-                consumer = PullConsumer(endpoint, group, timeout_ms=timeout_ms)
-                _consumers[key] = consumer
-    return consumer
-
-
 def read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
     """All rows of ``partition``, as RecordBatches of the source schema."""
     if not isinstance(partition, PymqInputPartition):
@@ -122,14 +95,16 @@ def read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator[p
     r = partition.range
     if r.end <= r.start:
         return
-    consumer = cached_consumer(opts.endpoint, opts.pull_group, opts.poll_timeout_ms)
+    backend = cached_backend(opts.backend, opts.poll_timeout_ms / 1000.0)
+    group = opts.pull_group
     mq = MessageQueue(r.topic, r.broker_name, r.queue_id)
     retry = r.topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
     filtered = r.subscription.strip() != "*"
     fail = opts.fail_on_data_loss
 
-    def pull(offset: int) -> Any:
-        return consumer.pull_raw(
+    def pull(offset: int) -> PullBatch:
+        return backend.pull(
+            group,
             mq,
             offset,
             min(opts.pull_batch_size, r.end - offset),
@@ -138,24 +113,28 @@ def read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator[p
             max_bytes=opts.pull_max_bytes,
         )
 
-    chunks: list[bytes] = []  # pulled records not decoded yet
+    chunks: list[PullBatch] = []  # pulled, not decoded yet
     chunk_rows = 0
     chunk_bytes = 0
 
     def flush() -> Iterator[pa.RecordBatch]:
         nonlocal chunks, chunk_rows, chunk_bytes
         if chunks:
-            records = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            pulled = chunks[0] if len(chunks) == 1 else PullBatch(
+                PullStatus.FOUND, chunks[-1].next_begin_offset, chunks[-1].min_offset, chunks[-1].max_offset,
+                b"".join(c.records for c in chunks), chunk_rows, chunks[0].first_queue_offset,
+            )
             chunks, chunk_rows, chunk_bytes = [], 0, 0
-            batch = decode_records(
-                records, topic=r.topic, broker_name=r.broker_name, retry=retry, end_offset=r.end
+            batch = backend.decode_arrow(
+                pulled, mq, retry=retry, end_offset=r.end, subscription=r.subscription,
+                expression_type=r.expression_type,
             )
             if batch.num_rows:
                 yield batch
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pymq-pull") as pool:
         offset = r.start
-        next_pull: Future[Any] | None = pool.submit(pull, offset)
+        next_pull: Future[PullBatch] | None = pool.submit(pull, offset)
         while next_pull is not None:
             try:
                 resp = next_pull.result()
@@ -169,28 +148,26 @@ def read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator[p
                 break
             next_pull = None
             status = resp.status
-            if status == _FOUND:
+            if status is PullStatus.FOUND:
                 following = resp.next_begin_offset
                 if following < r.end:
                     next_pull = pool.submit(pull, following)
-                records = resp.records
-                if not filtered and records:
-                    (first,) = _QUEUE_OFFSET.unpack_from(records, _QUEUE_OFFSET_AT)
-                    if first > offset:
-                        report_data_loss(
-                            fail,
-                            f"queue {mq}: offsets [{offset}, {first}) are no longer on the broker",
-                            f"skip to offset {first}",
-                        )
-                chunks.append(records)
+                first = resp.first_queue_offset
+                if not filtered and first > offset:
+                    report_data_loss(
+                        fail,
+                        f"queue {mq}: offsets [{offset}, {first}) are no longer on the broker",
+                        f"skip to offset {first}",
+                    )
+                chunks.append(resp)
                 chunk_rows += resp.message_count
-                chunk_bytes += len(records)
+                chunk_bytes += len(resp.records)
                 if chunk_rows >= _BATCH_ROWS or chunk_bytes >= _BATCH_BYTES or next_pull is None:
                     yield from flush()
                 offset = max(following, offset + 1)
                 continue
             yield from flush()
-            if status == _NO_MATCHED_MSG:
+            if status is PullStatus.NO_MATCHED_MSG:
                 if not filtered and resp.next_begin_offset > offset:
                     report_data_loss(
                         fail,

@@ -135,9 +135,11 @@ def send_back_columns(
     reasons = {prop: _strings(batch, col, clean=True) for col, prop in _REASON_COLUMNS
                if batch.schema.get_field_index(col) >= 0}
     offsets = batch.column(batch.schema.get_field_index("commit_log_offset")).cast(pa.int64())
+    index = batch.schema.get_field_index("reconsume_times")
+    times = [] if index < 0 else batch.column(index).fill_null(0).to_numpy().tolist()
     columns = SendBackColumns(
         brokers[0] if brokers else "", offsets.to_numpy().tolist(), delays,
-        _strings(batch, "msg_id"), _strings(batch, "topic"), properties, reasons,
+        _strings(batch, "msg_id"), _strings(batch, "topic"), properties, reasons, times,
     )
     return [(columns, batch)]
 

@@ -71,6 +71,12 @@ def parse_view_options(raw: Mapping[str, str]) -> ViewOptions:
     opts: dict[str, str] = {}
     for key, value in raw.items():
         name = canonical.get(str(key).lower())
+        if name is None and str(key).lower() == "namesrvaddr":
+            raise ValueError(
+                f"pymq views (option view) read the embedded broker's admin tables and take an endpoint; "
+                f"with namesrvAddr={value!r} use RocketMQ's own tools for now (mqadmin topicStatus, "
+                "consumerProgress, or RocketMQ Dashboard), or read topics with the source"
+            )
         if name is None:
             raise unknown_option(key, _VIEW_OPTIONS, problem="does not apply to a view read",
                                  known_label="View options")

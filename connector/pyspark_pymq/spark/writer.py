@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import struct
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -29,7 +28,6 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
-from pymq_proto.record import HEADER, HEADER_SIZE, MESSAGE_MAGIC_CODE
 from pymq_proto.record import MessageConst as MC
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
@@ -37,6 +35,8 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
+from ..backend.base import Backend, cached_backend
+from ..client.codec import fixed_width
 from ..client.consumer import PullConsumer
 from ..client.message import RowKeys
 from ..client.producer import Producer
@@ -48,8 +48,6 @@ __all__ = ["PymqSinkWriter", "PymqStreamSinkWriter", "SinkCommitMessage", "write
 
 log = logging.getLogger(__name__)
 
-_HEADER_DTYPE = np.dtype([("total", "<i4"), ("magic", "<i4"), ("rest", "V68"), ("body_len", "<i4")])
-assert _HEADER_DTYPE.itemsize == HEADER.size
 
 
 @dataclass
@@ -136,7 +134,10 @@ def _send_rows(
 ) -> SinkCommitMessage:
     """Send every row; ``prefix`` + row index is its UNIQ_KEY, ``extra_properties`` go on each."""
     producer = new_producer(
-        opts.endpoint,
+        opts.backend.endpoint,
+        namesrv_addr=opts.backend.namesrv_addr,
+        access_key=opts.backend.access_key,
+        secret_key=opts.backend.secret_key,
         send_mode=opts.send_mode,
         producer_group=opts.producer_group,
         retry_times_when_send_failed=opts.retry_times_when_send_failed,
@@ -166,7 +167,7 @@ def _send_rows(
         if not n:
             continue
         plain = encode_plain_batch(batch, opts.topic, prefix, row, where, opts.max_batch_bytes,
-                                   extra_properties)
+                                   extra_properties, producer.backend)
         if plain is not None and opts.topic:
             records, sizes, row_keys = plain
             first = row
@@ -262,18 +263,14 @@ def _all_null(batch: pa.RecordBatch, name: str) -> bool:
     return nulls == rows
 
 
-def _fixed_width(mat: npt.NDArray[np.uint8]) -> pa.Array:
-    """A binary array whose i-th value is row i of ``mat`` (no per-row object)."""
-    n, width = mat.shape
-    offsets = np.arange(0, n * width + 1, width, dtype=np.int32)
-    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(mat)])
-
-
 def encode_plain_batch(
     batch: pa.RecordBatch, topic: str | None, prefix: str, first_row: int, where: str, max_body: int,
-    extra_properties: bytes = b"",
+    extra_properties: bytes, backend: Backend,
 ) -> tuple[bytes, npt.NDArray[np.int32], RowKeys] | None:
-    """Record images of a whole Arrow batch at once, or None when rows need the per-row path.
+    """Message images of a whole Arrow batch at once, or None when rows need the per-row path.
+
+    The properties are built here (RocketMQ's encoding, the same on every
+    backend); ``backend`` (default: the pymq layout) frames each message.
 
     The usual bulk write: rows to the ``topic`` option, round robin, with a body and
     maybe tags. Rows that name their own topic, queue, sharding key, delay, keys or
@@ -302,7 +299,7 @@ def encode_plain_batch(
     uniq[:, len(key_head) : -1] = _HEX[((rows[:, None] >> _SHIFTS) & np.uint64(15)).astype(np.intp)]
     uniq[:, -1] = 2
     plens = np.full(n, uniq.shape[1], dtype=np.int64)
-    parts: list[pa.Array | pa.Scalar] = [_fixed_width(uniq)]
+    parts: list[pa.Array | pa.Scalar] = [fixed_width(uniq)]
     if not _all_null(batch, "tags"):
         tags = batch.column(batch.schema.get_field_index("tags")).cast(pa.binary())
         bad = pc.or_(pc.match_substring(tags, "\x01"), pc.match_substring(tags, "\x02"))
@@ -321,26 +318,11 @@ def encode_plain_batch(
     if extra_properties:  # the same on every row (the exactly-once sink's transaction tags)
         plens += len(extra_properties)
         parts.append(pa.scalar(extra_properties, pa.binary()))
-    topic_b = topic.encode()
-    head = np.zeros(n, dtype=_HEADER_DTYPE)
-    sizes = HEADER_SIZE + body_lens + 2 + len(topic_b) + 2 + plens
-    if int(sizes.max()) > 0x7FFFFFFF:
+    framed = backend.frame_columns(topic, body, body_lens, parts, plens)
+    if framed is None:
         return None
-    head["total"] = sizes
-    head["magic"] = MESSAGE_MAGIC_CODE
-    head["body_len"] = body_lens
-    mid = np.empty((n, 4 + len(topic_b)), dtype=np.uint8)
-    mid[:, :2] = np.frombuffer(struct.pack("<H", len(topic_b)), dtype=np.uint8)
-    mid[:, 2 : 2 + len(topic_b)] = np.frombuffer(topic_b, dtype=np.uint8)
-    mid[:, -2] = plens & 0xFF
-    mid[:, -1] = plens >> 8
-    joined = pc.binary_join_element_wise(
-        _fixed_width(head.view(np.uint8).reshape(n, HEADER_SIZE)), body, _fixed_width(mid), *parts,
-        pa.scalar(b""),
-    )
-    offsets = np.frombuffer(joined.buffers()[1], dtype=np.int32)[joined.offset : joined.offset + n + 1]
-    records = joined.buffers()[2].to_pybytes()[int(offsets[0]) : int(offsets[-1])]
-    return records, sizes.astype(np.int32), RowKeys(prefix, first_row, first_row + n)
+    records, sizes = framed
+    return records, sizes, RowKeys(prefix, first_row, first_row + n)
 
 
 def _one(row: int, body: bytes, encoded: bytes, uniq: str) -> _Pending:
@@ -355,7 +337,7 @@ def _send_back_rows(
     opts: SinkOptions, batches: Iterator[pa.RecordBatch], ids: _TaskIds
 ) -> SinkCommitMessage:
     assert opts.consumer_group is not None
-    consumer = PullConsumer(opts.endpoint, opts.consumer_group)
+    consumer = PullConsumer(group=opts.consumer_group, backend=cached_backend(opts.backend))
     total = dead = fallbacks = 0
     shared = {
         MC.PROPERTY_CONSUME_FAILURE_STAGE: opts.stage,

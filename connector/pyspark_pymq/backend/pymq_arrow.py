@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pymq_proto.record import HEADER_SIZE, MessageConst
 
-from .schema import arrow_schema
+from ..spark.schema import arrow_schema
 
 if TYPE_CHECKING:
     from ..client.message import MessageExt

@@ -1,0 +1,414 @@
+"""The one seam between pymq's client and Spark code and a broker.
+
+Spark's source, sink and listener, and the client classes (Producer,
+PullConsumer), talk to a :class:`Backend`; they never see a gRPC stub, a
+remoting frame, a record layout or a wire status number. Each backend owns:
+
+- its transport (pymq's gRPC, or RocketMQ's remoting protocol over TCP);
+- its record codec: raw pulled records -> Arrow rows or MessageExt, and
+  messages -> the images it sends (:meth:`Backend.encode_records`,
+  :meth:`Backend.frame_columns`);
+- the mapping of its answers to pymq's typed results and errors;
+- the validation of what only it can judge (subscription expressions).
+
+Two implementations: :class:`~pyspark_pymq.backend.pymq.PymqBackend` (the
+embedded broker, ``endpoint``) and
+:class:`~pyspark_pymq.backend.rocketmq.RocketMQBackend` (Apache RocketMQ,
+``namesrvAddr``). :func:`~pyspark_pymq.backend.open_backend` picks one from a
+:class:`BackendConfig`.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from ..client.message import MessageExt, MessageQueue, PullStatus, SendBackColumns, SendResult
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from ..client.route import TopicRoute
+
+__all__ = [
+    "Backend",
+    "BackendConfig",
+    "PullBatch",
+    "QueueBounds",
+    "SendBackOutcome",
+    "SendRequest",
+    "backend_config",
+    "cached_backend",
+    "check_namesrv_addr",
+    "check_subscription",
+    "open_backend",
+    "parse_backend_options",
+]
+
+BackendKind = Literal["pymq", "rocketmq"]
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """Where the broker is: exactly one of ``endpoint`` (pymq) or ``namesrv_addr`` (RocketMQ).
+
+    Picklable (it travels to Spark's executors inside the options). The secret
+    key never appears in ``repr``, logs or error messages.
+    """
+
+    endpoint: str | None = None
+    namesrv_addr: str | None = None
+    access_key: str | None = None
+    secret_key: str | None = field(default=None, repr=False)
+
+    @property
+    def kind(self) -> BackendKind:
+        return "rocketmq" if self.namesrv_addr else "pymq"
+
+    @property
+    def address(self) -> str:
+        """The endpoint or the name server list, as the user gave it."""
+        return self.namesrv_addr or self.endpoint or ""
+
+    @property
+    def option(self) -> str:
+        """The option that names the broker, as the user wrote it (for messages)."""
+        if self.namesrv_addr:
+            return f"namesrvAddr={self.namesrv_addr!r}"
+        return f"endpoint={self.endpoint!r}"
+
+    @property
+    def where(self) -> str:
+        """Where requests go, in words: for error messages."""
+        if self.namesrv_addr:
+            return f"the RocketMQ cluster of name server(s) {self.namesrv_addr}"
+        return f"the broker at {self.endpoint}"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueBounds:
+    """A queue's offsets on the broker: messages are at ``[min_offset, max_offset)``."""
+
+    min_offset: int
+    max_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class PullBatch:
+    """One pull's answer, records still in the backend's own layout.
+
+    ``records`` is decoded only by the backend that pulled it
+    (:meth:`Backend.decode_arrow`, :meth:`Backend.decode_messages`).
+    ``first_queue_offset`` is the queue offset of the first record (-1 when
+    there is none): a value above the offset asked for means messages expired.
+    ``message_count`` may be an estimate where the wire does not say (it only
+    sizes Arrow batches).
+    """
+
+    status: PullStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    records: bytes = b""
+    message_count: int = 0
+    first_queue_offset: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class SendRequest:
+    """Messages encoded once by :meth:`Backend.encode_records`, to one queue (or round robin).
+
+    ``records`` are the backend's images back to back, ``sizes`` their lengths,
+    ``uniq_keys`` their UNIQ_KEYs (a Sequence: RowKeys for bulk writers).
+    """
+
+    topic: str
+    records: bytes
+    sizes: npt.NDArray[np.int32]
+    uniq_keys: Sequence[str]
+    sharding_key: str | None = None
+    queue_id: int | None = None
+    reconsume_times: int = 0  # a consumer's own copy to %RETRY% (RocketMQ's send back fallback)
+
+    def slice(self, start: int, stop: int, first_byte: int, end_byte: int) -> SendRequest:
+        return SendRequest(
+            self.topic, self.records[first_byte:end_byte], self.sizes[start:stop],
+            self.uniq_keys[start:stop], self.sharding_key, self.queue_id, self.reconsume_times,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SendBackOutcome:
+    """A send back the broker did: the message went to ``%DLQ%`` when ``dead_letter``."""
+
+    dead_letter: bool
+
+
+class Backend(ABC):
+    """What pymq needs from a broker, typed. One instance per (process, config).
+
+    Thread-safe: the Spark read loop pulls from a helper thread, async sends
+    complete on transport threads.
+    """
+
+    config: BackendConfig
+    timeout_s: float  # per request, unless a call says otherwise
+
+    # -- routes ------------------------------------------------------------------------
+
+    @abstractmethod
+    def route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
+        """The topic's queues (TopicNotExistError when it has none)."""
+
+    # -- offsets -----------------------------------------------------------------------
+
+    @abstractmethod
+    def queue_bounds(self, topic: str) -> dict[MessageQueue, QueueBounds] | None:
+        """Bounds of every readable queue of ``topic``; None if the topic does not exist."""
+
+    @abstractmethod
+    def min_offset(self, mq: MessageQueue) -> int: ...
+
+    @abstractmethod
+    def max_offset(self, mq: MessageQueue) -> int:
+        """One past the last message of ``mq``."""
+
+    @abstractmethod
+    def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
+        """The first offset stored at or after ``timestamp_ms`` (max offset if none)."""
+
+    @abstractmethod
+    def committed(self, group: str, mq: MessageQueue) -> int:
+        """The group's progress on ``mq`` (the next offset to consume), -1 if none."""
+
+    @abstractmethod
+    def commit_offsets(self, group: str, offsets: Mapping[MessageQueue, int]) -> None:
+        """Record the group's progress (one request per broker where the wire allows)."""
+
+    def register_consumer(self, group: str, topics: Sequence[str]) -> None:  # noqa: B027
+        """Tell the brokers that ``group`` consumes ``topics`` (CLUSTERING).
+
+        Where the broker needs it (RocketMQ creates ``%RETRY%<group>`` when a
+        consumer registers, and its tools show a group's progress only then).
+        Nothing to do by default.
+        """
+
+    # -- pull ----------------------------------------------------------------------------
+
+    @abstractmethod
+    def pull(
+        self,
+        group: str,
+        mq: MessageQueue,
+        offset: int,
+        max_nums: int,
+        *,
+        subscription: str = "*",
+        expression_type: str = "TAG",
+        max_bytes: int = 0,
+        suspend_timeout_ms: int = 0,
+        timeout_s: float | None = None,
+    ) -> PullBatch: ...
+
+    @abstractmethod
+    def decode_arrow(
+        self,
+        pulled: PullBatch,
+        mq: MessageQueue,
+        *,
+        retry: bool,
+        end_offset: int | None = None,
+        subscription: str = "*",
+        expression_type: str = "TAG",
+    ) -> pa.RecordBatch:
+        """The rows of a pull, in the source schema (rows at ``end_offset`` or beyond left out).
+
+        ``subscription`` is applied again where the broker filters only
+        approximately (RocketMQ filters tags by hash code on the broker).
+        """
+
+    @abstractmethod
+    def decode_messages(
+        self, pulled: PullBatch, mq: MessageQueue, *, subscription: str = "*", expression_type: str = "TAG"
+    ) -> list[MessageExt]: ...
+
+    # -- send ----------------------------------------------------------------------------
+
+    @abstractmethod
+    def encode_records(
+        self, topic: str, bodies: Sequence[bytes], properties: Sequence[bytes],
+        flags: Sequence[int] | None = None,
+    ) -> tuple[bytes, npt.NDArray[np.int32]]:
+        """Message images of this backend, back to back, and their sizes.
+
+        ``properties[i]`` is RocketMQ's encoding (``name\\x01value\\x02`` ...) and
+        starts with UNIQ_KEY.
+        """
+
+    @abstractmethod
+    def frame_columns(
+        self, topic: str, bodies: pa.Array, body_lens: npt.NDArray[np.int64],
+        property_parts: Sequence[pa.Array | pa.Scalar], property_lens: npt.NDArray[np.int64],
+    ) -> tuple[bytes, npt.NDArray[np.int32]] | None:
+        """:meth:`encode_records` for Arrow columns, vectorised (the Spark sink's bulk path).
+
+        Each message's properties are the concatenation of ``property_parts``
+        (arrays of one value per row, or scalars shared by all). None when a
+        message would not fit this backend's image; the caller then takes its
+        per-row path, which names the row.
+        """
+
+    @abstractmethod
+    def send(
+        self, producer_group: str, request: SendRequest, mq: MessageQueue, timeout_s: float, *,
+        half: bool = False,
+    ) -> SendResult:
+        """Send ``request`` to ``mq`` and wait (errors: PymqError subclasses).
+
+        ``half``: store transaction half messages (one transaction per message).
+        """
+
+    @abstractmethod
+    def send_future(
+        self, producer_group: str, request: SendRequest, mq: MessageQueue, timeout_s: float, *,
+        half: bool = False,
+    ) -> Future[SendResult]:
+        """Start a send; the future fails with a PymqError subclass."""
+
+    # -- send back -------------------------------------------------------------------------
+
+    @abstractmethod
+    def send_back(
+        self,
+        group: str,
+        columns: SendBackColumns,
+        max_reconsume_times: int | None,
+    ) -> list[SendBackOutcome | None]:
+        """Ask the broker to send consumed messages back (to %RETRY% or %DLQ%).
+
+        One outcome per item; None where the broker could not do it (the caller
+        then sends that message to %RETRY%<group> itself, RocketMQ's fallback).
+        """
+
+
+
+def backend_config(
+    endpoint: str | None, namesrv_addr: str | None, access_key: str | None = None,
+    secret_key: str | None = None,
+) -> BackendConfig:
+    """The backend of a client class: exactly one of ``endpoint`` and ``namesrv_addr``."""
+    if (endpoint is None) == (namesrv_addr is None):
+        raise ValueError(
+            "give exactly one of endpoint ('host:port' of a pymq broker) and namesrv_addr "
+            f"('host:9876;host2:9876' of Apache RocketMQ), got endpoint={endpoint!r}, "
+            f"namesrv_addr={namesrv_addr!r}"
+        )
+    if (access_key is None) != (secret_key is None):
+        raise ValueError("give both access_key and secret_key, or neither")
+    return BackendConfig(endpoint, namesrv_addr, access_key, secret_key)
+
+
+def check_namesrv_addr(value: object) -> str:
+    """``value`` as RocketMQ's ``host:port;host2:port`` list, or a ValueError naming it."""
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"namesrvAddr must be 'host:port' or 'host:port;host2:port', got {value!r}")
+    addrs = [a.strip() for a in value.strip().strip(";").split(";")]
+    for addr in addrs:
+        host, sep, port = addr.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(
+                f"namesrvAddr {value!r}: {addr!r} is not 'host:port' with a port in 1..65535 "
+                "(e.g. '127.0.0.1:9876;127.0.0.1:9877')"
+            )
+    return ";".join(addrs)
+
+
+def parse_backend_options(get: Callable[[str], str | None], prefix: str) -> BackendConfig:
+    """The backend named by Spark options ``endpoint`` / ``namesrvAddr`` (+ ``accessKey``, ``secretKey``).
+
+    Exactly one of ``endpoint`` and ``namesrvAddr``; errors name the option and
+    the value (never the secret key's).
+    """
+    from ..client.transport import check_endpoint
+
+    endpoint, namesrv = get("endpoint") or None, get("namesrvAddr") or None
+    if endpoint and namesrv:
+        raise ValueError(
+            f"{prefix}s endpoint={endpoint!r} and namesrvAddr={namesrv!r} are both set: use endpoint "
+            "for a pymq broker or namesrvAddr for Apache RocketMQ's name servers, not both"
+        )
+    if not endpoint and not namesrv:
+        raise ValueError(
+            f"{prefix} endpoint is required: set .option('endpoint', 'host:port') to the address "
+            "pymq-broker prints ('pymq broker listening on HOST:PORT'), or "
+            ".option('namesrvAddr', 'host:9876') for Apache RocketMQ"
+        )
+    access_key, secret_key = get("accessKey") or None, get("secretKey") or None
+    if (access_key is None) != (secret_key is None):
+        raise ValueError(
+            f"{prefix} accessKey and secretKey go together: set both (RocketMQ ACL credentials) or neither"
+        )
+    if access_key is not None and not namesrv:
+        raise ValueError(
+            f"{prefix} accessKey/secretKey sign requests to Apache RocketMQ: set namesrvAddr with them "
+            "(the pymq broker does not check credentials)"
+        )
+    try:
+        if namesrv:
+            return BackendConfig(None, check_namesrv_addr(namesrv), access_key, secret_key)
+        return BackendConfig(check_endpoint(endpoint), None)
+    except ValueError as err:
+        name, value = ("namesrvAddr", namesrv) if namesrv else ("endpoint", endpoint)
+        raise ValueError(f"{prefix} {name}={value!r} is not valid: {err}") from None
+
+
+def check_subscription(config: BackendConfig, expression: str, expression_type: str) -> None:
+    """ValueError naming ``expression`` when ``config``'s broker would refuse it.
+
+    Both backends take RocketMQ's SQL92 grammar (the real broker needs
+    ``enablePropertyFilter=true``), checked here with the embedded broker's parser.
+    """
+    if expression_type == "SQL92":
+        from pymq_broker.filter.sql92 import compile_sql92
+
+        compile_sql92(expression)
+
+
+_backends: dict[tuple[int, BackendConfig, float], Backend] = {}
+_backends_lock = threading.Lock()
+
+
+def cached_backend(config: BackendConfig, timeout_s: float = 10.0) -> Backend:
+    """This process's backend for ``config`` (Spark reuses Python workers across tasks).
+
+    Keyed by pid too, so a forked process never uses its parent's connections.
+    """
+    import os
+
+    key = (os.getpid(), config, timeout_s)
+    backend = _backends.get(key)
+    if backend is None:
+        with _backends_lock:
+            backend = _backends.get(key)
+            if backend is None:
+                backend = open_backend(config, timeout_s)
+                _backends[key] = backend
+    return backend
+
+
+def open_backend(config: BackendConfig, timeout_s: float = 10.0) -> Backend:
+    """A new backend: pymq's gRPC for ``endpoint``, RocketMQ's remoting for ``namesrv_addr``."""
+    if config.namesrv_addr:
+        from .rocketmq import RocketMQBackend
+
+        return RocketMQBackend(config, timeout_s)
+    from .pymq import PymqBackend
+
+    return PymqBackend(config, timeout_s)

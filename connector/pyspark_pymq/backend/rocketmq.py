@@ -1,0 +1,368 @@
+"""Apache RocketMQ as a backend: name servers, brokers, RocketMQ's remoting protocol and records.
+
+Pure Python (no JVM in Spark's workers): :mod:`pyspark_pymq.rocketmq` speaks the
+protocol (:mod:`~pyspark_pymq.rocketmq.remoting`, ``api``, ``route``) and reads
+and writes RocketMQ's ``MessageDecoder`` layout (:mod:`~pyspark_pymq.rocketmq.codec`).
+This module maps that onto :class:`~pyspark_pymq.backend.base.Backend`:
+
+- routes come from the name servers (``GET_ROUTEINFO_BY_TOPIC``); every broker
+  of a topic's route is read and written, each at its master's address;
+- a pull is ``PULL_MESSAGE`` without offset commit or long polling; a tag
+  subscription is checked again on the client, since brokers filter tags by
+  hash code only (as ``PullAPIWrapper.processPullResult`` does);
+- a send of one message is ``SEND_MESSAGE_V2``; of several, one
+  ``SEND_BATCH_MESSAGE`` (``MessageDecoder.encodeMessages`` body);
+- progress is ``UPDATE_CONSUMER_OFFSET`` (so ``mqadmin consumerProgress`` and
+  RocketMQ Dashboard show the lag), a send back ``CONSUMER_SEND_MSG_BACK`` (the
+  real broker's retry ladder and ``%DLQ%`` apply).
+
+What differs from the embedded broker: CONSUMER_SEND_MSG_BACK carries no extra
+properties, so the failure reasons pymq attaches to sent-back messages are kept
+only where pymq falls back to sending the copy itself; transactional (half)
+messages are not sent through this backend yet.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from ..client.message import MessageExt, MessageQueue, PullStatus, SendBackColumns, SendResult
+from ..client.route import TopicRoute
+from ..errors import PymqError, TopicNotExistError
+from ..rocketmq import codec
+from ..rocketmq.api import ConsumerData, MQClientAPI, PullResultExt, build_pull_sys_flag, default_client_id
+from ..rocketmq.remoting import RemotingClient, SessionCredentials
+from ..rocketmq.route import NameServerClient, RouteCache
+from .base import Backend, BackendConfig, PullBatch, QueueBounds, SendBackOutcome, SendRequest
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["RocketMQBackend"]
+
+_QUEUE_OFFSET = struct.Struct(">q")
+_QUEUE_OFFSET_AT = 20  # QUEUEOFFSET in MessageDecoder's record
+_BATCH_ITEM_FIXED = 4 * 5 + 2  # encodeMessages: TOTALSIZE MAGIC BODYCRC FLAG BODYLEN, PROPERTIESLENGTH
+DEFAULT_MAX_RECONSUME_TIMES = 16  # a consumer's -1: RocketMQ's default
+# Brokers answer at most maxTransferCountOnMessageInMemory (32) messages per pull by default:
+# an unfiltered pull of more goes out as this many pulls at once.
+PULL_WINDOW = 64
+
+
+class RocketMQBackend(Backend):
+    """Apache RocketMQ 4.x/5.x clusters reached through their name servers (``namesrvAddr``)."""
+
+    def __init__(self, config: BackendConfig, timeout_s: float = 10.0) -> None:
+        assert config.namesrv_addr, "RocketMQBackend needs namesrv_addr"
+        self.config = config
+        self.timeout_s = timeout_s
+        credentials = (
+            SessionCredentials(config.access_key, config.secret_key)
+            if config.access_key and config.secret_key else None
+        )
+        self.remoting = RemotingClient.shared(credentials)
+        self.namesrv = NameServerClient(config.namesrv_addr, remoting=self.remoting, timeout_s=timeout_s)
+        self._routes = RouteCache(self.namesrv)
+        self.api = MQClientAPI(self.remoting, timeout_s=timeout_s)
+        # broker address -> how many messages it answers per pull at most (learned)
+        self._pull_caps: dict[str, int] = {}
+
+    def _addr(self, mq: MessageQueue) -> str:
+        return self._routes.broker_addr(mq.topic, mq.broker_name)
+
+    # -- routes and offsets -----------------------------------------------------------------
+
+    def route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
+        return self._routes.get(topic, refresh=refresh)
+
+    def queue_bounds(self, topic: str) -> dict[MessageQueue, QueueBounds] | None:
+        try:
+            route = self._routes.get(topic, refresh=True)
+        except TopicNotExistError:
+            return None
+        if not route.subscribe_queues:
+            return None
+        stats: dict[MessageQueue, QueueBounds] = {}
+        for broker in sorted({mq.broker_name for mq in route.subscribe_queues}):
+            addr = self._routes.broker_addr(topic, broker)
+            try:  # one GET_TOPIC_STATS_INFO per broker, not two calls per queue
+                found = self.api.get_topic_stats_info(addr, topic)
+            except TopicNotExistError:
+                continue  # the route still names a broker that dropped the topic
+            for mq, offsets in found.items():
+                stats[mq] = QueueBounds(offsets.min_offset, offsets.max_offset)
+        out: dict[MessageQueue, QueueBounds] = {}
+        for mq in route.subscribe_queues:
+            bounds = stats.get(mq)
+            if bounds is None:
+                bounds = QueueBounds(self.min_offset(mq), self.max_offset(mq))
+            out[mq] = bounds
+        return out
+
+    def min_offset(self, mq: MessageQueue) -> int:
+        return self.api.get_min_offset(self._addr(mq), mq)
+
+    def max_offset(self, mq: MessageQueue) -> int:
+        return self.api.get_max_offset(self._addr(mq), mq)
+
+    def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
+        return self.api.search_offset(self._addr(mq), mq, timestamp_ms)
+
+    def committed(self, group: str, mq: MessageQueue) -> int:
+        # RocketMQ answers 0 for a group that never committed on a queue still starting at 0
+        # (setZeroIfNotFound); pymq's contract is -1 for "no progress", so that
+        # consumeFromWhere decides where such a group starts, as on the embedded broker.
+        return self.api.query_consumer_offset(self._addr(mq), group, mq, set_zero_if_not_found=False)
+
+    def commit_offsets(self, group: str, offsets: Mapping[MessageQueue, int]) -> None:
+        for mq, offset in offsets.items():
+            try:
+                self.api.update_consumer_offset(self._addr(mq), group, mq, offset)
+            except PymqError as err:
+                if err.code != "SUBSCRIPTION_GROUP_NOT_EXIST":
+                    raise
+                raise type(err)(
+                    f"consumer group {group!r} does not exist on broker {mq.broker_name!r}, so its "
+                    f"progress on {mq} cannot be kept: create it (mqadmin updateSubGroup -n "
+                    f"{self.config.namesrv_addr} -c <cluster> -g {group}) or enable the brokers' "
+                    "autoCreateSubscriptionGroup (a pull creates the group then)", code=err.code,
+                ) from None
+
+    def register_consumer(self, group: str, topics: Sequence[str]) -> None:
+        # One HEART_BEAT per broker creates %RETRY%<group> (and the group, where the brokers
+        # auto-create groups); the client is unregistered at once, so that push consumers
+        # of the same group never count this process when they share out queues.
+        data = ConsumerData.for_topics(group, [t for t in topics if not t.startswith("%RETRY%")])
+        client_id = default_client_id()
+        addrs = {addr for t in data.subscriptions if not t.topic.startswith("%RETRY%")
+                 for addr in self._routes.get(t.topic).endpoints.values()}
+        for addr in sorted(addrs):
+            self.api.heartbeat(addr, client_id, [data])
+            self.api.unregister_client(addr, client_id, consumer_group=group)
+
+    # -- pull -------------------------------------------------------------------------------
+
+    def pull(
+        self,
+        group: str,
+        mq: MessageQueue,
+        offset: int,
+        max_nums: int,
+        *,
+        subscription: str = "*",
+        expression_type: str = "TAG",
+        max_bytes: int = 0,
+        suspend_timeout_ms: int = 0,
+        timeout_s: float | None = None,
+    ) -> PullBatch:
+        addr = self._addr(mq)
+        cap = self._pull_caps.get(addr)
+        plain = expression_type == "TAG" and subscription.strip() in ("", "*") and not suspend_timeout_ms
+        if plain and cap is not None and max_nums > cap:
+            return self._pull_window(addr, group, mq, offset, max_nums, cap, timeout_s)
+        r = self._pull_one(addr, group, mq, offset, max_nums, subscription, expression_type,
+                           suspend_timeout_ms, timeout_s)
+        short = r.next_begin_offset < min(offset + max_nums, r.max_offset)
+        if plain and r.status is PullStatus.FOUND and short:
+            # fewer than asked while the queue has more: the broker's per-pull cap
+            # (maxTransferCountOnMessageInMemory, 32 by default; or its byte cap)
+            self._pull_caps[addr] = max(1, r.next_begin_offset - offset)
+        return r
+
+    def _pull_one(
+        self, addr: str, group: str, mq: MessageQueue, offset: int, max_nums: int, subscription: str,
+        expression_type: str, suspend_timeout_ms: int, timeout_s: float | None,
+    ) -> PullBatch:
+        r = self.api.pull_message(
+            addr, group, mq, offset, max_nums,
+            sub_expression=subscription or "*", expression_type=expression_type,
+            sys_flag=build_pull_sys_flag(suspend=suspend_timeout_ms > 0),
+            suspend_timeout_ms=suspend_timeout_ms, timeout_s=timeout_s,
+        )  # fmt: skip
+        return _pull_batch(r, offset)
+
+    def _pull_window(
+        self, addr: str, group: str, mq: MessageQueue, offset: int, max_nums: int, cap: int,
+        timeout_s: float | None,
+    ) -> PullBatch:
+        """One pull of up to ``max_nums`` messages as up to PULL_WINDOW pulls of ``cap`` in flight.
+
+        Queue offsets are dense, so the sub-ranges of an unfiltered pull are known
+        before any answer; the answers are joined in order and the window stops at
+        the first one that came back short (the read loop goes on from there).
+        """
+        starts = list(range(offset, offset + max_nums, cap))[:PULL_WINDOW]
+        futures = [
+            self.api.pull_message_async(addr, group, mq, start, min(cap, offset + max_nums - start),
+                                        sys_flag=build_pull_sys_flag(), timeout_s=timeout_s)
+            for start in starts
+        ]
+        parts: list[bytes] = []
+        last: PullBatch | None = None
+        first_offset = -1
+        for start, future in zip(starts, futures, strict=True):
+            if last is not None and last.next_begin_offset != start:
+                future.cancel()
+                continue
+            got = _pull_batch(future.result(), start)
+            if got.status is not PullStatus.FOUND:
+                if last is None:
+                    return got
+                last = PullBatch(PullStatus.FOUND, last.next_begin_offset, got.min_offset, got.max_offset)
+                continue
+            if last is None:
+                first_offset = got.first_queue_offset
+            parts.append(got.records)
+            last = got
+        assert last is not None
+        records = b"".join(parts)
+        return PullBatch(PullStatus.FOUND, last.next_begin_offset, last.min_offset, last.max_offset,
+                         records, last.next_begin_offset - offset, first_offset)
+
+    def decode_arrow(
+        self,
+        pulled: PullBatch,
+        mq: MessageQueue,
+        *,
+        retry: bool,
+        end_offset: int | None = None,
+        subscription: str = "*",
+        expression_type: str = "TAG",
+    ) -> pa.RecordBatch:
+        batch = codec.decode_to_arrow(
+            pulled.records, topic=mq.topic, broker_name=mq.broker_name, retry=retry, end_offset=end_offset
+        )
+        tags = _tags(subscription, expression_type)
+        return codec.filter_batch_by_tags(batch, tags) if tags else batch
+
+    def decode_messages(
+        self, pulled: PullBatch, mq: MessageQueue, *, subscription: str = "*", expression_type: str = "TAG"
+    ) -> list[MessageExt]:
+        messages = codec.decode_messages(pulled.records, mq.broker_name) if pulled.records else []
+        tags = _tags(subscription, expression_type)
+        return codec.filter_by_tags(messages, tags) if tags else messages
+
+    # -- send -------------------------------------------------------------------------------
+
+    def encode_records(
+        self, topic: str, bodies: Sequence[bytes], properties: Sequence[bytes],
+        flags: Sequence[int] | None = None,
+    ) -> tuple[bytes, npt.NDArray[np.int32]]:
+        flag_of = flags or [0] * len(bodies)
+        records = codec.encode_batch(zip(bodies, flag_of, properties, strict=True))
+        sizes = np.fromiter(
+            (_BATCH_ITEM_FIXED + len(b) + len(p) for b, p in zip(bodies, properties, strict=True)),
+            dtype=np.int32, count=len(bodies),
+        )
+        return records, sizes
+
+    def frame_columns(
+        self, topic: str, bodies: pa.Array, body_lens: npt.NDArray[np.int64],
+        property_parts: Sequence[pa.Array | pa.Scalar], property_lens: npt.NDArray[np.int64],
+    ) -> tuple[bytes, npt.NDArray[np.int32]] | None:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if int(property_lens.max(initial=0)) > 32767:  # RocketMQ keeps the length in a short
+            return None
+        props = pc.binary_join_element_wise(*property_parts, pa.scalar(b"", pa.binary()))
+        if isinstance(props, pa.Scalar):  # every part was shared by all rows
+            props = pa.array([props.as_py()] * len(body_lens), pa.binary())
+        records = codec.encode_batch_columns(bodies, props)
+        return records, (_BATCH_ITEM_FIXED + body_lens + property_lens).astype(np.int32)
+
+    @staticmethod
+    def _check_half(half: bool) -> None:
+        if half:
+            raise PymqError(
+                "transactional (half) messages are not sent to Apache RocketMQ by pymq yet; "
+                "use a pymq endpoint for deliveryGuarantee=exactly-once and TransactionProducer",
+                code="NOT_SUPPORTED",
+            )
+
+    def send(
+        self, producer_group: str, request: SendRequest, mq: MessageQueue, timeout_s: float, *,
+        half: bool = False,
+    ) -> SendResult:
+        self._check_half(half)
+        addr = self._addr(mq)
+        if len(request.sizes) == 1:
+            body, flag, props = codec.decode_batch(request.records)[0]
+            return self.api.send_message(
+                addr, mq, body, props, producer_group=producer_group, flag=flag,
+                reconsume_times=request.reconsume_times or None, timeout_s=timeout_s,
+            )
+        return self.api.send_batch_message(
+            addr, mq, request.records, request.uniq_keys, producer_group=producer_group, timeout_s=timeout_s
+        )
+
+    def send_future(
+        self, producer_group: str, request: SendRequest, mq: MessageQueue, timeout_s: float, *,
+        half: bool = False,
+    ) -> Future[SendResult]:
+        self._check_half(half)
+        addr = self._addr(mq)
+        if len(request.sizes) == 1:
+            body, flag, props = codec.decode_batch(request.records)[0]
+            return self.api.send_message_async(
+                addr, mq, body, props, producer_group=producer_group, flag=flag,
+                reconsume_times=request.reconsume_times or None, timeout_s=timeout_s,
+            )
+        return self.api.send_batch_message_async(
+            addr, mq, request.records, request.uniq_keys, producer_group=producer_group, timeout_s=timeout_s
+        )
+
+    # -- send back --------------------------------------------------------------------------
+
+    def send_back(
+        self, group: str, columns: SendBackColumns, max_reconsume_times: int | None
+    ) -> list[SendBackOutcome | None]:
+        max_times = max_reconsume_times or DEFAULT_MAX_RECONSUME_TIMES
+        topic = columns.origin_topics[0] if columns.origin_topics else "%RETRY%" + group
+        try:
+            addr = self._routes.broker_addr(topic, columns.broker_name)
+        except PymqError:
+            return [None] * len(columns.commit_log_offsets)  # each item falls back to a direct send
+        out: list[SendBackOutcome | None] = []
+        for i, phy in enumerate(columns.commit_log_offsets):
+            level = columns.delay_levels[i]
+            try:
+                self.api.consumer_send_msg_back(
+                    addr, group, phy, level,
+                    columns.origin_msg_ids[i] if columns.origin_msg_ids else "",
+                    columns.origin_topics[i] if columns.origin_topics else "",
+                    max_times, broker_name=columns.broker_name,
+                )  # fmt: skip
+            except PymqError:
+                out.append(None)
+                continue
+            # the broker's rule (SendMessageProcessor.consumerSendMsgBack): the DLQ once the
+            # message was consumed max times, or when asked with a negative level
+            times = columns.reconsume_times[i] if columns.reconsume_times else 0
+            out.append(SendBackOutcome(level < 0 or times >= max_times))
+        return out
+
+
+def _pull_batch(r: PullResultExt, offset: int) -> PullBatch:
+    records = bytes(r.message_binary) if r.message_binary else b""
+    first = _QUEUE_OFFSET.unpack_from(records, _QUEUE_OFFSET_AT)[0] if len(records) >= 28 else -1
+    # The answer does not count its messages: the offsets it covers are an upper bound
+    # (it only sizes the Arrow batches of the read loop).
+    count = max(0, r.next_begin_offset - offset) if records else 0
+    return PullBatch(r.status, r.next_begin_offset, r.min_offset, r.max_offset, records, count, first)
+
+
+def _tags(subscription: str, expression_type: str) -> list[str]:
+    """The tags of a tag subscription (none for ``*`` or SQL92)."""
+    if expression_type != "TAG":
+        return []
+    text = subscription.strip()
+    if text in ("", "*"):
+        return []
+    return [t.strip() for t in text.split("||") if t.strip()]

@@ -1,0 +1,861 @@
+"""The client calls to RocketMQ brokers, one request each, as RocketMQ's ``MQClientAPIImpl``.
+
+:class:`MQClientAPI` builds each request header with the field names of RocketMQ's
+``*RequestHeader`` classes, sends it over a :class:`~.remoting.RemotingClient`, and maps
+the answer: a typed result, or a :class:`~pyspark_pymq.errors.PymqError` subclass whose
+``code`` is RocketMQ's ResponseCode name and whose message names the call, the broker
+address and the broker's remark (``TopicNotExistError``, ``NoPermissionError``,
+``SystemBusyError``, ``BrokerUnavailableError`` for SERVICE_NOT_AVAILABLE...).
+Transport failures raise ``BrokerUnavailableError`` / ``RequestTimeoutError``.
+
+Usage::
+
+    api = MQClientAPI()                                    # the process's shared connections
+    mq = MessageQueue("orders", "broker-a", 0)
+    addr = "127.0.0.1:10911"                               # broker-a's master (see route.py)
+    sent = api.send_message(addr, mq, b"hello", {"TAGS": "created"}, producer_group="g")
+    pulled = api.pull_message(addr, "my-group", mq, offset=0, max_nums=32)
+    pulled.status, pulled.next_begin_offset, pulled.message_binary   # decode with codec.py
+    api.update_consumer_offset(addr, "my-group", mq, pulled.next_begin_offset)
+
+What is left to the caller, as in RocketMQ's own client: choosing the broker (routes),
+retrying failed sends elsewhere, decoding pulled records (:mod:`.codec`), and keeping a
+consumer registered (``heartbeat`` every 30 s: the broker drops a consumer it has not
+heard from for 120 s, and forgets it at once when its connection closes).
+
+Throughput: a pull answers at most the broker's ``maxTransferCountOnMessageInMemory``
+(32 by default) messages and ``maxTransferBytesOnMessageInMemory`` (256 KiB): raise them
+on the broker for large pulls; ``max_nums`` above them is cut silently.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from ..client.message import MessageQueue, PullStatus, SendResult, SendStatus, new_uniq_key
+from .codec import message_properties_to_string
+from .protocol import (
+    RemotingCommand,
+    RequestCode,
+    ResponseCode,
+    loads_fastjson,
+    request_code_name,
+    response_error,
+)
+from .remoting import RemotingClient
+
+__all__ = [
+    "DEFAULT_TOPIC",
+    "PULL_FLAG_CLASS_FILTER",
+    "PULL_FLAG_COMMIT_OFFSET",
+    "PULL_FLAG_LITE_PULL",
+    "PULL_FLAG_SUBSCRIPTION",
+    "PULL_FLAG_SUSPEND",
+    "ConsumerData",
+    "MQClientAPI",
+    "PullResultExt",
+    "SubscriptionData",
+    "TopicOffset",
+    "build_pull_sys_flag",
+    "default_client_id",
+    "java_string_hash",
+]
+
+# PullSysFlag
+PULL_FLAG_COMMIT_OFFSET = 0x1
+PULL_FLAG_SUSPEND = 0x2
+PULL_FLAG_SUBSCRIPTION = 0x4
+PULL_FLAG_CLASS_FILTER = 0x8
+PULL_FLAG_LITE_PULL = 0x10
+
+# TopicValidator.AUTO_CREATE_TOPIC_KEY_TOPIC: the template of topics a broker auto-creates.
+DEFAULT_TOPIC = "TBW102"
+DEFAULT_TOPIC_QUEUE_NUMS = 4
+DEFAULT_TIMEOUT_S = 3.0  # sendMsgTimeout
+UNIQ_KEY = "UNIQ_KEY"
+
+_SEND_STATUS = {
+    ResponseCode.SUCCESS: SendStatus.SEND_OK,
+    ResponseCode.FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
+    ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
+    ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
+}
+_PULL_STATUS = {
+    ResponseCode.SUCCESS: PullStatus.FOUND,
+    ResponseCode.PULL_NOT_FOUND: PullStatus.NO_NEW_MSG,
+    ResponseCode.PULL_RETRY_IMMEDIATELY: PullStatus.NO_MATCHED_MSG,
+    ResponseCode.PULL_OFFSET_MOVED: PullStatus.OFFSET_ILLEGAL,
+}
+_OFFSET = struct.Struct(">q")
+
+T = TypeVar("T")
+
+
+def build_pull_sys_flag(
+    *,
+    commit_offset: bool = False,
+    suspend: bool = False,
+    subscription: bool = True,
+    class_filter: bool = False,
+) -> int:
+    """``PullSysFlag.buildSysFlag``.
+
+    ``subscription`` makes the broker filter by the request's expression; without it the
+    broker uses the group's subscription from its heartbeat (SUBSCRIPTION_NOT_EXIST if
+    none). ``commit_offset`` stores the request's ``commitOffset`` as the group's progress.
+    ``suspend`` lets the broker hold a pull that finds nothing (long polling).
+    """
+    return (
+        (PULL_FLAG_COMMIT_OFFSET if commit_offset else 0)
+        | (PULL_FLAG_SUSPEND if suspend else 0)
+        | (PULL_FLAG_SUBSCRIPTION if subscription else 0)
+        | (PULL_FLAG_CLASS_FILTER if class_filter else 0)
+    )
+
+
+def java_string_hash(s: str) -> int:
+    """Java's ``String.hashCode`` (over UTF-16 code units), as tag codes are computed."""
+    h = 0
+    for unit in struct.unpack(f">{len(s.encode('utf-16-be')) // 2}H", s.encode("utf-16-be")):
+        h = (31 * h + unit) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def default_client_id() -> str:
+    """A client id as RocketMQ's (``ip@instanceName``): host name and process id."""
+    return f"{socket.gethostname()}@{os.getpid()}"
+
+
+@dataclass(frozen=True, slots=True)
+class PullResultExt:
+    """A pull's answer, messages undecoded (RocketMQ's ``PullResultExt``).
+
+    ``message_binary`` holds the stored records back to back (decode with
+    ``codec.decode_messages`` or ``codec.decode_to_arrow``); empty unless FOUND. For
+    NO_NEW_MSG, NO_MATCHED_MSG and OFFSET_ILLEGAL, ``next_begin_offset`` is where to pull
+    next (for OFFSET_ILLEGAL past the end: the max offset). ``suggest_which_broker_id``
+    is the broker id (0 master) the broker suggests pulling this queue from next.
+    """
+
+    status: PullStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    suggest_which_broker_id: int
+    message_binary: bytes | bytearray
+    offset_delta: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TopicOffset:
+    """A queue's offsets (``TopicOffset``): [min_offset, max_offset) are stored."""
+
+    min_offset: int
+    max_offset: int
+    last_update_timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionData:
+    """One subscription of a consumer's heartbeat (``SubscriptionData``)."""
+
+    topic: str
+    sub_string: str = "*"
+    expression_type: str = "TAG"
+    sub_version: int = field(default_factory=lambda: int(time.time() * 1000))
+
+    def to_json(self) -> dict[str, Any]:
+        sub_string = self.sub_string.strip()
+        tags: list[str] = []
+        if self.expression_type == "TAG":
+            if sub_string in ("", "*"):
+                sub_string = "*"
+            else:
+                # FilterAPI.buildSubscriptionData: "A || B" -> tags {A, B}, codes their hashes
+                tags = [t.strip() for t in sub_string.split("||") if t.strip()]
+        return {
+            "classFilterMode": False,
+            "codeSet": [java_string_hash(t) for t in tags],
+            "expressionType": self.expression_type,
+            "subString": sub_string,
+            "subVersion": self.sub_version,
+            "tagsSet": tags,
+            "topic": self.topic,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerData:
+    """A consumer group's part of a heartbeat (``ConsumerData``).
+
+    ``consume_type``: ``CONSUME_PASSIVELY`` (push) or ``CONSUME_ACTIVELY`` (pull; some
+    brokers reject those with ``rejectPullConsumerEnable``); ``message_model``:
+    ``CLUSTERING`` or ``BROADCASTING``.
+    """
+
+    group_name: str
+    subscriptions: tuple[SubscriptionData, ...]
+    consume_type: str = "CONSUME_PASSIVELY"
+    message_model: str = "CLUSTERING"
+    consume_from_where: str = "CONSUME_FROM_LAST_OFFSET"
+    unit_mode: bool = False
+
+    @staticmethod
+    def for_topics(
+        group: str,
+        topics: Mapping[str, str] | Iterable[str],
+        *,
+        expression_type: str = "TAG",
+        message_model: str = "CLUSTERING",
+        with_retry_topic: bool = True,
+    ) -> ConsumerData:
+        """A group subscribing ``topics`` (topic -> expression, or topics with ``*``).
+
+        With ``with_retry_topic`` (and CLUSTERING) it also subscribes ``%RETRY%<group>``,
+        as RocketMQ's push consumer does: the broker then creates that topic.
+        """
+        exprs = dict(topics) if isinstance(topics, Mapping) else dict.fromkeys(topics, "*")
+        subs = [SubscriptionData(t, e, expression_type) for t, e in exprs.items()]
+        retry = f"%RETRY%{group}"
+        if with_retry_topic and message_model == "CLUSTERING" and retry not in exprs:
+            subs.append(SubscriptionData(retry))
+        return ConsumerData(group, tuple(subs), message_model=message_model)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "consumeFromWhere": self.consume_from_where,
+            "consumeType": self.consume_type,
+            "groupName": self.group_name,
+            "messageModel": self.message_model,
+            "subscriptionDataSet": [s.to_json() for s in self.subscriptions],
+            "unitMode": self.unit_mode,
+        }
+
+
+def _then(fut: Future[RemotingCommand], fn: Callable[[RemotingCommand], T]) -> Future[T]:
+    """A future of ``fn(response)``; ``fn`` runs on the thread that completes ``fut``."""
+    out: Future[T] = Future()
+    out.set_running_or_notify_cancel()
+
+    def done(f: Future[RemotingCommand]) -> None:
+        err = f.exception()
+        if err is not None:
+            out.set_exception(err)
+            return
+        try:
+            out.set_result(fn(f.result()))
+        except BaseException as e:  # the caller sees it through the future
+            out.set_exception(e)
+
+    fut.add_done_callback(done)
+    return out
+
+
+def _int(ext: Mapping[str, str], name: str, default: int = 0) -> int:
+    value = ext.get(name)
+    return int(value) if value else default
+
+
+class MQClientAPI:
+    """Typed calls to RocketMQ brokers (one request each).
+
+    Args:
+        remoting: the connections to use; the process's :meth:`RemotingClient.shared`
+            client by default.
+        timeout_s: the default time-out of a call (RocketMQ's 3 s).
+
+    Every method takes the broker address (``"host:port"``, from the route) and an
+    optional ``timeout_s``. Ext field values are strings, named as RocketMQ's headers.
+    """
+
+    def __init__(
+        self, remoting: RemotingClient | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> None:
+        self.remoting = remoting if remoting is not None else RemotingClient.shared()
+        self.timeout_s = timeout_s
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def _timeout(self, timeout_s: float | None) -> float:
+        return self.timeout_s if timeout_s is None else timeout_s
+
+    def _call(
+        self, addr: str, request: RemotingCommand, timeout_s: float | None, check: bool = True
+    ) -> RemotingCommand:
+        response = self.remoting.invoke_sync(addr, request, self._timeout(timeout_s))
+        if check and response.code != ResponseCode.SUCCESS:
+            raise response_error(response, addr, request_code_name(request.code))
+        return response
+
+    # -- pull ---------------------------------------------------------------------------------
+
+    def _pull_request(
+        self,
+        group: str,
+        mq: MessageQueue,
+        offset: int,
+        max_nums: int,
+        sub_expression: str,
+        expression_type: str,
+        sys_flag: int | None,
+        commit_offset: int,
+        suspend_timeout_ms: int,
+        sub_version: int,
+        max_msg_bytes: int | None,
+    ) -> RemotingCommand:
+        ext = {
+            "consumerGroup": group,
+            "topic": mq.topic,
+            "queueId": str(mq.queue_id),
+            "queueOffset": str(offset),
+            "maxMsgNums": str(max_nums),
+            "sysFlag": str(build_pull_sys_flag() if sys_flag is None else sys_flag),
+            "commitOffset": str(commit_offset),
+            "suspendTimeoutMillis": str(suspend_timeout_ms),
+            "subscription": sub_expression,
+            "subVersion": str(sub_version),
+            "expressionType": expression_type,
+            "bname": mq.broker_name,
+        }
+        if max_msg_bytes is not None:
+            ext["maxMsgBytes"] = str(max_msg_bytes)
+        return RemotingCommand(RequestCode.PULL_MESSAGE, ext_fields=ext)
+
+    @staticmethod
+    def _pull_result(addr: str, response: RemotingCommand) -> PullResultExt:
+        status = _PULL_STATUS.get(response.code)
+        if status is None:
+            raise response_error(response, addr, "PULL_MESSAGE")
+        ext = response.ext_fields
+        delta = ext.get("offsetDelta")
+        return PullResultExt(
+            status,
+            _int(ext, "nextBeginOffset"),
+            _int(ext, "minOffset"),
+            _int(ext, "maxOffset"),
+            _int(ext, "suggestWhichBrokerId"),
+            response.body,
+            int(delta) if delta else None,
+        )
+
+    def pull_message(
+        self,
+        addr: str,
+        group: str,
+        mq: MessageQueue,
+        offset: int,
+        max_nums: int = 32,
+        *,
+        sub_expression: str = "*",
+        expression_type: str = "TAG",
+        sys_flag: int | None = None,
+        commit_offset: int = 0,
+        suspend_timeout_ms: int = 0,
+        sub_version: int = 0,
+        max_msg_bytes: int | None = None,
+        timeout_s: float | None = None,
+    ) -> PullResultExt:
+        """Pull up to ``max_nums`` messages of ``mq`` from queue offset ``offset`` (PULL_MESSAGE).
+
+        ``sys_flag`` defaults to ``build_pull_sys_flag()`` (filter by ``sub_expression``,
+        no offset commit, no long polling); ``expression_type`` is ``TAG`` or ``SQL92``.
+        With a suspend flag the broker may hold the pull ``suspend_timeout_ms``; the
+        default time-out then adds it to the call's.
+        """
+        request = self._pull_request(
+            group, mq, offset, max_nums, sub_expression, expression_type, sys_flag,
+            commit_offset, suspend_timeout_ms, sub_version, max_msg_bytes,
+        )  # fmt: skip
+        timeout = self._timeout(timeout_s) + (suspend_timeout_ms / 1000 if timeout_s is None else 0)
+        return self._pull_result(addr, self.remoting.invoke_sync(addr, request, timeout))
+
+    def pull_message_async(
+        self,
+        addr: str,
+        group: str,
+        mq: MessageQueue,
+        offset: int,
+        max_nums: int = 32,
+        *,
+        sub_expression: str = "*",
+        expression_type: str = "TAG",
+        sys_flag: int | None = None,
+        commit_offset: int = 0,
+        suspend_timeout_ms: int = 0,
+        sub_version: int = 0,
+        max_msg_bytes: int | None = None,
+        timeout_s: float | None = None,
+    ) -> Future[PullResultExt]:
+        """:meth:`pull_message` without waiting: many queues can be pulled at once."""
+        request = self._pull_request(
+            group, mq, offset, max_nums, sub_expression, expression_type, sys_flag,
+            commit_offset, suspend_timeout_ms, sub_version, max_msg_bytes,
+        )  # fmt: skip
+        timeout = self._timeout(timeout_s) + (suspend_timeout_ms / 1000 if timeout_s is None else 0)
+        return _then(self.remoting.invoke_async(addr, request, timeout), lambda r: self._pull_result(addr, r))
+
+    # -- send ---------------------------------------------------------------------------------
+
+    def _send_request(
+        self,
+        code: int,
+        mq: MessageQueue,
+        body: bytes | bytearray,
+        properties: str,
+        producer_group: str,
+        flag: int,
+        sys_flag: int,
+        born_timestamp_ms: int | None,
+        reconsume_times: int | None,
+        max_reconsume_times: int | None,
+        batch: bool,
+        default_topic: str,
+        default_topic_queue_nums: int,
+    ) -> RemotingCommand:
+        # SendMessageRequestHeaderV2: one-letter names of SendMessageRequestHeader's fields
+        ext = {
+            "a": producer_group,
+            "b": mq.topic,
+            "c": default_topic,
+            "d": str(default_topic_queue_nums),
+            "e": str(mq.queue_id),
+            "f": str(sys_flag),
+            "g": str(int(time.time() * 1000) if born_timestamp_ms is None else born_timestamp_ms),
+            "h": str(flag),
+            "i": properties,
+            "j": str(reconsume_times or 0),
+            "k": "false",
+            "m": "true" if batch else "false",
+            "n": mq.broker_name,
+        }
+        if max_reconsume_times is not None:
+            ext["l"] = str(max_reconsume_times)
+        return RemotingCommand(code, ext_fields=ext, body=body)
+
+    @staticmethod
+    def _send_result(
+        addr: str, mq: MessageQueue, msg_ids: Sequence[str], response: RemotingCommand, call: str
+    ) -> SendResult:
+        status = _SEND_STATUS.get(response.code)
+        if status is None:
+            raise response_error(response, addr, f"{call} of {mq}")
+        ext = response.ext_fields
+        store_host = b""
+        offsets: list[int] = []
+        # msgId: the offsetMsgId(s), store host + commit-log offset, comma-joined for a batch
+        for one in filter(None, ext.get("msgId", "").split(",")):
+            try:
+                raw = bytes.fromhex(one)
+            except ValueError:
+                continue
+            if len(raw) > 8:
+                store_host = raw[:-8]
+                offsets.append(_OFFSET.unpack_from(raw, len(raw) - 8)[0])
+        return SendResult(
+            status,
+            MessageQueue(mq.topic, mq.broker_name, _int(ext, "queueId", mq.queue_id)),
+            _int(ext, "queueOffset"),
+            tuple(msg_ids),
+            tuple(offsets),
+            store_host,
+        )
+
+    def _single(
+        self,
+        mq: MessageQueue,
+        body: bytes | bytearray,
+        properties: Mapping[str, str],
+        producer_group: str,
+        flag: int,
+        sys_flag: int,
+        born_timestamp_ms: int | None,
+        reconsume_times: int | None,
+        max_reconsume_times: int | None,
+    ) -> tuple[RemotingCommand, str]:
+        uniq = properties.get(UNIQ_KEY)
+        if not uniq:
+            uniq = new_uniq_key()
+            properties = {**properties, UNIQ_KEY: uniq}
+        request = self._send_request(
+            RequestCode.SEND_MESSAGE_V2, mq, body, message_properties_to_string(properties),
+            producer_group, flag, sys_flag, born_timestamp_ms, reconsume_times,
+            max_reconsume_times, False, DEFAULT_TOPIC, DEFAULT_TOPIC_QUEUE_NUMS,
+        )  # fmt: skip
+        return request, uniq
+
+    def send_message(
+        self,
+        addr: str,
+        mq: MessageQueue,
+        body: bytes | bytearray,
+        properties: Mapping[str, str],
+        *,
+        producer_group: str,
+        flag: int = 0,
+        sys_flag: int = 0,
+        born_timestamp_ms: int | None = None,
+        reconsume_times: int | None = None,
+        max_reconsume_times: int | None = None,
+        timeout_s: float | None = None,
+    ) -> SendResult:
+        """Send one message to ``mq`` (SEND_MESSAGE_V2) and wait for the broker's result.
+
+        ``properties`` are the stored ones (``TAGS``, ``KEYS``, ``DELAY``, user
+        properties...); a ``UNIQ_KEY`` (the msgId) is added if missing. ``body`` is sent
+        as is: compress it and set ``sys_flag`` (``MessageSysFlag``) yourself. The status
+        is SEND_OK or, per the answer's code, FLUSH_DISK_TIMEOUT / FLUSH_SLAVE_TIMEOUT /
+        SLAVE_NOT_AVAILABLE (stored, not yet durable as asked); any other code raises.
+        """
+        request, uniq = self._single(
+            mq, body, properties, producer_group, flag, sys_flag, born_timestamp_ms,
+            reconsume_times, max_reconsume_times,
+        )  # fmt: skip
+        response = self.remoting.invoke_sync(addr, request, self._timeout(timeout_s))
+        return self._send_result(addr, mq, (uniq,), response, "SEND_MESSAGE_V2")
+
+    def send_message_async(
+        self,
+        addr: str,
+        mq: MessageQueue,
+        body: bytes | bytearray,
+        properties: Mapping[str, str],
+        *,
+        producer_group: str,
+        flag: int = 0,
+        sys_flag: int = 0,
+        born_timestamp_ms: int | None = None,
+        reconsume_times: int | None = None,
+        max_reconsume_times: int | None = None,
+        timeout_s: float | None = None,
+    ) -> Future[SendResult]:
+        """:meth:`send_message` without waiting; the future gets the result or the error."""
+        request, uniq = self._single(
+            mq, body, properties, producer_group, flag, sys_flag, born_timestamp_ms,
+            reconsume_times, max_reconsume_times,
+        )  # fmt: skip
+        return _then(
+            self.remoting.invoke_async(addr, request, self._timeout(timeout_s)),
+            lambda r: self._send_result(addr, mq, (uniq,), r, "SEND_MESSAGE_V2"),
+        )
+
+    def send_message_oneway(
+        self,
+        addr: str,
+        mq: MessageQueue,
+        body: bytes | bytearray,
+        properties: Mapping[str, str],
+        *,
+        producer_group: str,
+        flag: int = 0,
+        sys_flag: int = 0,
+        born_timestamp_ms: int | None = None,
+        reconsume_times: int | None = None,
+        max_reconsume_times: int | None = None,
+        timeout_s: float | None = None,
+    ) -> str:
+        """Send one message without an answer; returns its msgId (UNIQ_KEY).
+
+        Raises only if it could not be written: a broker refusal is never seen.
+        """
+        request, uniq = self._single(
+            mq, body, properties, producer_group, flag, sys_flag, born_timestamp_ms,
+            reconsume_times, max_reconsume_times,
+        )  # fmt: skip
+        self.remoting.invoke_oneway(addr, request, self._timeout(timeout_s))
+        return uniq
+
+    def _batch(
+        self,
+        mq: MessageQueue,
+        body: bytes | bytearray,
+        producer_group: str,
+        properties: Mapping[str, str] | None,
+        born_timestamp_ms: int | None,
+    ) -> RemotingCommand:
+        return self._send_request(
+            RequestCode.SEND_BATCH_MESSAGE, mq, body,
+            message_properties_to_string(properties) if properties else "",
+            producer_group, 0, 0, born_timestamp_ms, None, None, True,
+            DEFAULT_TOPIC, DEFAULT_TOPIC_QUEUE_NUMS,
+        )  # fmt: skip
+
+    def send_batch_message(
+        self,
+        addr: str,
+        mq: MessageQueue,
+        body: bytes | bytearray,
+        msg_ids: Sequence[str],
+        *,
+        producer_group: str,
+        properties: Mapping[str, str] | None = None,
+        born_timestamp_ms: int | None = None,
+        timeout_s: float | None = None,
+    ) -> SendResult:
+        """Send a pre-encoded batch (``codec.encode_batch``) to ``mq`` (SEND_BATCH_MESSAGE).
+
+        ``msg_ids`` are the UNIQ_KEYs inside the batch, in order (returned in the result;
+        the broker answers only the offsetMsgIds). ``properties`` are the batch's own
+        (the broker adds them to every message). One topic, no delay levels.
+        """
+        request = self._batch(mq, body, producer_group, properties, born_timestamp_ms)
+        response = self.remoting.invoke_sync(addr, request, self._timeout(timeout_s))
+        return self._send_result(addr, mq, msg_ids, response, "SEND_BATCH_MESSAGE")
+
+    def send_batch_message_async(
+        self,
+        addr: str,
+        mq: MessageQueue,
+        body: bytes | bytearray,
+        msg_ids: Sequence[str],
+        *,
+        producer_group: str,
+        properties: Mapping[str, str] | None = None,
+        born_timestamp_ms: int | None = None,
+        timeout_s: float | None = None,
+    ) -> Future[SendResult]:
+        """:meth:`send_batch_message` without waiting."""
+        request = self._batch(mq, body, producer_group, properties, born_timestamp_ms)
+        return _then(
+            self.remoting.invoke_async(addr, request, self._timeout(timeout_s)),
+            lambda r: self._send_result(addr, mq, msg_ids, r, "SEND_BATCH_MESSAGE"),
+        )
+
+    # -- offsets ------------------------------------------------------------------------------
+
+    def query_consumer_offset(
+        self,
+        addr: str,
+        group: str,
+        mq: MessageQueue,
+        *,
+        set_zero_if_not_found: bool | None = None,
+        timeout_s: float | None = None,
+    ) -> int:
+        """The group's committed offset of ``mq`` (QUERY_CONSUMER_OFFSET); -1 if none.
+
+        A broker answers a group that never committed with QUERY_NOT_FOUND (-1 here),
+        except that by default (``set_zero_if_not_found`` None or True) it answers **0**
+        when the queue's messages still start at offset 0 and are in memory. Pass
+        ``set_zero_if_not_found=False`` to always tell "never committed" (-1) apart.
+        """
+        ext = {
+            "consumerGroup": group,
+            "topic": mq.topic,
+            "queueId": str(mq.queue_id),
+            "bname": mq.broker_name,
+        }
+        if set_zero_if_not_found is not None:
+            ext["setZeroIfNotFound"] = "true" if set_zero_if_not_found else "false"
+        request = RemotingCommand(RequestCode.QUERY_CONSUMER_OFFSET, ext_fields=ext)
+        response = self._call(addr, request, timeout_s, check=False)
+        if response.code == ResponseCode.QUERY_NOT_FOUND:
+            return -1
+        if response.code != ResponseCode.SUCCESS:
+            raise response_error(response, addr, f"QUERY_CONSUMER_OFFSET of {group} on {mq}")
+        return _int(response.ext_fields, "offset", -1)
+
+    def _update_offset_request(self, group: str, mq: MessageQueue, offset: int) -> RemotingCommand:
+        return RemotingCommand(
+            RequestCode.UPDATE_CONSUMER_OFFSET,
+            ext_fields={
+                "consumerGroup": group,
+                "topic": mq.topic,
+                "queueId": str(mq.queue_id),
+                "commitOffset": str(offset),
+                "bname": mq.broker_name,
+            },
+        )
+
+    def update_consumer_offset(
+        self, addr: str, group: str, mq: MessageQueue, offset: int, *, timeout_s: float | None = None
+    ) -> None:
+        """Commit ``offset`` (the next to consume) as the group's progress on ``mq``.
+
+        The broker does not check it against the queue's range. It refuses it with
+        SUBSCRIPTION_GROUP_NOT_EXIST until the group exists on that broker: a pull or a
+        heartbeat of the group creates it (with ``autoCreateSubscriptionGroup``, the
+        default), a query of its offsets does not.
+        """
+        self._call(addr, self._update_offset_request(group, mq, offset), timeout_s)
+
+    def update_consumer_offset_oneway(self, addr: str, group: str, mq: MessageQueue, offset: int) -> None:
+        """:meth:`update_consumer_offset` without an answer (as the Java client's periodic commit)."""
+        self.remoting.invoke_oneway(addr, self._update_offset_request(group, mq, offset), self.timeout_s)
+
+    def _queue_call(
+        self, addr: str, code: int, mq: MessageQueue, timeout_s: float | None, **extra: str
+    ) -> RemotingCommand:
+        ext = {"topic": mq.topic, "queueId": str(mq.queue_id), "bname": mq.broker_name, **extra}
+        response = self.remoting.invoke_sync(
+            addr, RemotingCommand(code, ext_fields=ext), self._timeout(timeout_s)
+        )
+        if response.code != ResponseCode.SUCCESS:
+            raise response_error(response, addr, f"{request_code_name(code)} of {mq}")
+        return response
+
+    def get_max_offset(
+        self, addr: str, mq: MessageQueue, *, committed: bool = True, timeout_s: float | None = None
+    ) -> int:
+        """The offset after the last message of ``mq`` (GET_MAX_OFFSET).
+
+        ``committed``: only messages replicated as the broker's HA mode requires.
+        """
+        r = self._queue_call(
+            addr, RequestCode.GET_MAX_OFFSET, mq, timeout_s, committed="true" if committed else "false"
+        )
+        return _int(r.ext_fields, "offset")
+
+    def get_min_offset(self, addr: str, mq: MessageQueue, *, timeout_s: float | None = None) -> int:
+        """The offset of the oldest message still stored in ``mq`` (GET_MIN_OFFSET)."""
+        return _int(self._queue_call(addr, RequestCode.GET_MIN_OFFSET, mq, timeout_s).ext_fields, "offset")
+
+    def search_offset(
+        self,
+        addr: str,
+        mq: MessageQueue,
+        timestamp_ms: int,
+        *,
+        boundary: str = "lower",
+        timeout_s: float | None = None,
+    ) -> int:
+        """The queue offset of the first message stored at or after ``timestamp_ms``.
+
+        (SEARCH_OFFSET_BY_TIMESTAMP.) ``boundary`` ``"lower"`` or ``"upper"`` picks the
+        first or last of several messages stored in the same millisecond. Before the first
+        message: the min offset; after the last: the max offset.
+        """
+        if boundary not in ("lower", "upper"):
+            raise ValueError(f"boundary must be 'lower' or 'upper', got {boundary!r}")
+        r = self._queue_call(
+            addr, RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, mq, timeout_s,
+            timestamp=str(timestamp_ms), boundaryType=boundary,
+        )  # fmt: skip
+        return _int(r.ext_fields, "offset")
+
+    def get_earliest_msg_store_time(
+        self, addr: str, mq: MessageQueue, *, timeout_s: float | None = None
+    ) -> int:
+        """The store time (ms) of the oldest message in ``mq`` (GET_EARLIEST_MSG_STORETIME)."""
+        r = self._queue_call(addr, RequestCode.GET_EARLIEST_MSG_STORETIME, mq, timeout_s)
+        return _int(r.ext_fields, "timestamp")
+
+    def get_topic_stats_info(
+        self, addr: str, topic: str, *, timeout_s: float | None = None
+    ) -> dict[MessageQueue, TopicOffset]:
+        """Min and max offset of every queue of ``topic`` on this broker (GET_TOPIC_STATS_INFO)."""
+        request = RemotingCommand(RequestCode.GET_TOPIC_STATS_INFO, ext_fields={"topic": topic})
+        response = self.remoting.invoke_sync(addr, request, self._timeout(timeout_s))
+        if response.code != ResponseCode.SUCCESS:
+            raise response_error(response, addr, f"GET_TOPIC_STATS_INFO of topic {topic!r}")
+        # offsetTable is a Map<MessageQueue, TopicOffset>: fastjson writes object keys
+        doc: Any = loads_fastjson(response.body) if response.body else {}
+        out: dict[MessageQueue, TopicOffset] = {}
+        for key, value in (doc.get("offsetTable") or {}).items():
+            k = dict(key) if isinstance(key, tuple) else json.loads(key)
+            out[MessageQueue(str(k["topic"]), str(k["brokerName"]), int(k["queueId"]))] = TopicOffset(
+                int(value.get("minOffset", 0)),
+                int(value.get("maxOffset", 0)),
+                int(value.get("lastUpdateTimestamp", 0)),
+            )
+        return dict(sorted(out.items()))
+
+    # -- consumers ----------------------------------------------------------------------------
+
+    def consumer_send_msg_back(
+        self,
+        addr: str,
+        group: str,
+        commit_log_offset: int,
+        delay_level: int,
+        origin_msg_id: str,
+        origin_topic: str,
+        max_reconsume_times: int,
+        *,
+        broker_name: str | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
+        """Hand a message that failed to consume back to the broker (CONSUMER_SEND_MSG_BACK).
+
+        The broker reads the message at ``commit_log_offset`` and stores a copy in
+        ``%RETRY%<group>`` through ``SCHEDULE_TOPIC_XXXX`` (``delay_level`` 0: level 3 +
+        reconsume times), or in ``%DLQ%<group>`` once its reconsume times reach
+        ``max_reconsume_times`` or when ``delay_level`` is negative.
+        """
+        ext = {
+            "offset": str(commit_log_offset),
+            "group": group,
+            "delayLevel": str(delay_level),
+            "originMsgId": origin_msg_id,
+            "originTopic": origin_topic,
+            "unitMode": "false",
+            "maxReconsumeTimes": str(max_reconsume_times),
+        }
+        if broker_name is not None:
+            ext["bname"] = broker_name
+        self._call(addr, RemotingCommand(RequestCode.CONSUMER_SEND_MSG_BACK, ext_fields=ext), timeout_s)
+
+    def heartbeat(
+        self,
+        addr: str,
+        client_id: str,
+        consumers: Sequence[ConsumerData] = (),
+        producer_groups: Sequence[str] = (),
+        *,
+        timeout_s: float | None = None,
+    ) -> int:
+        """Register consumers and producer groups with the broker (HEART_BEAT); its version.
+
+        The registration lives on this process's connection to ``addr``: send one every
+        30 s (the broker expires it after 120 s) and after a reconnect. For a CLUSTERING
+        group it also creates ``%RETRY%<group>`` on the broker (if the group exists or
+        ``autoCreateSubscriptionGroup`` is on).
+        """
+        body = {
+            "clientID": client_id,
+            "consumerDataSet": [c.to_json() for c in consumers],
+            "heartbeatFingerprint": 0,  # non-zero selects the V2 protocol (fingerprint-based)
+            "producerDataSet": [{"groupName": g} for g in producer_groups],
+            "withoutSub": False,
+        }
+        request = RemotingCommand(RequestCode.HEART_BEAT, body=json.dumps(body).encode())
+        return self._call(addr, request, timeout_s).version
+
+    def unregister_client(
+        self,
+        addr: str,
+        client_id: str,
+        *,
+        producer_group: str | None = None,
+        consumer_group: str | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
+        """Unregister a producer and/or consumer group of ``client_id`` (UNREGISTER_CLIENT)."""
+        ext = {"clientID": client_id}
+        if producer_group is not None:
+            ext["producerGroup"] = producer_group
+        if consumer_group is not None:
+            ext["consumerGroup"] = consumer_group
+        self._call(addr, RemotingCommand(RequestCode.UNREGISTER_CLIENT, ext_fields=ext), timeout_s)
+
+    def get_consumer_list_by_group(
+        self, addr: str, group: str, *, timeout_s: float | None = None
+    ) -> list[str]:
+        """The client ids of the group's consumers registered with this broker; [] if none."""
+        request = RemotingCommand(RequestCode.GET_CONSUMER_LIST_BY_GROUP, ext_fields={"consumerGroup": group})
+        response = self._call(addr, request, timeout_s, check=False)
+        if response.code == ResponseCode.SYSTEM_ERROR and (response.remark or "").startswith(
+            "no consumer for this group"
+        ):
+            return []  # how a broker says "none": SYSTEM_ERROR with this remark
+        if response.code != ResponseCode.SUCCESS:
+            raise response_error(response, addr, f"GET_CONSUMER_LIST_BY_GROUP of {group!r}")
+        doc: Any = loads_fastjson(response.body) if response.body else {}
+        return [str(c) for c in doc.get("consumerIdList") or ()]

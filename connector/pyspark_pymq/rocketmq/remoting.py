@@ -1,0 +1,603 @@
+"""TCP connections to RocketMQ name servers and brokers, with many requests in flight each.
+
+:class:`RemotingClient` is pymq's ``NettyRemotingClient``: one connection per address,
+requests matched to their responses by ``opaque``, and requests from the broker
+(``CHECK_TRANSACTION_STATE``...) handed to handlers registered per request code.
+
+Usage::
+
+    client = RemotingClient.shared()                      # this process's client
+    cmd = RemotingCommand.request(RequestCode.GET_MAX_OFFSET, {"topic": "T", "queueId": "0"})
+    response = client.invoke_sync("127.0.0.1:10911", cmd, timeout_s=3.0)
+    future = client.invoke_async("127.0.0.1:10911", cmd2, timeout_s=3.0)   # many at once
+    client.invoke_oneway("127.0.0.1:10911", cmd3)                            # no answer
+
+Errors (``pyspark_pymq.errors``): a refused, failed or closed connection raises (or fails
+the future with) :class:`BrokerUnavailableError` naming the address; no answer within
+``timeout_s`` raises :class:`RequestTimeoutError` naming the address and the request. A
+response is returned whatever its code: mapping codes to errors is the caller's job
+(:mod:`pyspark_pymq.rocketmq.api`).
+
+Connections are kept per (process id, address): Spark forks Python workers from a
+daemon, and a forked worker opens its own connection instead of writing into its
+parent's socket (an at-fork hook also drops the parent's sockets and locks in the
+child). A closed connection fails every request waiting on it and is opened again by
+the next request. Each connection has one reader thread; futures complete, and their
+done-callbacks run, on that thread, so callbacks must be quick and must not block on
+another request to the same address.
+
+Requests from the broker (flag bit 0 clear) go to the handler registered for their code
+with :meth:`RemotingClient.register_processor`, on a small thread pool; its returned
+command is sent back as the response. A request without a handler is answered
+``REQUEST_CODE_NOT_SUPPORTED`` unless it is one-way (e.g. ``NOTIFY_CONSUMER_IDS_CHANGED``),
+as RocketMQ's Java client does.
+
+Signing (RocketMQ ACL, ``AclClientRPCHook``): pass ``rpc_hook=AclClientRPCHook(
+SessionCredentials(access_key, secret_key))`` and every request carries ``AccessKey``,
+``Signature`` and optionally ``SecurityToken`` in its ext fields.
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import contextlib
+import hashlib
+import hmac
+import itertools
+import os
+import re
+import socket
+import struct
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ..errors import BrokerUnavailableError, PymqError, RequestTimeoutError
+from .protocol import (
+    FLAG_ONEWAY,
+    FLAG_RESPONSE,
+    MAX_FRAME_LENGTH,
+    RemotingCommand,
+    ResponseCode,
+    decode_header,
+    request_code_name,
+)
+
+__all__ = [
+    "AclClientRPCHook",
+    "RPCHook",
+    "RemotingClient",
+    "RequestHandler",
+    "SessionCredentials",
+    "parse_address",
+    "sign_request",
+]
+
+# A broker's pull answer is at most maxTransferBytesOnMessageInMemory (256 KiB by default) of
+# messages: one buffer of this size takes most answers, or many small ones, in one recv.
+READ_BUFFER = 512 * 1024
+# A body at least this large is read straight into a buffer of its own (handed out as it is);
+# smaller ones are copied out of the shared read buffer.
+DIRECT_BODY = 64 * 1024
+# When less than this is free behind the data, the partial frame moves to the buffer's start.
+MIN_READ_SPACE = 64 * 1024
+# Concatenating a small body to its header costs less than a second write.
+JOIN_BODY_BELOW = 16 * 1024
+# How often the sweeper fails asynchronous requests that outlived their time-out.
+SWEEP_INTERVAL_S = 0.05
+DEFAULT_CONNECT_TIMEOUT_S = 3.0
+
+_INT2 = struct.Struct(">ii")
+_ADDRESS = re.compile(r"(?:\[([0-9A-Fa-f:.]+)\]|([A-Za-z0-9._-]+)):([0-9]{1,5})")
+
+RequestHandler = Callable[[str, RemotingCommand], RemotingCommand | None]
+"""A handler of broker requests: ``(address, request) -> response or None``."""
+
+
+def parse_address(addr: object) -> tuple[str, int]:
+    """``(host, port)`` of ``"host:port"`` (``"[::1]:9876"`` for IPv6), or a ValueError."""
+    if isinstance(addr, str):
+        m = _ADDRESS.fullmatch(addr.strip())
+        if m is not None and 0 < int(m.group(3)) < 65536:
+            return m.group(1) or m.group(2), int(m.group(3))
+    raise ValueError(f"address {addr!r} is not 'host:port' with a port in 1..65535 (e.g. '127.0.0.1:9876')")
+
+
+# -- signing ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SessionCredentials:
+    """RocketMQ ACL credentials (``SessionCredentials``); the secret key is never shown."""
+
+    access_key: str
+    secret_key: str = field(repr=False)
+    security_token: str | None = field(default=None, repr=False)
+
+
+class RPCHook(Protocol):
+    """Called with every request before it is encoded (``RPCHook.doBeforeRequest``)."""
+
+    def do_before_request(self, addr: str, request: RemotingCommand) -> None: ...
+
+
+def sign_request(ext_fields: dict[str, str], body: bytes | bytearray, secret_key: str) -> str:
+    """RocketMQ's request signature: Base64(HmacSHA1(secret, sorted field values + body)).
+
+    As ``AclUtils.combineRequestContent``: the values (not names) of every ext field but
+    ``Signature``, in the order of their sorted names, as UTF-8, then the body.
+    """
+    content = "".join(v for k, v in sorted(ext_fields.items()) if k != "Signature").encode()
+    mac = hmac.new(secret_key.encode(), content, hashlib.sha1)
+    if body:
+        mac.update(body)
+    return base64.b64encode(mac.digest()).decode("ascii")
+
+
+class AclClientRPCHook:
+    """Signs requests with access key / secret key, as RocketMQ's ``AclClientRPCHook``."""
+
+    def __init__(self, credentials: SessionCredentials) -> None:
+        self.credentials = credentials
+
+    def do_before_request(self, addr: str, request: RemotingCommand) -> None:
+        c = self.credentials
+        request.ext_fields["AccessKey"] = c.access_key
+        if c.security_token is not None:
+            request.ext_fields["SecurityToken"] = c.security_token
+        request.ext_fields["Signature"] = sign_request(request.ext_fields, request.body, c.secret_key)
+
+
+# -- one connection --------------------------------------------------------------------------
+
+
+class _ConnectionClosed(Exception):
+    pass
+
+
+class _Connection:
+    """One socket, its reader thread, and the requests waiting for an answer on it."""
+
+    def __init__(self, client: RemotingClient, addr: str, sock: socket.socket) -> None:
+        self.client = client
+        self.addr = addr
+        self.sock = sock
+        self.pid = os.getpid()
+        # opaque -> (future, monotonic deadline, request code, time-out)
+        self.pending: dict[int, tuple[Future[RemotingCommand], float, int, float]] = {}
+        self.send_lock = threading.Lock()
+        self.closed = False
+        self.close_reason = ""
+        self.reader = threading.Thread(
+            target=self._read_loop, name=f"pymq-remoting-reader-{addr}", daemon=True
+        )
+
+    # writing
+
+    def send(self, head: bytes, body: bytes | bytearray) -> None:
+        """Write one frame; OSError if the socket fails."""
+        with self.send_lock:
+            if self.closed:
+                raise OSError(f"connection closed ({self.close_reason})")
+            if not body:
+                self.sock.sendall(head)
+            elif len(body) < JOIN_BODY_BELOW:
+                self.sock.sendall(head + body)
+            else:
+                _send_parts(self.sock, (head, body))
+
+    # reading
+
+    def _read_loop(self) -> None:
+        reason = "closed by the peer"
+        try:
+            self._read_frames()
+        except _ConnectionClosed:
+            pass
+        except (OSError, ValueError, UnicodeDecodeError) as err:
+            reason = f"{type(err).__name__}: {err}"
+        self.close(reason)
+
+    def _read_frames(self) -> None:
+        sock = self.sock
+        buf = bytearray(READ_BUFFER)
+        view = memoryview(buf)
+        start = end = 0
+        unpack = _INT2.unpack_from
+        dispatch = self._dispatch
+        while True:
+            need = 0  # the size of the incomplete frame at `start`, once known
+            while end - start >= 8:
+                length, type_len = unpack(buf, start)
+                header_len = type_len & 0xFFFFFF
+                if not 4 <= length <= MAX_FRAME_LENGTH or header_len > length - 4:
+                    raise ValueError(f"corrupt frame: length {length}, header length {header_len}")
+                total = 4 + length
+                if end - start >= total:
+                    h0 = start + 8
+                    b0 = h0 + header_len
+                    start += total
+                    dispatch(view[h0:b0], type_len >> 24, bytes(view[b0:start]) if start > b0 else b"")
+                    continue
+                body_len = length - 4 - header_len
+                if body_len >= DIRECT_BODY and end - start >= 8 + header_len:
+                    # A large body goes straight into its own buffer: no copy out of ours.
+                    b0 = start + 8 + header_len
+                    header = bytes(view[start + 8 : b0])
+                    body = bytearray(body_len)
+                    have = end - b0
+                    body[:have] = view[b0:end]
+                    _recv_exactly(sock, memoryview(body)[have:])
+                    start = end = 0
+                    dispatch(header, type_len >> 24, body)
+                    continue
+                need = total if body_len < DIRECT_BODY else 8 + header_len
+                break
+            if start == end:
+                start = end = 0
+            elif len(buf) - end < MIN_READ_SPACE or start + need > len(buf):
+                n = end - start
+                if need > len(buf):  # a header larger than the buffer: grow it
+                    view.release()
+                    grown = bytearray(need + MIN_READ_SPACE)
+                    grown[:n] = buf[start:end]
+                    buf = grown
+                    view = memoryview(buf)
+                else:
+                    buf[:n] = buf[start:end]
+                start, end = 0, n
+            got = sock.recv_into(view[end:])
+            if not got:
+                raise _ConnectionClosed()
+            end += got
+
+    def _dispatch(self, header: memoryview | bytes, serialize_type: int, body: bytes | bytearray) -> None:
+        cmd = decode_header(header, serialize_type)
+        cmd.body = body
+        if cmd.flag & FLAG_RESPONSE:
+            entry = self.pending.pop(cmd.opaque, None)
+            # An answer nobody waits for any more (timed out) is dropped, as the Java client does.
+            if entry is not None:
+                entry[0].set_result(cmd)
+        else:
+            self.client._on_request(self, cmd)
+
+    # closing
+
+    def close(self, reason: str) -> None:
+        """Close the socket and fail every pending request (idempotent)."""
+        with self.send_lock:
+            if self.closed:
+                return
+            self.closed = True
+            self.close_reason = reason
+        if self.pid == os.getpid():
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        self.client._forget(self)
+        while self.pending:
+            try:
+                opaque, (fut, _, code, _) = self.pending.popitem()
+            except KeyError:
+                break
+            fut.set_exception(
+                BrokerUnavailableError(
+                    f"connection to {self.addr} closed while waiting for the answer to "
+                    f"{request_code_name(code)} (opaque {opaque}): {reason}"
+                )
+            )
+
+
+def _recv_exactly(sock: socket.socket, mv: memoryview) -> None:
+    while mv:
+        got = sock.recv_into(mv)
+        if not got:
+            raise _ConnectionClosed()
+        mv = mv[got:]
+
+
+def _send_parts(sock: socket.socket, parts: Sequence[bytes | bytearray]) -> None:
+    # sendmsg gathers header and body in one system call without joining them in memory.
+    total = sum(len(p) for p in parts)
+    sent = sock.sendmsg(parts)
+    if sent == total:
+        return
+    for p in parts:
+        if sent >= len(p):
+            sent -= len(p)
+            continue
+        sock.sendall(memoryview(p)[sent:])
+        sent = 0
+
+
+# -- the client ------------------------------------------------------------------------------
+
+_CLIENTS: weakref.WeakSet[RemotingClient] = weakref.WeakSet()
+_SHARED: dict[SessionCredentials | None, RemotingClient] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+class RemotingClient:
+    """Requests to RocketMQ name servers and brokers over pooled TCP connections.
+
+    Args:
+        rpc_hook: called with every request before it is sent (e.g. :class:`AclClientRPCHook`).
+        connect_timeout_s: the longest a connection attempt may take (at most the
+            request's own time-out).
+
+    Thread-safe. Prefer :meth:`shared` (one client, hence one connection per address, for
+    the whole process) over new instances: brokers tie consumer registrations
+    (``HEART_BEAT``) to the connection they came in on.
+    """
+
+    def __init__(
+        self,
+        *,
+        rpc_hook: RPCHook | None = None,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+    ) -> None:
+        self.rpc_hook = rpc_hook
+        self.connect_timeout_s = connect_timeout_s
+        self._processors: dict[int, RequestHandler] = {}
+        self._opaque = itertools.count(1)
+        self._closed = False
+        self._reset()
+        _CLIENTS.add(self)
+
+    def _reset(self) -> None:
+        # Also the at-fork hook's work: a child starts with no sockets, threads or held locks.
+        self._conns: dict[tuple[int, str], _Connection] = {}
+        self._lock = threading.Lock()
+        self._connect_locks: dict[str, threading.Lock] = {}
+        self._sweeper: threading.Thread | None = None
+        self._wake = threading.Event()
+        self._executor: ThreadPoolExecutor | None = None
+
+    @classmethod
+    def shared(cls, credentials: SessionCredentials | None = None) -> RemotingClient:
+        """The process-wide client (one per credentials), made on first use."""
+        client = _SHARED.get(credentials)
+        if client is None or client._closed:
+            with _SHARED_LOCK:
+                client = _SHARED.get(credentials)
+                if client is None or client._closed:
+                    hook = AclClientRPCHook(credentials) if credentials is not None else None
+                    client = cls(rpc_hook=hook)
+                    _SHARED[credentials] = client
+        return client
+
+    def register_processor(self, request_code: int, handler: RequestHandler) -> None:
+        """Handle broker requests with ``request_code`` (e.g. ``CHECK_TRANSACTION_STATE``).
+
+        The handler gets ``(address, request)`` on a pool thread; a command it returns is
+        sent back as the response (its opaque and response flag are set here); an
+        exception is answered ``SYSTEM_ERROR`` with its text.
+        """
+        self._processors[request_code] = handler
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def invoke_sync(self, addr: str, request: RemotingCommand, timeout_s: float) -> RemotingCommand:
+        """Send ``request`` and wait for its response (any code) at most ``timeout_s``."""
+        conn, opaque, fut = self._start(addr, request, timeout_s)
+        try:
+            return fut.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            if conn is None or conn.pending.pop(opaque, None) is not None:
+                raise self._timeout_error(addr, request.code, opaque, timeout_s) from None
+        # the reader, the sweeper or a close took it from the table just now: it is being completed
+        return fut.result()
+
+    def invoke_async(self, addr: str, request: RemotingCommand, timeout_s: float) -> Future[RemotingCommand]:
+        """Send ``request``; the future gets its response, or the error (never raises itself)."""
+        return self._start(addr, request, timeout_s)[2]
+
+    def invoke_oneway(self, addr: str, request: RemotingCommand, timeout_s: float | None = None) -> None:
+        """Send ``request`` marked one-way: the broker does not answer it.
+
+        Raises :class:`BrokerUnavailableError` if it cannot be written; that it was
+        written says nothing about whether the broker processed it.
+        """
+        request.flag = (request.flag | FLAG_ONEWAY) & ~FLAG_RESPONSE
+        request.opaque = self._next_opaque()
+        timeout = self.connect_timeout_s if timeout_s is None else timeout_s
+        conn = self._connection(addr, timeout)
+        if self.rpc_hook is not None:
+            self.rpc_hook.do_before_request(addr, request)
+        try:
+            conn.send(request.encode_head(), request.body)
+        except OSError as err:
+            conn.close(f"write failed: {err}")
+            raise self._write_error(addr, request.code, err) from None
+
+    def _start(
+        self, addr: str, request: RemotingCommand, timeout_s: float
+    ) -> tuple[_Connection | None, int, Future[RemotingCommand]]:
+        fut: Future[RemotingCommand] = Future()
+        # running futures cannot be cancelled: only the reader, the sweeper or a close completes them
+        fut.set_running_or_notify_cancel()
+        request.flag &= ~(FLAG_RESPONSE | FLAG_ONEWAY)
+        opaque = request.opaque = self._next_opaque()
+        try:
+            conn = self._connection(addr, timeout_s)
+        except PymqError as err:
+            fut.set_exception(err)
+            return None, opaque, fut
+        if self.rpc_hook is not None:
+            self.rpc_hook.do_before_request(addr, request)
+        head = request.encode_head()
+        conn.pending[opaque] = (fut, time.monotonic() + timeout_s, request.code, timeout_s)
+        if self._sweeper is None:
+            self._start_sweeper()
+        try:
+            conn.send(head, request.body)
+        except OSError as err:
+            if conn.pending.pop(opaque, None) is not None:
+                fut.set_exception(self._write_error(addr, request.code, err))
+            conn.close(f"write failed: {err}")
+        return conn, opaque, fut
+
+    def _next_opaque(self) -> int:
+        return next(self._opaque) & 0x7FFFFFFF
+
+    @staticmethod
+    def _timeout_error(addr: str, code: int, opaque: int, timeout_s: float) -> RequestTimeoutError:
+        return RequestTimeoutError(
+            f"{addr} did not answer {request_code_name(code)} (opaque {opaque}) within {timeout_s:g} s"
+        )
+
+    @staticmethod
+    def _write_error(addr: str, code: int, err: OSError) -> BrokerUnavailableError:
+        return BrokerUnavailableError(
+            f"could not send {request_code_name(code)} to {addr}: {err}. "
+            "The broker or name server closed the connection or went away."
+        )
+
+    # -- connections ------------------------------------------------------------------------
+
+    def _connection(self, addr: str, timeout_s: float) -> _Connection:
+        key = (os.getpid(), addr)
+        conn = self._conns.get(key)
+        if conn is not None and not conn.closed:
+            return conn
+        if self._closed:
+            raise BrokerUnavailableError(f"the remoting client is closed; cannot reach {addr}")
+        with self._lock:
+            lock = self._connect_locks.setdefault(addr, threading.Lock())
+        with lock:  # one connection attempt per address at a time
+            conn = self._conns.get(key)
+            if conn is not None and not conn.closed:
+                return conn
+            host, port = parse_address(addr)
+            timeout = max(0.001, min(self.connect_timeout_s, timeout_s))
+            try:
+                sock = socket.create_connection((host, port), timeout=timeout)
+            except TimeoutError:
+                raise BrokerUnavailableError(
+                    f"cannot connect to {addr}: no answer within {timeout:g} s. "
+                    "Check the address and that the broker or name server runs there."
+                ) from None
+            except OSError as err:
+                raise BrokerUnavailableError(
+                    f"cannot connect to {addr}: {err.strerror or err}. "
+                    "Check the address and that the broker or name server runs there."
+                ) from None
+            sock.settimeout(None)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            conn = _Connection(self, addr, sock)
+            self._conns[key] = conn
+            conn.reader.start()
+            return conn
+
+    def _forget(self, conn: _Connection) -> None:
+        key = (conn.pid, conn.addr)
+        with self._lock:
+            if self._conns.get(key) is conn:
+                del self._conns[key]
+
+    def close_connection(self, addr: str) -> None:
+        """Close this process's connection to ``addr`` (the next request opens a new one)."""
+        conn = self._conns.get((os.getpid(), addr))
+        if conn is not None:
+            conn.close("closed by the client")
+
+    def close(self) -> None:
+        """Close every connection; pending requests fail with BrokerUnavailableError."""
+        self._closed = True
+        self._wake.set()
+        for conn in list(self._conns.values()):
+            conn.close("the remoting client was closed")
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+
+    def __enter__(self) -> RemotingClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- time-outs of asynchronous requests -------------------------------------------------
+
+    def _start_sweeper(self) -> None:
+        with self._lock:
+            if self._sweeper is None:
+                self._sweeper = threading.Thread(
+                    target=self._sweep_loop, name="pymq-remoting-sweeper", daemon=True
+                )
+                self._sweeper.start()
+
+    def _sweep_loop(self) -> None:
+        wake = self._wake
+        while not self._closed:
+            wake.wait(SWEEP_INTERVAL_S)
+            now = time.monotonic()
+            for conn in list(self._conns.values()):
+                for opaque, (fut, deadline, code, timeout_s) in list(conn.pending.items()):
+                    if deadline <= now and conn.pending.pop(opaque, None) is not None:
+                        fut.set_exception(self._timeout_error(conn.addr, code, opaque, timeout_s))
+
+    # -- requests from the broker -----------------------------------------------------------
+
+    def _on_request(self, conn: _Connection, request: RemotingCommand) -> None:
+        handler = self._processors.get(request.code)
+        if handler is None:
+            if not request.is_oneway:
+                self._reply(
+                    conn,
+                    request,
+                    RemotingCommand.response(
+                        ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                        request.opaque,
+                        f" request type {request.code} not supported",
+                    ),
+                )
+            return
+        if self._executor is None:
+            with self._lock:
+                if self._executor is None:
+                    self._executor = ThreadPoolExecutor(4, thread_name_prefix="pymq-remoting-handler")
+        self._executor.submit(self._handle, conn, request, handler)
+
+    def _handle(self, conn: _Connection, request: RemotingCommand, handler: RequestHandler) -> None:
+        try:
+            response = handler(conn.addr, request)
+        except Exception as err:  # the broker gets the error, as from a Java processor
+            response = RemotingCommand.response(
+                ResponseCode.SYSTEM_ERROR, request.opaque, f"{type(err).__name__}: {err}"
+            )
+        if response is not None and not request.is_oneway:
+            self._reply(conn, request, response)
+
+    def _reply(self, conn: _Connection, request: RemotingCommand, response: RemotingCommand) -> None:
+        response.opaque = request.opaque
+        response.flag |= FLAG_RESPONSE
+        try:
+            conn.send(response.encode_head(), response.body)
+        except OSError as err:
+            conn.close(f"write failed: {err}")
+
+    # -- fork -------------------------------------------------------------------------------
+
+    def _after_fork_in_child(self) -> None:
+        for conn in list(self._conns.values()):
+            # only our copy of the descriptor: shutdown() would cut the parent's connection
+            with contextlib.suppress(OSError):
+                conn.sock.close()
+        self._reset()
+
+
+def _after_fork_in_child() -> None:
+    global _SHARED_LOCK
+    _SHARED_LOCK = threading.Lock()
+    for client in list(_CLIENTS):
+        client._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

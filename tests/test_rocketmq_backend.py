@@ -1,0 +1,175 @@
+"""The RocketMQ backend through pymq's client classes, against a real Apache RocketMQ 5.3.3.
+
+One name server and two brokers (tests/rocketmq_cluster.py); messages come from
+pymq's Producer and from RocketMQ's own Java client, and are read back with
+PullConsumer, the same code path the Spark source uses. Each test uses topics
+and groups of its own on the session's cluster.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import pytest
+from helpers import unique
+from pyspark_pymq import Message, MessageQueue, Producer, PullConsumer, PullStatus
+from pyspark_pymq.backend import BackendConfig, QueueBounds, open_backend
+from pyspark_pymq.errors import BrokerUnavailableError, PymqError, TopicNotExistError
+from rocketmq_cluster import JavaMessage, RocketMQCluster
+
+
+def _topic(
+    cluster: RocketMQCluster, prefix: str, queues: int = 2, brokers: list[str] | None = None
+) -> str:
+    topic = unique(prefix)
+    cluster.create_topic(topic, queues, brokers=brokers)
+    return topic
+
+
+def _read(consumer: PullConsumer, topic: str, **pull: str) -> list[tuple[MessageQueue, object]]:
+    out = []
+    for mq in consumer.queues(topic):
+        offset = 0
+        while True:
+            r = consumer.pull(mq, offset, 64, **pull)  # type: ignore[arg-type]
+            out.extend((mq, m) for m in r.messages)
+            if r.status is not PullStatus.FOUND or r.next_begin_offset >= r.max_offset:
+                break
+            offset = r.next_begin_offset
+    return out
+
+
+def test_route_spans_both_brokers_and_java_messages_decode(rocketmq_cluster: RocketMQCluster) -> None:
+    c = rocketmq_cluster
+    topic = _topic(c, "java")
+    big = bytes(range(256)) * 40  # 10 KiB: the Java client stores it zlib-compressed
+    sent = c.produce(topic, [
+        JavaMessage(b"plain-0"),
+        JavaMessage("tagged-1", tags="TagA", keys=["order-1", "user-9"], properties={"region": "eu"}),
+        JavaMessage(big, tags="TagB"),
+        *[JavaMessage(f"m-{i}", tags="TagA") for i in range(3, 12)],
+    ])
+    consumer = PullConsumer(group=unique("g"), namesrv_addr=c.namesrv_addr)
+    queues = consumer.queues(topic)
+    assert {mq.broker_name for mq in queues} == {"broker-a", "broker-b"}
+    got = {m.msg_id: (mq, m) for mq, m in _read(consumer, topic)}  # type: ignore[attr-defined]
+    assert set(got) == {s.msg_id for s in sent}
+    for s in sent:
+        mq, m = got[s.msg_id]
+        assert (mq.broker_name, mq.queue_id, m.queue_offset) == (s.broker_name, s.queue_id, s.queue_offset)
+        assert m.offset_msg_id == s.offset_msg_id
+    by_body = {m.body: m for _, m in got.values()}
+    assert big in by_body and by_body[big].tags == "TagB"
+    tagged = by_body[b"tagged-1"]
+    assert tagged.keys == ("order-1", "user-9")
+    assert tagged.properties["region"] == "eu"
+    # tag subscriptions: the brokers filter by hash code, the backend by the tag itself
+    only_b = _read(consumer, topic, subscription="TagB")
+    assert [m.body for _, m in only_b] == [big]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "oneway"])
+def test_producer_send_modes_and_batches_reach_both_brokers(
+    rocketmq_cluster: RocketMQCluster, mode: str
+) -> None:
+    c = rocketmq_cluster
+    topic = _topic(c, f"send-{mode}")
+    producer = Producer(namesrv_addr=c.namesrv_addr, send_mode=mode)  # type: ignore[arg-type]
+    results = [producer.send(Message(topic, f"one-{i}".encode(), tags="T", keys=(f"k{i}",)))
+               for i in range(8)]
+    results += producer.send_batch([Message(topic, f"batch-{i}".encode()) for i in range(50)])
+    producer.flush()
+    if mode == "async":
+        results = [r.result() for r in results]
+    consumer = PullConsumer(group=unique("g"), namesrv_addr=c.namesrv_addr)
+    got = _read(consumer, topic)
+    bodies = Counter(m.body for _, m in got)  # type: ignore[attr-defined]
+    expected = [f"one-{i}".encode() for i in range(8)] + [f"batch-{i}".encode() for i in range(50)]
+    assert bodies == Counter(expected)
+    assert {mq.broker_name for mq, _ in got} == {"broker-a", "broker-b"}  # round robin over brokers
+    if mode != "oneway":
+        ids = {i for r in results for i in r.msg_ids}  # type: ignore[union-attr]
+        assert ids == {m.msg_id for _, m in got}  # type: ignore[attr-defined]
+    one = next(m for _, m in got if m.body == b"one-3")  # type: ignore[attr-defined]
+    assert (one.tags, one.keys) == ("T", ("k3",))
+
+
+def test_offsets_commit_search_and_bounds(rocketmq_cluster: RocketMQCluster) -> None:
+    c = rocketmq_cluster
+    topic = _topic(c, "offsets", queues=1, brokers=["broker-a"])
+    producer = Producer(namesrv_addr=c.namesrv_addr)
+    before = int(time.time() * 1000)
+    for i in range(5):
+        producer.send(Message(topic, b"x%d" % i))
+    backend = open_backend(BackendConfig(None, c.namesrv_addr))
+    bounds = backend.queue_bounds(topic)
+    mq = MessageQueue(topic, "broker-a", 0)
+    assert bounds == {mq: QueueBounds(0, 5)}
+    group = unique("g")
+    consumer = PullConsumer(group=group, namesrv_addr=c.namesrv_addr)
+    assert consumer.committed(mq) == -1  # never committed: -1, not RocketMQ's in-memory 0
+    with pytest.raises(PymqError, match=rf"consumer group '{group}' does not exist.*updateSubGroup"):
+        consumer.commit(mq, 3)  # the group is made by its first pull (autoCreateSubscriptionGroup)
+    consumer.pull(mq, 0, 1)
+    consumer.commit(mq, 3)
+    consumer.register(topic)  # %RETRY%<group>: what mqadmin consumerProgress looks the group up by
+    assert consumer.committed(mq) == 3
+    # mqadmin sees the group's progress as RocketMQ's own tools show it
+    progress = [line.split() for line in c.mqadmin("consumerProgress", "-g", group).splitlines()]
+    row = next(p for p in progress if p and p[0] == topic)
+    assert row[1:5] == ["broker-a", "0", "5", "3"]  # broker offset 5, consumer offset 3
+    assert consumer.search_offset(mq, before) == 0
+    assert consumer.search_offset(mq, int(time.time() * 1000) + 60_000) == 5
+    r = consumer.pull(mq, 5, 10)
+    assert r.status is PullStatus.NO_NEW_MSG
+    assert backend.queue_bounds(unique("missing")) is None
+
+
+def test_send_back_goes_through_retry_to_dead_letters(rocketmq_cluster: RocketMQCluster) -> None:
+    c = rocketmq_cluster
+    topic = _topic(c, "sendback", queues=1, brokers=["broker-b"])
+    group = unique("g")
+    Producer(namesrv_addr=c.namesrv_addr).send(Message(topic, b"fails", keys=("order-7",)))
+    consumer = PullConsumer(group=group, namesrv_addr=c.namesrv_addr)
+    (first,) = [m for _, m in _read(consumer, topic)]
+    result = consumer.send_back(first, max_reconsume_times=2)  # type: ignore[arg-type]
+    assert (result.topic, result.dead_letter, result.fallback) == (f"%RETRY%{group}", False, False)
+    retried = _wait_for(consumer, f"%RETRY%{group}", 1)
+    copy = retried[0]
+    assert copy.body == b"fails" and copy.reconsume_times == 1
+    assert copy.properties["RETRY_TOPIC"] == topic
+    assert copy.msg_id == first.msg_id  # type: ignore[attr-defined]  # UNIQ_KEY kept across retries
+    consumer.send_back(copy, max_reconsume_times=2)
+    second = _wait_for(consumer, f"%RETRY%{group}", 2)[1]
+    assert second.reconsume_times == 2
+    last = consumer.send_back(second, max_reconsume_times=2)
+    assert last.dead_letter and last.topic == f"%DLQ%{group}"
+    dead = _wait_for(consumer, f"%DLQ%{group}", 1)
+    assert dead[0].body == b"fails" and dead[0].reconsume_times == 3
+
+
+def _wait_for(consumer: PullConsumer, topic: str, n: int, timeout: float = 60.0) -> list:  # type: ignore[type-arg]
+    deadline = time.monotonic() + timeout
+    got: list = []  # type: ignore[type-arg]
+    while time.monotonic() < deadline:
+        try:
+            got = [m for _, m in _read(consumer, topic)]
+        except TopicNotExistError:
+            got = []
+        if len(got) >= n:
+            return got
+        time.sleep(0.5)
+    raise AssertionError(f"{topic} holds {len(got)} message(s) after {timeout} s, expected {n}")
+
+
+def test_unreachable_name_server_and_unknown_topic_are_named(rocketmq_cluster: RocketMQCluster) -> None:
+    started = time.monotonic()
+    with pytest.raises(BrokerUnavailableError, match=r"127\.0\.0\.1:1\b.*namesrvAddr"):
+        PullConsumer(group="g", namesrv_addr="127.0.0.1:1", timeout_ms=2000).queues("t")
+    assert time.monotonic() - started < 10
+    missing = unique("missing")
+    with pytest.raises(TopicNotExistError, match=missing):
+        PullConsumer(group="g", namesrv_addr=rocketmq_cluster.namesrv_addr).queues(missing)
+    with pytest.raises(ValueError, match="exactly one of endpoint"):
+        Producer("127.0.0.1:8081", namesrv_addr=rocketmq_cluster.namesrv_addr)

@@ -1,0 +1,235 @@
+"""Spark against a real Apache RocketMQ 5.3.3 (``namesrvAddr``): source, sink and send back.
+
+The session's cluster (tests/rocketmq_cluster.py: a name server, broker-a and
+broker-b) and the shared local[2] Spark session. Messages come from RocketMQ's
+own Java client as well as from pymq, so the source is judged on what real
+producers write, not only on what pymq writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import unique
+from pyspark_pymq import Message, Producer, PullConsumer, PullStatus
+from pyspark_pymq.errors import TopicNotExistError
+from rocketmq_cluster import JavaMessage, RocketMQCluster
+from test_spark_source import output, run_available_now, run_expecting_failure
+
+pytestmark = pytest.mark.spark
+
+
+def _stream(spark: Any, namesrv: str, topic: str, **options: Any) -> Any:
+    reader = spark.readStream.format("pymq").option("namesrvAddr", namesrv).option("topic", topic)
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    return reader.load()
+
+
+def _read_topic(namesrv: str, topic: str, group: str = "verify") -> list[Any]:
+    consumer = PullConsumer(group=group, namesrv_addr=namesrv)
+    out = []
+    for mq in consumer.queues(topic):
+        offset = 0
+        while True:
+            r = consumer.pull(mq, offset, 256)
+            out.extend(r.messages)
+            if r.status is not PullStatus.FOUND:
+                break
+            offset = r.next_begin_offset
+    return out
+
+
+def test_stream_reads_java_producers_exactly_once_across_restart(
+    spark: Any, rocketmq_cluster: RocketMQCluster, tmp_path: Path
+) -> None:
+    c = rocketmq_cluster
+    topic, group = unique("rs"), unique("g")
+    c.create_topic(topic, 2)
+    big = b"0123456789abcdef" * 512  # 8 KiB: stored compressed by the Java client
+    first = c.produce(topic, [
+        JavaMessage(f"m-{i}", tags="A" if i % 2 else "B", keys=[f"k{i}"], properties={"n": str(i)})
+        for i in range(40)
+    ] + [JavaMessage(big, tags="A")])
+    first += c.produce(topic, [JavaMessage(f"batch-{i}") for i in range(20)], batch=True)
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    df = _stream(spark, c.namesrv_addr, topic, consumerGroup=group, startingOffsets="earliest")
+    run_available_now(df, out, ckpt)
+    rows = output(out)
+    assert Counter(r["msg_id"] for r in rows) == Counter(s.msg_id for s in first)  # each exactly once
+    by_id = {r["msg_id"]: r for r in rows}
+    for s in first:
+        row = by_id[s.msg_id]
+        assert (row["broker_name"], row["queue_id"], row["queue_offset"]) == (
+            s.broker_name, s.queue_id, s.queue_offset)
+        assert row["offset_msg_id"] == s.offset_msg_id and row["topic"] == topic
+    m7 = next(r for r in rows if r["body"] == b"m-7")
+    assert (m7["tags"], list(m7["keys"]), dict(m7["properties"])["n"]) == ("A", ["k7"], "7")
+    assert any(r["body"] == big for r in rows)
+    assert {r["broker_name"] for r in rows} == {"broker-a", "broker-b"}
+
+    # a restart reads only what came after, and the group's progress is on the brokers
+    second = c.produce(topic, [JavaMessage(f"late-{i}") for i in range(10)])
+    run_available_now(_stream(spark, c.namesrv_addr, topic, consumerGroup=group), out, ckpt)
+    rows = output(out)
+    assert Counter(r["msg_id"] for r in rows) == Counter(s.msg_id for s in first + second)
+    consumer = PullConsumer(group=group, namesrv_addr=c.namesrv_addr)
+    committed = {mq: consumer.committed(mq) for mq in consumer.queues(topic)}
+    # commit runs one batch late: the first run's end offsets are the group's progress now
+    assert sum(committed.values()) == len(first)
+    progress = c.mqadmin("consumerProgress", "-g", group)
+    assert topic in progress  # RocketMQ's own tools see the group (its %RETRY% topic exists)
+
+
+def test_batch_read_tags_sql92_timestamps_and_last_messages(
+    spark: Any, rocketmq_cluster: RocketMQCluster
+) -> None:
+    c = rocketmq_cluster
+    topic = unique("rb")
+    c.create_topic(topic, 2)
+    sent = c.produce(topic, [
+        JavaMessage(f"x-{i}", tags="A" if i % 3 == 0 else "B", properties={"amount": str(i * 10)})
+        for i in range(30)
+    ])
+    def read(**options: Any) -> list[Any]:
+        reader = spark.read.format("pymq").option("namesrvAddr", c.namesrv_addr).option("topic", topic)
+        for k, v in options.items():
+            reader = reader.option(k, str(v))
+        return reader.load().collect()
+
+    assert sorted(r.msg_id for r in read()) == sorted(s.msg_id for s in sent)
+    tagged = read(subscription="A")
+    assert sorted(r.body for r in tagged) == sorted(f"x-{i}".encode() for i in range(0, 30, 3))
+    rich = read(subscription="amount >= 250", subscriptionType="SQL92")
+    assert sorted(r.body for r in rich) == sorted(f"x-{i}".encode() for i in range(25, 30))
+    last = read(lastMessagesPerQueue=2)
+    assert len(last) == 2 * 4  # 2 queues on each of 2 brokers
+    future = int(time.time() * 1000) + 60_000
+    assert read(startingTimestamp=future) == []
+
+
+def test_sink_send_modes_write_to_both_brokers(
+    spark: Any, rocketmq_cluster: RocketMQCluster
+) -> None:
+    c = rocketmq_cluster
+    for mode in ("sync", "async", "oneway"):
+        topic = unique(f"sink-{mode}")
+        c.create_topic(topic, 2)
+        df = spark.range(0, 500, numPartitions=2).selectExpr(
+            "CAST(id AS STRING) AS body", "IF(id % 2 = 0, 'even', 'odd') AS tags")
+        # batches of 2 KiB: a task's consecutive batches go round robin over all 4 queues
+        (df.write.format("pymq").option("namesrvAddr", c.namesrv_addr).option("topic", topic)
+         .option("sendMode", mode).option("maxBatchBytes", 2048).mode("append").save())
+        got = _read_topic(c.namesrv_addr, topic)
+        assert sorted(int(m.body) for m in got) == list(range(500)), mode
+        assert {m.broker_name for m in got} == {"broker-a", "broker-b"}
+        assert all(m.tags == ("even" if int(m.body) % 2 == 0 else "odd") for m in got)
+        assert len({m.msg_id for m in got}) == 500  # deterministic UNIQ_KEYs, one per row
+
+
+def test_sink_rows_with_keys_sharding_and_delay(spark: Any, rocketmq_cluster: RocketMQCluster) -> None:
+    c = rocketmq_cluster
+    topic = unique("sink-rows")
+    c.create_topic(topic, 2)
+    df = spark.createDataFrame(
+        [(f"order-{i % 3}", f"{i}", [f"k{i}"], {"p": str(i)}) for i in range(30)],
+        "sharding_key string, body string, keys array<string>, properties map<string,string>",
+    )
+    (df.write.format("pymq").option("namesrvAddr", c.namesrv_addr).option("topic", topic)
+     .mode("append").save())
+    got = _read_topic(c.namesrv_addr, topic)
+    assert len(got) == 30
+    queues: dict[str, set[tuple[str, int]]] = {}
+    for m in got:
+        queues.setdefault(m.properties["__SHARDINGKEY"], set()).add((m.broker_name, m.queue_id))
+        assert m.keys == (f"k{int(m.body)}",) and m.properties["p"] == m.body.decode()
+    assert all(len(q) == 1 for q in queues.values())  # one queue per sharding key: ordered
+    for key in queues:  # in send order within the key's queue
+        bodies = [int(m.body) for m in sorted(got, key=lambda m: m.queue_offset)
+                  if m.properties["__SHARDINGKEY"] == key]
+        assert bodies == sorted(bodies)
+
+    delayed = unique("sink-delay")
+    c.create_topic(delayed, 1, brokers=["broker-a"])
+    spark.createDataFrame([("later", 2)], "body string, delay_level int").write.format("pymq") \
+        .option("namesrvAddr", c.namesrv_addr).option("topic", delayed).mode("append").save()
+    assert _read_topic(c.namesrv_addr, delayed) == []  # still in SCHEDULE_TOPIC_XXXX
+    deadline = time.monotonic() + 30
+    while not (got := _read_topic(c.namesrv_addr, delayed)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert [m.body for m in got] == [b"later"]
+
+
+def test_failed_rows_go_back_to_real_retry_then_dlq(
+    spark: Any, rocketmq_cluster: RocketMQCluster
+) -> None:
+    c = rocketmq_cluster
+    topic, group = unique("rl"), unique("g")
+    c.create_topic(topic, 1, brokers=["broker-b"])
+    Producer(namesrv_addr=c.namesrv_addr).send_batch([Message(topic, f"bad-{i}".encode()) for i in range(3)])
+    rows = (spark.read.format("pymq").option("namesrvAddr", c.namesrv_addr).option("topic", topic)
+            .load())
+    def send_back(df: Any) -> None:
+        (df.write.format("pymq").option("namesrvAddr", c.namesrv_addr).option("action", "reconsumeLater")
+         .option("consumerGroup", group).option("maxReconsumeTimes", 1).mode("append").save())
+
+    send_back(rows)
+    retry = f"%RETRY%{group}"
+    deadline = time.monotonic() + 60
+    retried: list[Any] = []
+    while time.monotonic() < deadline:
+        try:
+            retried = _read_topic(c.namesrv_addr, retry)
+        except TopicNotExistError:
+            retried = []
+        if len(retried) == 3:
+            break
+        time.sleep(0.5)
+    assert sorted(m.body for m in retried) == [b"bad-0", b"bad-1", b"bad-2"]
+    assert all(m.reconsume_times == 1 and m.properties["RETRY_TOPIC"] == topic for m in retried)
+    # read the retry topic as the source shows it (topic = original, retry_topic set), fail again
+    again = (spark.read.format("pymq").option("namesrvAddr", c.namesrv_addr).option("topic", retry)
+             .load())
+    assert {r.topic for r in again.collect()} == {topic}
+    send_back(again)
+    deadline = time.monotonic() + 30
+    dead: list[Any] = []
+    while len(dead) < 3 and time.monotonic() < deadline:
+        with contextlib.suppress(TopicNotExistError):
+            dead = _read_topic(c.namesrv_addr, f"%DLQ%{group}")
+        time.sleep(0.5)
+    assert sorted(m.body for m in dead) == [b"bad-0", b"bad-1", b"bad-2"]
+
+
+def test_bad_options_and_unreachable_name_server_are_named(
+    spark: Any, rocketmq_cluster: RocketMQCluster, tmp_path: Path
+) -> None:
+    with pytest.raises(Exception, match="both set"):
+        (spark.read.format("pymq").option("namesrvAddr", rocketmq_cluster.namesrv_addr)
+         .option("endpoint", "127.0.0.1:8081").option("topic", "t").load())
+    with pytest.raises(Exception, match=r"namesrvAddr='nohost' is not valid"):
+        spark.read.format("pymq").option("namesrvAddr", "nohost").option("topic", "t").load()
+    missing = unique("missing")
+    df = _stream(spark, rocketmq_cluster.namesrv_addr, missing, consumerGroup="g")
+    text = run_expecting_failure(df, tmp_path / "o", tmp_path / "c")
+    assert missing in text and rocketmq_cluster.namesrv_addr in text
+    started = time.monotonic()
+    df = _stream(spark, "127.0.0.1:1", "t", consumerGroup="g", connectTimeoutMs=2000)
+    text = run_expecting_failure(df, tmp_path / "o2", tmp_path / "c2")
+    assert "namesrvAddr='127.0.0.1:1'" in text and "cannot reach" in text
+    assert time.monotonic() - started < 60
+    query = (spark.readStream.format("rate").load().selectExpr("CAST(value AS STRING) AS body")
+             .writeStream.format("pymq")
+             .option("namesrvAddr", rocketmq_cluster.namesrv_addr).option("topic", "t")
+             .option("deliveryGuarantee", "exactly-once")
+             .option("checkpointLocation", str(tmp_path / "c3")).start())
+    try:  # Spark builds the sink's writer with the first micro-batch
+        with pytest.raises(Exception, match="exactly-once is not available with namesrvAddr"):
+            query.awaitTermination(120)
+    finally:
+        query.stop()
