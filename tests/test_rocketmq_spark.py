@@ -233,3 +233,63 @@ def test_bad_options_and_unreachable_name_server_are_named(
             query.awaitTermination(120)
     finally:
         query.stop()
+
+
+def test_kill_9_of_one_broker_while_streams_write_and_read(
+    spark: Any, rocketmq_cluster: RocketMQCluster, tmp_path: Path
+) -> None:
+    """broker-a dies (SIGKILL) mid-stream: sends move to broker-b, nothing acknowledged is lost,
+    and the source reads broker-a's queues on from where they were once it is back."""
+    c = rocketmq_cluster
+    topic, group = unique("crash"), unique("g")
+    c.create_topic(topic, 2)
+    rows_per_batch = 200
+    sink = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", rows_per_batch)
+            .option("numPartitions", 2).load()
+            .selectExpr("CAST(value AS STRING) AS body")
+            .writeStream.format("pymq").option("namesrvAddr", c.namesrv_addr).option("topic", topic)
+            .option("checkpointLocation", str(tmp_path / "sink-ckpt"))
+            .trigger(processingTime="300 milliseconds").start())
+    out = tmp_path / "out"
+    source = (_stream(spark, c.namesrv_addr, topic, consumerGroup=group, startingOffsets="earliest")
+              .select("body", "broker_name")
+              .writeStream.format("parquet").option("checkpointLocation", str(tmp_path / "src-ckpt"))
+              .trigger(processingTime="500 milliseconds").start(str(out)))
+    try:
+        def batches() -> int:
+            done = tmp_path / "sink-ckpt" / "commits"
+            return len([f for f in done.iterdir() if f.name.isdigit()]) if done.exists() else 0
+
+        deadline = time.monotonic() + 120
+        while batches() < 5 and time.monotonic() < deadline:
+            assert sink.isActive, f"sink stopped: {sink.exception()}"
+            time.sleep(0.2)
+        c.kill_broker("broker-a")
+        during = batches()
+        try:
+            deadline = time.monotonic() + 120
+            while batches() < during + 5 and time.monotonic() < deadline:  # sends go on to broker-b
+                assert sink.isActive, f"sink stopped while broker-a was down: {sink.exception()}"
+                assert source.isActive, f"source stopped while broker-a was down: {source.exception()}"
+                time.sleep(0.2)
+            assert batches() >= during + 5, "the sink made no progress with broker-a down"
+        finally:
+            c.start_broker("broker-a")
+        sink.stop()
+        committed = batches()
+        expected = set(range(committed * rows_per_batch))
+        stored = {int(m.body) for m in _read_topic(c.namesrv_addr, topic)}
+        assert expected <= stored  # every row of every committed micro-batch is on a broker
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the file sink's log names the committed files only
+            assert source.isActive, f"source stopped: {source.exception()}"
+            if out.exists() and spark.read.parquet(str(out)).count() >= len(stored):
+                break
+            time.sleep(0.5)
+    finally:
+        sink.stop()
+        source.stop()
+    rows = [r.asDict() for r in spark.read.parquet(str(out)).collect()]
+    bodies = Counter(int(r["body"]) for r in rows)
+    assert set(bodies) == stored and max(bodies.values()) == 1  # all read, each once
+    assert {r["broker_name"] for r in rows} == {"broker-a", "broker-b"}

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
@@ -172,6 +172,14 @@ class Backend(ABC):
     @abstractmethod
     def queue_bounds(self, topic: str) -> dict[MessageQueue, QueueBounds] | None:
         """Bounds of every readable queue of ``topic``; None if the topic does not exist."""
+
+    def unavailable_brokers(self, queues: Iterable[MessageQueue]) -> set[str]:
+        """Which brokers of ``queues`` are down now (their queues wait; nothing was deleted).
+
+        Where a backend cannot tell, none: a queue missing from its topic's route
+        then counts as gone (failOnDataLoss decides).
+        """
+        return set()
 
     @abstractmethod
     def min_offset(self, mq: MessageQueue) -> int: ...

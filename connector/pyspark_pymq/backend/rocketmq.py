@@ -25,7 +25,7 @@ messages are not sent through this backend yet.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
@@ -104,6 +104,12 @@ class RocketMQBackend(Backend):
                 bounds = QueueBounds(self.min_offset(mq), self.max_offset(mq))
             out[mq] = bounds
         return out
+
+    def unavailable_brokers(self, queues: Iterable[MessageQueue]) -> set[str]:
+        wanted = {mq.broker_name for mq in queues}
+        if not wanted:
+            return set()
+        return wanted - self.namesrv.get_broker_names()
 
     def min_offset(self, mq: MessageQueue) -> int:
         return self.api.get_min_offset(self._addr(mq), mq)

@@ -129,7 +129,10 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
         fail = self.options.fail_on_data_loss
 
         kept: dict[MessageQueue, int] = {}
+        waiting: dict[MessageQueue, int] = {}
         subscribed = set(self.options.all_topics())
+        gone = [mq for mq in current if mq not in bounds and mq.topic in subscribed]
+        down = reader.unavailable_brokers(gone) if gone else set()
         for mq, offset in sorted(current.items()):
             if mq.topic not in subscribed:
                 # The options changed (topic list, consumerGroup): the user's choice, not a loss.
@@ -140,6 +143,13 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 )
                 continue
             b = bounds.get(mq)
+            if b is None and mq.broker_name in down:
+                # A broker that is down (or restarting) still holds its queues: they wait
+                # where they are and are read again once it is back, nothing is lost.
+                logger.warning("pymq source: broker %s is unavailable; %s waits at offset %d",
+                               mq.broker_name, mq, offset)
+                waiting[mq] = offset
+                continue
             if b is None:
                 why = (
                     f"topic {mq.topic!r} was deleted"
@@ -163,7 +173,7 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
             kept[mq] = offset
 
         # Every queue still there stays in the offsets, at least where it is.
-        end = dict(kept)
+        end = {**kept, **waiting}
         available: dict[MessageQueue, int] = {}
         for mq, b in bounds.items():
             top = b.max_offset

@@ -110,6 +110,13 @@ class OffsetReader:
         except PymqError as err:  # only what the broker's tools show depends on it
             logger.warning("pymq source: could not register group %s: %s", self.opts.pull_group, err)
 
+    def unavailable_brokers(self, queues: Iterable[MessageQueue]) -> set[str]:
+        """Brokers of ``queues`` that are down now (a broker's queues are kept, not lost)."""
+        try:
+            return self.backend.unavailable_brokers(queues)
+        except PymqError as err:
+            raise self._explain(err) from None
+
     # -- where to start -------------------------------------------------------------------
 
     def _committed(self, mq: MessageQueue) -> int:

@@ -19,6 +19,8 @@ deleted topic) go through :func:`.data_loss.report_data_loss`.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,7 +30,7 @@ from pyspark.sql.datasource import InputPartition
 
 from ..backend.base import PullBatch, cached_backend
 from ..client.message import MessageQueue, PullStatus
-from ..errors import TopicNotExistError
+from ..errors import BrokerUnavailableError, RequestTimeoutError, TopicNotExistError
 from .data_loss import report_data_loss
 from .offset_range import OffsetRange
 from .options import RETRY_GROUP_TOPIC_PREFIX, SourceOptions
@@ -40,6 +42,9 @@ __all__ = ["PymqInputPartition", "make_partitions", "read_partition"]
 # per-batch costs (Python calls, Arrow IPC messages, JVM batches) small.
 _BATCH_ROWS = 8192
 _BATCH_BYTES = 8 << 20
+_PULL_RETRY_S = 1.0  # between the tries of a pull whose broker is unreachable
+
+logger = logging.getLogger("pyspark_pymq.spark")
 
 
 @dataclass(frozen=True)
@@ -103,15 +108,29 @@ def read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator[p
     fail = opts.fail_on_data_loss
 
     def pull(offset: int) -> PullBatch:
-        return backend.pull(
-            group,
-            mq,
-            offset,
-            min(opts.pull_batch_size, r.end - offset),
-            subscription=r.subscription,
-            expression_type=r.expression_type,
-            max_bytes=opts.pull_max_bytes,
-        )
+        # A broker that is restarting (or a cluster broker that crashed) holds the range's
+        # messages still: wait for it up to pollTimeoutMs rather than fail the task.
+        deadline = time.monotonic() + opts.poll_timeout_ms / 1000.0
+        while True:
+            try:
+                return backend.pull(
+                    group,
+                    mq,
+                    offset,
+                    min(opts.pull_batch_size, r.end - offset),
+                    subscription=r.subscription,
+                    expression_type=r.expression_type,
+                    max_bytes=opts.pull_max_bytes,
+                )
+            except (BrokerUnavailableError, RequestTimeoutError) as err:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise type(err)(
+                        f"pulling {mq} at offset {offset} failed for pollTimeoutMs="
+                        f"{opts.poll_timeout_ms}: {err.remark}", code=err.code,
+                    ) from err
+                logger.warning("pymq source: pull of %s at %d failed (%s); retrying", mq, offset, err.remark)
+                time.sleep(min(_PULL_RETRY_S, left))
 
     chunks: list[PullBatch] = []  # pulled, not decoded yet
     chunk_rows = 0
