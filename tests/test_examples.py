@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -114,3 +115,15 @@ def test_explore_topics_notebook_runs_headless(monkeypatch: pytest.MonkeyPatch) 
         assert width > 500 and height > 200
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert "re-sent 8 dead letter(s); %DLQ%billing now holds 0" in text
+
+
+@pytest.mark.spark
+def test_rocketmq_pipeline_against_the_real_cluster(rocketmq_cluster: Any, tmp_path: Path) -> None:
+    """examples/rocketmq_pipeline.py: Apache RocketMQ's own %RETRY% and %DLQ% do the retries."""
+    topic = f"orders-{tmp_path.name[-8:]}".replace("_", "-")
+    rocketmq_cluster.create_topic(topic, 2)
+    out = run_example("rocketmq_pipeline.py", "--namesrv-addr", rocketmq_cluster.namesrv_addr,
+                      "--topic", topic, "--orders", "200", "--out", str(tmp_path / "out"))
+    assert "sent 200 orders" in out and "(4 poison)" in out
+    assert re.search(r"^  delivered      196 ", out, re.M)
+    assert re.search(r"^  dead-lettered  4 \(in %DLQ%billing-\w+, after 2 retries each\)$", out, re.M)

@@ -750,36 +750,3 @@ def test_broker_errors_are_typed_and_named(cluster: Any, api: MQClientAPI, topic
     assert sent.status is SendStatus.SEND_OK
     route = NameServerClient(cluster.namesrv_addr, remoting=api.remoting).get_route_info(read_only)
     assert route.publish_queues() == () and len(route.subscribe_queues()) == 1
-
-
-def test_signed_requests_pass_a_broker_with_authentication(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """A broker of its own with RocketMQ 5.x authentication on: only correctly signed requests pass."""
-    from rocketmq_cluster import RocketMQCluster
-
-    provider = "org.apache.rocketmq.auth.authentication.provider"
-    conf = {
-        "authenticationEnabled": "true",
-        "authenticationProvider": f"{provider}.DefaultAuthenticationProvider",
-        "authenticationMetadataProvider": f"{provider}.LocalAuthenticationMetadataProvider",
-        "initAuthenticationUser": '{"username":"pymq","password":"pymq-secret"}',
-        "innerClientAuthenticationCredentials": '{"accessKey":"pymq","secretKey":"pymq-secret"}',
-    }
-    base = tmp_path_factory.mktemp("rocketmq-auth")
-    auth_cluster = RocketMQCluster(base, brokers=("broker-auth",), extra_broker_conf=conf).start()
-    try:
-        addr = auth_cluster.broker_addrs["broker-auth"]
-        mq = MessageQueue("signed-topic", "broker-auth", 0)
-        unsigned = RemotingClient()
-        wrong = RemotingClient(rpc_hook=AclClientRPCHook(SessionCredentials("pymq", "wrong")))
-        with unsigned, wrong:
-            with pytest.raises(NoPermissionError, match="username cannot be null"):
-                MQClientAPI(unsigned).get_max_offset(addr, mq)
-            with pytest.raises(NoPermissionError, match="check signature failed"):
-                MQClientAPI(wrong).get_max_offset(addr, mq)
-        with RemotingClient(rpc_hook=AclClientRPCHook(SessionCredentials("pymq", "pymq-secret"))) as signed:
-            api = MQClientAPI(signed)
-            sent = api.send_message(addr, mq, "signé".encode(), {"TAGS": "S"}, producer_group="pg")
-            assert sent.status is SendStatus.SEND_OK
-            assert api.pull_message(addr, "signed-group", mq, 0).status is PullStatus.FOUND
-    finally:
-        auth_cluster.stop(grace=3.0)  # nothing reads its store again

@@ -16,8 +16,10 @@ from typing import Any
 
 import pytest
 from helpers import unique
-from pyspark_pymq import Message, Producer, PullConsumer, PullStatus
-from pyspark_pymq.errors import TopicNotExistError
+from pyspark_pymq import Message, MessageQueue, Producer, PullConsumer, PullStatus, SendStatus
+from pyspark_pymq.errors import NoPermissionError, TopicNotExistError
+from pyspark_pymq.rocketmq.api import MQClientAPI
+from pyspark_pymq.rocketmq.remoting import AclClientRPCHook, RemotingClient, SessionCredentials
 from rocketmq_cluster import JavaMessage, RocketMQCluster
 from test_spark_source import output, run_available_now, run_expecting_failure
 
@@ -293,3 +295,52 @@ def test_kill_9_of_one_broker_while_streams_write_and_read(
     bodies = Counter(int(r["body"]) for r in rows)
     assert set(bodies) == stored and max(bodies.values()) == 1  # all read, each once
     assert {r["broker_name"] for r in rows} == {"broker-a", "broker-b"}
+
+
+def test_access_key_signing_against_a_broker_with_authentication(
+    spark: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """RocketMQ 5 authentication on: only correctly signed requests pass, from the transport up to
+    Spark's accessKey / secretKey options, and the secret shows in no plan or error."""
+    provider = "org.apache.rocketmq.auth.authentication.provider"
+    conf = {
+        "authenticationEnabled": "true",
+        "authenticationProvider": f"{provider}.DefaultAuthenticationProvider",
+        "authenticationMetadataProvider": f"{provider}.LocalAuthenticationMetadataProvider",
+        "initAuthenticationUser": '{"username":"pymq","password":"pymq-secret"}',
+        "innerClientAuthenticationCredentials": '{"accessKey":"pymq","secretKey":"pymq-secret"}',
+    }
+    base = tmp_path_factory.mktemp("rocketmq-auth")
+    auth_cluster = RocketMQCluster(base, brokers=("broker-auth",), extra_broker_conf=conf).start()
+    try:
+        addr = auth_cluster.broker_addrs["broker-auth"]
+        mq = MessageQueue("signed-topic", "broker-auth", 0)
+        unsigned = RemotingClient()
+        wrong = RemotingClient(rpc_hook=AclClientRPCHook(SessionCredentials("pymq", "wrong")))
+        with unsigned, wrong:
+            with pytest.raises(NoPermissionError, match="username cannot be null"):
+                MQClientAPI(unsigned).get_max_offset(addr, mq)
+            with pytest.raises(NoPermissionError, match="check signature failed"):
+                MQClientAPI(wrong).get_max_offset(addr, mq)
+        with RemotingClient(rpc_hook=AclClientRPCHook(SessionCredentials("pymq", "pymq-secret"))) as signed:
+            api = MQClientAPI(signed)
+            sent = api.send_message(addr, mq, "signé".encode(), {"TAGS": "S"}, producer_group="pg")
+            assert sent.status is SendStatus.SEND_OK
+            assert api.pull_message(addr, "signed-group", mq, 0).status is PullStatus.FOUND
+
+        ns = auth_cluster.namesrv_addr
+        # the client classes and the Spark options sign with the same credentials
+        Producer(namesrv_addr=ns, access_key="pymq", secret_key="pymq-secret").send(
+            Message("signed-topic", b"from-pymq"))
+        df = (spark.read.format("pymq").option("namesrvAddr", ns).option("topic", "signed-topic")
+              .option("accessKey", "pymq").option("secretKey", "pymq-secret").load())
+        assert sorted(r.body for r in df.collect()) == [b"from-pymq", "signé".encode()]
+        plan = df._jdf.queryExecution().toString()
+        assert "pymq-secret" not in plan
+        bad = (spark.read.format("pymq").option("namesrvAddr", ns).option("topic", "signed-topic")
+               .option("accessKey", "pymq").option("secretKey", "not-the-secret").load())
+        with pytest.raises(Exception, match="check signature failed") as info:
+            bad.collect()
+        assert "not-the-secret" not in str(info.value)
+    finally:
+        auth_cluster.stop(grace=3.0)  # nothing reads its store again
