@@ -45,9 +45,9 @@ from pyspark_pymq.rocketmq.codec import (
     filter_batch_by_tags,
     filter_by_tags,
     message_properties_to_string,
-    messages_to_arrow,
     string_to_message_properties,
 )
+from pyspark_pymq.spark.rows import messages_to_batch
 from pyspark_pymq.spark.schema import arrow_schema
 
 V1 = -626843481  # MessageDecoder.MESSAGE_MAGIC_CODE
@@ -391,11 +391,11 @@ def test_java_records_to_arrow_on_the_fast_path(monkeypatch: pytest.MonkeyPatch)
     topic_test = bytes.fromhex("".join(h for h, j in JAVA_RECORDS if j["topic"] == "TopicTest"))
     batch = decode_to_arrow(topic_test, topic="TopicTest", broker_name=BROKER, retry=False)
     assert batch.num_rows == 6
-    assert batch.equals(messages_to_arrow(reference[:6], read_from="TopicTest", retry=False))
+    assert batch.equals(messages_to_batch(reference[:6], read_from="TopicTest", retry=False))
     assert batch.column("body").to_pylist() == JAVA_BODIES[:6]
     everything = decode_to_arrow(data, topic="TopicTest", broker_name=BROKER, retry=False)
     assert everything.column("topic").to_pylist() == [j["topic"] for _, j in JAVA_RECORDS]
-    assert everything.equals(messages_to_arrow(reference, read_from="TopicTest", retry=False))
+    assert everything.equals(messages_to_batch(reference, read_from="TopicTest", retry=False))
 
 
 def test_java_batch_body() -> None:
@@ -765,7 +765,7 @@ def test_decoders_give_the_expected_messages(name: str, monkeypatch: pytest.Monk
     batch = decode_to_arrow(data, topic=topic, broker_name=BROKER, retry=retry)
     assert batch.schema.equals(arrow_schema())
     assert batch.equals(expected_rows(expected, topic, retry))
-    assert batch.equals(messages_to_arrow(got, read_from=topic, retry=retry))
+    assert batch.equals(messages_to_batch(got, read_from=topic, retry=retry))
     # the cut a bounded read makes: rows at or past end_offset are left out
     for end_offset in (100, 101, 100 + len(recs) // 2, 100 + len(recs), 10**12, -1):
         cut = decode_to_arrow(data, topic=topic, broker_name=BROKER, retry=retry, end_offset=end_offset)
@@ -1016,7 +1016,7 @@ def run_benchmark(n: int = 100_000, body_size: int = 200, repeat: int = 3) -> di
         runs: dict[str, Callable[[bytes], object]] = {
             "decode_to_arrow": partial(decode_to_arrow, topic="TopicTest", broker_name=BROKER, retry=False),
             "decode_messages": partial(decode_messages, broker_name=BROKER),
-            "decode_messages + rows": lambda d: messages_to_arrow(
+            "decode_messages + rows": lambda d: messages_to_batch(
                 decode_messages(d, BROKER), read_from="TopicTest", retry=False
             ),
         }
@@ -1035,7 +1035,7 @@ def _timed(fn: Callable[[bytes], object], data: bytes) -> float:
 def test_benchmark_pull_decodes_the_same_both_ways(monkeypatch: pytest.MonkeyPatch) -> None:
     for vary in (False, True):
         data = pull_of(2_000, 200, vary=vary)
-        reference = messages_to_arrow(decode_messages(data, BROKER), read_from="TopicTest", retry=False)
+        reference = messages_to_batch(decode_messages(data, BROKER), read_from="TopicTest", retry=False)
         with monkeypatch.context() as patch:
             no_fallback(patch)
             assert decode_to_arrow(data, topic="TopicTest", broker_name=BROKER, retry=False).equals(reference)

@@ -427,6 +427,7 @@ class FakeOffsetReader:
     def __init__(self, bounds: dict[MessageQueue, tuple[int, int]]) -> None:
         self.set(bounds)
         self.committed: dict[MessageQueue, int] = {}
+        self.down: set[str] = set()  # brokers that are down (RocketMQ: not registered now)
 
     def set(self, bounds: dict[MessageQueue, tuple[int, int]]) -> None:
         self.queue_bounds = {mq: QueueBounds(lo, hi) for mq, (lo, hi) in bounds.items()}
@@ -437,6 +438,9 @@ class FakeOffsetReader:
 
     def starting_offsets(self, bounds: dict[MessageQueue, QueueBounds]) -> dict[MessageQueue, int]:
         return {mq: b.min_offset for mq, b in bounds.items()}
+
+    def unavailable_brokers(self, queues: Any) -> set[str]:
+        return {mq.broker_name for mq in queues} & self.down
 
     def commit(self, offsets: dict[MessageQueue, int]) -> None:
         self.committed.update(offsets)
@@ -510,6 +514,17 @@ def test_stream_offsets_available_now_target_and_data_loss() -> None:
     assert ends(lenient.latestOffset({"t": {"b:0": 5, "b:7": 1}}, ReadAllAvailable())) == {
         T0: 50
     }
+    # a queue whose broker is down waits where it is (no loss), and goes on once it is back
+    A0 = MessageQueue("t", "a", 0)
+    fake.down = {"a"}
+    waiting = strict.latestOffset({"t": {"b:0": 5, "a:0": 7}}, ReadAllAvailable())
+    assert ends(waiting) == {T0: 50, A0: 7}
+    assert strict.partitions({"t": {"b:0": 5, "a:0": 7}}, waiting)[0].range.broker_name == "b"
+    assert len(strict.partitions({"t": {"b:0": 5, "a:0": 7}}, waiting)) == 1
+    fake.down = set()
+    fake.set({T0: (4, 50), A0: (0, 9)})
+    assert ends(strict.latestOffset(waiting, ReadAllAvailable())) == {T0: 50, A0: 9}
+    fake.set({T0: (4, 50)})
     # offsets of a topic the query no longer reads are dropped, not reported
     assert ends(strict.latestOffset({"t": {"b:0": 5}, "old": {"b:0": 3}},
                                     ReadAllAvailable())) == {T0: 50}

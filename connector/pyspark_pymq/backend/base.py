@@ -169,9 +169,36 @@ class Backend(ABC):
 
     # -- offsets -----------------------------------------------------------------------
 
-    @abstractmethod
     def queue_bounds(self, topic: str) -> dict[MessageQueue, QueueBounds] | None:
-        """Bounds of every readable queue of ``topic``; None if the topic does not exist."""
+        """Bounds of every readable queue of ``topic``; None if the topic does not exist.
+
+        One stats request per broker of the route, not two requests per queue.
+        """
+        from ..errors import TopicNotExistError
+
+        try:
+            route = self.route(topic, refresh=True)
+        except TopicNotExistError:
+            return None
+        if not route.subscribe_queues:
+            return None
+        stats: dict[MessageQueue, QueueBounds] = {}
+        for broker in sorted({mq.broker_name for mq in route.subscribe_queues}):
+            found = self._broker_bounds(topic, broker)
+            if found is None:
+                return None
+            stats.update(found)
+        out: dict[MessageQueue, QueueBounds] = {}
+        for mq in route.subscribe_queues:
+            bounds = stats.get(mq)
+            if bounds is None:  # a queue the broker has not written yet
+                bounds = QueueBounds(self.min_offset(mq), self.max_offset(mq))
+            out[mq] = bounds
+        return out
+
+    @abstractmethod
+    def _broker_bounds(self, topic: str, broker_name: str) -> dict[MessageQueue, QueueBounds] | None:
+        """The bounds of ``topic``'s queues on one broker; None: the topic is gone everywhere."""
 
     def unavailable_brokers(self, queues: Iterable[MessageQueue]) -> set[str]:
         """Which brokers of ``queues`` are down now (their queues wait; nothing was deleted).

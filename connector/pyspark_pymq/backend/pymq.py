@@ -90,31 +90,18 @@ class PymqBackend(Backend):
     def route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
         return self._routes.get(topic, refresh=refresh)
 
-    def queue_bounds(self, topic: str) -> dict[MessageQueue, QueueBounds] | None:
+    def _broker_bounds(self, topic: str, broker_name: str) -> dict[MessageQueue, QueueBounds] | None:
         try:
-            route = self._routes.get(topic, refresh=True)
+            resp = self._routes.client(topic, broker_name).call(
+                "TopicStats", pymq_pb2.TopicStatsRequest(topic=topic)
+            )
         except TopicNotExistError:
             return None
-        if not route.subscribe_queues:
-            return None
-        stats: dict[MessageQueue, QueueBounds] = {}
-        for broker in sorted({mq.broker_name for mq in route.subscribe_queues}):
-            client = self._routes.client(topic, broker)
-            try:  # one TopicStats per broker, not one call per queue
-                resp = client.call("TopicStats", pymq_pb2.TopicStatsRequest(topic=topic))
-            except TopicNotExistError:
-                return None
-            for q in resp.queues:
-                mq = MessageQueue(q.message_queue.topic or topic, q.message_queue.broker_name or broker,
-                                  q.message_queue.queue_id)
-                stats[mq] = QueueBounds(int(q.min_offset), int(q.max_offset))
-        out: dict[MessageQueue, QueueBounds] = {}
-        for mq in route.subscribe_queues:
-            bounds = stats.get(mq)
-            if bounds is None:  # a queue the broker has not written yet
-                bounds = QueueBounds(self.min_offset(mq), self.max_offset(mq))
-            out[mq] = bounds
-        return out
+        return {
+            MessageQueue(q.message_queue.topic or topic, q.message_queue.broker_name or broker_name,
+                         q.message_queue.queue_id): QueueBounds(int(q.min_offset), int(q.max_offset))
+            for q in resp.queues
+        }
 
     def _query_offset(
         self, mq: MessageQueue, kind: pymq_pb2.OffsetQueryType.ValueType, timestamp: int = 0

@@ -29,17 +29,15 @@ from __future__ import annotations
 import binascii
 import struct
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pymq_proto.record import HEADER_SIZE, MessageConst
 
+from ..spark.rows import empty_batch, messages_to_batch
 from ..spark.schema import arrow_schema
-
-if TYPE_CHECKING:
-    from ..client.message import MessageExt
 
 __all__ = ["decode_records", "empty_batch", "find_record_starts", "messages_to_batch"]
 
@@ -329,11 +327,6 @@ def _keys_column(entry_keys: pa.Array, entry_values: pa.Array, entry_record: np.
     return pa.ListArray.from_arrays(pa.array(offsets), split.flatten(), type=list_type)
 
 
-def empty_batch() -> pa.RecordBatch:
-    schema = arrow_schema()
-    return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema)
-
-
 def _fallback(
     records: bytes, topic: str, broker_name: str, retry: bool, end_offset: int | None
 ) -> pa.RecordBatch:
@@ -343,31 +336,3 @@ def _fallback(
     if end_offset is not None:
         messages = [m for m in messages if m.queue_offset < end_offset]
     return messages_to_batch(messages, read_from=topic, retry=retry)
-
-
-def messages_to_batch(
-    messages: Sequence[MessageExt], *, read_from: str, retry: bool
-) -> pa.RecordBatch:
-    """Rows of already-decoded messages (the slow, obviously-right reference path)."""
-    schema = arrow_schema()
-    rows: dict[str, list[Any]] = {f.name: [] for f in schema}
-    for m in messages:
-        original = m.properties.get(_RETRY_TOPIC) if retry else None
-        rows["topic"].append(m.topic if original is None else original)
-        rows["queue_id"].append(m.queue_id)
-        rows["broker_name"].append(m.broker_name)
-        rows["queue_offset"].append(m.queue_offset)
-        rows["msg_id"].append(m.msg_id)
-        rows["offset_msg_id"].append(m.offset_msg_id)
-        rows["commit_log_offset"].append(m.commit_log_offset)
-        rows["tags"].append(m.tags)
-        rows["keys"].append(list(m.keys))
-        rows["body"].append(m.body)
-        rows["properties"].append(list(m.properties.items()))
-        rows["born_timestamp"].append(m.born_timestamp * 1000)
-        rows["store_timestamp"].append(m.store_timestamp * 1000)
-        rows["reconsume_times"].append(m.reconsume_times)
-        rows["retry_topic"].append(read_from if retry else None)
-    return pa.RecordBatch.from_arrays(
-        [pa.array(rows[f.name], f.type) for f in schema], schema=schema
-    )

@@ -27,7 +27,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -81,29 +81,12 @@ class RocketMQBackend(Backend):
     def route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
         return self._routes.get(topic, refresh=refresh)
 
-    def queue_bounds(self, topic: str) -> dict[MessageQueue, QueueBounds] | None:
+    def _broker_bounds(self, topic: str, broker_name: str) -> dict[MessageQueue, QueueBounds] | None:
         try:
-            route = self._routes.get(topic, refresh=True)
+            found = self.api.get_topic_stats_info(self._routes.broker_addr(topic, broker_name), topic)
         except TopicNotExistError:
-            return None
-        if not route.subscribe_queues:
-            return None
-        stats: dict[MessageQueue, QueueBounds] = {}
-        for broker in sorted({mq.broker_name for mq in route.subscribe_queues}):
-            addr = self._routes.broker_addr(topic, broker)
-            try:  # one GET_TOPIC_STATS_INFO per broker, not two calls per queue
-                found = self.api.get_topic_stats_info(addr, topic)
-            except TopicNotExistError:
-                continue  # the route still names a broker that dropped the topic
-            for mq, offsets in found.items():
-                stats[mq] = QueueBounds(offsets.min_offset, offsets.max_offset)
-        out: dict[MessageQueue, QueueBounds] = {}
-        for mq in route.subscribe_queues:
-            bounds = stats.get(mq)
-            if bounds is None:
-                bounds = QueueBounds(self.min_offset(mq), self.max_offset(mq))
-            out[mq] = bounds
-        return out
+            return {}  # the route still names a broker that dropped the topic
+        return {mq: QueueBounds(o.min_offset, o.max_offset) for mq, o in found.items()}
 
     def unavailable_brokers(self, queues: Iterable[MessageQueue]) -> set[str]:
         wanted = {mq.broker_name for mq in queues}
@@ -296,33 +279,32 @@ class RocketMQBackend(Backend):
         self, producer_group: str, request: SendRequest, mq: MessageQueue, timeout_s: float, *,
         half: bool = False,
     ) -> SendResult:
-        self._check_half(half)
-        addr = self._addr(mq)
-        if len(request.sizes) == 1:
-            body, flag, props = codec.decode_batch(request.records)[0]
-            return self.api.send_message(
-                addr, mq, body, props, producer_group=producer_group, flag=flag,
-                reconsume_times=request.reconsume_times or None, timeout_s=timeout_s,
-            )
-        return self.api.send_batch_message(
-            addr, mq, request.records, request.uniq_keys, producer_group=producer_group, timeout_s=timeout_s
-        )
+        result: SendResult = self._send(producer_group, request, mq, timeout_s, half, wait=True)
+        return result
 
     def send_future(
         self, producer_group: str, request: SendRequest, mq: MessageQueue, timeout_s: float, *,
         half: bool = False,
     ) -> Future[SendResult]:
+        future: Future[SendResult] = self._send(producer_group, request, mq, timeout_s, half, wait=False)
+        return future
+
+    def _send(
+        self, producer_group: str, request: SendRequest, mq: MessageQueue, timeout_s: float, half: bool,
+        *, wait: bool,
+    ) -> Any:
+        """One message: SEND_MESSAGE_V2 (header properties); several: SEND_BATCH_MESSAGE."""
         self._check_half(half)
         addr = self._addr(mq)
+        api = self.api
         if len(request.sizes) == 1:
             body, flag, props = codec.decode_batch(request.records)[0]
-            return self.api.send_message_async(
-                addr, mq, body, props, producer_group=producer_group, flag=flag,
-                reconsume_times=request.reconsume_times or None, timeout_s=timeout_s,
-            )
-        return self.api.send_batch_message_async(
-            addr, mq, request.records, request.uniq_keys, producer_group=producer_group, timeout_s=timeout_s
-        )
+            single = api.send_message if wait else api.send_message_async
+            return single(addr, mq, body, props, producer_group=producer_group, flag=flag,
+                          reconsume_times=request.reconsume_times or None, timeout_s=timeout_s)
+        batch = api.send_batch_message if wait else api.send_batch_message_async
+        return batch(addr, mq, request.records, request.uniq_keys, producer_group=producer_group,
+                     timeout_s=timeout_s)
 
     # -- send back --------------------------------------------------------------------------
 

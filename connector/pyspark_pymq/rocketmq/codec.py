@@ -77,6 +77,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..client.message import MessageExt
+from ..spark.rows import empty_batch, messages_to_batch
 from ..spark.schema import arrow_schema
 
 __all__ = [
@@ -95,7 +96,6 @@ __all__ = [
     "filter_batch_by_tags",
     "filter_by_tags",
     "message_properties_to_string",
-    "messages_to_arrow",
     "string_to_message_properties",
 ]
 
@@ -778,7 +778,7 @@ def decode_to_arrow(
         end_offset: rows at or beyond this queue offset are left out.
     """
     if not data:
-        return _empty_batch()
+        return empty_batch()
     if len(data) > _I32_MAX:
         raise ValueError("a pull answered with more than 2 GiB of records")
     data = bytes(data)
@@ -788,41 +788,7 @@ def decode_to_arrow(
         messages = decode_messages(data, broker_name)
         if end_offset is not None:
             messages = [m for m in messages if m.queue_offset < end_offset]
-        return messages_to_arrow(messages, read_from=topic, retry=retry)
-
-
-def messages_to_arrow(messages: Sequence[MessageExt], *, read_from: str, retry: bool) -> pa.RecordBatch:
-    """The source's rows of decoded messages: the slow, obviously right reference path.
-
-    ``topic`` is the message's own, or for a read from a ``%RETRY%`` topic
-    (``retry``) its RETRY_TOPIC when it has one; ``retry_topic`` is then
-    ``read_from``. The same rows as ``spark``'s pymq ``messages_to_batch``.
-    """
-    schema = arrow_schema()
-    rows: dict[str, list[Any]] = {f.name: [] for f in schema}
-    for m in messages:
-        original = m.properties.get(_RETRY_TOPIC) if retry else None
-        rows["topic"].append(m.topic if original is None else original)
-        rows["queue_id"].append(m.queue_id)
-        rows["broker_name"].append(m.broker_name)
-        rows["queue_offset"].append(m.queue_offset)
-        rows["msg_id"].append(m.msg_id)
-        rows["offset_msg_id"].append(m.offset_msg_id)
-        rows["commit_log_offset"].append(m.commit_log_offset)
-        rows["tags"].append(m.tags)
-        rows["keys"].append(list(m.keys))
-        rows["body"].append(m.body)
-        rows["properties"].append(list(m.properties.items()))
-        rows["born_timestamp"].append(m.born_timestamp * 1000)
-        rows["store_timestamp"].append(m.store_timestamp * 1000)
-        rows["reconsume_times"].append(m.reconsume_times)
-        rows["retry_topic"].append(read_from if retry else None)
-    return pa.RecordBatch.from_arrays([pa.array(rows[f.name], f.type) for f in schema], schema=schema)
-
-
-def _empty_batch() -> pa.RecordBatch:
-    schema = arrow_schema()
-    return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema)
+        return messages_to_batch(messages, read_from=topic, retry=retry)
 
 
 def _fast(data: bytes, topic: str, broker_name: str, retry: bool,
@@ -901,7 +867,7 @@ def _fast(data: bytes, topic: str, broker_name: str, retry: bool,
             sel = np.flatnonzero(keep)
             n = len(sel)
             if n == 0:
-                return _empty_batch()
+                return empty_batch()
             starts, prefix, head = starts[sel], prefix[sel], head[sel]
             sys_flag, queue_offset = sys_flag[sel], queue_offset[sel]
             stored, reconsume, store_host = stored[sel], reconsume[sel], store_host[sel]

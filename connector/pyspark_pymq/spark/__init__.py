@@ -16,5 +16,8 @@ One role per module, as in Spark's Kafka connector:
 - :mod:`.micro_batch_stream`: the streaming reader (``readStream``).
 - :mod:`.batch_reader`: the batch reader (``read``).
 - :mod:`.read_loop`: the executor loop that pulls a range.
-- :mod:`.record_batch`: stored records decoded straight into Arrow.
+- :mod:`.rows`: Arrow rows <-> MessageExt (send back, listeners, reference decoding).
+
+Record layouts and their decoding into Arrow belong to the backends
+(:mod:`pyspark_pymq.backend`).
 """

@@ -14,13 +14,15 @@ from pymq_proto.record import MessageConst
 from ..client.consumer import SendBackColumns, SendBackResult
 from ..client.message import MessageExt
 from ..errors import PymqError
+from .schema import arrow_schema
 
 __all__ = [
-    "SEND_BACK_ATTEMPTS", "column", "messages_from_batch", "rows_as_messages", "send_back_acknowledged",
-    "send_back_columns",
+    "SEND_BACK_ATTEMPTS", "column", "empty_batch", "messages_from_batch", "messages_to_batch",
+    "rows_as_messages", "send_back_acknowledged", "send_back_columns",
 ]
 
 SEND_BACK_ATTEMPTS = 4
+_RETRY_TOPIC = MessageConst.PROPERTY_RETRY_TOPIC
 
 _FIELDS = ("topic", "queue_id", "broker_name", "queue_offset", "msg_id", "offset_msg_id",
            "commit_log_offset", "body", "tags", "keys", "properties", "born_timestamp",
@@ -177,3 +179,36 @@ def send_back_acknowledged(send: Callable[[], list[SendBackResult]], what: str) 
                 ) from err
             time.sleep(0.5 * 2**attempt)
     raise AssertionError("unreachable")
+
+
+def empty_batch() -> pa.RecordBatch:
+    schema = arrow_schema()
+    return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema)
+
+
+def messages_to_batch(
+    messages: Sequence[MessageExt], *, read_from: str, retry: bool
+) -> pa.RecordBatch:
+    """Rows of already-decoded messages (the slow, obviously-right reference path)."""
+    schema = arrow_schema()
+    rows: dict[str, list[Any]] = {f.name: [] for f in schema}
+    for m in messages:
+        original = m.properties.get(_RETRY_TOPIC) if retry else None
+        rows["topic"].append(m.topic if original is None else original)
+        rows["queue_id"].append(m.queue_id)
+        rows["broker_name"].append(m.broker_name)
+        rows["queue_offset"].append(m.queue_offset)
+        rows["msg_id"].append(m.msg_id)
+        rows["offset_msg_id"].append(m.offset_msg_id)
+        rows["commit_log_offset"].append(m.commit_log_offset)
+        rows["tags"].append(m.tags)
+        rows["keys"].append(list(m.keys))
+        rows["body"].append(m.body)
+        rows["properties"].append(list(m.properties.items()))
+        rows["born_timestamp"].append(m.born_timestamp * 1000)
+        rows["store_timestamp"].append(m.store_timestamp * 1000)
+        rows["reconsume_times"].append(m.reconsume_times)
+        rows["retry_topic"].append(read_from if retry else None)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(rows[f.name], f.type) for f in schema], schema=schema
+    )
