@@ -53,6 +53,7 @@ DEFAULT_MAX_RECONSUME_TIMES = 16  # a consumer's -1: RocketMQ's default
 # Brokers answer at most maxTransferCountOnMessageInMemory (32) messages per pull by default:
 # an unfiltered pull of more goes out as this many pulls at once.
 PULL_WINDOW = 64
+SEND_BACK_WINDOW = 256  # CONSUMER_SEND_MSG_BACK requests in flight
 
 
 class RocketMQBackend(Backend):
@@ -317,23 +318,29 @@ class RocketMQBackend(Backend):
             addr = self._routes.broker_addr(topic, columns.broker_name)
         except PymqError:
             return [None] * len(columns.commit_log_offsets)  # each item falls back to a direct send
+        # all at once (the broker works on them while more arrive), at most SEND_BACK_WINDOW in flight
         out: list[SendBackOutcome | None] = []
-        for i, phy in enumerate(columns.commit_log_offsets):
-            level = columns.delay_levels[i]
-            try:
-                self.api.consumer_send_msg_back(
-                    addr, group, phy, level,
+        n = len(columns.commit_log_offsets)
+        for a in range(0, n, SEND_BACK_WINDOW):
+            futures = [
+                self.api.consumer_send_msg_back_async(
+                    addr, group, columns.commit_log_offsets[i], columns.delay_levels[i],
                     columns.origin_msg_ids[i] if columns.origin_msg_ids else "",
                     columns.origin_topics[i] if columns.origin_topics else "",
                     max_times, broker_name=columns.broker_name,
-                )  # fmt: skip
-            except PymqError:
-                out.append(None)
-                continue
-            # the broker's rule (SendMessageProcessor.consumerSendMsgBack): the DLQ once the
-            # message was consumed max times, or when asked with a negative level
-            times = columns.reconsume_times[i] if columns.reconsume_times else 0
-            out.append(SendBackOutcome(level < 0 or times >= max_times))
+                )
+                for i in range(a, min(n, a + SEND_BACK_WINDOW))
+            ]
+            for i, future in enumerate(futures, start=a):
+                try:
+                    future.result()
+                except PymqError:
+                    out.append(None)
+                    continue
+                # the broker's rule (SendMessageProcessor.consumerSendMsgBack): the DLQ once the
+                # message was consumed max times, or when asked with a negative level
+                times = columns.reconsume_times[i] if columns.reconsume_times else 0
+                out.append(SendBackOutcome(columns.delay_levels[i] < 0 or times >= max_times))
         return out
 
 

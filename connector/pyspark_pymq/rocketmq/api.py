@@ -769,6 +769,23 @@ class MQClientAPI:
 
     # -- consumers ----------------------------------------------------------------------------
 
+    def _send_back_request(
+        self, group: str, commit_log_offset: int, delay_level: int, origin_msg_id: str, origin_topic: str,
+        max_reconsume_times: int, broker_name: str | None,
+    ) -> RemotingCommand:
+        ext = {
+            "offset": str(commit_log_offset),
+            "group": group,
+            "delayLevel": str(delay_level),
+            "originMsgId": origin_msg_id,
+            "originTopic": origin_topic,
+            "unitMode": "false",
+            "maxReconsumeTimes": str(max_reconsume_times),
+        }
+        if broker_name is not None:
+            ext["bname"] = broker_name
+        return RemotingCommand(RequestCode.CONSUMER_SEND_MSG_BACK, ext_fields=ext)
+
     def consumer_send_msg_back(
         self,
         addr: str,
@@ -789,18 +806,32 @@ class MQClientAPI:
         reconsume times), or in ``%DLQ%<group>`` once its reconsume times reach
         ``max_reconsume_times`` or when ``delay_level`` is negative.
         """
-        ext = {
-            "offset": str(commit_log_offset),
-            "group": group,
-            "delayLevel": str(delay_level),
-            "originMsgId": origin_msg_id,
-            "originTopic": origin_topic,
-            "unitMode": "false",
-            "maxReconsumeTimes": str(max_reconsume_times),
-        }
-        if broker_name is not None:
-            ext["bname"] = broker_name
-        self._call(addr, RemotingCommand(RequestCode.CONSUMER_SEND_MSG_BACK, ext_fields=ext), timeout_s)
+        request = self._send_back_request(group, commit_log_offset, delay_level, origin_msg_id,
+                                          origin_topic, max_reconsume_times, broker_name)
+        self._call(addr, request, timeout_s)
+
+    def consumer_send_msg_back_async(
+        self,
+        addr: str,
+        group: str,
+        commit_log_offset: int,
+        delay_level: int,
+        origin_msg_id: str,
+        origin_topic: str,
+        max_reconsume_times: int,
+        *,
+        broker_name: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Future[None]:
+        """:meth:`consumer_send_msg_back` without waiting: many messages go back at once."""
+        request = self._send_back_request(group, commit_log_offset, delay_level, origin_msg_id,
+                                          origin_topic, max_reconsume_times, broker_name)
+
+        def check(response: RemotingCommand) -> None:
+            if response.code != ResponseCode.SUCCESS:
+                raise response_error(response, addr, request_code_name(request.code))
+
+        return _then(self.remoting.invoke_async(addr, request, self._timeout(timeout_s)), check)
 
     def heartbeat(
         self,
