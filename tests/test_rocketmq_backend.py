@@ -27,17 +27,25 @@ def _topic(
     return topic
 
 
-def _read(consumer: PullConsumer, topic: str, **pull: str) -> list[tuple[MessageQueue, object]]:
-    out = []
-    for mq in consumer.queues(topic):
-        offset = 0
-        while True:
-            r = consumer.pull(mq, offset, 64, **pull)  # type: ignore[arg-type]
-            out.extend((mq, m) for m in r.messages)
-            if r.status is not PullStatus.FOUND or r.next_begin_offset >= r.max_offset:
-                break
-            offset = r.next_begin_offset
-    return out
+def _read(
+    consumer: PullConsumer, topic: str, *, at_least: int = 0, **pull: str
+) -> list[tuple[MessageQueue, object]]:
+    """Every message of ``topic``; waits (30 s at most) until there are ``at_least``: a send is
+    acknowledged once in the commit log, its consume queue entry follows a moment later."""
+    deadline = time.monotonic() + 30
+    while True:
+        out = []
+        for mq in consumer.queues(topic):
+            offset = 0
+            while True:
+                r = consumer.pull(mq, offset, 64, **pull)  # type: ignore[arg-type]
+                out.extend((mq, m) for m in r.messages)
+                if r.status is not PullStatus.FOUND or r.next_begin_offset >= r.max_offset:
+                    break
+                offset = r.next_begin_offset
+        if len(out) >= at_least or time.monotonic() > deadline:
+            return out
+        time.sleep(0.2)
 
 
 def test_route_spans_both_brokers_and_java_messages_decode(rocketmq_cluster: RocketMQCluster) -> None:
@@ -53,7 +61,7 @@ def test_route_spans_both_brokers_and_java_messages_decode(rocketmq_cluster: Roc
     consumer = PullConsumer(group=unique("g"), namesrv_addr=c.namesrv_addr)
     queues = consumer.queues(topic)
     assert {mq.broker_name for mq in queues} == {"broker-a", "broker-b"}
-    got = {m.msg_id: (mq, m) for mq, m in _read(consumer, topic)}  # type: ignore[attr-defined]
+    got = {m.msg_id: (mq, m) for mq, m in _read(consumer, topic, at_least=len(sent))}  # type: ignore[attr-defined]
     assert set(got) == {s.msg_id for s in sent}
     for s in sent:
         mq, m = got[s.msg_id]
@@ -83,7 +91,7 @@ def test_producer_send_modes_and_batches_reach_both_brokers(
     if mode == "async":
         results = [r.result() for r in results]
     consumer = PullConsumer(group=unique("g"), namesrv_addr=c.namesrv_addr)
-    got = _read(consumer, topic)
+    got = _read(consumer, topic, at_least=58)
     bodies = Counter(m.body for _, m in got)  # type: ignore[attr-defined]
     expected = [f"one-{i}".encode() for i in range(8)] + [f"batch-{i}".encode() for i in range(50)]
     assert bodies == Counter(expected)
@@ -103,6 +111,8 @@ def test_offsets_commit_search_and_bounds(rocketmq_cluster: RocketMQCluster) -> 
     for i in range(5):
         producer.send(Message(topic, b"x%d" % i))
     backend = open_backend(BackendConfig(None, c.namesrv_addr))
+    consumer0 = PullConsumer(group=unique("g"), namesrv_addr=c.namesrv_addr)
+    assert len(_read(consumer0, topic, at_least=5)) == 5  # the consume queue has them all
     bounds = backend.queue_bounds(topic)
     mq = MessageQueue(topic, "broker-a", 0)
     assert bounds == {mq: QueueBounds(0, 5)}
@@ -132,7 +142,7 @@ def test_send_back_goes_through_retry_to_dead_letters(rocketmq_cluster: RocketMQ
     group = unique("g")
     Producer(namesrv_addr=c.namesrv_addr).send(Message(topic, b"fails", keys=("order-7",)))
     consumer = PullConsumer(group=group, namesrv_addr=c.namesrv_addr)
-    (first,) = [m for _, m in _read(consumer, topic)]
+    (first,) = [m for _, m in _read(consumer, topic, at_least=1)]
     result = consumer.send_back(first, max_reconsume_times=2)  # type: ignore[arg-type]
     assert (result.topic, result.dead_letter, result.fallback) == (f"%RETRY%{group}", False, False)
     retried = _wait_for(consumer, f"%RETRY%{group}", 1)

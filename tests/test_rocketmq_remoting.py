@@ -707,6 +707,8 @@ def test_send_back_goes_through_the_schedule_topic_to_retry(
     group = f"sb-{uuid.uuid4().hex[:6]}"
     api.heartbeat(addr, "pymq-test@2", [ConsumerData.for_topics(group, [topic])])
     api.send_message(addr, mq, b"fail me", {"TAGS": "F"}, producer_group="pg")
+    # the send is acknowledged once in the commit log; the consume queue entry follows a moment later
+    _wait_for(lambda: api.get_max_offset(addr, mq) == 1, 5, "the sent message")
     [msg] = _decode(api.pull_message(addr, group, mq, 0, 1).message_binary, "broker-a")
 
     level3 = MessageQueue("SCHEDULE_TOPIC_XXXX", "broker-a", 2)  # delay level 3 -> queue 2

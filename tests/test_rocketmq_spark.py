@@ -33,18 +33,27 @@ def _stream(spark: Any, namesrv: str, topic: str, **options: Any) -> Any:
     return reader.load()
 
 
-def _read_topic(namesrv: str, topic: str, group: str = "verify") -> list[Any]:
+def _read_topic(namesrv: str, topic: str, group: str = "verify", *, at_least: int = 0) -> list[Any]:
+    """Every message of ``topic``; waits (30 s at most) until there are ``at_least``.
+
+    A broker acknowledges a send once it is in the commit log; its consume queue entry,
+    what a pull reads, follows a moment later.
+    """
     consumer = PullConsumer(group=group, namesrv_addr=namesrv)
-    out = []
-    for mq in consumer.queues(topic):
-        offset = 0
-        while True:
-            r = consumer.pull(mq, offset, 256)
-            out.extend(r.messages)
-            if r.status is not PullStatus.FOUND:
-                break
-            offset = r.next_begin_offset
-    return out
+    deadline = time.monotonic() + 30
+    while True:
+        out = []
+        for mq in consumer.queues(topic):
+            offset = 0
+            while True:
+                r = consumer.pull(mq, offset, 256)
+                out.extend(r.messages)
+                if r.status is not PullStatus.FOUND:
+                    break
+                offset = r.next_begin_offset
+        if len(out) >= at_least or time.monotonic() > deadline:
+            return out
+        time.sleep(0.2)
 
 
 def test_stream_reads_java_producers_exactly_once_across_restart(
@@ -127,7 +136,7 @@ def test_sink_send_modes_write_to_both_brokers(
         # batches of 2 KiB: a task's consecutive batches go round robin over all 4 queues
         (df.write.format("pymq").option("namesrvAddr", c.namesrv_addr).option("topic", topic)
          .option("sendMode", mode).option("maxBatchBytes", 2048).mode("append").save())
-        got = _read_topic(c.namesrv_addr, topic)
+        got = _read_topic(c.namesrv_addr, topic, at_least=500)
         assert sorted(int(m.body) for m in got) == list(range(500)), mode
         assert {m.broker_name for m in got} == {"broker-a", "broker-b"}
         assert all(m.tags == ("even" if int(m.body) % 2 == 0 else "odd") for m in got)
@@ -138,13 +147,14 @@ def test_sink_rows_with_keys_sharding_and_delay(spark: Any, rocketmq_cluster: Ro
     c = rocketmq_cluster
     topic = unique("sink-rows")
     c.create_topic(topic, 2)
+    # one task: per-key order holds for the rows one task sends (as with Spark's Kafka sink)
     df = spark.createDataFrame(
         [(f"order-{i % 3}", f"{i}", [f"k{i}"], {"p": str(i)}) for i in range(30)],
         "sharding_key string, body string, keys array<string>, properties map<string,string>",
-    )
+    ).coalesce(1)
     (df.write.format("pymq").option("namesrvAddr", c.namesrv_addr).option("topic", topic)
      .mode("append").save())
-    got = _read_topic(c.namesrv_addr, topic)
+    got = _read_topic(c.namesrv_addr, topic, at_least=30)
     assert len(got) == 30
     queues: dict[str, set[tuple[str, int]]] = {}
     for m in got:
@@ -174,6 +184,7 @@ def test_failed_rows_go_back_to_real_retry_then_dlq(
     topic, group = unique("rl"), unique("g")
     c.create_topic(topic, 1, brokers=["broker-b"])
     Producer(namesrv_addr=c.namesrv_addr).send_batch([Message(topic, f"bad-{i}".encode()) for i in range(3)])
+    assert len(_read_topic(c.namesrv_addr, topic, at_least=3)) == 3
     rows = (spark.read.format("pymq").option("namesrvAddr", c.namesrv_addr).option("topic", topic)
             .load())
     def send_back(df: Any) -> None:
@@ -280,7 +291,7 @@ def test_kill_9_of_one_broker_while_streams_write_and_read(
         sink.stop()
         committed = batches()
         expected = set(range(committed * rows_per_batch))
-        stored = {int(m.body) for m in _read_topic(c.namesrv_addr, topic)}
+        stored = {int(m.body) for m in _read_topic(c.namesrv_addr, topic, at_least=len(expected))}
         assert expected <= stored  # every row of every committed micro-batch is on a broker
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # the file sink's log names the committed files only
