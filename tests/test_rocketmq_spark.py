@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 from helpers import unique
-from pyspark_pymq import Message, MessageQueue, Producer, PullConsumer, PullStatus, SendStatus
-from pyspark_pymq.errors import NoPermissionError, TopicNotExistError
+from pyspark_pymq import Admin, Message, MessageQueue, Producer, PullConsumer, PullStatus, SendStatus
+from pyspark_pymq.errors import NoPermissionError, PymqError, TopicNotExistError
 from pyspark_pymq.rocketmq.api import MQClientAPI
 from pyspark_pymq.rocketmq.remoting import AclClientRPCHook, RemotingClient, SessionCredentials
 from rocketmq_cluster import JavaMessage, RocketMQCluster
@@ -217,6 +217,31 @@ def test_failed_rows_go_back_to_real_retry_then_dlq(
             dead = _read_topic(c.namesrv_addr, f"%DLQ%{group}")
         time.sleep(0.5)
     assert sorted(m.body for m in dead) == [b"bad-0", b"bad-1", b"bad-2"]
+
+    # the broker tables, as on the embedded broker: views and Admin(namesrv_addr=...)
+    def view(name: str, **options: Any) -> list[Any]:
+        reader = spark.read.format("pymq").option("namesrvAddr", c.namesrv_addr).option("view", name)
+        for k, v in options.items():
+            reader = reader.option(k, str(v))
+        return reader.load().collect()
+
+    letters = view("deadLetters", consumerGroup=group)
+    assert sorted(r.body for r in letters) == [b"bad-0", b"bad-1", b"bad-2"]
+    assert {r.origin_topic for r in letters} == {topic} and {r.reconsume_times for r in letters} == {2}
+    queues = view("queues", topic=topic)
+    assert [(r.broker_name, r.queue_id, r.max_offset) for r in queues] == [("broker-b", 0, 3)]
+    assert topic in {r.topic for r in view("topics")}
+    assert f"%DLQ%{group}" not in {r.topic for r in view("topics")}  # a system topic
+    assert f"%DLQ%{group}" in {r.topic for r in view("topics", includeSystem="true")}
+    assert group in {r.group for r in view("groups")}
+    admin = Admin(namesrv_addr=c.namesrv_addr)
+    consumer = PullConsumer(group=group, namesrv_addr=c.namesrv_addr)
+    consumer.commit(MessageQueue(topic, "broker-b", 0), 2)
+    lag = admin.group_progress(group, topic)
+    assert lag[["topic", "broker_name", "queue_id", "broker_offset", "consumer_offset", "lag"]] \
+        .values.tolist() == [[topic, "broker-b", 0, 3, 2, 1]]
+    with pytest.raises(PymqError, match="mqadmin"):
+        admin.create_topic("nope")
 
 
 def test_bad_options_and_unreachable_name_server_are_named(

@@ -55,6 +55,9 @@ def _frame(rows: list[dict[str, Any]], columns: list[str]) -> pd.DataFrame:
 class Admin:
     """Topic and group administration for one broker.
 
+    ``Admin(namesrv_addr="host:9876")`` gives the same tables for an Apache RocketMQ
+    cluster (:class:`~pyspark_pymq.rocketmq.admin.RocketMQAdmin`; it only reads).
+
     Example::
 
         admin = Admin("127.0.0.1:8081")
@@ -63,7 +66,20 @@ class Admin:
         admin.group_progress("analytics")  # DataFrame: offsets and lag per queue
     """
 
-    def __init__(self, endpoint: str, *, timeout_ms: int = 10_000) -> None:
+    def __new__(cls, endpoint: str | None = None, *, namesrv_addr: str | None = None,
+                **_: Any) -> Admin:
+        if namesrv_addr is not None and cls is Admin:
+            from ..rocketmq.admin import RocketMQAdmin
+
+            return super().__new__(RocketMQAdmin)
+        return super().__new__(cls)
+
+    def __init__(
+        self, endpoint: str | None = None, *, namesrv_addr: str | None = None,
+        access_key: str | None = None, secret_key: str | None = None, timeout_ms: int = 10_000,
+    ) -> None:
+        if endpoint is None:
+            raise ValueError("Admin needs an endpoint ('host:port' of a pymq broker) or namesrv_addr")
         self._client = BrokerClient(endpoint, timeout_ms / 1000.0)
         self._name: str | None = None
 
@@ -261,8 +277,11 @@ class Admin:
         rows = [
             {
                 "msg_id": m.msg_id,
-                "origin_topic": m.properties.get(MessageConst.PROPERTY_DLQ_ORIGIN_TOPIC, ""),
-                "origin_msg_id": m.properties.get(MessageConst.PROPERTY_DLQ_ORIGIN_MESSAGE_ID, ""),
+                # RocketMQ's dead letters keep RETRY_TOPIC / ORIGIN_MESSAGE_ID instead
+                "origin_topic": m.properties.get(MessageConst.PROPERTY_DLQ_ORIGIN_TOPIC)
+                or m.properties.get(MessageConst.PROPERTY_RETRY_TOPIC, ""),
+                "origin_msg_id": m.properties.get(MessageConst.PROPERTY_DLQ_ORIGIN_MESSAGE_ID)
+                or m.properties.get(MessageConst.PROPERTY_ORIGIN_MESSAGE_ID, ""),
                 "reconsume_times": m.reconsume_times,
                 "reason": m.properties.get(MessageConst.PROPERTY_CONSUME_FAILURE_REASON, ""),
                 "tags": m.tags,

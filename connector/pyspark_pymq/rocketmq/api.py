@@ -767,6 +767,45 @@ class MQClientAPI:
             )
         return dict(sorted(out.items()))
 
+    def _mq_table(
+        self, addr: str, request: RemotingCommand, what: str, field_name: str
+    ) -> dict[Any, Any]:
+        """A ``Map<MessageQueue, ...>`` of an answer (fastjson writes object keys), by MessageQueue."""
+        response = self.remoting.invoke_sync(addr, request, self.timeout_s)
+        if response.code != ResponseCode.SUCCESS:
+            raise response_error(response, addr, what)
+        doc: Any = loads_fastjson(response.body) if response.body else {}
+        out: dict[Any, Any] = {}
+        for key, value in (doc.get(field_name) or {}).items():
+            k = dict(key) if isinstance(key, tuple) else json.loads(key)
+            out[MessageQueue(str(k["topic"]), str(k["brokerName"]), int(k["queueId"]))] = value
+        return dict(sorted(out.items()))
+
+    def get_consume_stats(
+        self, addr: str, group: str, topic: str | None = None
+    ) -> dict[MessageQueue, tuple[int, int, int]]:
+        """The group's progress on this broker (GET_CONSUME_STATS), per queue:
+        (broker offset, consumer offset, last consume timestamp), as ``mqadmin consumerProgress``."""
+        ext = {"consumerGroup": group}
+        if topic:
+            ext["topic"] = topic
+        table = self._mq_table(addr, RemotingCommand(RequestCode.GET_CONSUME_STATS, ext_fields=ext),
+                               f"GET_CONSUME_STATS of group {group!r}", "offsetTable")
+        return {
+            mq: (int(v.get("brokerOffset", 0)), int(v.get("consumerOffset", -1)),
+                 int(v.get("lastTimestamp", 0)))
+            for mq, v in table.items()
+        }
+
+    def get_all_subscription_groups(self, addr: str) -> dict[str, dict[str, Any]]:
+        """Every consumer group's configuration on this broker (GET_ALL_SUBSCRIPTIONGROUP_CONFIG)."""
+        request = RemotingCommand(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG)
+        response = self.remoting.invoke_sync(addr, request, self.timeout_s)
+        if response.code != ResponseCode.SUCCESS:
+            raise response_error(response, addr, "GET_ALL_SUBSCRIPTIONGROUP_CONFIG")
+        doc: Any = loads_fastjson(response.body) if response.body else {}
+        return {str(k): dict(v or {}) for k, v in (doc.get("subscriptionGroupTable") or {}).items()}
+
     # -- consumers ----------------------------------------------------------------------------
 
     def _send_back_request(

@@ -252,13 +252,8 @@ class NameServerClient:
                 f"name server {addr} sent a route of topic {topic!r} that pymq cannot read: {err}"
             ) from None
 
-    def get_broker_names(self, *, timeout_s: float | None = None) -> set[str]:
-        """The brokers registered with the name servers now (``GET_BROKER_CLUSTER_INFO``).
-
-        A broker that stopped or crashed leaves this set at once (its connection to
-        the name server closes), while a topic deleted on a live broker leaves only
-        that topic's route: this tells the two apart.
-        """
+    def get_broker_addrs(self, *, timeout_s: float | None = None) -> dict[str, str]:
+        """Broker name -> master address of every broker registered now (GET_BROKER_CLUSTER_INFO)."""
         response, addr = self.invoke(
             lambda: RemotingCommand.request(RequestCode.GET_BROKER_CLUSTER_INFO),
             "GET_BROKER_CLUSTER_INFO",
@@ -267,8 +262,22 @@ class NameServerClient:
         if response.code != ResponseCode.SUCCESS:
             raise response_error(response, addr, "GET_BROKER_CLUSTER_INFO")
         doc: Any = loads_fastjson(response.body) if response.body else {}
-        table = doc.get("brokerAddrTable") or {}
-        return {str(name) for name, data in table.items() if (data or {}).get("brokerAddrs")}
+        out: dict[str, str] = {}
+        for name, data in (doc.get("brokerAddrTable") or {}).items():
+            addrs = {str(k): str(v) for k, v in ((data or {}).get("brokerAddrs") or {}).items()}
+            master = addrs.get("0") or next(iter(addrs.values()), None)
+            if master:
+                out[str(name)] = master
+        return out
+
+    def get_broker_names(self, *, timeout_s: float | None = None) -> set[str]:
+        """The brokers registered with the name servers now.
+
+        A broker that stopped or crashed leaves this set at once (its connection to
+        the name server closes), while a topic deleted on a live broker leaves only
+        that topic's route: this tells the two apart.
+        """
+        return set(self.get_broker_addrs(timeout_s=timeout_s))
 
     def get_all_topics(self, *, timeout_s: float | None = None) -> list[str]:
         """Every topic the name servers know (``GET_ALL_TOPIC_LIST_FROM_NAMESERVER``), sorted."""

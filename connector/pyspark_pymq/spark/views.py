@@ -13,7 +13,8 @@ view             rows
 ``deadLetters``  one per dead letter of ``consumerGroup``: origin, reason, retries, body
 ===============  ==========================================================================
 
-Options: ``endpoint`` (required), ``view``, ``consumerGroup``, ``topic``,
+Options: ``endpoint`` or ``namesrvAddr`` (+ ``accessKey``, ``secretKey``), ``view``,
+``consumerGroup``, ``topic``,
 ``includeSystem`` (topics/queues: show %RETRY%, %DLQ% and system topics;
 default false), ``maxMessages`` (deadLetters, default 10000). Example::
 
@@ -30,8 +31,8 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
+from ..backend.base import BackendConfig, parse_backend_options
 from ..client.admin import Admin
-from ..client.transport import check_endpoint
 from .options import _parse_group, unknown_option
 
 __all__ = ["VIEWS", "ViewOptions", "ViewReader", "parse_view_options", "view_requested"]
@@ -48,12 +49,13 @@ VIEWS: dict[str, str] = {
                    "reason string, tags string, keys string, store_timestamp timestamp, "
                    "queue_offset bigint, body binary",
 }
-_VIEW_OPTIONS = ("endpoint", "view", "consumerGroup", "topic", "includeSystem", "maxMessages")
+_VIEW_OPTIONS = ("endpoint", "namesrvAddr", "accessKey", "secretKey", "view", "consumerGroup", "topic",
+                 "includeSystem", "maxMessages")
 
 
 @dataclass(frozen=True)
 class ViewOptions:
-    endpoint: str
+    backend: BackendConfig
     view: str
     group: str | None
     topic: str | None
@@ -71,20 +73,11 @@ def parse_view_options(raw: Mapping[str, str]) -> ViewOptions:
     opts: dict[str, str] = {}
     for key, value in raw.items():
         name = canonical.get(str(key).lower())
-        if name is None and str(key).lower() == "namesrvaddr":
-            raise ValueError(
-                f"pymq views (option view) read the embedded broker's admin tables and take an endpoint; "
-                f"with namesrvAddr={value!r} use RocketMQ's own tools for now (mqadmin topicStatus, "
-                "consumerProgress, or RocketMQ Dashboard), or read topics with the source"
-            )
         if name is None:
             raise unknown_option(key, _VIEW_OPTIONS, problem="does not apply to a view read",
                                  known_label="View options")
         opts[name] = str(value).strip()
-    endpoint = opts.get("endpoint", "")
-    if not endpoint:
-        raise ValueError("pymq option endpoint is required: set .option('endpoint', 'host:port')")
-    check_endpoint(endpoint)
+    backend = parse_backend_options(opts.get, "pymq option")
     names = {v.lower(): v for v in VIEWS}
     view = names.get(opts.get("view", "").lower())
     if view is None:
@@ -100,7 +93,7 @@ def parse_view_options(raw: Mapping[str, str]) -> ViewOptions:
     max_messages = opts.get("maxMessages", "10000")
     if not max_messages.isdigit() or int(max_messages) < 1:
         raise ValueError(f"pymq option maxMessages={max_messages!r} is not valid: use an integer >= 1")
-    return ViewOptions(check_endpoint(endpoint), view, group, opts.get("topic") or None,
+    return ViewOptions(backend, view, group, opts.get("topic") or None,
                        include == "true", int(max_messages))
 
 
@@ -109,7 +102,9 @@ def _ts(ms: Any) -> datetime | None:
 
 
 def _rows(opts: ViewOptions) -> list[dict[str, Any]]:
-    admin = Admin(opts.endpoint)
+    cfg = opts.backend
+    admin = (Admin(namesrv_addr=cfg.namesrv_addr, access_key=cfg.access_key, secret_key=cfg.secret_key)
+             if cfg.namesrv_addr else Admin(cfg.endpoint))
     if opts.view == "topics":
         frame = admin.topics(include_system=opts.include_system)
         if opts.topic:

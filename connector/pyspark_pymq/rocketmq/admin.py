@@ -1,0 +1,202 @@
+"""The notebook tables of :class:`~pyspark_pymq.client.admin.Admin`, from an Apache RocketMQ cluster.
+
+``Admin(namesrv_addr="host:9876")`` is a :class:`RocketMQAdmin`: the same DataFrames
+(topics, queues, groups, lag, dead letters) as on the embedded broker, from what
+RocketMQ's name servers and brokers answer (the requests ``mqadmin topicList``,
+``topicStatus``, ``consumerProgress`` and ``subscriptionGroupList`` make). The
+Spark views (``option("view", ...)``) use it too. Changing the cluster (topics,
+groups, dead-letter re-sends) stays with RocketMQ's own tools.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..backend.base import BackendConfig, QueueBounds, open_backend
+from ..client.admin import DLQ_BROWSER_GROUP, Admin, _frame
+from ..client.consumer import PullConsumer, dlq_topic
+from ..client.message import MessageExt
+from ..errors import PymqError, TopicNotExistError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from .api import MQClientAPI
+    from .route import NameServerClient
+
+__all__ = ["RocketMQAdmin", "is_system_topic"]
+
+_SYSTEM_PREFIXES = ("%RETRY%", "%DLQ%", "RMQ_SYS_", "rmq_sys_", "%SYS%")
+_SYSTEM_TOPICS = frozenset({
+    "SCHEDULE_TOPIC_XXXX", "TBW102", "BenchmarkTest", "OFFSET_MOVED_EVENT", "SELF_TEST_TOPIC",
+    "TRANS_CHECK_MAX_TIME_TOPIC", "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRACE_TOPIC",
+})
+
+
+def is_system_topic(topic: str, cluster_topics: frozenset[str] = frozenset()) -> bool:
+    """RocketMQ's own topics (and the topics named after clusters and brokers)."""
+    return topic in _SYSTEM_TOPICS or topic in cluster_topics or topic.startswith(_SYSTEM_PREFIXES)
+
+
+class RocketMQAdmin(Admin):
+    """Tables of an Apache RocketMQ cluster, as :class:`Admin` gives them for a pymq broker.
+
+    Args:
+        namesrv_addr: ``"host:9876;host2:9876"``.
+        access_key, secret_key: RocketMQ ACL credentials.
+
+    Example::
+
+        admin = Admin(namesrv_addr="127.0.0.1:9876")   # a RocketMQAdmin
+        admin.topic_stats("orders")        # one row per queue of every broker
+        admin.group_progress("billing")    # what `mqadmin consumerProgress` shows
+        admin.dead_letters("billing")
+    """
+
+    def __init__(
+        self, endpoint: str | None = None, *, namesrv_addr: str | None = None,
+        access_key: str | None = None, secret_key: str | None = None, timeout_ms: int = 10_000,
+    ) -> None:
+        from ..backend.rocketmq import RocketMQBackend
+
+        if not namesrv_addr:
+            raise ValueError("RocketMQAdmin needs namesrv_addr ('host:9876;host2:9876')")
+        backend = open_backend(BackendConfig(None, namesrv_addr, access_key, secret_key), timeout_ms / 1000.0)
+        assert isinstance(backend, RocketMQBackend)
+        self._backend = backend
+        self._namesrv: NameServerClient = backend.namesrv
+        self._api: MQClientAPI = backend.api
+
+    @property
+    def endpoint(self) -> str:
+        return self._backend.config.address
+
+    def _not_here(self, what: str) -> PymqError:
+        return PymqError(
+            f"{what} changes an Apache RocketMQ cluster: use RocketMQ's tools (mqadmin, RocketMQ "
+            f"Dashboard) with namesrvAddr {self.endpoint}; pymq's Admin only reads it",
+            code="NOT_SUPPORTED",
+        )
+
+    def create_topic(self, name: str, queues: int = 4, **_: Any) -> Any:
+        raise self._not_here(f"create_topic({name!r})")
+
+    def delete_topic(self, name: str) -> None:
+        raise self._not_here(f"delete_topic({name!r})")
+
+    # -- topics -------------------------------------------------------------------------------
+
+    def _cluster_topics(self) -> frozenset[str]:
+        return frozenset(self._namesrv.get_broker_addrs())
+
+    def topic_names(self, include_system: bool = False) -> list[str]:
+        names = self._namesrv.get_all_topics()
+        if include_system:
+            return names
+        own = self._cluster_topics()
+        return [t for t in names if not is_system_topic(t, own)]
+
+    def _stats(self, name: str) -> dict[Any, tuple[QueueBounds, int]]:
+        """Bounds and last store time of every queue of ``name`` (one request per broker)."""
+        route = self._backend.route(name, refresh=True)
+        out: dict[Any, tuple[QueueBounds, int]] = {}
+        for _, addr in sorted(route.endpoints.items()):
+            try:
+                found = self._api.get_topic_stats_info(addr, name)
+            except TopicNotExistError:
+                continue
+            for mq, o in found.items():
+                out[mq] = (QueueBounds(o.min_offset, o.max_offset), o.last_update_timestamp)
+        return dict(sorted(out.items()))
+
+    def topics(self, include_system: bool = False) -> pd.DataFrame:
+        rows = []
+        for name in self.topic_names(include_system):
+            try:
+                data = self._backend._routes.route_data(name, refresh=True)
+                stats = self._stats(name)
+            except TopicNotExistError:
+                continue
+            bounds = [b for b, _ in stats.values()]
+            rows.append({
+                "topic": name,
+                "read_queues": sum(q.read_queue_nums for q in data.queue_datas),
+                "write_queues": sum(q.write_queue_nums for q in data.queue_datas),
+                "perm": max((q.perm for q in data.queue_datas), default=0),
+                "messages": sum(b.max_offset - b.min_offset for b in bounds),
+                "min_offset": min((b.min_offset for b in bounds), default=0),
+                "max_offset": max((b.max_offset for b in bounds), default=0),
+                "last_store_timestamp": max((t for _, t in stats.values()), default=0),
+            })
+        return _frame(rows, ["topic", "read_queues", "write_queues", "perm", "messages", "min_offset",
+                             "max_offset", "last_store_timestamp"])
+
+    def topic_stats(self, name: str) -> pd.DataFrame:
+        rows = [
+            {"topic": mq.topic, "broker_name": mq.broker_name, "queue_id": mq.queue_id,
+             "min_offset": b.min_offset, "max_offset": b.max_offset, "messages": b.max_offset - b.min_offset,
+             "last_store_timestamp": t}
+            for mq, (b, t) in self._stats(name).items()
+        ]
+        return _frame(rows, ["topic", "broker_name", "queue_id", "min_offset", "max_offset", "messages",
+                             "last_store_timestamp"])
+
+    # -- groups -------------------------------------------------------------------------------
+
+    def groups(self) -> pd.DataFrame:
+        """Every consumer group the brokers know, with its retry settings (RocketMQ's own
+        groups, such as ``TOOLS_CONSUMER``, left out)."""
+        seen: dict[str, dict[str, Any]] = {}
+        for addr in self._namesrv.get_broker_addrs().values():
+            for name, cfg in self._api.get_all_subscription_groups(addr).items():
+                seen.setdefault(name, cfg)
+        rows = [
+            {"group": name, "retry_max_times": int(cfg.get("retryMaxTimes", 16)),
+             "retry_queue_nums": int(cfg.get("retryQueueNums", 1)),
+             "consume_from_where": str(cfg.get("consumeFromWhere", "") or "")}
+            for name, cfg in sorted(seen.items())
+            if not (name.isupper() and "_" in name and name.endswith(("_GROUP", "_CONSUMER")))
+        ]
+        return _frame(rows, ["group", "retry_max_times", "retry_queue_nums", "consume_from_where"])
+
+    def group_progress(self, group: str, topic: str | None = None) -> pd.DataFrame:
+        """One row per queue the group has progress on: broker offset, consumer offset, lag."""
+        rows = []
+        for addr in self._namesrv.get_broker_addrs().values():
+            try:
+                table = self._api.get_consume_stats(addr, group, topic)
+            except PymqError as err:
+                if err.code in ("SUBSCRIPTION_GROUP_NOT_EXIST", "CONSUMER_NOT_ONLINE", "TOPIC_NOT_EXIST"):
+                    continue
+                raise
+            for mq, (broker_offset, consumer_offset, _) in table.items():
+                if mq.topic.startswith("%RETRY%") and consumer_offset < 0:
+                    continue
+                rows.append({
+                    "group": group, "topic": mq.topic, "broker_name": mq.broker_name,
+                    "queue_id": mq.queue_id, "broker_offset": broker_offset,
+                    "consumer_offset": consumer_offset,
+                    "lag": max(0, broker_offset - max(consumer_offset, 0)),
+                })
+        rows.sort(key=lambda r: (r["topic"], r["broker_name"], r["queue_id"]))
+        return _frame(rows, ["group", "topic", "broker_name", "queue_id", "broker_offset",
+                             "consumer_offset", "lag"])
+
+    # -- dead letters --------------------------------------------------------------------------
+
+    def dead_letter_messages(self, group: str, max_num: int = 1000) -> list[MessageExt]:
+        consumer = PullConsumer(group=DLQ_BROWSER_GROUP, backend=self._backend)
+        try:
+            queues = consumer.queues(dlq_topic(group))
+        except TopicNotExistError:
+            return []
+        out: list[MessageExt] = []
+        for mq in queues:
+            offset = consumer.min_offset(mq)
+            while len(out) < max_num:
+                result = consumer.pull(mq, offset, min(1000, max_num - len(out)))
+                if not result.messages:
+                    break
+                out.extend(result.messages)
+                offset = result.next_begin_offset
+        return out
