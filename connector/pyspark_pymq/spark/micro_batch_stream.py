@@ -131,6 +131,7 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
         kept: dict[MessageQueue, int] = {}
         waiting: dict[MessageQueue, int] = {}
         subscribed = set(self.options.all_topics())
+        retry = self.options.retry_topic if self.options.retry_topic not in self.options.topics else None
         gone = [mq for mq in current if mq not in bounds and mq.topic in subscribed]
         down = reader.unavailable_brokers(gone) if gone else set()
         for mq, offset in sorted(current.items()):
@@ -143,11 +144,14 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 )
                 continue
             b = bounds.get(mq)
-            if b is None and mq.broker_name in down:
+            if b is None and (mq.broker_name in down or mq.topic == retry):
                 # A broker that is down (or restarting) still holds its queues: they wait
-                # where they are and are read again once it is back, nothing is lost.
-                logger.warning("pymq source: broker %s is unavailable; %s waits at offset %d",
-                               mq.broker_name, mq, offset)
+                # where they are and are read again once it is back, nothing is lost. A
+                # %RETRY% queue can vanish from a restarted RocketMQ broker until the group
+                # registers again (the offset reader does every REGISTER_INTERVAL_S).
+                logger.warning("pymq source: %s is not in the route now (broker %s %s); it waits "
+                               "at offset %d", mq, mq.broker_name,
+                               "is unavailable" if mq.broker_name in down else "is back", offset)
                 waiting[mq] = offset
                 continue
             if b is None:

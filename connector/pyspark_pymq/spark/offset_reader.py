@@ -17,6 +17,7 @@ unreachable broker, the topic for an unknown topic.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 
 from ..backend.base import Backend, QueueBounds, open_backend
@@ -29,6 +30,7 @@ from .source_offset import EARLIEST, LATEST, lookup
 __all__ = ["OffsetReader", "QueueBounds"]
 
 logger = logging.getLogger("pyspark_pymq.spark")
+REGISTER_INTERVAL_S = 30.0
 
 
 class OffsetReader:
@@ -40,7 +42,7 @@ class OffsetReader:
     def __init__(self, opts: SourceOptions, backend: Backend | None = None) -> None:
         self.opts = opts
         self.backend = backend or open_backend(opts.backend, opts.connect_timeout_ms / 1000.0)
-        self._registered = False
+        self._registered_at: float | None = None
 
     # -- errors -------------------------------------------------------------------
 
@@ -101,10 +103,15 @@ class OffsetReader:
         return out, missing
 
     def _register(self) -> None:
-        """Once per driver: a stream in CLUSTERING registers its group (where the broker wants it)."""
-        if self._registered or not (self.opts.stream and self.opts.commits_progress):
+        """A stream in CLUSTERING registers its group (where the broker wants it), again every
+        REGISTER_INTERVAL_S as RocketMQ's clients heartbeat: a restarted broker may have lost
+        the group's %RETRY% topic until then."""
+        if not (self.opts.stream and self.opts.commits_progress):
             return
-        self._registered = True
+        now = time.monotonic()
+        if self._registered_at is not None and now - self._registered_at < REGISTER_INTERVAL_S:
+            return
+        self._registered_at = now
         try:
             self.backend.register_consumer(self.opts.pull_group, self.opts.topics)
         except PymqError as err:  # only what the broker's tools show depends on it
