@@ -289,7 +289,10 @@ def test_kill_9_of_one_broker_while_streams_write_and_read(
             .option("checkpointLocation", str(tmp_path / "sink-ckpt"))
             .trigger(processingTime="300 milliseconds").start())
     out = tmp_path / "out"
-    source = (_stream(spark, c.namesrv_addr, topic, consumerGroup=group, startingOffsets="earliest")
+    # pollTimeoutMs: a task whose range is on broker-a waits for it (a restart under load can
+    # take a minute) instead of failing
+    source = (_stream(spark, c.namesrv_addr, topic, consumerGroup=group, startingOffsets="earliest",
+                      pollTimeoutMs=300_000)
               .select("body", "broker_name")
               .writeStream.format("parquet").option("checkpointLocation", str(tmp_path / "src-ckpt"))
               .trigger(processingTime="500 milliseconds").start(str(out)))
@@ -305,12 +308,12 @@ def test_kill_9_of_one_broker_while_streams_write_and_read(
         c.kill_broker("broker-a")
         during = batches()
         try:
-            deadline = time.monotonic() + 120
-            while batches() < during + 5 and time.monotonic() < deadline:  # sends go on to broker-b
+            deadline = time.monotonic() + 90
+            while batches() < during + 3 and time.monotonic() < deadline:  # sends go on to broker-b
                 assert sink.isActive, f"sink stopped while broker-a was down: {sink.exception()}"
                 assert source.isActive, f"source stopped while broker-a was down: {source.exception()}"
                 time.sleep(0.2)
-            assert batches() >= during + 5, "the sink made no progress with broker-a down"
+            assert batches() >= during + 3, "the sink made no progress with broker-a down"
         finally:
             c.start_broker("broker-a")
         sink.stop()
