@@ -616,6 +616,7 @@ def test_batch_send(cluster: Any, api: MQClientAPI, topic: str) -> None:
     sent = api.send_batch_message(addr, mq, body, ids, producer_group="pg")
     assert sent.status is SendStatus.SEND_OK and sent.msg_ids == tuple(ids) and sent.queue_offset == 0
     assert len(sent.offset_msg_ids) == 3
+    _wait_for(lambda: api.get_max_offset(addr, mq) == 3, 5, "the batch's consume queue entries")
     msgs = _decode(api.pull_message(addr, "batch", mq, 0, 32).message_binary, "broker-b")
     assert [(m.body, m.msg_id, m.tags) for m in msgs] == [(f"b{i}".encode(), ids[i], "T") for i in range(3)]
     assert [m.offset_msg_id for m in msgs] == list(sent.offset_msg_ids)
@@ -638,6 +639,7 @@ def test_consumer_offsets_round_trip(cluster: Any, api: MQClientAPI, topic: str)
     addr = cluster.broker_addrs["broker-a"]
     with_msgs, empty = MessageQueue(topic, "broker-a", 2), MessageQueue(topic, "broker-a", 3)
     api.send_message(addr, with_msgs, b"x", {}, producer_group="pg")
+    _wait_for(lambda: api.get_max_offset(addr, with_msgs) == 1, 5, "the sent message")
     group = f"offsets-{uuid.uuid4().hex[:6]}"
     # Never committed: the broker answers 0 for a queue whose messages start at 0 and are in
     # memory, QUERY_NOT_FOUND (-1) for an empty queue, and -1 always when asked not to guess.
@@ -669,6 +671,7 @@ def test_max_min_and_search_offsets(cluster: Any, api: MQClientAPI, topic: str) 
     time.sleep(0.05)
     for body in (b"b", b"c"):
         api.send_message(addr, mq, body, {}, producer_group="pg")
+    _wait_for(lambda: api.get_max_offset(addr, mq) == 3, 5, "the sent messages")
     assert (api.get_max_offset(addr, mq), api.get_min_offset(addr, mq)) == (3, 0)
     assert api.search_offset(addr, mq, 0) == 0
     assert api.search_offset(addr, mq, middle) == 1
