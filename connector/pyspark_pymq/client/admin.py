@@ -257,12 +257,9 @@ class Admin:
 
     def dead_letter_messages(self, group: str, max_num: int = 1000) -> list[MessageExt]:
         """The messages in %DLQ%<group>, oldest first (at most ``max_num``)."""
-        topic = dlq_topic(group)
-        if topic not in self.topic_names(include_system=True):
-            return []
-        consumer = PullConsumer(self.endpoint, DLQ_BROWSER_GROUP)
+        consumer, queues = self._dead_letter_queues(group)
         out: list[MessageExt] = []
-        for mq in consumer.queues(topic):
+        for mq in queues:
             offset = consumer.min_offset(mq)
             while len(out) < max_num:
                 result = consumer.pull(mq, offset, min(1000, max_num - len(out)))
@@ -271,6 +268,14 @@ class Admin:
                 out.extend(result.messages)
                 offset = result.next_begin_offset
         return out
+
+    def _dead_letter_queues(self, group: str) -> tuple[PullConsumer, list[MessageQueue]]:
+        """A consumer for %DLQ%<group> and its queues (none, without creating it, if it does not exist)."""
+        consumer = PullConsumer(self.endpoint, DLQ_BROWSER_GROUP)
+        topic = dlq_topic(group)
+        if topic not in self.topic_names(include_system=True):
+            return consumer, []
+        return consumer, consumer.queues(topic)
 
     def dead_letters(self, group: str, max_num: int = 1000) -> pd.DataFrame:
         """One row per dead letter of ``group``: where it came from, why, how often retried."""

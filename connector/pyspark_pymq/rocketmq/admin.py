@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..backend.base import BackendConfig, QueueBounds, open_backend
 from ..client.admin import DLQ_BROWSER_GROUP, Admin, _frame
 from ..client.consumer import PullConsumer, dlq_topic
-from ..client.message import MessageExt
+from ..client.message import MessageQueue
 from ..errors import PymqError, TopicNotExistError
 
 if TYPE_CHECKING:
@@ -184,19 +184,9 @@ class RocketMQAdmin(Admin):
 
     # -- dead letters --------------------------------------------------------------------------
 
-    def dead_letter_messages(self, group: str, max_num: int = 1000) -> list[MessageExt]:
+    def _dead_letter_queues(self, group: str) -> tuple[PullConsumer, list[MessageQueue]]:
         consumer = PullConsumer(group=DLQ_BROWSER_GROUP, backend=self._backend)
         try:
-            queues = consumer.queues(dlq_topic(group))
+            return consumer, consumer.queues(dlq_topic(group))
         except TopicNotExistError:
-            return []
-        out: list[MessageExt] = []
-        for mq in queues:
-            offset = consumer.min_offset(mq)
-            while len(out) < max_num:
-                result = consumer.pull(mq, offset, min(1000, max_num - len(out)))
-                if not result.messages:
-                    break
-                out.extend(result.messages)
-                offset = result.next_begin_offset
-        return out
+            return consumer, []
