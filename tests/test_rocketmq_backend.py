@@ -8,6 +8,7 @@ and groups of its own on the session's cluster.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections import Counter
 
@@ -16,6 +17,8 @@ from helpers import unique
 from pyspark_pymq import Message, MessageQueue, Producer, PullConsumer, PullStatus
 from pyspark_pymq.backend import BackendConfig, QueueBounds, open_backend
 from pyspark_pymq.errors import BrokerUnavailableError, PymqError, TopicNotExistError
+from pyspark_pymq.spark.offset_reader import OffsetReader
+from pyspark_pymq.spark.options import parse_source_options
 from rocketmq_cluster import JavaMessage, RocketMQCluster
 
 
@@ -183,3 +186,39 @@ def test_unreachable_name_server_and_unknown_topic_are_named(rocketmq_cluster: R
         PullConsumer(group="g", namesrv_addr=rocketmq_cluster.namesrv_addr).queues(missing)
     with pytest.raises(ValueError, match="exactly one of endpoint"):
         Producer("127.0.0.1:8081", namesrv_addr=rocketmq_cluster.namesrv_addr)
+
+
+def test_a_broker_that_does_not_answer_leaves_its_queues_waiting(
+    rocketmq_cluster: RocketMQCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between a broker's kill -9 and the name servers noticing, the route still names it:
+    mid-stream its queues wait (the source reads on from broker-b), at the start it is an error,
+    and the group's progress on broker-b is kept although broker-a cannot take its part."""
+    c = rocketmq_cluster
+    topic = _topic(c, "unanswered")
+    producer = Producer(namesrv_addr=c.namesrv_addr)
+    for i in range(4):
+        producer.send(Message(topic, b"x%d" % i))
+    group = unique("g")
+    consumer = PullConsumer(group=group, namesrv_addr=c.namesrv_addr)
+    assert len(_read(consumer, topic, at_least=4)) == 4  # also creates the group on both brokers
+    opts = parse_source_options({"namesrvAddr": c.namesrv_addr, "topic": topic, "consumerGroup": group},
+                                stream=True)
+    backend = open_backend(opts.backend)
+    routes = backend._routes  # type: ignore[attr-defined]
+    real_addr = routes.broker_addr
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        dead = f"127.0.0.1:{s.getsockname()[1]}"  # closed: nothing listens, as at a killed broker
+    monkeypatch.setattr(routes, "broker_addr",
+                        lambda t, b: dead if b == "broker-a" else real_addr(t, b))
+    reader = OffsetReader(opts, backend)
+    bounds, missing = reader.bounds(require_topics=False)
+    assert missing == []
+    assert {mq.broker_name for mq in bounds if mq.topic == topic} == {"broker-b"}
+    a0, b0 = MessageQueue(topic, "broker-a", 0), MessageQueue(topic, "broker-b", 0)
+    assert reader.unavailable_brokers([a0, b0]) == {"broker-a"}
+    with pytest.raises(BrokerUnavailableError, match=rf"namesrvAddr='{c.namesrv_addr}'.*{dead}"):
+        reader.bounds(require_topics=True)
+    with pytest.raises(BrokerUnavailableError, match=dead):
+        backend.commit_offsets(group, {a0: 1, b0: 1})
+    assert consumer.committed(b0) == 1

@@ -169,12 +169,17 @@ class Backend(ABC):
 
     # -- offsets -----------------------------------------------------------------------
 
-    def queue_bounds(self, topic: str) -> dict[MessageQueue, QueueBounds] | None:
+    def queue_bounds(
+        self, topic: str, *, unreachable: set[str] | None = None
+    ) -> dict[MessageQueue, QueueBounds] | None:
         """Bounds of every readable queue of ``topic``; None if the topic does not exist.
 
         One stats request per broker of the route, not two requests per queue.
+        With ``unreachable``, a broker of the route that does not answer (killed,
+        restarting, before the name servers notice) is added to it and its
+        queues are left out; without it, its error is raised.
         """
-        from ..errors import TopicNotExistError
+        from ..errors import BrokerUnavailableError, RequestTimeoutError, TopicNotExistError
 
         try:
             route = self.route(topic, refresh=True)
@@ -183,13 +188,23 @@ class Backend(ABC):
         if not route.subscribe_queues:
             return None
         stats: dict[MessageQueue, QueueBounds] = {}
+        skipped: set[str] = set()
         for broker in sorted({mq.broker_name for mq in route.subscribe_queues}):
-            found = self._broker_bounds(topic, broker)
+            try:
+                found = self._broker_bounds(topic, broker)
+            except (BrokerUnavailableError, RequestTimeoutError):
+                if unreachable is None:
+                    raise
+                unreachable.add(broker)
+                skipped.add(broker)
+                continue
             if found is None:
                 return None
             stats.update(found)
         out: dict[MessageQueue, QueueBounds] = {}
         for mq in route.subscribe_queues:
+            if mq.broker_name in skipped:
+                continue
             bounds = stats.get(mq)
             if bounds is None:  # a queue the broker has not written yet
                 bounds = QueueBounds(self.min_offset(mq), self.max_offset(mq))

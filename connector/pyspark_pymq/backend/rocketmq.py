@@ -34,7 +34,7 @@ import numpy.typing as npt
 
 from ..client.message import MessageExt, MessageQueue, PullStatus, SendBackColumns, SendResult
 from ..client.route import TopicRoute
-from ..errors import PymqError, TopicNotExistError
+from ..errors import BrokerUnavailableError, PymqError, RequestTimeoutError, TopicNotExistError
 from ..rocketmq import codec
 from ..rocketmq.api import ConsumerData, MQClientAPI, PullResultExt, build_pull_sys_flag, default_client_id
 from ..rocketmq.remoting import RemotingClient, SessionCredentials
@@ -111,9 +111,18 @@ class RocketMQBackend(Backend):
         return self.api.query_consumer_offset(self._addr(mq), group, mq, set_zero_if_not_found=False)
 
     def commit_offsets(self, group: str, offsets: Mapping[MessageQueue, int]) -> None:
+        # A broker that is down must not hold back the progress kept on the others: its
+        # queues are skipped (the next commit carries them) and the first failure raised last.
+        failed: PymqError | None = None
+        down: set[str] = set()
         for mq, offset in offsets.items():
+            if mq.broker_name in down:
+                continue
             try:
                 self.api.update_consumer_offset(self._addr(mq), group, mq, offset)
+            except (BrokerUnavailableError, RequestTimeoutError) as err:
+                down.add(mq.broker_name)
+                failed = failed or err
             except PymqError as err:
                 if err.code != "SUBSCRIPTION_GROUP_NOT_EXIST":
                     raise
@@ -123,6 +132,8 @@ class RocketMQBackend(Backend):
                     f"{self.config.namesrv_addr} -c <cluster> -g {group}) or enable the brokers' "
                     "autoCreateSubscriptionGroup (a pull creates the group then)", code=err.code,
                 ) from None
+        if failed is not None:
+            raise failed
 
     def register_consumer(self, group: str, topics: Sequence[str]) -> None:
         # One HEART_BEAT per broker creates %RETRY%<group> (and the group, where the brokers

@@ -43,6 +43,8 @@ class OffsetReader:
         self.opts = opts
         self.backend = backend or open_backend(opts.backend, opts.connect_timeout_ms / 1000.0)
         self._registered_at: float | None = None
+        # Brokers that did not answer the last mid-stream bounds(): their queues wait.
+        self._unreachable: set[str] = set()
 
     # -- errors -------------------------------------------------------------------
 
@@ -52,12 +54,13 @@ class OffsetReader:
         cfg = opts.backend
         if isinstance(err, (BrokerUnavailableError, RequestTimeoutError)):
             check = (
-                "Check that the name servers run there and the namesrvAddr is right" if cfg.namesrv_addr
+                "Check that the name servers and their brokers run and the namesrvAddr is right"
+                if cfg.namesrv_addr
                 else "Check that pymq-broker runs there and the endpoint is right"
             )
             return type(err)(
                 f"pymq source cannot reach {cfg.where} (option {cfg.option}, "
-                f"connectTimeoutMs={opts.connect_timeout_ms}): {err.remark}. {check}"
+                f"connectTimeoutMs={opts.connect_timeout_ms}): {err.remark.rstrip('.')}. {check}"
             )
         if isinstance(err, TopicNotExistError) and topic is not None:
             create = (
@@ -72,10 +75,12 @@ class OffsetReader:
 
     # -- what the broker has -----------------------------------------------------------
 
-    def topic_bounds(self, topic: str) -> dict[MessageQueue, QueueBounds] | None:
+    def topic_bounds(
+        self, topic: str, *, unreachable: set[str] | None = None
+    ) -> dict[MessageQueue, QueueBounds] | None:
         """Bounds of every readable queue of ``topic``; None if the topic does not exist."""
         try:
-            return self.backend.queue_bounds(topic)
+            return self.backend.queue_bounds(topic, unreachable=unreachable)
         except PymqError as err:
             raise self._explain(err, topic) from None
 
@@ -85,13 +90,17 @@ class OffsetReader:
         With ``require_topics`` (query start) a missing user topic raises,
         naming the option; mid-stream the caller decides (data loss). A
         missing retry topic is normal (no message failed yet) and never reported.
+        Mid-stream, the queues of a broker that does not answer are left out and
+        the broker counts as unavailable (its queues wait, see
+        :meth:`unavailable_brokers`); at the start its error is raised.
         """
         self._register()
         out: dict[MessageQueue, QueueBounds] = {}
         missing: list[str] = []
         retry = self.opts.retry_topic
+        unreachable: set[str] | None = None if require_topics else set()
         for topic in self.opts.all_topics():
-            found = self.topic_bounds(topic)
+            found = self.topic_bounds(topic, unreachable=unreachable)
             if found is None:
                 if topic == retry and topic not in self.opts.topics:
                     continue
@@ -100,6 +109,10 @@ class OffsetReader:
                 missing.append(topic)
                 continue
             out.update(found)
+        self._unreachable = unreachable or set()
+        if self._unreachable:
+            logger.warning("pymq source: broker(s) %s do not answer; their queues wait",
+                           ", ".join(sorted(self._unreachable)))
         return out, missing
 
     def _register(self) -> None:
@@ -118,9 +131,12 @@ class OffsetReader:
             logger.warning("pymq source: could not register group %s: %s", self.opts.pull_group, err)
 
     def unavailable_brokers(self, queues: Iterable[MessageQueue]) -> set[str]:
-        """Brokers of ``queues`` that are down now (a broker's queues are kept, not lost)."""
+        """Brokers of ``queues`` that are down now (a broker's queues are kept, not lost):
+        gone from the name servers, or not answering the last :meth:`bounds`."""
+        queues = list(queues)
+        unanswered = {mq.broker_name for mq in queues} & self._unreachable
         try:
-            return self.backend.unavailable_brokers(queues)
+            return unanswered | self.backend.unavailable_brokers(queues)
         except PymqError as err:
             raise self._explain(err) from None
 
