@@ -7,8 +7,10 @@ SOURCES := $(shell find connector broker_stub proto -name '*.py' -o -name '*.pro
 PYTEST_ARGS ?=
 RMQ_VERSION := 5.3.3
 RMQ         := $(VENV)/rocketmq-$(RMQ_VERSION)
+# The API reference from the docstrings; a warning (a broken reference, an undocumented module) fails.
+DOCS        = $(PY) -m sphinx -E -W --keep-going -q -b html docs build/docs
 
-.PHONY: setup rocketmq demo test lint typecheck proto bench clean
+.PHONY: setup rocketmq demo test unit lint typecheck proto bench clean docs
 
 # Java 17 for Spark, a virtualenv with the pinned dependencies, pymq installed into it.
 setup: $(VENV)/.installed
@@ -46,10 +48,11 @@ $(RMQ)/.fetched: tests/rocketmq/pom.xml tests/rocketmq/settings.xml $(VENV)/.jav
 demo: setup
 	$(PY) examples/demo_pipeline.py
 
-# Every test: unit, integration (a real broker process, real RocketMQ, a real local Spark), lint and types.
+# Every test: unit, integration (a real broker process, real RocketMQ, a real local Spark), lint, types, docs.
 test: setup rocketmq
 	$(PY) -m ruff check connector broker_stub proto tests examples benchmarks
 	$(PY) -m mypy connector broker_stub proto
+	$(DOCS)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: setup
@@ -57,6 +60,12 @@ lint: setup
 
 typecheck: setup
 	$(PY) -m mypy connector broker_stub proto
+
+# The fast loop while changing code: unit tests only (no Spark, no broker process), lint, types.
+unit: setup
+	$(PY) -m ruff check connector broker_stub proto tests examples benchmarks
+	$(PY) -m mypy connector broker_stub proto
+	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
 # Regenerate the gRPC code after editing proto/pymq_proto/v1/pymq.proto.
 proto: $(VENV)/.deps
@@ -66,6 +75,11 @@ proto: $(VENV)/.deps
 
 bench: setup
 	$(PY) benchmarks/run_all.py
+
+# The API reference (docs/, Sphinx autodoc) from the docstrings of this tree, into build/docs;
+# any warning fails it. Needs no broker and no Spark JVM.
+docs: setup
+	$(DOCS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -22,8 +22,13 @@ to a Delta table. Each order lands in the table exactly once, whatever crashes:
   only retried rows are looked up.
 
 Delta comes from ``pip install delta-spark`` (Python) plus its jars, which
-Spark resolves from Maven Central through ``spark.jars.packages`` on the first
-run (cached in ``~/.ivy2*`` afterwards).
+Spark resolves through ``spark.jars.packages`` on the first run with the
+project's own Ivy settings (``examples/ivysettings.xml``: Maven Central only)
+into the project's cache (``.venv/ivy``), then starts offline: nothing in
+``~/.m2`` or ``~/.ivy2*`` is read or written (a POM without its jar in
+``~/.m2``, which any ``mvn`` build can leave, made Spark's default resolution
+fail). ``PYMQ_IVY_SETTINGS`` / ``PYMQ_IVY_CACHE`` / ``PYMQ_DELTA_PACKAGE``
+override the settings file, the cache and the coordinates.
 
 Without ``--expect-good`` the query runs until Ctrl-C or SIGTERM. With it, the
 pipeline stops once the table holds that many orders and the DLQ
@@ -70,6 +75,12 @@ from pyspark_pymq.spark.progress import commit_group_progress  # noqa: E402
 #: Python package's version, cannot be used.
 DELTA_PACKAGE = os.environ.get("PYMQ_DELTA_PACKAGE", "io.delta:delta-spark_4.2_2.13:4.4.0")
 
+#: Where Spark's Ivy resolves them from (Maven Central only) and caches them: the
+#: project's own, never ``~/.m2`` or ``~/.ivy2*`` (see :func:`delta_jars_conf`).
+MAVEN_CENTRAL = "https://repo1.maven.org/maven2/"
+IVY_SETTINGS = _EXAMPLES / "ivysettings.xml"
+IVY_CACHE = _ROOT / ".venv" / "ivy"
+
 #: The order in a message's body (JSON); the table adds where the message came from.
 ORDER_DDL = "order_id bigint, customer string, amount double"
 
@@ -100,21 +111,48 @@ def charge(msgs: list[MessageExt]) -> ConsumeConcurrentlyStatus:
     return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 
 
+def delta_jars_conf() -> dict[str, str]:
+    """The Spark settings that fetch the Delta jars: the project's Ivy settings and cache only.
+
+    Spark's own chain looks in ``~/.m2/repository`` first, and a POM there without its
+    jar (which any ``mvn`` build can leave) fails the whole resolution; its cache is
+    ``~/.ivy2*``. Here nothing in the user's home is read or written: Maven Central only
+    (``examples/ivysettings.xml``, or ``$PYMQ_IVY_SETTINGS``), cached in ``.venv/ivy``
+    (or ``$PYMQ_IVY_CACHE``); once there, Spark starts offline.
+    """
+    return {
+        "spark.jars.packages": DELTA_PACKAGE,
+        "spark.jars.ivySettings": str(Path(os.environ.get("PYMQ_IVY_SETTINGS") or IVY_SETTINGS).resolve()),
+        "spark.jars.ivy": str(Path(os.environ.get("PYMQ_IVY_CACHE") or IVY_CACHE).resolve()),
+    }
+
+
+class DeltaJarsError(RuntimeError):
+    """Spark's JVM exited while starting, most often because the Delta jars could not be resolved."""
+
+
 def delta_spark_session(app_name: str = "pymq-delta-pipeline", spark_log: Path | None = None) -> Any:
-    """A local[2] SparkSession with Delta Lake (jars from Maven Central).
+    """A local[2] SparkSession with Delta Lake (jars from Maven Central, see :func:`delta_jars_conf`).
 
     With ``spark_log``, the JVM's own output (the jar resolution report, Spark's
-    log) goes to that file instead of the terminal.
+    log) goes to that file instead of the terminal. If the JVM exits while starting,
+    :class:`DeltaJarsError` says what failed (from that report) and what to do.
     """
-    saved = None
+    conf = delta_jars_conf()
+    saved, offset = None, 0
     if spark_log is not None:  # the JVM inherits file descriptor 2 when it starts
         spark_log.parent.mkdir(parents=True, exist_ok=True)
         sys.stderr.flush()
         saved = os.dup(2)
         with open(spark_log, "ab") as f:
+            offset = f.tell()
             os.dup2(f.fileno(), 2)
     try:
-        spark = _build_session(app_name)
+        spark = _build_session(app_name, conf)
+    except Exception as e:
+        if "JAVA_GATEWAY_EXITED" not in str(e):
+            raise
+        raise DeltaJarsError(_start_failure(conf, spark_log, offset)) from e
     finally:
         if saved is not None:
             os.dup2(saved, 2)
@@ -123,13 +161,40 @@ def delta_spark_session(app_name: str = "pymq-delta-pipeline", spark_log: Path |
     return spark
 
 
-def _build_session(app_name: str) -> Any:
+def _start_failure(conf: dict[str, str], spark_log: Path | None, offset: int) -> str:
+    """What to tell the user when Spark's JVM exited before the session existed."""
+    settings, cache = conf["spark.jars.ivySettings"], conf["spark.jars.ivy"]
+    what = f"{conf['spark.jars.packages']} into {cache} with {settings}"
+    remedy = (
+        f"check network access to {MAVEN_CENTRAL} (or to the repository {settings} names), or set "
+        f"PYMQ_IVY_SETTINGS to an Ivy settings file for your mirror (a copy of {IVY_SETTINGS}) or "
+        f"PYMQ_DELTA_PACKAGE to other coordinates; if the cache is damaged, delete {cache}"
+    )
+    if spark_log is None:  # its report went to the terminal
+        return (f"Spark's JVM exited while starting (see its output above); if it could not "
+                f"resolve {what}: {remedy}")
+    with open(spark_log, "rb") as f:  # this start's part of the log
+        f.seek(offset)
+        lines = [line.strip() for line in f.read().decode("utf-8", "replace").splitlines()]
+    if not any("MavenUtils" in line or "Ivy settings file" in line for line in lines):
+        tail = "\n  ".join(lines[-15:])
+        return f"Spark's JVM exited while starting (see {spark_log}):\n  {tail}"
+    # The summary ("[unresolved dependency: ...]", "[download failed: ...]") and the first
+    # network error, if any ("Host ... not found", "Server access error at url ...").
+    found = [next((line for line in lines if line.startswith('Exception in thread "main"')), ""),
+             next((line for line in lines if line.startswith("Host ") or "Server access error" in line), "")]
+    detail = "".join(f"\n  {line[:500]}" for line in found if line)
+    return f"could not resolve {what} (see {spark_log}): {remedy}{detail}"
+
+
+def _build_session(app_name: str, jars_conf: dict[str, str]) -> Any:
     from pyspark.sql import SparkSession
 
+    builder = SparkSession.builder.master("local[2]").appName(app_name)
+    for key, value in jars_conf.items():
+        builder = builder.config(key, value)
     return (
-        SparkSession.builder.master("local[2]")
-        .appName(app_name)
-        .config("spark.jars.packages", DELTA_PACKAGE)
+        builder
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
         .config("spark.sql.shuffle.partitions", "2")

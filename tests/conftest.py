@@ -88,3 +88,19 @@ def spark() -> Iterator[object]:
     session.sparkContext.setLogLevel("WARN")
     yield session
     session.stop()
+
+
+# Fixtures that start a broker, a RocketMQ cluster or Spark: a test using one is an integration
+# test. `make unit` runs the others (no Spark, no broker process), in well under a minute.
+_INTEGRATION_FIXTURES = {"broker", "endpoint", "shared_broker", "rocketmq_cluster", "spark"}
+# Modules whose tests start (and kill -9) broker processes or example scripts of their own.
+_INTEGRATION_MODULES = {"test_broker", "test_durability", "test_examples", "test_retry", "test_transactions"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        module = item.module.__name__ if getattr(item, "module", None) else ""
+        if (fixtures & _INTEGRATION_FIXTURES or item.get_closest_marker("spark")
+                or module in _INTEGRATION_MODULES):
+            item.add_marker(pytest.mark.integration)

@@ -103,7 +103,7 @@ def test_max_reconsume_times_3_delivers_four_times(retry_broker) -> None:
     from pymq_proto.v1 import pymq_pb2
     from pyspark_pymq.client.transport import BrokerClient
 
-    cfg = BrokerClient(ep).call("GetSubscriptionGroup", pymq_pb2.GetSubscriptionGroupRequest(group_name="g3"))
+    cfg = BrokerClient(ep).get_subscription_group(pymq_pb2.GetSubscriptionGroupRequest(group_name="g3"))
     assert cfg.config.retry_max_times == 3
 
 

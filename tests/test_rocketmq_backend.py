@@ -216,7 +216,11 @@ def test_a_broker_that_does_not_answer_leaves_its_queues_waiting(
     assert missing == []
     assert {mq.broker_name for mq in bounds if mq.topic == topic} == {"broker-b"}
     a0, b0 = MessageQueue(topic, "broker-a", 0), MessageQueue(topic, "broker-b", 0)
-    assert reader.unavailable_brokers([a0, b0]) == {"broker-a"}
+    # what is missing from the route: broker-a's queue waits, a queue broker-b never had is gone
+    assert reader.unavailable_brokers([a0, MessageQueue(topic, "broker-b", 7)]) == {"broker-a"}
+    # a registered broker that still holds a queue the route lost (a restart the name servers
+    # have not caught up with) keeps it waiting too
+    assert backend.unavailable_brokers([b0]) == {"broker-b"}
     with pytest.raises(BrokerUnavailableError, match=rf"namesrvAddr='{c.namesrv_addr}'.*{dead}"):
         reader.bounds(require_topics=True)
     with pytest.raises(BrokerUnavailableError, match=dead):

@@ -124,13 +124,13 @@ def test_a_failed_route_refresh_keeps_the_route_and_asks_again_only_after_a_paus
     routes = producer.backend._routes  # type: ignore[attr-defined]
     route = routes.get(topic)
     asked: list[str] = []
-    call = routes.bootstrap.call
+    query_route = routes.bootstrap.query_route
 
-    def counting_call(rpc: str, request: Any) -> Any:
-        asked.append(rpc)
-        return call(rpc, request)
+    def counting_query_route(request: Any, timeout: float | None = None) -> Any:
+        asked.append("QueryRoute")
+        return query_route(request, timeout)
 
-    monkeypatch.setattr(routes.bootstrap, "call", counting_call)
+    monkeypatch.setattr(routes.bootstrap, "query_route", counting_query_route)
     monkeypatch.setattr(route_module, "ROUTE_RETRY_AFTER_S", 0.2)
     routes._routes[topic] = (time.monotonic() - route_module.ROUTE_TTL_S - 1, route)  # expired
     with paused(broker, 1.0):  # the block lasts the whole second: the 0.2 s pass in it

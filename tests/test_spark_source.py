@@ -289,8 +289,7 @@ def test_broadcasting_writes_no_progress(spark: Any, ep: str, paths: tuple[Path,
 
 
 def send_back(endpoint: str, group: str, row: dict[str, Any], delay_level: int) -> None:
-    BrokerClient(endpoint).call(
-        "ConsumerSendMsgBack",
+    BrokerClient(endpoint).consumer_send_msg_back(
         pymq_pb2.ConsumerSendMsgBackRequest(
             group=group, commit_log_offset=row["commit_log_offset"], delay_level=delay_level,
             origin_msg_id=row["msg_id"], origin_topic=row["topic"], max_reconsume_times=16,

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import pymq_proto  # noqa: F401  (first: it sets gRPC's fork default before grpc loads)
+
 __all__ = ["BrokerConfig", "BrokerController", "EmbeddedBroker", "MessageStoreConfig"]
 
 if TYPE_CHECKING:

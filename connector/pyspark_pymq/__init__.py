@@ -10,7 +10,11 @@ Public API::
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
+
+with contextlib.suppress(ImportError):  # before anything loads grpc: see pymq_proto
+    import pymq_proto  # noqa: F401
 
 __all__ = [
     "Admin",

@@ -29,8 +29,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pymq_proto.topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX, get_dlq_topic, get_retry_topic
+
 from .client.admin import Admin
-from .client.consumer import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -148,7 +149,7 @@ def retry_dlq_counts(
         groups = sorted(found)
     rows = []
     for group in groups:
-        retry = RETRY_GROUP_TOPIC_PREFIX + group
+        retry = get_retry_topic(group)
         pending = 0
         if retry in messages:
             pending = int(admin.group_progress(group, retry)["lag"].sum())
@@ -157,7 +158,7 @@ def retry_dlq_counts(
                 "group": group,
                 "retried": int(messages.get(retry, 0)),
                 "retry_pending": pending,
-                "dead_letters": int(messages.get(DLQ_GROUP_TOPIC_PREFIX + group, 0)),
+                "dead_letters": int(messages.get(get_dlq_topic(group), 0)),
             }
         )
     return pd.DataFrame(rows, columns=["group", "retried", "retry_pending", "dead_letters"])

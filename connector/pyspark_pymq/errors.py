@@ -1,11 +1,39 @@
-"""One error root for pymq, carrying the broker's RocketMQ ResponseCode.
+"""One error root for pymq, carrying the broker's RocketMQ ResponseCode and whether to retry.
 
 Every failure that crosses the client raises a :class:`PymqError` subclass;
 ``error.code`` is the broker's ``ResponseCode`` name (``"TOPIC_NOT_EXIST"``,
 ``"MESSAGE_ILLEGAL"``...) and ``error.remark`` its explanation.
+
+``error.retriable`` (a class attribute, as kafka-python's ``KafkaError.retriable``)
+says whether the same request may succeed if it is sent again, to the same
+broker later or to another one: the producer retries a send only then, and
+route look-ups keep their last route only then. Retriable, as RocketMQ's
+producer retries them:
+
+* :class:`BrokerUnavailableError` (``SERVICE_NOT_AVAILABLE``): the broker is
+  down, unreachable or shutting down.
+* :class:`RequestTimeoutError` (``REQUEST_TIMEOUT``): no answer in time
+  (RocketMQ's RemotingTimeoutException); the request may still have been
+  applied, so a retried send can store a message twice.
+* :class:`SystemBusyError` (``SYSTEM_BUSY``, and RocketMQ's ``FLOW_CONTROL`` /
+  ``POLLING_FULL``): the broker sheds load; a later or other broker may take it.
+
+Not retriable: the request's own fault, which a retry would meet again
+(``MESSAGE_ILLEGAL``, ``ILLEGAL_ARGUMENT``, ``SUBSCRIPTION_PARSE_FAILED``,
+``PULL_OFFSET_MOVED``, ``TOPIC_EXIST_ALREADY``), and, unlike RocketMQ's
+producer, ``TOPIC_NOT_EXIST`` and ``NO_PERMISSION``: RocketMQ retries those
+broker answers because its name-server routes can be stale for one broker of
+many, while pymq raises them for the topic's own state (no such topic, no
+writable queue, a reserved name, an ACL refusal), and retrying would only
+hide the refusal (a oneway send would drop it). The root ``PymqError``
+(``SYSTEM_ERROR`` and codes without a class of their own) is not retriable
+either: it is also what a misuse of the client raises ("the producer is
+closed").
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 __all__ = [
     "BrokerUnavailableError",
@@ -24,9 +52,15 @@ __all__ = [
 
 
 class PymqError(Exception):
-    """Root of pymq's errors. ``code`` is RocketMQ's ResponseCode name."""
+    """Root of pymq's errors. ``code`` is RocketMQ's ResponseCode name.
+
+    ``retriable`` is True on the classes whose failures another try may mend
+    (see the module docstring); it is a property of the class, kept when an
+    error is re-raised as ``type(err)(message, code=err.code)``.
+    """
 
     code: str = "SYSTEM_ERROR"
+    retriable: ClassVar[bool] = False
 
     def __init__(self, remark: str, *, code: str | None = None) -> None:
         super().__init__(remark)
@@ -59,7 +93,10 @@ class SubscriptionParseError(PymqError):
 
 
 class SystemBusyError(PymqError):
+    """The broker is overloaded (SYSTEM_BUSY, or RocketMQ's FLOW_CONTROL / POLLING_FULL)."""
+
     code = "SYSTEM_BUSY"
+    retriable = True
 
 
 class IllegalArgumentError(PymqError):
@@ -76,12 +113,14 @@ class BrokerUnavailableError(PymqError):
     """The broker could not be reached (connection refused, shut down, unreachable)."""
 
     code = "SERVICE_NOT_AVAILABLE"
+    retriable = True
 
 
 class RequestTimeoutError(PymqError):
     """The broker did not answer within the request's timeout."""
 
     code = "REQUEST_TIMEOUT"
+    retriable = True
 
 
 _BY_CODE: dict[str, type[PymqError]] = {
@@ -102,6 +141,6 @@ _BY_CODE: dict[str, type[PymqError]] = {
 
 
 def error_for_code(code: str, remark: str) -> PymqError:
-    """The typed error for a broker ResponseCode name."""
+    """The typed error for a broker ResponseCode name (its class says whether it is retriable)."""
     cls = _BY_CODE.get(code, PymqError)
     return cls(remark, code=code)

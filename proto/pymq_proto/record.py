@@ -21,7 +21,8 @@ offset  field                      notes
 64      RECONSUMETIMES   int32
 68      PREPAREDTXOFFSET int64
 76      BODYLEN          int32
-80      body, TOPICLEN uint16, topic (utf-8), PROPERTIESLEN uint16, properties
+80      body             BODYLEN   then TOPICLEN uint16, topic (utf-8),
+                                   PROPERTIESLEN uint16, properties
 ======  =========================  ======================================
 
 BODYCRC covers body, topic and properties (RocketMQ's covers the body only):
@@ -41,9 +42,12 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
+
 __all__ = [
     "BLANK_MAGIC_CODE",
     "HEADER",
+    "HEADER_DTYPE",
     "HEADER_SIZE",
     "MAX_PROPERTIES_SIZE",
     "MAX_TOPIC_BYTES",
@@ -56,6 +60,7 @@ __all__ = [
     "find_property",
     "offset_msg_id",
     "parse_offset_msg_id",
+    "property_key",
     "remove_property",
     "store_host_bytes",
     "tag_hash",
@@ -76,6 +81,15 @@ SYSFLAG, BORNTIMESTAMP, STORETIMESTAMP, STOREHOST, RECONSUMETIMES = range(7, 12)
 PREPAREDTXOFFSET, BODYLEN = 12, 13
 
 RecordHeader = tuple[int, int, int, int, int, int, int, int, int, int, bytes, int, int, int]
+
+# HEADER as a numpy record, for the code that reads or completes many headers at once
+HEADER_DTYPE = np.dtype([
+    ("total", "<i4"), ("magic", "<i4"), ("crc", "<u4"), ("queue_id", "<i4"), ("flag", "<i4"),
+    ("queue_offset", "<i8"), ("phy", "<i8"), ("sys_flag", "<i4"), ("born", "<i8"),
+    ("store_ts", "<i8"), ("host", "S8"), ("reconsume", "<i4"), ("prepared_tx", "<i8"),
+    ("body_len", "<i4"),
+])
+assert HEADER_DTYPE.itemsize == HEADER_SIZE
 
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
@@ -173,6 +187,11 @@ def decode_properties(raw: bytes) -> dict[str, str]:
             name, _, value = item.partition(NAME_VALUE_SEPARATOR)
             out[name] = value
     return out
+
+
+def property_key(name: str) -> bytes:
+    """How ``name``'s entry begins (``name 0x01``): what byte searches of encoded properties look for."""
+    return (name + NAME_VALUE_SEPARATOR).encode()
 
 
 def find_property(raw: bytes, name: bytes) -> bytes | None:

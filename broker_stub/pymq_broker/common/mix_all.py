@@ -1,11 +1,15 @@
-"""RocketMQ's reserved topic names and prefixes (MixAll / TopicValidator)."""
+"""RocketMQ's reserved topic names and prefixes (MixAll / TopicValidator).
+
+The retry and dead-letter topics (%RETRY%<group>, %DLQ%<group>) are named by
+``pymq_proto.topics``: the clients need them too.
+"""
 
 from __future__ import annotations
 
 import re
 
-RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
-DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
+from pymq_proto.topics import is_dlq_topic, is_retry_topic
+
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
@@ -19,22 +23,6 @@ _SYSTEM_TOPICS = frozenset(
     {SCHEDULE_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC, TRANS_CHECK_MAX_TIME_TOPIC,
      AUTO_CREATE_TOPIC_KEY_TOPIC}
 )
-
-
-def get_retry_topic(group: str) -> str:
-    return RETRY_GROUP_TOPIC_PREFIX + group
-
-
-def get_dlq_topic(group: str) -> str:
-    return DLQ_GROUP_TOPIC_PREFIX + group
-
-
-def is_retry_topic(topic: str) -> bool:
-    return topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
-
-
-def is_dlq_topic(topic: str) -> bool:
-    return topic.startswith(DLQ_GROUP_TOPIC_PREFIX)
 
 
 def is_system_topic(topic: str) -> bool:

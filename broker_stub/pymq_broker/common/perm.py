@@ -12,7 +12,3 @@ def is_readable(perm: int) -> bool:
 
 def is_writeable(perm: int) -> bool:
     return bool(perm & PERM_WRITE)
-
-
-def perm_to_string(perm: int) -> str:
-    return ("R" if is_readable(perm) else "-") + ("W" if is_writeable(perm) else "-")

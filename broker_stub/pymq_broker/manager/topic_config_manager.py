@@ -6,17 +6,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pymq_proto.topics import get_dlq_topic, get_retry_topic
 from pymq_proto.v1 import pymq_pb2
 
 from ..common.broker_exception import BrokerException
 from ..common.config_manager import ConfigManager
-from ..common.mix_all import (
-    SCHEDULE_TOPIC,
-    get_dlq_topic,
-    get_retry_topic,
-    is_system_topic,
-    topic_name_problem,
-)
+from ..common.mix_all import SCHEDULE_TOPIC, is_system_topic, topic_name_problem
 from ..common.perm import PERM_READ, PERM_WRITE
 
 MAX_QUEUE_NUMS = 1024

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import time
 
+from pymq_proto.topics import RETRY_GROUP_TOPIC_PREFIX, is_retry_topic
 from pymq_proto.v1 import pymq_pb2
 
 from ..common.broker_exception import BrokerException
-from ..common.mix_all import (
-    RETRY_GROUP_TOPIC_PREFIX,
-    is_retry_topic,
-    is_system_topic,
-    topic_name_problem,
-)
+from ..common.mix_all import is_system_topic, topic_name_problem
 from ..manager.subscription_group_manager import SubscriptionGroupConfig
 from ..manager.topic_config_manager import TopicConfig
 from ..transaction.transactional_message_service import TransactionalMessageService

@@ -37,6 +37,3 @@ class PullRequestHoldService:
         for offset, fut in waiters:
             if offset < max_offset and not fut.done():
                 fut.set_result(None)
-
-    def held(self) -> int:
-        return sum(len(v) for v in self._waiters.values())

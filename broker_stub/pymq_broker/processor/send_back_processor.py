@@ -30,10 +30,11 @@ from pymq_proto.record import (
     find_property,
     split_tail,
 )
+from pymq_proto.topics import get_dlq_topic, get_retry_topic, is_retry_topic
 from pymq_proto.v1 import pymq_pb2
 
 from ..common.broker_exception import BrokerException
-from ..common.mix_all import SCHEDULE_TOPIC, get_dlq_topic, get_retry_topic, is_retry_topic
+from ..common.mix_all import SCHEDULE_TOPIC
 from ..manager.topic_config_manager import TopicConfig
 from ..store.commit_log import MessageToStore
 from .context import BrokerContext
@@ -165,6 +166,7 @@ class SendBackProcessor:
                     delayed = schedules[key] = (encode_properties(props_of).decode(), queue)
                 tail, store_queue_id = delayed
                 store_topic = SCHEDULE_TOPIC
+            # the new entries, encode_properties inlined (one string per item)
             own = "".join(
                 f"{name}\x01{values[i]}\x02" for name, values in cols.columns if values[i]
             ) if cols.columns else ""

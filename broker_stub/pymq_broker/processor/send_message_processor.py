@@ -15,16 +15,19 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import NamedTuple
 
-from pymq_proto.record import MessageConst, decode_properties, encode_properties, find_property
+from pymq_proto.record import (
+    MessageConst,
+    decode_properties,
+    encode_properties,
+    find_property,
+    property_key,
+)
+from pymq_proto.topics import RETRY_GROUP_TOPIC_PREFIX, get_dlq_topic
 from pymq_proto.v1 import pymq_pb2
 
 from ..common.broker_exception import BrokerException
-from ..common.mix_all import (
-    RETRY_GROUP_TOPIC_PREFIX,
-    get_dlq_topic,
-    is_system_topic,
-    topic_name_problem,
-)
+from ..common.mix_all import is_system_topic, topic_name_problem
+from ..manager.topic_config_manager import TopicConfig
 from ..store.commit_log import MessageToStore
 from ..store.encoded_batch import EncodedRecords, parse_encoded
 from ..store.results import PutMessageResult, PutMessageStatus
@@ -36,6 +39,8 @@ _DELAY = MessageConst.PROPERTY_DELAY_TIME_LEVEL.encode()
 _UNIQ = MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX.encode()
 _MAX_RECONSUME = MessageConst.PROPERTY_MAX_RECONSUME_TIMES.encode()
 _TRAN = MessageConst.PROPERTY_TRANSACTION_PREPARED.encode()
+_DELAY_KEY = property_key(MessageConst.PROPERTY_DELAY_TIME_LEVEL)
+_TRAN_KEY = property_key(MessageConst.PROPERTY_TRANSACTION_PREPARED)
 
 PUT_STATUS_TO_CODE = {
     PutMessageStatus.MESSAGE_ILLEGAL: pymq_pb2.MESSAGE_ILLEGAL,
@@ -74,6 +79,9 @@ class _Item(NamedTuple):
     properties: bytes
 
 
+_Messages = Sequence[_Item | pymq_pb2.MessageData]  # a request's messages, either way they came
+
+
 def _stamp(records: EncodedRecords, born: int, reconsume_times: int) -> None:
     """The request's header fields on every record of a pre-encoded batch."""
     h = records.headers
@@ -98,8 +106,40 @@ class SendMessageProcessor:
     async def send_message(
         self, req: pymq_pb2.SendMessageRequest, *, half_batch: bool = False
     ) -> pymq_pb2.SendMessageResponse:
-        ctx = self.ctx
+        """SEND_MESSAGE and SEND_BATCH_MESSAGE (``half_batch``: pymq's SendHalfMessageBatch).
+
+        The request and the topic are checked first; a pre-encoded batch that no
+        feature rewrites is then stored as it came. Everything else takes the
+        per-message path: de-duplication, then a transaction's half messages, a
+        retry bound for the DLQ, or a plain put.
+        """
+        records = self._parse_request(req)
         topic = req.topic
+        cfg, queue_id = self._msg_check(topic, req.queue_id)
+        items: _Messages = req.messages
+        if records is not None:
+            sent = await self._send_encoded(req, queue_id, cfg, records, half_batch)
+            if sent is not None:
+                return sent
+            items = [_Item(*records.message(i)) for i in range(len(records))]
+        messages, dropped = self._messages_to_store(req, cfg, items)
+        if half_batch:
+            self._check_half_batch(items)
+        if messages and find_property(messages[0].properties, _TRAN) == b"true":
+            batch = len(items) > 1 and not half_batch
+            return await self._send_half_messages(topic, queue_id, messages, batch)
+        if topic.startswith(RETRY_GROUP_TOPIC_PREFIX) and messages:
+            topic, queue_id, messages = self._handle_retry_and_dlq(
+                topic, queue_id, req.reconsume_times, messages
+            )
+        if not messages:
+            return self._response(queue_id, pymq_pb2.SEND_OK, None, dropped)
+        result = self.ctx.store.put_messages(topic, queue_id, messages)
+        return self._response(queue_id, await wait_store_ok(self.ctx, result), result, dropped)
+
+    @staticmethod
+    def _parse_request(req: pymq_pb2.SendMessageRequest) -> EncodedRecords | None:
+        """The request carries messages one way or the other; its pre-encoded batch, parsed (else None)."""
         encoded = req.encoded if req.HasField("encoded") else None
         if encoded is not None and req.messages:
             raise BrokerException(
@@ -110,7 +150,7 @@ class SendMessageProcessor:
         records: EncodedRecords | None = None
         if encoded is not None:
             try:
-                records = parse_encoded(encoded.records, encoded.sizes, topic)
+                records = parse_encoded(encoded.records, encoded.sizes, req.topic)
             except ValueError as err:
                 raise BrokerException(pymq_pb2.MESSAGE_ILLEGAL, str(err)) from None
         count = len(records) if records is not None else len(req.messages)
@@ -118,6 +158,16 @@ class SendMessageProcessor:
             raise BrokerException(
                 pymq_pb2.MESSAGE_ILLEGAL, "several messages in one request must be sent as a batch"
             )
+        return records
+
+    def _msg_check(self, topic: str, queue_id: int) -> tuple[TopicConfig, int]:
+        """RocketMQ's msgCheck: the topic's config (created if it may be) and the queue to write.
+
+        A missing %RETRY% topic is created as on a send back, another as
+        autoCreateTopicEnable allows; the broker's other topics refuse sends.
+        ``queue_id`` < 0: the next queue, round robin.
+        """
+        ctx = self.ctx
         cfg = ctx.topic_config_manager.select_topic_config(topic)
         if cfg is None and topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
             group = topic[len(RETRY_GROUP_TOPIC_PREFIX):]
@@ -132,21 +182,43 @@ class SendMessageProcessor:
             raise BrokerException(
                 pymq_pb2.NO_PERMISSION, f"topic {topic!r} belongs to the broker; send elsewhere"
             )
-        queue_id = req.queue_id
         if queue_id < 0:
             queue_id = next(self._round_robin) % cfg.write_queue_nums
         ctx.check_queue(topic, queue_id, write=True)
-        born = req.born_timestamp
-        items: Sequence[_Item | pymq_pb2.MessageData] = req.messages
-        if records is not None:
-            _stamp(records, born, req.reconsume_times)
-            if half_batch and not cfg.dedup_window_ms:
-                half = self.transactions.prepare_records(topic, queue_id, records)
-                if half is not None:
-                    return self._response(queue_id, await wait_store_ok(ctx, half), half, half=True)
-            elif not half_batch and not self._needs_rewrite(topic, records):
-                return await self._send_records(topic, queue_id, records, cfg.dedup_window_ms)
-            items = [_Item(*records.message(i)) for i in range(len(records))]
+        return cfg, queue_id
+
+    async def _send_encoded(
+        self, req: pymq_pb2.SendMessageRequest, queue_id: int, cfg: TopicConfig, records: EncodedRecords,
+        half_batch: bool,
+    ) -> pymq_pb2.SendMessageResponse | None:
+        """A pre-encoded batch stored as it came (header fields set for all records at once).
+
+        None when some record needs the per-message path: a delay, a
+        transaction or a %RETRY% topic (see :meth:`_needs_rewrite`), or half
+        messages under a de-duplication window or that
+        :meth:`TransactionalMessageService.prepare_records` cannot take whole.
+        """
+        _stamp(records, req.born_timestamp, req.reconsume_times)
+        topic = req.topic
+        if half_batch:
+            if cfg.dedup_window_ms:
+                return None
+            half = self.transactions.prepare_records(topic, queue_id, records)
+            if half is None:
+                return None
+            return self._response(queue_id, await wait_store_ok(self.ctx, half), half, half=True)
+        if self._needs_rewrite(topic, records):
+            return None
+        return await self._send_records(topic, queue_id, records, cfg.dedup_window_ms)
+
+    def _messages_to_store(
+        self, req: pymq_pb2.SendMessageRequest, cfg: TopicConfig, items: _Messages
+    ) -> tuple[list[MessageToStore], int]:
+        """The messages to store, and how many the de-duplication window dropped.
+
+        A batch's messages cannot be delayed (RocketMQ's rule), checked first.
+        """
+        topic, born, reconsume_times = req.topic, req.born_timestamp, req.reconsume_times
         messages = []
         dropped = 0
         for i, m in enumerate(items):
@@ -160,34 +232,37 @@ class SendMessageProcessor:
                 if uniq and self.dedup.seen_recently(topic, uniq, cfg.dedup_window_ms):
                     dropped += 1
                     continue
-            messages.append(MessageToStore(m.body, m.flag, m.properties, born, req.reconsume_times))
-        if half_batch:
-            plain = next((i for i, m in enumerate(items)
-                          if find_property(m.properties, _TRAN) != b"true"), None)
-            if plain is not None:
-                raise BrokerException(
-                    pymq_pb2.MESSAGE_ILLEGAL,
-                    f"message {plain} of a half message batch lacks TRAN_MSG=true; send it with SendMessage",
-                )
-        if messages and find_property(messages[0].properties, _TRAN) == b"true":
-            if len(items) > 1 and not half_batch:
-                raise BrokerException(
-                    pymq_pb2.MESSAGE_ILLEGAL, "transactional messages cannot be sent as a batch"
-                )
-            if any(find_property(m.properties, _DELAY) not in (None, b"0") for m in messages):
-                raise BrokerException(
-                    pymq_pb2.MESSAGE_ILLEGAL, "transactional messages cannot be delayed"
-                )
-            result = self.transactions.prepare_messages(topic, queue_id, messages)
-            status = await wait_store_ok(ctx, result)
-            return self._response(queue_id, status, result, half=True)
-        if topic.startswith(RETRY_GROUP_TOPIC_PREFIX) and messages:
-            topic, queue_id, messages = self._retry_or_dlq(topic, queue_id, req.reconsume_times, messages)
-        if not messages:
-            return self._response(queue_id, pymq_pb2.SEND_OK, None, dropped)
-        result = ctx.store.put_messages(topic, queue_id, messages)
-        status = await wait_store_ok(ctx, result)
-        return self._response(queue_id, status, result, dropped)
+            messages.append(MessageToStore(m.body, m.flag, m.properties, born, reconsume_times))
+        return messages, dropped
+
+    @staticmethod
+    def _check_half_batch(items: _Messages) -> None:
+        """Every message of a half message batch is one (TRAN_MSG=true)."""
+        plain = next((i for i, m in enumerate(items) if find_property(m.properties, _TRAN) != b"true"), None)
+        if plain is not None:
+            raise BrokerException(
+                pymq_pb2.MESSAGE_ILLEGAL,
+                f"message {plain} of a half message batch lacks TRAN_MSG=true; send it with SendMessage",
+            )
+
+    async def _send_half_messages(
+        self, topic: str, queue_id: int, messages: list[MessageToStore], batch: bool,
+    ) -> pymq_pb2.SendMessageResponse:
+        """RocketMQ's asyncPrepareMessage: transactional messages stored as half messages.
+
+        ``batch``: a plain batch (not a half message batch), which transactions refuse.
+        """
+        if batch:
+            raise BrokerException(
+                pymq_pb2.MESSAGE_ILLEGAL, "transactional messages cannot be sent as a batch"
+            )
+        if any(find_property(m.properties, _DELAY) not in (None, b"0") for m in messages):
+            raise BrokerException(
+                pymq_pb2.MESSAGE_ILLEGAL, "transactional messages cannot be delayed"
+            )
+        result = self.transactions.prepare_messages(topic, queue_id, messages)
+        status = await wait_store_ok(self.ctx, result)
+        return self._response(queue_id, status, result, half=True)
 
     def _response(
         self, queue_id: int, status: pymq_pb2.SendStatus.ValueType, result: PutMessageResult | None,
@@ -214,8 +289,8 @@ class SendMessageProcessor:
         """
         return (
             topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
-            or records.contains(_DELAY + b"\x01")
-            or records.contains(_TRAN + b"\x01")
+            or records.contains(_DELAY_KEY)
+            or records.contains(_TRAN_KEY)
         )
 
     async def _send_records(
@@ -237,7 +312,7 @@ class SendMessageProcessor:
         status = await wait_store_ok(ctx, result)
         return self._response(queue_id, status, result, dropped)
 
-    def _retry_or_dlq(
+    def _handle_retry_and_dlq(
         self, topic: str, queue_id: int, reconsume_times: int, messages: list[MessageToStore]
     ) -> tuple[str, int, list[MessageToStore]]:
         """RocketMQ's handleRetryAndDLQ: past maxReconsumeTimes a retry goes to the DLQ."""

@@ -19,7 +19,15 @@ import numpy as np
 import numpy.typing as npt
 from numpy.lib.stride_tricks import sliding_window_view
 from pymq_proto.record import HEADER as _HEADER
-from pymq_proto.record import HEADER_SIZE, MAX_PROPERTIES_SIZE, MESSAGE_MAGIC_CODE, find_property
+from pymq_proto.record import (
+    HEADER_DTYPE,
+    HEADER_SIZE,
+    MAX_PROPERTIES_SIZE,
+    MESSAGE_MAGIC_CODE,
+    MessageConst,
+    find_property,
+    property_key,
+)
 
 if TYPE_CHECKING:
     from .commit_log import MessageToStore
@@ -28,15 +36,7 @@ __all__ = [
     "HEADER_DTYPE", "SCALAR_MAX_RECORDS", "UNIQ_PREFIX", "EncodedRecords", "parse_encoded", "use_scalar",
 ]
 
-HEADER_DTYPE = np.dtype([
-    ("total", "<i4"), ("magic", "<i4"), ("crc", "<u4"), ("queue_id", "<i4"), ("flag", "<i4"),
-    ("queue_offset", "<i8"), ("phy", "<i8"), ("sys_flag", "<i4"), ("born", "<i8"),
-    ("store_ts", "<i8"), ("host", "S8"), ("reconsume", "<i4"), ("prepared_tx", "<i8"),
-    ("body_len", "<i4"),
-])
-assert HEADER_DTYPE.itemsize == HEADER_SIZE
-
-UNIQ_PREFIX = b"UNIQ_KEY\x01"
+UNIQ_PREFIX = property_key(MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
 MAX_UNIQ_KEY = 128  # RocketMQ's are 32 hex digits; the bound keeps the search vectorized
 _U16 = struct.Struct("<H")
 _NO_HOST = bytes(8)

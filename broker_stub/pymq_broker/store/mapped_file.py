@@ -49,10 +49,6 @@ class MappedFile:
         self._dirty = True
         return self.file_from_offset + pos
 
-    def write_at(self, position: int, data: bytes) -> None:
-        os.pwrite(self.fd, data, position)
-        self._dirty = True
-
     def read(self, position: int, size: int) -> bytes:
         """``size`` bytes from ``position`` within this file (fewer at its end)."""
         return os.pread(self.fd, size, position)

@@ -22,6 +22,7 @@ from pymq_proto.record import (
     decode_properties,
     encode_properties,
     find_property,
+    property_key,
     split_tail,
     tag_hash,
 )
@@ -41,6 +42,8 @@ _KEYS = MessageConst.PROPERTY_KEYS.encode()
 _TAGS = MessageConst.PROPERTY_TAGS.encode()
 _UNIQ = MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX.encode()
 _DELAY = MessageConst.PROPERTY_DELAY_TIME_LEVEL.encode()
+_KEYS_KEY = property_key(MessageConst.PROPERTY_KEYS)
+_TAGS_KEY = property_key(MessageConst.PROPERTY_TAGS)
 
 MessageArrivingListener = Callable[[str, int, int], None]
 
@@ -194,20 +197,6 @@ class DefaultMessageStore:
 
     # -- put --------------------------------------------------------------------
 
-    def check_message(self, topic: str, msg: MessageToStore) -> str | None:
-        """Why ``msg`` cannot be stored, or None."""
-        if len(msg.body) > self.config.max_message_size:
-            return (
-                f"message body of {len(msg.body)} bytes is over maxMessageSize "
-                f"{self.config.max_message_size} (topic {topic!r})"
-            )
-        if len(msg.properties) > MAX_PROPERTIES_SIZE:
-            return (
-                f"message properties of {len(msg.properties)} bytes are over the limit of "
-                f"{MAX_PROPERTIES_SIZE} (topic {topic!r})"
-            )
-        return None
-
     def put_messages(
         self, topic: str, queue_id: int, messages: Sequence[MessageToStore]
     ) -> PutMessageResult:
@@ -326,7 +315,7 @@ class DefaultMessageStore:
         props: list[bytes] | None = None
         if topic == SCHEDULE_TOPIC:
             tags: list[int] | np.ndarray = np.full(len(records), self._tag_code(topic, queue_id, b"", ts))
-        elif records.contains(_TAGS + b"\x01"):
+        elif records.contains(_TAGS_KEY):
             props = records.all_properties()
             tags = [self._tag_code(topic, queue_id, p, ts) for p in props]
         else:  # no record has tags (a hit in a body only costs the slow path)
@@ -338,7 +327,7 @@ class DefaultMessageStore:
         )
         cq.last_store_timestamp = ts
         if self.config.message_index_enable:
-            if records.uniq_start is not None and not records.contains(_KEYS + b"\x01"):
+            if records.uniq_start is not None and not records.contains(_KEYS_KEY):
                 # every record has a UNIQ_KEY and (it seems) no KEYS: one key each
                 self.index_service.build_index_hashes(
                     records.uniq_hashes(key_seed(topic)), appended.physical_offsets, ts

@@ -56,10 +56,6 @@ class ScheduleMessageService(ConfigManager):
     def decode(self, data: dict[str, Any]) -> None:
         self.offset_table = {int(k): int(v) for k, v in data.get("offsetTable", {}).items()}
 
-    def compute_deliver_timestamp(self, level: int, store_ts: int) -> int:
-        levels = self.store.config.delay_levels_ms
-        return store_ts + levels[min(max(level, 1), len(levels)) - 1]
-
     def deliver_due(self, now_ms: int | None = None) -> float:
         """Deliver every due message of every level; seconds until the next one is due."""
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms

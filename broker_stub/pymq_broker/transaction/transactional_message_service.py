@@ -25,11 +25,13 @@ from typing import Any
 from pymq_proto.record import (
     HEADER,
     HEADER_SIZE,
+    PROPERTY_SEPARATOR,
     MessageConst,
     decode_properties,
     encode_properties,
     entries_named,
     find_property,
+    property_key,
     split_tail,
 )
 
@@ -51,8 +53,11 @@ _DROP_ON_COMMIT = entries_named((MC.PROPERTY_TRANSACTION_PREPARED, MC.PROPERTY_R
                                   MC.PROPERTY_REAL_QUEUE_ID, MC.PROPERTY_TRANSACTION_CHECK_TIMES))
 
 
-_DELAY = MC.PROPERTY_DELAY_TIME_LEVEL.encode()
-_TRAN_TRUE = f"\x02{MC.PROPERTY_TRANSACTION_PREPARED}\x01true\x02".encode()  # never first: UNIQ_KEY is
+# what a pre-encoded batch of half messages must not (or must) hold, as byte searches
+_NOT_IN_HALF_RECORDS = tuple(property_key(name) for name in (
+    MC.PROPERTY_DELAY_TIME_LEVEL, MC.PROPERTY_REAL_TOPIC, MC.PROPERTY_REAL_QUEUE_ID))
+_TRAN_TRUE = (  # a whole entry, never the first one (UNIQ_KEY is)
+    PROPERTY_SEPARATOR.encode() + encode_properties({MC.PROPERTY_TRANSACTION_PREPARED: "true"}))
 
 
 def _real_properties(topic: str, queue_id: int) -> bytes:
@@ -178,8 +183,7 @@ class TransactionalMessageService(ConfigManager):
         is wrong): it may lack TRAN_MSG=true, carry a delay or a REAL_TOPIC
         already, or end its properties mid-entry.
         """
-        if (records.contains(_DELAY + b"\x01") or records.contains(_REAL_TOPIC + b"\x01")
-                or records.contains(_REAL_QID + b"\x01") or not records.properties_end_whole()
+        if (any(records.contains(key) for key in _NOT_IN_HALF_RECORDS) or not records.properties_end_whole()
                 or not records.each_properties_contain(_TRAN_TRUE)):
             return None
         keep, uniqs = self._new_transactions([raw.decode() if raw else None for raw in records.uniq_keys()])

@@ -216,7 +216,9 @@ class Backend(ABC):
         """The bounds of ``topic``'s queues on one broker; None: the topic is gone everywhere."""
 
     def unavailable_brokers(self, queues: Iterable[MessageQueue]) -> set[str]:
-        """Which brokers of ``queues`` are down now (their queues wait; nothing was deleted).
+        """Which brokers of ``queues`` (queues missing from their topics' routes) still hold
+        them: down, restarting, or ahead of the name servers (their queues wait; nothing was
+        deleted).
 
         Where a backend cannot tell, none: a queue missing from its topic's route
         then counts as gone (failOnDataLoss decides).

@@ -14,12 +14,11 @@ import struct
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import grpc
 import numpy as np
 import numpy.typing as npt
-from pymq_proto.record import HEADER, HEADER_SIZE, MESSAGE_MAGIC_CODE, store_host_bytes
+from pymq_proto.record import HEADER_DTYPE, HEADER_SIZE, MESSAGE_MAGIC_CODE, store_host_bytes
 from pymq_proto.v1 import pymq_pb2
 
 from ..client.codec import decode_records as decode_messages
@@ -34,7 +33,7 @@ from ..client.message import (
     SendStatus,
 )
 from ..client.route import RouteCache, TopicRoute
-from ..client.transport import BrokerClient, check_endpoint, map_rpc_error
+from ..client.transport import BrokerClient, UnaryRpc, check_endpoint
 from ..errors import PymqError, TopicNotExistError
 from .base import Backend, BackendConfig, PullBatch, QueueBounds, SendBackOutcome, SendRequest
 
@@ -57,9 +56,6 @@ _SEND_STATUS = {
 }
 _QUEUE_OFFSET = struct.Struct("<q")
 _QUEUE_OFFSET_AT = 20  # QUEUEOFFSET in the record header (pymq_proto.record)
-_HEADER_DTYPE = np.dtype([("total", "<i4"), ("magic", "<i4"), ("rest", "V68"), ("body_len", "<i4")])
-assert _HEADER_DTYPE.itemsize == HEADER.size
-_SEND_RPC = {False: "SendMessage", True: "SendHalfMessageBatch"}  # by ``half``
 SEND_BACK_RPC_ITEMS = 1000  # send back: messages per request (the requests of a call overlap)
 
 
@@ -92,9 +88,8 @@ class PymqBackend(Backend):
 
     def _broker_bounds(self, topic: str, broker_name: str) -> dict[MessageQueue, QueueBounds] | None:
         try:
-            resp = self._routes.client(topic, broker_name).call(
-                "TopicStats", pymq_pb2.TopicStatsRequest(topic=topic)
-            )
+            client = self._routes.client(topic, broker_name)
+            resp = client.topic_stats(pymq_pb2.TopicStatsRequest(topic=topic))
         except TopicNotExistError:
             return None
         return {
@@ -106,9 +101,8 @@ class PymqBackend(Backend):
     def _query_offset(
         self, mq: MessageQueue, kind: pymq_pb2.OffsetQueryType.ValueType, timestamp: int = 0
     ) -> int:
-        resp = self.client(mq).call(
-            "QueryOffset",
-            pymq_pb2.QueryOffsetRequest(message_queue=mq_proto(mq), type=kind, timestamp=timestamp),
+        resp = self.client(mq).query_offset(
+            pymq_pb2.QueryOffsetRequest(message_queue=mq_proto(mq), type=kind, timestamp=timestamp)
         )
         return int(resp.offset)
 
@@ -122,8 +116,8 @@ class PymqBackend(Backend):
         return self._query_offset(mq, pymq_pb2.TIMESTAMP, timestamp_ms)
 
     def committed(self, group: str, mq: MessageQueue) -> int:
-        resp = self.client(mq).call(
-            "GetOffset", pymq_pb2.GetOffsetRequest(consumer_group=group, message_queue=mq_proto(mq))
+        resp = self.client(mq).get_offset(
+            pymq_pb2.GetOffsetRequest(consumer_group=group, message_queue=mq_proto(mq))
         )
         return int(resp.offset)
 
@@ -134,8 +128,8 @@ class PymqBackend(Backend):
                 pymq_pb2.QueueOffset(message_queue=mq_proto(mq), offset=offset)
             )
         for broker, items in by_broker.items():
-            self._routes.client(items[0].message_queue.topic, broker).call(
-                "UpdateOffset", pymq_pb2.UpdateOffsetRequest(consumer_group=group, offsets=items)
+            self._routes.client(items[0].message_queue.topic, broker).update_offset(
+                pymq_pb2.UpdateOffsetRequest(consumer_group=group, offsets=items)
             )
 
     # -- pull -------------------------------------------------------------------------------
@@ -165,7 +159,7 @@ class PymqBackend(Backend):
         )
         client = self.client(mq)
         timeout = (client.timeout if timeout_s is None else timeout_s) + suspend_timeout_ms / 1000.0
-        resp = client.call("PullMessage", req, timeout)
+        resp = client.pull_message(req, timeout)
         records = resp.records
         first = _QUEUE_OFFSET.unpack_from(records, _QUEUE_OFFSET_AT)[0] if records else -1
         return PullBatch(
@@ -217,7 +211,7 @@ class PymqBackend(Backend):
         topic_b = topic.encode()
         if int(property_lens.max(initial=0)) > 0xFFFF:
             return None
-        head = np.zeros(n, dtype=_HEADER_DTYPE)
+        head = np.zeros(n, dtype=HEADER_DTYPE)
         sizes = HEADER_SIZE + body_lens + 2 + len(topic_b) + 2 + property_lens
         if int(sizes.max(initial=0)) > 0x7FFFFFFF:
             return None
@@ -253,7 +247,7 @@ class PymqBackend(Backend):
         return req
 
     @staticmethod
-    def _result(request: SendRequest, mq: MessageQueue, resp: Any) -> SendResult:
+    def _result(request: SendRequest, mq: MessageQueue, resp: pymq_pb2.SendMessageResponse) -> SendResult:
         keys = request.uniq_keys
         return SendResult(
             status=_SEND_STATUS.get(resp.status, SendStatus.SEND_OK),
@@ -268,29 +262,18 @@ class PymqBackend(Backend):
         self, producer_group: str, request: SendRequest, mq: MessageQueue, timeout_s: float, *,
         half: bool = False,
     ) -> SendResult:
-        rpc = _SEND_RPC[half]
-        resp = self.client(mq).call(rpc, self._request(producer_group, request, mq), timeout_s)
-        return self._result(request, mq, resp)
+        client = self.client(mq)
+        rpc = client.send_half_message_batch if half else client.send_message
+        return self._result(request, mq, rpc(self._request(producer_group, request, mq), timeout_s))
 
     def send_future(
         self, producer_group: str, request: SendRequest, mq: MessageQueue, timeout_s: float, *,
         half: bool = False,
     ) -> Future[SendResult]:
         client = self.client(mq)
-        rpc = _SEND_RPC[half]
-        call = client.call_future(rpc, self._request(producer_group, request, mq), timeout_s)
-        out: Future[SendResult] = Future()
-
-        def done(f: Any) -> None:
-            try:
-                resp = f.result()
-            except grpc.RpcError as err:
-                out.set_exception(map_rpc_error(err, client.endpoint, rpc))
-                return
-            out.set_result(self._result(request, mq, resp))
-
-        call.add_done_callback(done)
-        return out
+        rpc = client.send_half_message_batch if half else client.send_message
+        return rpc.future(self._request(producer_group, request, mq), timeout_s,
+                          then=lambda resp: self._result(request, mq, resp))
 
     # -- send back --------------------------------------------------------------------------
 
@@ -319,7 +302,7 @@ class PymqBackend(Backend):
             )
             parts.append((a, b, req))
         out: list[SendBackOutcome | None] = [None] * n
-        for a, b, resp in _answers(client, "ConsumerSendMsgBackBatch", parts):
+        for a, b, resp in _answers(client.consumer_send_msg_back_batch, parts):
             if resp is None:  # each item falls back to a direct send
                 continue
             for i, dead, error in zip(range(a, b), resp.dead_letters, resp.errors, strict=True):
@@ -328,9 +311,12 @@ class PymqBackend(Backend):
         return out
 
 
+_SendBackBatch = UnaryRpc[pymq_pb2.ConsumerSendMsgBackBatchRequest, pymq_pb2.ConsumerSendMsgBackBatchResponse]
+
+
 def _answers(
-    client: BrokerClient, method: str, parts: list[tuple[int, int, Any]]
-) -> list[tuple[int, int, Any]]:
+    rpc: _SendBackBatch, parts: list[tuple[int, int, pymq_pb2.ConsumerSendMsgBackBatchRequest]]
+) -> list[tuple[int, int, pymq_pb2.ConsumerSendMsgBackBatchResponse | None]]:
     """Each part's response, or None where the call failed.
 
     Several requests go out together (the broker works on one while the next
@@ -340,15 +326,15 @@ def _answers(
     if len(parts) == 1:
         a, b, req = parts[0]
         try:
-            return [(a, b, client.call(method, req))]
+            return [(a, b, rpc(req))]
         except PymqError:
             return [(a, b, None)]
-    calls = [(a, b, client.call_future(method, req)) for a, b, req in parts]
-    out = []
+    calls = [(a, b, rpc.future(req)) for a, b, req in parts]
+    out: list[tuple[int, int, pymq_pb2.ConsumerSendMsgBackBatchResponse | None]] = []
     for a, b, call in calls:
         try:
             out.append((a, b, call.result()))
-        except grpc.RpcError:
+        except PymqError:
             out.append((a, b, None))
     return out
 

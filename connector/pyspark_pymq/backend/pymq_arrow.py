@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pymq_proto.record import HEADER_SIZE, MessageConst
+from pymq_proto.record import HEADER_DTYPE, HEADER_SIZE, MessageConst
 
 from ..spark.rows import empty_batch, messages_to_batch
 from ..spark.schema import arrow_schema
@@ -43,17 +43,10 @@ __all__ = ["decode_records", "empty_batch", "find_record_starts", "messages_to_b
 
 _TOTAL_SIZE = struct.Struct("<i")
 
-_HEADER_DTYPE = np.dtype(
-    {
-        "names": [
-            "total", "queue_id", "queue_offset", "phy", "born", "stored", "reconsume",
-            "body_len",
-        ],
-        "formats": ["<i4", "<i4", "<i8", "<i8", "<i8", "<i8", "<i4", "<i4"],
-        "offsets": [0, 12, 20, 28, 40, 48, 64, 76],
-        "itemsize": HEADER_SIZE,
-    }
-)
+# The header fields the decoder reads (same offsets and size as the stored header).
+_HEADER_DTYPE = HEADER_DTYPE[
+    ["total", "queue_id", "queue_offset", "phy", "born", "store_ts", "reconsume", "body_len"]
+]
 _STORE_HOST = slice(56, 64)
 _PHY_BYTES = slice(28, 36)
 _SIZE_BYTES = np.arange(4, dtype=np.int64)
@@ -302,7 +295,7 @@ def decode_records(
         body,
         properties,
         pa.array(fields["born"] * 1000, ts_type),
-        pa.array(fields["stored"] * 1000, ts_type),
+        pa.array(fields["store_ts"] * 1000, ts_type),
         pa.array(np.ascontiguousarray(fields["reconsume"]), pa.int32()),
         retry_col,
     ]

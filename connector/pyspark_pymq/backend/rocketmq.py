@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
+from pymq_proto.topics import get_retry_topic, is_retry_topic
 
 from ..client.message import MessageExt, MessageQueue, PullStatus, SendBackColumns, SendResult
 from ..client.route import TopicRoute
@@ -90,10 +91,31 @@ class RocketMQBackend(Backend):
         return {mq: QueueBounds(o.min_offset, o.max_offset) for mq, o in found.items()}
 
     def unavailable_brokers(self, queues: Iterable[MessageQueue]) -> set[str]:
-        wanted = {mq.broker_name for mq in queues}
-        if not wanted:
+        # ``queues`` are missing from their topics' routes. A broker that is not registered is
+        # down; a registered one is asked itself, because the name servers lag behind a
+        # restart (they unregister a dead broker's channel asynchronously and may drop the
+        # routes of its new registration until its next heartbeat, 30 s later): a broker
+        # that still holds such a queue, or does not answer, keeps it waiting.
+        by_broker: dict[str, set[MessageQueue]] = {}
+        for mq in queues:
+            by_broker.setdefault(mq.broker_name, set()).add(mq)
+        if not by_broker:
             return set()
-        return wanted - self.namesrv.get_broker_names()
+        registered = self.namesrv.get_broker_addrs()
+        out = set(by_broker) - set(registered)
+        for broker in sorted(set(by_broker) & set(registered)):
+            for topic in sorted({mq.topic for mq in by_broker[broker]}):
+                try:
+                    held = self.api.get_topic_stats_info(registered[broker], topic)
+                except TopicNotExistError:
+                    continue
+                except (BrokerUnavailableError, RequestTimeoutError):
+                    out.add(broker)
+                    break
+                if by_broker[broker] & set(held):
+                    out.add(broker)
+                    break
+        return out
 
     def min_offset(self, mq: MessageQueue) -> int:
         return self.api.get_min_offset(self._addr(mq), mq)
@@ -139,9 +161,9 @@ class RocketMQBackend(Backend):
         # One HEART_BEAT per broker creates %RETRY%<group> (and the group, where the brokers
         # auto-create groups); the client is unregistered at once, so that push consumers
         # of the same group never count this process when they share out queues.
-        data = ConsumerData.for_topics(group, [t for t in topics if not t.startswith("%RETRY%")])
+        data = ConsumerData.for_topics(group, [t for t in topics if not is_retry_topic(t)])
         client_id = default_client_id()
-        addrs = {addr for t in data.subscriptions if not t.topic.startswith("%RETRY%")
+        addrs = {addr for t in data.subscriptions if not is_retry_topic(t.topic)
                  for addr in self._routes.get(t.topic).endpoints.values()}
         for addr in sorted(addrs):
             self.api.heartbeat(addr, client_id, [data])
@@ -324,7 +346,7 @@ class RocketMQBackend(Backend):
         self, group: str, columns: SendBackColumns, max_reconsume_times: int | None
     ) -> list[SendBackOutcome | None]:
         max_times = max_reconsume_times or DEFAULT_MAX_RECONSUME_TIMES
-        topic = columns.origin_topics[0] if columns.origin_topics else "%RETRY%" + group
+        topic = columns.origin_topics[0] if columns.origin_topics else get_retry_topic(group)
         try:
             addr = self._routes.broker_addr(topic, columns.broker_name)
         except PymqError:

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 from pymq_proto.record import MessageConst, parse_offset_msg_id
 from pymq_proto.v1 import pymq_pb2
 
-from ..backend.pymq import mq_proto
 from ..errors import TopicNotExistError
 from .codec import decode_records
 from .consumer import PullConsumer, dlq_topic
@@ -40,7 +39,7 @@ class TopicConfig:
     dedup_window_ms: int = 0
 
     @staticmethod
-    def from_proto(c: Any) -> TopicConfig:
+    def from_proto(c: pymq_pb2.TopicConfig) -> TopicConfig:
         return TopicConfig(
             c.topic_name, c.read_queue_nums, c.write_queue_nums, c.perm, c.dedup_window_ms
         )
@@ -112,35 +111,30 @@ class Admin:
             perm=perm,
             dedup_window_ms=dedup_window_ms,
         )
-        resp = self._client.call(
-            "CreateTopic",
-            pymq_pb2.CreateTopicRequest(config=config, update_if_exists=update_if_exists),
+        resp = self._client.create_topic(
+            pymq_pb2.CreateTopicRequest(config=config, update_if_exists=update_if_exists)
         )
         return TopicConfig.from_proto(resp.config)
 
     def delete_topic(self, name: str) -> None:
-        self._client.call("DeleteTopic", pymq_pb2.DeleteTopicRequest(topic=name))
+        self._client.delete_topic(pymq_pb2.DeleteTopicRequest(topic=name))
 
     def topic_config(self, name: str) -> TopicConfig:
-        for t in self._client.call("ListTopics", pymq_pb2.ListTopicsRequest(include_system=True)).topics:
+        for t in self._client.list_topics(pymq_pb2.ListTopicsRequest(include_system=True)).topics:
             if t.topic_name == name:
                 return TopicConfig.from_proto(t)
         raise TopicNotExistError(f"topic {name!r} does not exist on {self.endpoint}")
 
     def topic_names(self, include_system: bool = False) -> list[str]:
-        resp = self._client.call(
-            "ListTopics", pymq_pb2.ListTopicsRequest(include_system=include_system)
-        )
+        resp = self._client.list_topics(pymq_pb2.ListTopicsRequest(include_system=include_system))
         return [t.topic_name for t in resp.topics]
 
     def topics(self, include_system: bool = False) -> pd.DataFrame:
         """One row per topic: queues, permissions, messages, offsets, last store time."""
-        resp = self._client.call(
-            "ListTopics", pymq_pb2.ListTopicsRequest(include_system=include_system)
-        )
+        resp = self._client.list_topics(pymq_pb2.ListTopicsRequest(include_system=include_system))
         rows = []
         for t in resp.topics:
-            stats = self._client.call("TopicStats", pymq_pb2.TopicStatsRequest(topic=t.topic_name))
+            stats = self._client.topic_stats(pymq_pb2.TopicStatsRequest(topic=t.topic_name))
             rows.append(
                 {
                     "topic": t.topic_name,
@@ -163,7 +157,7 @@ class Admin:
 
     def groups(self) -> pd.DataFrame:
         """One row per consumer group the broker knows: its retry settings."""
-        resp = self._client.call("ListGroups", pymq_pb2.ListGroupsRequest())
+        resp = self._client.list_groups(pymq_pb2.ListGroupsRequest())
         rows = [
             {
                 "group": g.group_name,
@@ -177,7 +171,7 @@ class Admin:
 
     def topic_stats(self, name: str) -> pd.DataFrame:
         """One row per queue of ``name``: min/max offset, message count, last store time."""
-        resp = self._client.call("TopicStats", pymq_pb2.TopicStatsRequest(topic=name))
+        resp = self._client.topic_stats(pymq_pb2.TopicStatsRequest(topic=name))
         rows = [
             {
                 "topic": q.message_queue.topic,
@@ -198,9 +192,8 @@ class Admin:
 
     def group_progress(self, group: str, topic: str | None = None) -> pd.DataFrame:
         """One row per queue the group has progress on: broker and consumer offset, lag."""
-        resp = self._client.call(
-            "ConsumerProgress",
-            pymq_pb2.ConsumerProgressRequest(consumer_group=group, topic=topic or ""),
+        resp = self._client.consumer_progress(
+            pymq_pb2.ConsumerProgressRequest(consumer_group=group, topic=topic or "")
         )
         rows = [
             {
@@ -231,12 +224,12 @@ class Admin:
         else:
             _ip, _port, phy = parse_offset_msg_id(msg_id)
             req = pymq_pb2.ViewMessageRequest(commit_log_offset=phy)
-        resp = self._client.call("ViewMessage", req)
+        resp = self._client.view_message(req)
         return decode_records(resp.records, self._broker_name())[0]
 
     def _broker_name(self) -> str:
         if self._name is None:
-            info = self._client.call("BrokerRuntimeInfo", pymq_pb2.BrokerRuntimeInfoRequest())
+            info = self._client.broker_runtime_info(pymq_pb2.BrokerRuntimeInfoRequest())
             self._name = str(info.broker_name)
         return self._name
 
@@ -244,12 +237,11 @@ class Admin:
         self, topic: str, key: str, max_num: int = 64, begin_ms: int = 0, end_ms: int = 0
     ) -> list[MessageExt]:
         """Messages of ``topic`` whose KEYS (or UNIQ_KEY) include ``key``."""
-        resp = self._client.call(
-            "QueryMessage",
+        resp = self._client.query_message(
             pymq_pb2.QueryMessageRequest(
                 topic=topic, key=key, max_num=max_num, begin_timestamp=begin_ms,
                 end_timestamp=end_ms,
-            ),
+            )
         )
         return decode_records(resp.records, self._broker_name())
 
@@ -351,17 +343,8 @@ class Admin:
         """Drop every dead letter of ``group`` (%DLQ%<group> starts empty again)."""
         topic = dlq_topic(group)
         if topic in self.topic_names(include_system=True):
-            self._client.call("DeleteTopic", pymq_pb2.DeleteTopicRequest(topic=topic))
-
-    def min_max_offset(self, mq: MessageQueue) -> tuple[int, int]:
-        lo = self._client.call(
-            "QueryOffset", pymq_pb2.QueryOffsetRequest(message_queue=mq_proto(mq), type=pymq_pb2.BEGINNING)
-        ).offset
-        hi = self._client.call(
-            "QueryOffset", pymq_pb2.QueryOffsetRequest(message_queue=mq_proto(mq), type=pymq_pb2.END)
-        ).offset
-        return int(lo), int(hi)
+            self._client.delete_topic(pymq_pb2.DeleteTopicRequest(topic=topic))
 
     def broker_info(self) -> dict[str, str]:
-        resp = self._client.call("BrokerRuntimeInfo", pymq_pb2.BrokerRuntimeInfoRequest())
+        resp = self._client.broker_runtime_info(pymq_pb2.BrokerRuntimeInfoRequest())
         return {"broker_name": resp.broker_name, "endpoint": resp.endpoint, **dict(resp.info)}

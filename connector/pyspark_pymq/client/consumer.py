@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pymq_proto.record import MessageConst, encode_properties
+from pymq_proto.topics import get_dlq_topic, get_retry_topic
 
 from ..backend.base import Backend, PullBatch, SendRequest, backend_config, open_backend
 from .codec import uniq_first
@@ -21,19 +22,9 @@ from .message import (
 
 __all__ = ["DEFAULT_PULL_BATCH_SIZE", "PullConsumer", "SendBackColumns", "SendBackResult", "retry_topic"]
 
-RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
-DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 MC = MessageConst
-
-
-def retry_topic(group: str) -> str:
-    """The group's retry topic, %RETRY%<group>."""
-    return RETRY_GROUP_TOPIC_PREFIX + group
-
-
-def dlq_topic(group: str) -> str:
-    """The group's dead-letter topic, %DLQ%<group>."""
-    return DLQ_GROUP_TOPIC_PREFIX + group
+#: The group's retry topic, %RETRY%<group>, and its dead-letter topic, %DLQ%<group>.
+retry_topic, dlq_topic = get_retry_topic, get_dlq_topic
 
 
 @dataclass(frozen=True, slots=True)

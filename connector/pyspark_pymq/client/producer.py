@@ -15,13 +15,11 @@ import numpy.typing as npt
 
 from ..backend.base import Backend, SendRequest, backend_config, open_backend
 from ..errors import (
-    BrokerUnavailableError,
     IllegalArgumentError,
     MessageIllegalError,
     NoPermissionError,
     PymqError,
     RequestTimeoutError,
-    SystemBusyError,
 )
 from .codec import uniq_first
 from .message import (
@@ -39,9 +37,14 @@ __all__ = ["DEFAULT_MAX_MESSAGE_SIZE", "Producer", "SendMode"]
 SendMode = Literal["sync", "async", "oneway"]
 SEND_MODES: tuple[str, ...] = ("sync", "async", "oneway")
 DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
-# Errors worth another try on another queue or broker; the rest are the
-# message's own fault (too big, no such topic...) and would fail again.
-RETRYABLE = (BrokerUnavailableError, RequestTimeoutError, SystemBusyError)
+
+
+def _retriable(err: BaseException) -> bool:
+    """Whether another try (on another queue or broker) may mend ``err``: its ``retriable``.
+
+    The rest are the message's own fault (too big, no such topic...) and would fail again.
+    """
+    return isinstance(err, PymqError) and err.retriable
 
 
 class LatencyFaultTolerance:
@@ -378,7 +381,9 @@ class Producer:
                 mq = self._select_queue(prepared, last_failed)
                 result = self._backend.send(self.producer_group, prepared, mq, self.timeout,
                                             half=self.HALF_MESSAGES)
-            except RETRYABLE as err:
+            except PymqError as err:
+                if not err.retriable:
+                    raise
                 if mq is not None:
                     self._fault.update(mq.broker_name, True)
                     last_failed = mq.broker_name
@@ -411,13 +416,14 @@ class Producer:
                 call = self._backend.send_future(self.producer_group, prepared, mq, self.timeout,
                                                  half=self.HALF_MESSAGES)
             except BaseException as err:  # route look-up failed: retried as a send, else on the future
-                if left > 0 and isinstance(err, RETRYABLE):
+                retriable = _retriable(err)
+                if left > 0 and retriable:
                     attempt(left - 1, last_failed)
                     return
                 failure = err
                 # oneway is lossy only in transport: as RocketMQ's sendOneway throws when it
                 # finds no route or queue, an error no retry can mend reaches the caller.
-                refused = oneway and not isinstance(err, RETRYABLE)
+                refused = oneway and not retriable
                 finish(lambda: outer.set_exception(failure), failed=not refused)
                 if refused:
                     raise
@@ -426,9 +432,10 @@ class Producer:
             def done(f: Future[SendResult]) -> None:
                 try:
                     result = f.result()
-                except PymqError as err:
-                    self._fault.update(mq.broker_name, isinstance(err, RETRYABLE))
-                    if left > 0 and isinstance(err, RETRYABLE):
+                except Exception as err:  # a PymqError, or a bad answer: the outer future must end
+                    retriable = _retriable(err)
+                    self._fault.update(mq.broker_name, retriable)
+                    if left > 0 and retriable:
                         attempt(left - 1, mq.broker_name)
                         return
                     error = err

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pymq_proto.v1 import pymq_pb2
 
-from ..errors import BrokerUnavailableError, RequestTimeoutError
+from ..errors import PymqError
 from .message import MessageQueue
 from .transport import BrokerClient
 
@@ -51,10 +51,10 @@ class RouteCache:
     """Routes by topic, refreshed after ROUTE_TTL_S.
 
     As RocketMQ's client keeps its last topic route when the name server does
-    not answer, a refresh that fails with a transient error (the broker is
-    unreachable or slow) keeps serving the route it had, and asks again only
-    after ROUTE_RETRY_AFTER_S: a send can then still be retried, and fault
-    avoidance decides where it goes.
+    not answer, a refresh that fails with a transient error (a retriable one:
+    the broker is unreachable, slow or busy) keeps serving the route it had,
+    and asks again only after ROUTE_RETRY_AFTER_S: a send can then still be
+    retried, and fault avoidance decides where it goes.
     """
 
     def __init__(self, bootstrap: BrokerClient) -> None:
@@ -69,9 +69,9 @@ class RouteCache:
         if hit is not None and not refresh and now - hit[0] < ROUTE_TTL_S:
             return hit[1]
         try:
-            data = self.bootstrap.call("QueryRoute", pymq_pb2.QueryRouteRequest(topic=topic))
-        except (BrokerUnavailableError, RequestTimeoutError):
-            if hit is None:
+            data = self.bootstrap.query_route(pymq_pb2.QueryRouteRequest(topic=topic))
+        except PymqError as err:
+            if hit is None or not err.retriable:
                 raise
             with self._lock:
                 self._routes[topic] = (time.monotonic() - ROUTE_TTL_S + ROUTE_RETRY_AFTER_S, hit[1])

@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
 from pymq_proto.record import MessageConst
 from pymq_proto.v1 import pymq_pb2
 
@@ -23,7 +22,7 @@ from ..errors import PymqError
 from .codec import decode_records
 from .message import Message, MessageExt, SendResult
 from .producer import Producer
-from .transport import BrokerClient
+from .transport import BrokerClient, ResponseStream
 
 __all__ = ["HalfMessageProducer", "LocalTransactionState", "TransactionProducer", "TransactionSendResult"]
 
@@ -99,7 +98,7 @@ class TransactionProducer:
                                   send_msg_timeout_ms=send_msg_timeout_ms)
         self._client = BrokerClient(endpoint, send_msg_timeout_ms / 1000.0)
         self._closed = threading.Event()
-        self._stream: Any = None
+        self._stream: ResponseStream[pymq_pb2.CheckTransactionStateRequest] | None = None
         self._thread = threading.Thread(target=self._serve_checks, name="pymq-tx-checks", daemon=True)
         self._thread.start()
 
@@ -138,7 +137,7 @@ class TransactionProducer:
         """
         resolved = 0
         for start in range(0, len(msg_ids), END_TRANSACTION_CHUNK):
-            resp = self._client.call("EndTransactionBatch", pymq_pb2.EndTransactionBatchRequest(
+            resp = self._client.end_transaction_batch(pymq_pb2.EndTransactionBatchRequest(
                 producer_group=self.producer_group, msg_ids=msg_ids[start : start + END_TRANSACTION_CHUNK],
                 state=_STATE[state],
             ))
@@ -147,7 +146,7 @@ class TransactionProducer:
 
     def _end(self, msg_id: str, state: LocalTransactionState, *, from_check: bool) -> None:
         try:
-            self._client.call("EndTransaction", pymq_pb2.EndTransactionRequest(
+            self._client.end_transaction(pymq_pb2.EndTransactionRequest(
                 producer_group=self.producer_group, msg_id=msg_id, state=_STATE[state],
                 from_transaction_check=from_check,
             ))
@@ -158,7 +157,7 @@ class TransactionProducer:
         """Keep a TransactionStream open and answer the broker's check-backs."""
         while not self._closed.is_set():
             try:
-                self._stream = self._client.stub.TransactionStream(
+                self._stream = self._client.transaction_stream(
                     pymq_pb2.TransactionStreamRequest(producer_group=self.producer_group)
                 )
                 for check in self._stream:
@@ -170,7 +169,7 @@ class TransactionProducer:
                         log.exception("check listener failed for %s", check.msg_id)
                         state = LocalTransactionState.UNKNOW
                     self._end(check.msg_id, state, from_check=True)
-            except grpc.RpcError:
+            except PymqError:  # the broker went away (or close() cancelled the stream): open another
                 pass
             self._closed.wait(0.5)
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pymq_proto.topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX, is_retry_topic
+
 from ..backend.base import BackendConfig, QueueBounds, open_backend
 from ..client.admin import DLQ_BROWSER_GROUP, Admin, _frame
 from ..client.consumer import PullConsumer, dlq_topic
@@ -26,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["RocketMQAdmin", "is_system_topic"]
 
-_SYSTEM_PREFIXES = ("%RETRY%", "%DLQ%", "RMQ_SYS_", "rmq_sys_", "%SYS%")
+_SYSTEM_PREFIXES = (RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX, "RMQ_SYS_", "rmq_sys_", "%SYS%")
 _SYSTEM_TOPICS = frozenset({
     "SCHEDULE_TOPIC_XXXX", "TBW102", "BenchmarkTest", "OFFSET_MOVED_EVENT", "SELF_TEST_TOPIC",
     "TRANS_CHECK_MAX_TIME_TOPIC", "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRACE_TOPIC",
@@ -170,7 +172,7 @@ class RocketMQAdmin(Admin):
                     continue
                 raise
             for mq, (broker_offset, consumer_offset, _) in table.items():
-                if mq.topic.startswith("%RETRY%") and consumer_offset < 0:
+                if is_retry_topic(mq.topic) and consumer_offset < 0:
                     continue
                 rows.append({
                     "group": group, "topic": mq.topic, "broker_name": mq.broker_name,

@@ -19,9 +19,10 @@ Usage::
     api.update_consumer_offset(addr, "my-group", mq, pulled.next_begin_offset)
 
 What is left to the caller, as in RocketMQ's own client: choosing the broker (routes),
-retrying failed sends elsewhere, decoding pulled records (:mod:`.codec`), and keeping a
-consumer registered (``heartbeat`` every 30 s: the broker drops a consumer it has not
-heard from for 120 s, and forgets it at once when its connection closes).
+retrying failed sends elsewhere, decoding pulled records
+(:mod:`~pyspark_pymq.rocketmq.codec`), and keeping a consumer registered (``heartbeat``
+every 30 s: the broker drops a consumer it has not heard from for 120 s, and forgets it
+at once when its connection closes).
 
 Throughput: a pull answers at most the broker's ``maxTransferCountOnMessageInMemory``
 (32 by default) messages and ``maxTransferBytesOnMessageInMemory`` (256 KiB): raise them
@@ -39,6 +40,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from pymq_proto.topics import get_retry_topic
 
 from ..client.message import MessageQueue, PullStatus, SendResult, SendStatus, new_uniq_key
 from .codec import message_properties_to_string
@@ -224,7 +227,7 @@ class ConsumerData:
         """
         exprs = dict(topics) if isinstance(topics, Mapping) else dict.fromkeys(topics, "*")
         subs = [SubscriptionData(t, e, expression_type) for t, e in exprs.items()]
-        retry = f"%RETRY%{group}"
+        retry = get_retry_topic(group)
         if with_retry_topic and message_model == "CLUSTERING" and retry not in exprs:
             subs.append(SubscriptionData(retry))
         return ConsumerData(group, tuple(subs), message_model=message_model)

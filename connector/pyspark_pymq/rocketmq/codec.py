@@ -52,7 +52,7 @@ Two decoders give the same result: :func:`decode_messages` (one
 ``MessageExt`` per message, the reference) and :func:`decode_to_arrow` (the
 source's hot path: straight into the Arrow rows of
 ``pyspark_pymq.spark.schema.arrow_schema``, vectorised like
-``spark.record_batch``; odd input falls back to the reference).
+:mod:`pyspark_pymq.backend.pymq_arrow`; odd input falls back to the reference).
 
 Where the Java client silently drops the rest of a pull after a record it cannot
 decode, these decoders raise ``ValueError``: a gap in a stream is worse than a
@@ -762,7 +762,7 @@ def decode_to_arrow(
     """The source's rows of a PULL_MESSAGE answer's body (all from one queue of ``topic``).
 
     The same rows as ``messages_to_batch(decode_messages(data, broker_name))``
-    (see ``spark.record_batch``), without a Python object per message: the only
+    (see :func:`pyspark_pymq.spark.rows.messages_to_batch`), without a Python object per message: the only
     per-record Python work is following TOTALSIZE, and inflating compressed
     bodies. Anything the fast path does not cover exactly (inner batches,
     repeated or malformed property entries, invalid UTF-8, records whose

@@ -31,57 +31,137 @@ class PymqDataSource(DataSource):
     Spark partition (large ranges may be split). Offsets are kept in Spark's
     checkpoint as ``{topic: {"brokerName:queueId": next offset}}``.
 
-    Options (names are case-insensitive; all are checked before the query starts):
+    Options of a read, below; of a write and of a broker table, further down. Names and
+    keyword values are case-insensitive, and every option is checked before the query starts.
+    These lists are rendered from :mod:`pyspark_pymq.spark.option_registry` (run
+    ``python -m pyspark_pymq.spark.option_docs`` after changing it; it rewrites README.md too).
 
-    ========================  ==========================================================
-    endpoint                  ``host:port`` of a pymq broker (the embedded broker).
-    namesrvAddr               instead of ``endpoint``: Apache RocketMQ's name servers,
-                              ``host:9876;host2:9876``. Exactly one of the two.
-    accessKey, secretKey      RocketMQ ACL credentials (with ``namesrvAddr``): every
-                              request is signed; the secret never shows in plans or logs.
-    topic                     required. One topic or a comma-separated list.
-    consumerGroup             the consumer group. Required for streams in CLUSTERING;
-                              batch reads need none.
-    messageModel              ``CLUSTERING`` (default): progress is written to the
-                              broker as the group's, retries are read along.
-                              ``BROADCASTING``: nothing is written to the broker,
-                              no retries.
-    subscription              tag expression: ``*`` (default) or ``TagA || TagB``; with
-                              ``subscriptionType=SQL92`` a property filter such as
-                              ``amount > 100 AND region IN ('eu')`` (the broker
-                              needs ``--enable-property-filter``).
-    subscriptionType          ``TAG`` (default) or ``SQL92``.
-    startingOffsets           ``group`` (streams in CLUSTERING, default): the group's
-                              progress on the broker, else ``consumeFromWhere``;
-                              ``earliest`` (batch default); ``latest``; or JSON
-                              ``{"orders": {"broker-a:0": 42}}`` (-2 earliest,
-                              -1 latest; unlisted queues start at earliest).
-    startingTimestamp         ms since the epoch: start at the first message stored
-                              at or after it (instead of startingOffsets).
-    consumeFromWhere          where ``group`` starts on queues without progress:
-                              ``CONSUME_FROM_LAST_OFFSET`` (default),
-                              ``CONSUME_FROM_FIRST_OFFSET``,
-                              ``CONSUME_FROM_TIMESTAMP`` (+ ``consumeTimestamp`` ms).
-    endingOffsets             batch only: ``latest`` (default) or JSON (-1 latest).
-    endingTimestamp           batch only: stop before messages stored at or after it.
-    lastMessagesPerQueue      batch only: the last N messages of each queue.
-    maxMessagesPerTrigger     streams only: at most N messages (queue offsets) per
-                              micro-batch, shared by backlog; Trigger.AvailableNow
-                              honours it over several batches.
-    failOnDataLoss            ``true`` (default): fail when messages to read are gone
-                              (retention, deleted topic); ``false``: log, skip ahead.
-    includeRetry              read ``%RETRY%<consumerGroup>`` too (default true for
-                              streams in CLUSTERING, false otherwise).
-    pullBatchSize             at most this many messages per pull (default 32768,
-                              at most 100000).
-    pullMaxBytes              at most this many bytes per pull (default 1048576;
-                              ~1 MiB answers are the fastest over gRPC).
-    pollTimeoutMs             timeout of one pull in a task (default 60000).
-    connectTimeoutMs          timeout of the driver's calls (default 10000): an
-                              unreachable broker fails the query within it.
-    minPartitions             split ranges to get at least this many partitions.
-    maxMessagesPerPartition   split ranges larger than this.
-    ========================  ==========================================================
+    .. options:source:begin
+
+    ``endpoint``
+        (string; ``endpoint`` or ``namesrvAddr`` required; pymq only) ``host:port`` of a pymq broker:
+        the address ``pymq-broker`` prints (``pymq broker listening on HOST:PORT``) or
+        ``EmbeddedBroker.endpoint``. Set exactly one of ``endpoint`` and ``namesrvAddr``.
+
+    ``namesrvAddr``
+        (string; ``endpoint`` or ``namesrvAddr`` required; RocketMQ only) Apache RocketMQ's name
+        servers, ``host:9876;host2:9876`` (see "Use with Apache RocketMQ" in README.md): requests go to
+        the brokers of each topic's route.
+
+    ``accessKey``
+        (string; RocketMQ only) RocketMQ ACL access key, with ``secretKey`` (both or neither) and
+        ``namesrvAddr``: every request is signed as RocketMQ's ``AclClientRPCHook`` signs it.
+
+    ``secretKey``
+        (string; RocketMQ only) RocketMQ ACL secret key, with ``accessKey``; it never shows in plans,
+        logs or error messages.
+
+    ``topic``
+        (comma-separated list; required) one topic or a comma-separated list (``orders,payments``; a
+        topic named twice is read once). Names are 1-127 letters, digits, ``%``, ``|``, ``_`` or ``-``,
+        so ``%RETRY%<group>`` and ``%DLQ%<group>`` can be read too.
+
+    ``consumerGroup``
+        (string) the consumer group: 1-127 letters, digits, ``|``, ``_`` or ``-``. Required for streams
+        in CLUSTERING, whose progress on the broker is the group's; batch reads need none (their pulls
+        carry ``PYMQ_SPARK_READER``, under which nothing is committed).
+
+    ``messageModel``
+        (one of ``CLUSTERING``, ``BROADCASTING``; default ``CLUSTERING``) ``CLUSTERING``: Spark's
+        commits of a stream become the group's progress on the broker, and retries are read along.
+        ``BROADCASTING``: nothing is written to the broker and there are no retries; progress lives in
+        Spark's checkpoint only.
+
+    ``subscription``
+        (string; default ``*``) which messages, filtered on the broker: a tag expression such as ``*``
+        or ``TagA || TagB``; with ``subscriptionType=SQL92`` a filter on user properties such as
+        ``amount > 100 AND region IN ('eu')``.
+
+    ``subscriptionType``
+        (one of ``TAG``, ``SQL92``; default ``TAG``) how ``subscription`` is read: ``TAG``, a tag
+        expression; ``SQL92``, RocketMQ's filter on user properties, whose syntax is checked before the
+        query starts. The broker must allow SQL92: ``pymq-broker --enable-property-filter``, or
+        ``enablePropertyFilter=true`` on RocketMQ.
+
+    ``startingOffsets``
+        (keyword or JSON; default streams: ``group`` (CLUSTERING); batch: ``earliest``) where reading
+        starts. ``group``: the group's progress on the broker, else ``consumeFromWhere`` (CLUSTERING
+        only); ``earliest``; ``latest`` (streams: a batch read would read nothing); or JSON ``{"orders":
+        {"broker-a:0": 42, "broker-a:1": -2}}`` (-2 earliest, -1 latest; a key ``"1"`` means queue 1 on
+        any broker; unlisted queues start at earliest). A BROADCASTING stream without it starts where
+        ``consumeFromWhere`` says.
+
+    ``startingTimestamp``
+        (integer >= 0) milliseconds since the epoch: each queue starts at its first message stored at or
+        after it. Instead of ``startingOffsets`` and ``lastMessagesPerQueue``.
+
+    ``consumeFromWhere``
+        (one of ``CONSUME_FROM_LAST_OFFSET``, ``CONSUME_FROM_FIRST_OFFSET``, ``CONSUME_FROM_TIMESTAMP``;
+        default ``CONSUME_FROM_LAST_OFFSET``) where ``startingOffsets=group`` starts on a queue where
+        the group has no progress, and where a BROADCASTING stream starts (RocketMQ's names): the
+        queue's end (new messages only), its first message, or ``consumeTimestamp``. Also accepted:
+        ``LAST``, ``LAST_OFFSET``, ``FIRST``, ``FIRST_OFFSET``, ``TIMESTAMP``.
+
+    ``consumeTimestamp``
+        (integer >= 0) milliseconds since the epoch, for ``consumeFromWhere=CONSUME_FROM_TIMESTAMP``
+        (which needs it, and only it takes it): start at the first message stored at or after it.
+
+    ``endingOffsets``
+        (keyword or JSON; default ``latest``; ``read`` only) where the read ends (exclusive):
+        ``latest``, resolved once when the read is planned, or JSON ``{"orders": {"broker-a:0": 100}}``
+        (-1 latest; unlisted queues end at latest).
+
+    ``endingTimestamp``
+        (integer >= 0; ``read`` only) milliseconds since the epoch: each queue ends before its first
+        message stored at or after it. Instead of ``endingOffsets``; not before ``startingTimestamp``.
+
+    ``lastMessagesPerQueue``
+        (integer >= 1; ``read`` only) the last N messages of each queue (before the end
+        ``endingOffsets`` or ``endingTimestamp`` sets). Instead of ``startingOffsets`` and
+        ``startingTimestamp``.
+
+    ``maxMessagesPerTrigger``
+        (integer >= 1; default all; ``readStream`` only) at most N messages per micro-batch, shared
+        among queues by backlog; it counts queue offsets, so a filtered subscription returns fewer rows.
+        ``Trigger.AvailableNow`` honours it over several batches.
+
+    ``failOnDataLoss``
+        (boolean; default ``true``) what happens when messages to read are gone (expired by
+        ``fileReservedTime``, topic deleted or recreated): ``true`` fails the query saying what was
+        lost; ``false`` logs it and skips ahead.
+
+    ``includeRetry``
+        (boolean; default streams in CLUSTERING with a ``consumerGroup``: ``true``; else ``false``) read
+        ``%RETRY%<consumerGroup>`` too (needs ``consumerGroup`` and CLUSTERING). A retried message shows
+        its original topic in ``topic`` and the retry topic in ``retry_topic``.
+
+    ``pullBatchSize``
+        (integer 1..100000; default 32768) at most this many messages per pull. RocketMQ's brokers
+        answer at most ``maxTransferCountOnMessageInMemory`` (32) per pull, so an unfiltered pull goes
+        out to them as up to 64 pulls in flight.
+
+    ``pullMaxBytes``
+        (integer 1..67108864; default 1048576; pymq only) at most this many bytes per pull (~1 MiB
+        answers are the fastest over gRPC). RocketMQ's brokers apply their own
+        ``maxTransferBytesOnMessageInMemory`` instead.
+
+    ``pollTimeoutMs``
+        (integer >= 1; default 60000) timeout of one pull in a task; a broker that does not answer
+        (restarting, or crashed in a cluster) is asked again until its pulls have failed for this long.
+
+    ``connectTimeoutMs``
+        (integer >= 1; default 10000) timeout of the driver's calls to the broker (routes, offsets,
+        progress): an unreachable broker fails the query within it, naming the endpoint.
+
+    ``minPartitions``
+        (integer >= 1; default one per queue) split large ranges so that a batch has at least this many
+        Spark partitions (shared by size, as Spark's Kafka source does).
+
+    ``maxMessagesPerPartition``
+        (integer >= 1; default no limit) split ranges larger than this: no Spark partition reads more
+        messages.
+
+    .. options:source:end
 
     Schema (``SOURCE_DDL``)::
 
@@ -117,6 +197,50 @@ class PymqDataSource(DataSource):
         spark.read.format("pymq").option("endpoint", ep).option("view", "lag") \\
             .option("consumerGroup", "analytics").load().show()
 
+    Options of a broker table:
+
+    .. options:view:begin
+
+    ``endpoint``
+        (string; ``endpoint`` or ``namesrvAddr`` required; pymq only) ``host:port`` of a pymq broker:
+        the address ``pymq-broker`` prints (``pymq broker listening on HOST:PORT``) or
+        ``EmbeddedBroker.endpoint``. Set exactly one of ``endpoint`` and ``namesrvAddr``.
+
+    ``namesrvAddr``
+        (string; ``endpoint`` or ``namesrvAddr`` required; RocketMQ only) Apache RocketMQ's name
+        servers, ``host:9876;host2:9876`` (see "Use with Apache RocketMQ" in README.md): requests go to
+        the brokers of each topic's route.
+
+    ``accessKey``
+        (string; RocketMQ only) RocketMQ ACL access key, with ``secretKey`` (both or neither) and
+        ``namesrvAddr``: every request is signed as RocketMQ's ``AclClientRPCHook`` signs it.
+
+    ``secretKey``
+        (string; RocketMQ only) RocketMQ ACL secret key, with ``accessKey``; it never shows in plans,
+        logs or error messages.
+
+    ``view``
+        (one of ``topics``, ``queues``, ``groups``, ``lag``, ``deadLetters``; required) the table:
+        ``topics`` (one row per topic), ``queues`` (per queue), ``groups`` (per consumer group, with its
+        retry settings), ``lag`` (per queue a group has progress on), ``deadLetters`` (per dead letter
+        of ``consumerGroup``).
+
+    ``consumerGroup``
+        (string) ``lag``: the group (without it, every group); ``deadLetters`` (required there): whose
+        ``%DLQ%`` topic.
+
+    ``topic``
+        (string) ``topics``, ``queues`` and ``lag``: this topic only.
+
+    ``includeSystem``
+        (boolean; default ``false``) ``topics`` and ``queues``: show ``%RETRY%``, ``%DLQ%`` and system
+        topics too.
+
+    ``maxMessages``
+        (integer >= 1; default 10000) ``deadLetters``: at most this many rows.
+
+    .. options:view:end
+
     Example::
 
         last10 = (spark.read.format("pymq")
@@ -127,32 +251,97 @@ class PymqDataSource(DataSource):
 
     Writing (``df.write`` / ``df.writeStream``): columns ``body`` (required),
     ``topic``, ``tags``, ``keys``, ``properties``, ``delay_level``, ``sharding_key``,
-    ``queue_id``; options:
+    ``queue_id``. Options:
 
-    ==============================  ====================================================
-    endpoint                        ``host:port`` of a pymq broker, or
-    namesrvAddr                     Apache RocketMQ's name servers (exactly one);
-    accessKey, secretKey            RocketMQ ACL credentials (with ``namesrvAddr``).
-    topic                           the topic when there is no ``topic`` column.
-    action                          ``send`` (default) or ``reconsumeLater``: rows read
-                                    from pymq go back to ``%RETRY%<consumerGroup>``.
-    sendMode                        ``sync`` (default), ``async`` (the task still waits
-                                    for every answer) or ``oneway`` (lossy).
-    deliveryGuarantee               ``at-least-once`` (default) or ``exactly-once``
-                                    (streams: rows are half messages committed with
-                                    the micro-batch; see
-                                    :mod:`pyspark_pymq.spark.transactional_sink`;
-                                    pymq endpoint only for now).
-    producerGroup                   PGROUP (default ``PYMQ_SPARK_SINK``; exactly-once:
-                                    one per checkpoint).
-    retryTimesWhenSendFailed        2; ``retryTimesWhenSendAsyncFailed`` 0.
-    sendMsgTimeoutMs                3000 per request.
-    maxInFlight                     4 unanswered async or oneway batches per task.
-    maxBatchBytes                   4 MiB per batch of messages.
-    consumerGroup                   ``reconsumeLater``: whose ``%RETRY%`` topic.
-    maxReconsumeTimes, delayLevel   ``reconsumeLater``: retries before the DLQ (the
-                                    group's), and the delay (0: 3 + retries; -1: DLQ).
-    ==============================  ====================================================
+    .. options:sink:begin
+
+    ``endpoint``
+        (string; ``endpoint`` or ``namesrvAddr`` required; pymq only) ``host:port`` of a pymq broker:
+        the address ``pymq-broker`` prints (``pymq broker listening on HOST:PORT``) or
+        ``EmbeddedBroker.endpoint``. Set exactly one of ``endpoint`` and ``namesrvAddr``.
+
+    ``namesrvAddr``
+        (string; ``endpoint`` or ``namesrvAddr`` required; RocketMQ only) Apache RocketMQ's name
+        servers, ``host:9876;host2:9876`` (see "Use with Apache RocketMQ" in README.md): requests go to
+        the brokers of each topic's route.
+
+    ``accessKey``
+        (string; RocketMQ only) RocketMQ ACL access key, with ``secretKey`` (both or neither) and
+        ``namesrvAddr``: every request is signed as RocketMQ's ``AclClientRPCHook`` signs it.
+
+    ``secretKey``
+        (string; RocketMQ only) RocketMQ ACL secret key, with ``accessKey``; it never shows in plans,
+        logs or error messages.
+
+    ``topic``
+        (string) the topic to write to when there is no ``topic`` column (a row's non-null ``topic``
+        wins). One topic: use a ``topic`` column for several.
+
+    ``action``
+        (one of ``send``, ``reconsumeLater``; default ``send``) ``send``: produce the rows as messages;
+        ``reconsumeLater``: send rows read from a pymq source back to ``%RETRY%<consumerGroup>``
+        (RocketMQ's send back: after ``maxReconsumeTimes`` retries they go to ``%DLQ%<consumerGroup>``).
+
+    ``sendMode``
+        (one of ``sync``, ``async``, ``oneway``; default ``sync``) ``sync``: every batch acknowledged; a
+        timeout, an unreachable or a busy broker is retried ``retryTimesWhenSendFailed`` times, on
+        another broker where there is one, unless a ``queue_id`` or ``sharding_key`` column pins the
+        queue. ``async``: a bounded in-flight window; the task still waits for every acknowledgement and
+        fails on a failed one; not retried unless ``retryTimesWhenSendAsyncFailed`` > 0, as in RocketMQ.
+        ``oneway``: **lossy**, a failed send does not fail the task (the executor log says how many rows
+        were not acknowledged); a send that can never succeed, such as to a topic without write
+        permission, still fails it.
+
+    ``deliveryGuarantee``
+        (one of ``at-least-once``, ``exactly-once``; default ``at-least-once``) ``exactly-once``
+        (``writeStream`` with ``action=send``, pymq ``endpoint`` only for now): each micro-batch's rows
+        are half messages committed with the batch, so consumers see every row once. It needs a local or
+        mounted ``checkpointLocation`` and ``sendMode`` ``sync`` or ``async``.
+
+    ``producerGroup``
+        (string; default ``PYMQ_SPARK_SINK``; with ``exactly-once``: ``PYMQ_SPARK_SINK_TX_<hash>``)
+        RocketMQ's producer group (PGROUP). With ``deliveryGuarantee=exactly-once`` it is the group the
+        broker's check-backs go to, so the default is one per checkpoint.
+
+    ``retryTimesWhenSendFailed``
+        (integer 0..16; default 2) ``sendMode=sync``: retries of a failed send.
+
+    ``retryTimesWhenSendAsyncFailed``
+        (integer 0..16; default 0) ``sendMode=async``: retries of a failed send.
+
+    ``sendMsgTimeoutMs``
+        (integer >= 1; default 3000) timeout of one send request (a batch of up to ``maxBatchBytes``).
+
+    ``maxInFlight``
+        (integer 1..4096; default 4) ``async`` and ``oneway``: unanswered batches (of up to
+        ``maxBatchBytes``) per task.
+
+    ``maxBatchBytes``
+        (integer 1024..4194304; default 4194304 (4 MiB)) rows go out as batches of up to this many
+        bytes.
+
+    ``consumerGroup``
+        (string) ``reconsumeLater`` (required there): the group whose ``%RETRY%`` topic the rows go back
+        to.
+
+    ``maxReconsumeTimes``
+        (integer >= 1; default the group's (16)) ``reconsumeLater``: retries before a message goes to
+        ``%DLQ%<consumerGroup>``.
+
+    ``delayLevel``
+        (integer >= -1; default 0) ``reconsumeLater``: the delay level of the retry; 0 = RocketMQ's 3 +
+        retries, -1 = straight to the DLQ. A row's ``delay_level`` column overrides it.
+
+    ``stage``
+        (string; default ``spark-stream-sink`` (``writeStream``), ``spark-sink`` (``write``); pymq only)
+        ``reconsumeLater``: the name each message sent back keeps in its ``CONSUME_FAILURE_STAGE``
+        property, next to the error, the query id and the batch id, so a dead letter says which step
+        failed it (the listener helper writes ``listener``). RocketMQ's send back keeps no properties.
+
+    .. options:sink:end
+
+    How ``deliveryGuarantee=exactly-once`` commits each micro-batch once:
+    :mod:`pyspark_pymq.spark.transactional_sink`.
 
     Example::
 

@@ -7,6 +7,10 @@ runner and to every task. A bad option is a ``ValueError`` that names the
 option, the value given, and what to set instead; nothing downstream has to
 re-check a string.
 
+Which options exist, their types, bounds, defaults and scopes come from
+:data:`~pyspark_pymq.spark.option_registry.SOURCE_OPTIONS`, which the docs are
+rendered from too; this module adds what relates one option to another.
+
 Names follow Spark's Kafka source where the idea is the same
 (``startingOffsets``, ``endingOffsets``, ``startingTimestamp``,
 ``maxMessagesPerTrigger`` ~ ``maxOffsetsPerTrigger``, ``failOnDataLoss``,
@@ -23,13 +27,33 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
+from pymq_proto.topics import get_retry_topic
+
 from ..backend.base import BackendConfig, check_subscription, parse_backend_options
+from .option_registry import (
+    DEFAULT_CONNECT_TIMEOUT_MS,
+    DEFAULT_POLL_TIMEOUT_MS,
+    DEFAULT_PULL_BATCH_SIZE,
+    DEFAULT_PULL_MAX_BYTES,
+    DEFAULT_READER_GROUP,
+    MAX_PULL_BATCH_SIZE,
+    MAX_PULL_MAX_BYTES,
+    SOURCE_OPTIONS,
+    OptionRegistry,
+)
 from .source_offset import QueueKey, parse_offsets_json
 
 __all__ = [
+    "DEFAULT_CONNECT_TIMEOUT_MS",
+    "DEFAULT_POLL_TIMEOUT_MS",
+    "DEFAULT_PULL_BATCH_SIZE",
+    "DEFAULT_PULL_MAX_BYTES",
     "DEFAULT_READER_GROUP",
+    "MAX_PULL_BATCH_SIZE",
+    "MAX_PULL_MAX_BYTES",
     "OPTION_NAMES",
     "ConsumeFromWhere",
+    "EndingPosition",
     "MessageModel",
     "SourceOptions",
     "StartKind",
@@ -37,23 +61,8 @@ __all__ = [
     "parse_source_options",
 ]
 
-#: Group name used for pulls when the user gave none (batch reads, BROADCASTING).
-#: Nothing is ever committed under it.
-DEFAULT_READER_GROUP = "PYMQ_SPARK_READER"
-RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
-DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 
 _TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9_-]{1,127}$")
-MAX_PULL_BATCH_SIZE = 100_000  # the broker answers at most this many messages per pull
-
-DEFAULT_PULL_BATCH_SIZE = 32_768
-# Measured on loopback: pulls answering ~1 MiB move 2-3x more bytes per second than
-# 4 MiB ones (gRPC and allocation costs grow faster than linearly past ~2 MiB).
-DEFAULT_PULL_MAX_BYTES = 1 << 20
-MAX_PULL_MAX_BYTES = 64 << 20
-DEFAULT_POLL_TIMEOUT_MS = 60_000
-DEFAULT_CONNECT_TIMEOUT_MS = 10_000
-
 
 class MessageModel(str, Enum):
     """RocketMQ's MessageModel."""
@@ -142,7 +151,7 @@ class SourceOptions:
     def retry_topic(self) -> str | None:
         """``%RETRY%<group>`` when retries are read along, else None."""
         if self.include_retry and self.consumer_group:
-            return RETRY_GROUP_TOPIC_PREFIX + self.consumer_group
+            return get_retry_topic(self.consumer_group)
         return None
 
     @property
@@ -162,41 +171,11 @@ class SourceOptions:
         return (*self.topics, retry)
 
 
-# name as documented -> applies to ("stream", "batch")
-_STREAM, _BATCH = "stream", "batch"
-_OPTIONS: dict[str, tuple[str, ...]] = {
-    "endpoint": (_STREAM, _BATCH),
-    "namesrvAddr": (_STREAM, _BATCH),
-    "accessKey": (_STREAM, _BATCH),
-    "secretKey": (_STREAM, _BATCH),
-    "topic": (_STREAM, _BATCH),
-    "consumerGroup": (_STREAM, _BATCH),
-    "messageModel": (_STREAM, _BATCH),
-    "subscription": (_STREAM, _BATCH),
-    "subscriptionType": (_STREAM, _BATCH),
-    "startingOffsets": (_STREAM, _BATCH),
-    "startingTimestamp": (_STREAM, _BATCH),
-    "consumeFromWhere": (_STREAM, _BATCH),
-    "consumeTimestamp": (_STREAM, _BATCH),
-    "endingOffsets": (_BATCH,),
-    "endingTimestamp": (_BATCH,),
-    "lastMessagesPerQueue": (_BATCH,),
-    "maxMessagesPerTrigger": (_STREAM,),
-    "failOnDataLoss": (_STREAM, _BATCH),
-    "pullBatchSize": (_STREAM, _BATCH),
-    "pullMaxBytes": (_STREAM, _BATCH),
-    "includeRetry": (_STREAM, _BATCH),
-    "pollTimeoutMs": (_STREAM, _BATCH),
-    "connectTimeoutMs": (_STREAM, _BATCH),
-    "minPartitions": (_STREAM, _BATCH),
-    "maxMessagesPerPartition": (_STREAM, _BATCH),
-}
-OPTION_NAMES: tuple[str, ...] = tuple(_OPTIONS)
-_CANONICAL = {name.lower(): name for name in _OPTIONS}
+OPTION_NAMES: tuple[str, ...] = SOURCE_OPTIONS.names
 
 
-def _bad(name: str, value: object, allowed: str) -> ValueError:
-    return ValueError(f"pymq option {name}={value!r} is not valid: {allowed}")
+def _bad(name: str, value: object, allowed: str, prefix: str = "pymq option") -> ValueError:
+    return ValueError(f"{prefix} {name}={value!r} is not valid: {allowed}")
 
 
 def unknown_option(
@@ -210,7 +189,8 @@ def unknown_option(
 
 
 def parse_int_option(
-    name: str, value: str | None, *, minimum: int, maximum: int | None = None
+    name: str, value: str | None, *, minimum: int, maximum: int | None = None,
+    prefix: str = "pymq option",
 ) -> int | None:
     """An integer option within [minimum, maximum]; None when unset (source and sink alike)."""
     if value is None or value == "":
@@ -221,28 +201,40 @@ def parse_int_option(
         number = None
     if number is None or number < minimum or (maximum is not None and number > maximum):
         upper = f" and <= {maximum}" if maximum is not None else ""
-        raise _bad(name, value, f"use an integer >= {minimum}{upper}")
+        raise _bad(name, value, f"use an integer >= {minimum}{upper}", prefix)
     return number
 
 
-class _Options:
-    """The user's options by canonical name, remembering which were given."""
+class OptionValues:
+    """The user's options by canonical name, checked against ``registry``.
 
-    def __init__(self, raw: Mapping[str, str], stream: bool | None) -> None:
+    Names are matched case-insensitively (Spark lower-cases them); an unknown one
+    fails with the closest known name, and one whose scope excludes the query
+    (``stream``: True, False, or None when not known yet) fails naming where it
+    applies. Values are stripped strings; the typed getters take bounds,
+    choices and defaults from the registry.
+    """
+
+    def __init__(self, registry: OptionRegistry, raw: Mapping[str, str], stream: bool | None) -> None:
+        self.registry = registry
         self.values: dict[str, str] = {}
-        kind = None if stream is None else _STREAM if stream else _BATCH
+        kind = None if stream is None else "stream" if stream else "batch"
         for key, value in raw.items():
-            name = _CANONICAL.get(str(key).lower())
-            if name is None:
-                raise unknown_option(key, OPTION_NAMES)
-            if kind is not None and kind not in _OPTIONS[name]:
-                other = "batch reads (spark.read)" if stream else "streams (spark.readStream)"
+            spec = registry.lookup(key)
+            if spec is None:
+                raise unknown_option(key, registry.names, prefix=registry.prefix,
+                                     problem=registry.unknown, known_label=registry.known_label)
+            if kind is not None and spec.scope not in ("both", kind):
+                this, _ = registry.stream_words if stream else registry.batch_words
+                _, other = registry.batch_words if stream else registry.stream_words
                 raise ValueError(
-                    f"pymq option {name}={value!r} cannot apply to a "
-                    f"{'stream' if stream else 'batch read'}: it is for {other} only. "
-                    "Remove it."
+                    f"{registry.prefix} {spec.name}={value!r} cannot apply to {this}: it is for "
+                    f"{other} only. Remove it."
                 )
-            self.values[name] = "" if value is None else str(value).strip()
+            self.values[spec.name] = "" if value is None else str(value).strip()
+
+    def bad(self, name: str, value: object, allowed: str) -> ValueError:
+        return _bad(name, value, allowed, self.registry.prefix)
 
     def given(self, name: str) -> bool:
         return name in self.values
@@ -250,64 +242,139 @@ class _Options:
     def get(self, name: str) -> str | None:
         return self.values.get(name)
 
-    def text(self, name: str, default: str) -> str:
-        value = self.values.get(name)
-        return default if value is None or value == "" else value
-
-    def boolean(self, name: str, default: bool) -> bool:
+    def text(self, name: str, default: str | None = None) -> str:
+        """The value, or ``default`` (else the registry's) when unset or empty."""
         value = self.values.get(name)
         if value is None or value == "":
-            return default
+            fallback = self.registry[name].default if default is None else default
+            return "" if fallback is None else str(fallback)
+        return value
+
+    def boolean(self, name: str, default: bool | None = None) -> bool:
+        value = self.values.get(name)
+        if value is None or value == "":
+            return bool(self.registry[name].default if default is None else default)
         low = value.lower()
         if low in ("true", "false"):
             return low == "true"
-        raise _bad(name, value, "use 'true' or 'false'")
+        raise self.bad(name, value, "use 'true' or 'false'")
 
-    def integer(self, name: str, *, minimum: int, maximum: int | None = None) -> int | None:
-        return parse_int_option(name, self.values.get(name), minimum=minimum, maximum=maximum)
+    def integer(self, name: str) -> int | None:
+        """The value within the registry's bounds; None when unset."""
+        spec = self.registry[name]
+        assert spec.type == "integer" and spec.minimum is not None, spec
+        return parse_int_option(name, self.values.get(name), minimum=spec.minimum,
+                                maximum=spec.maximum, prefix=self.registry.prefix)
 
-    def enum(self, name: str, enum_cls: type[Enum], default: Enum, aliases: dict[str, str]) -> str:
+    def integer_or_default(self, name: str) -> int:
+        value = self.integer(name)
+        if value is not None:
+            return value
+        default = self.registry[name].default
+        assert isinstance(default, int), name
+        return default
+
+    def choice(self, name: str) -> str:
+        """One of the registry's choices (any case, aliases resolved), or its default when unset."""
+        spec = self.registry[name]
         value = self.values.get(name)
         if value is None or value == "":
-            return str(default.value)
-        key = value.upper()
-        key = aliases.get(key, key)
-        allowed = [str(e.value) for e in enum_cls]
-        if key not in allowed:
-            raise _bad(name, value, f"use one of {', '.join(allowed)}")
-        return key
+            return str(spec.default)
+        choice = spec.choice(value)
+        if choice is None:
+            raise self.bad(name, value, f"use one of {', '.join(spec.choices)}")
+        return choice
 
 
-def _parse_topics(value: str | None) -> tuple[str, ...]:
+def _parse_topics(value: str | None, prefix: str = "pymq option") -> tuple[str, ...]:
     if value is None or not value.strip():
         raise ValueError(
-            "pymq option topic is required: set .option('topic', 'orders') "
+            f"{prefix} topic is required: set .option('topic', 'orders') "
             "(one topic, or a comma-separated list such as 'orders,payments')"
         )
     topics: list[str] = []
     for part in value.split(","):
         name = part.strip()
         if not name:
-            raise _bad("topic", value, "a comma-separated list of topic names without empty items")
+            raise _bad("topic", value, "a comma-separated list of topic names without empty items", prefix)
         if not _TOPIC_RE.match(name):
             raise _bad(
                 "topic",
                 value,
                 f"topic {name!r} must be 1-127 letters, digits, '%', '|', '_' or '-'",
+                prefix,
             )
         if name not in topics:
             topics.append(name)
     return tuple(topics)
 
 
-def _parse_group(value: str | None) -> str | None:
+def _parse_group(value: str | None, prefix: str = "pymq option") -> str | None:
     if value is None or value == "":
         return None
     if not _TOPIC_RE.match(value) or "%" in value:
         raise _bad(
-            "consumerGroup", value, "use 1-127 letters, digits, '|', '_' or '-' (no '%')"
+            "consumerGroup", value, "use 1-127 letters, digits, '|', '_' or '-' (no '%')", prefix
         )
     return value
+
+
+# -- what: topics, group, message model, subscription --------------------------------------------
+
+
+@dataclass(frozen=True)
+class _What:
+    topics: tuple[str, ...]
+    group: str | None
+    model: MessageModel
+    subscription: str
+    subscription_type: str
+
+    @property
+    def clustering(self) -> bool:
+        return self.model is MessageModel.CLUSTERING
+
+
+def _parse_what(opts: OptionValues, backend: BackendConfig, stream: bool | None) -> _What:
+    topics = _parse_topics(opts.get("topic"))
+    group = _parse_group(opts.get("consumerGroup"))
+    model = MessageModel(opts.choice("messageModel"))
+    if stream is True and model is MessageModel.CLUSTERING and group is None:
+        raise ValueError(
+            "pymq option consumerGroup is required for a stream in CLUSTERING mode: its "
+            "progress is kept on the broker under that group. Set "
+            ".option('consumerGroup', 'my-app'), or messageModel=BROADCASTING to keep "
+            "progress in Spark's checkpoint only"
+        )
+    subscription = opts.text("subscription")
+    if any(c in subscription for c in "\x01\x02\n"):
+        raise opts.bad("subscription", subscription, "a tag expression such as '*' or 'TagA || TagB'")
+    subscription_type = opts.choice("subscriptionType")
+    try:
+        check_subscription(backend, subscription, subscription_type)
+    except ValueError as err:
+        raise opts.bad("subscription", subscription, str(err)) from None
+    return _What(topics, group, model, subscription, subscription_type)
+
+
+# -- where reading starts ------------------------------------------------------------------------
+
+
+def _parse_consume_from_where(opts: OptionValues) -> tuple[ConsumeFromWhere, int | None]:
+    """consumeFromWhere and its consumeTimestamp: where a group without progress starts."""
+    where = ConsumeFromWhere(opts.choice("consumeFromWhere"))
+    timestamp = opts.integer("consumeTimestamp")
+    if where is ConsumeFromWhere.CONSUME_FROM_TIMESTAMP and timestamp is None:
+        raise ValueError(
+            "pymq option consumeFromWhere=CONSUME_FROM_TIMESTAMP needs consumeTimestamp "
+            "(milliseconds since the epoch) to say from when"
+        )
+    if timestamp is not None and where is not ConsumeFromWhere.CONSUME_FROM_TIMESTAMP:
+        raise ValueError(
+            f"pymq option consumeTimestamp={timestamp} cannot apply: it is used only "
+            "with consumeFromWhere=CONSUME_FROM_TIMESTAMP"
+        )
+    return where, timestamp
 
 
 def _parse_starting_offsets(value: str, *, stream: bool) -> StartingPosition:
@@ -336,9 +403,134 @@ def _parse_starting_offsets(value: str, *, stream: bool) -> StartingPosition:
     )
 
 
-def _parse_timestamp(opts: _Options, name: str) -> int | None:
-    value = opts.integer(name, minimum=0)
-    return value
+_START_OPTIONS = ("startingOffsets", "startingTimestamp", "lastMessagesPerQueue")
+
+
+def _starting_position(
+    opts: OptionValues, what: _What, stream: bool | None,
+    consume_from_where: ConsumeFromWhere, consume_timestamp: int | None,
+) -> StartingPosition:
+    """The one start the user gave, else the default of this kind of read."""
+    starting_ts = opts.integer("startingTimestamp")
+    last_n = opts.integer("lastMessagesPerQueue")
+    given = [name for name in _START_OPTIONS if opts.given(name)]
+    if len(given) > 1:
+        raise ValueError(
+            f"pymq options {' and '.join(given)} cannot be used together: each says "
+            "where reading starts. Keep one of them"
+        )
+    if starting_ts is not None:
+        return StartingPosition(StartKind.TIMESTAMP, timestamp_ms=starting_ts)
+    if last_n is not None:
+        return StartingPosition(StartKind.LAST_N, count=last_n)
+    if opts.get("startingOffsets"):
+        return _parse_starting_offsets(opts.text("startingOffsets", ""), stream=stream is not False)
+    if stream is not True:  # a batch read (or, at load(), not known yet)
+        return StartingPosition(StartKind.EARLIEST)
+    if what.clustering:
+        return StartingPosition(StartKind.GROUP)
+    return {
+        ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET: StartingPosition(StartKind.LATEST),
+        ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET: StartingPosition(StartKind.EARLIEST),
+        ConsumeFromWhere.CONSUME_FROM_TIMESTAMP: StartingPosition(
+            StartKind.TIMESTAMP, timestamp_ms=consume_timestamp
+        ),
+    }[consume_from_where]
+
+
+def _check_starting(opts: OptionValues, starting: StartingPosition, what: _What, stream: bool | None) -> None:
+    """What the start needs of the other options (consumeFromWhere, group, topics)."""
+    given_start = any(opts.given(name) for name in _START_OPTIONS)
+    consume_from_where_applies = starting.kind is StartKind.GROUP or (
+        not given_start and (stream is None or (stream and not what.clustering))
+    )
+    if opts.given("consumeFromWhere") and not consume_from_where_applies:
+        raise ValueError(
+            f"pymq option consumeFromWhere={opts.get('consumeFromWhere')!r} cannot apply here: "
+            "it says where a group starts on queues where it has no progress "
+            "(startingOffsets=group) or where a BROADCASTING stream starts. Remove it"
+        )
+    if starting.kind is StartKind.GROUP:
+        if not what.clustering:
+            raise _bad(
+                "startingOffsets",
+                "group",
+                "in BROADCASTING mode the broker keeps no progress for the group: use "
+                "'earliest', 'latest', a JSON object or startingTimestamp",
+            )
+        if what.group is None:
+            raise ValueError(
+                "pymq option startingOffsets=group needs consumerGroup: set the group "
+                "whose progress on the broker to start from"
+            )
+    if starting.kind is StartKind.OFFSETS:
+        _check_offset_topics("startingOffsets", opts.get("startingOffsets"), starting.offsets, what.topics)
+
+
+def _check_offset_topics(
+    name: str, value: str | None, offsets: Mapping[QueueKey, int], topics: tuple[str, ...]
+) -> None:
+    unknown = sorted({key[0] for key in offsets} - set(topics))
+    if unknown:
+        raise _bad(name, value, f"it names topics {unknown} that are not in topic={','.join(topics)!r}")
+
+
+# -- where a batch read ends -----------------------------------------------------------------------
+
+
+def _parse_ending(opts: OptionValues, starting: StartingPosition, topics: tuple[str, ...]) -> EndingPosition:
+    ending_ts = opts.integer("endingTimestamp")
+    if opts.given("endingOffsets") and ending_ts is not None:
+        raise ValueError(
+            "pymq options endingOffsets and endingTimestamp cannot be used together: "
+            "keep one of them"
+        )
+    if ending_ts is not None:
+        if starting.kind is StartKind.TIMESTAMP and (starting.timestamp_ms or 0) > ending_ts:
+            raise _bad(
+                "endingTimestamp", ending_ts, f"it is before startingTimestamp={starting.timestamp_ms}"
+            )
+        return EndingPosition(StartKind.TIMESTAMP, timestamp_ms=ending_ts)
+    if not opts.get("endingOffsets"):
+        return EndingPosition(StartKind.LATEST)
+    value = opts.text("endingOffsets")
+    if value.lower() == "latest":
+        return EndingPosition(StartKind.LATEST)
+    if value.startswith("{"):
+        offsets = parse_offsets_json(value, "endingOffsets", allow_earliest=False)
+        _check_offset_topics("endingOffsets", value, offsets, topics)
+        return EndingPosition(StartKind.OFFSETS, offsets=offsets)
+    raise _bad(
+        "endingOffsets",
+        value,
+        "use 'latest' or a JSON object such as "
+        '{"orders": {"broker-a:0": 100}} (-1 latest)',
+    )
+
+
+# -- retries ---------------------------------------------------------------------------------------
+
+
+def _parse_include_retry(opts: OptionValues, what: _What, stream: bool | None) -> bool:
+    """includeRetry: defaults to true for streams in CLUSTERING with a group."""
+    default = stream is True and what.clustering and what.group is not None
+    include_retry = opts.boolean("includeRetry", default)
+    if include_retry and not what.clustering:
+        raise _bad(
+            "includeRetry",
+            opts.get("includeRetry"),
+            "BROADCASTING consumers get no retries (RocketMQ does not retry broadcast "
+            "messages): remove it or set messageModel=CLUSTERING",
+        )
+    if include_retry and what.group is None:
+        raise ValueError(
+            "pymq option includeRetry=true needs consumerGroup: retries live in "
+            "%RETRY%<consumerGroup>"
+        )
+    return include_retry
+
+
+# -- the whole ---------------------------------------------------------------------------------------
 
 
 def parse_source_options(raw: Mapping[str, str], *, stream: bool | None) -> SourceOptions:
@@ -348,206 +540,33 @@ def parse_source_options(raw: Mapping[str, str], *, stream: bool | None) -> Sour
     values, combinations): ``DataSource.schema()`` runs it at ``load()``, before
     Spark says whether the read is a stream, so most mistakes fail right there.
     """
-    opts = _Options(raw, stream)
-
-    backend = parse_backend_options(opts.get, "pymq option")
-
-    topics = _parse_topics(opts.get("topic"))
-    group = _parse_group(opts.get("consumerGroup"))
-    model = MessageModel(
-        opts.enum("messageModel", MessageModel, MessageModel.CLUSTERING, {})
-    )
-    clustering = model is MessageModel.CLUSTERING
-
-    if stream is True and clustering and group is None:
-        raise ValueError(
-            "pymq option consumerGroup is required for a stream in CLUSTERING mode: its "
-            "progress is kept on the broker under that group. Set "
-            ".option('consumerGroup', 'my-app'), or messageModel=BROADCASTING to keep "
-            "progress in Spark's checkpoint only"
-        )
-
-    subscription = opts.text("subscription", "*")
-    if any(c in subscription for c in "\x01\x02\n"):
-        raise _bad("subscription", subscription, "a tag expression such as '*' or 'TagA || TagB'")
-    subscription_type = opts.text("subscriptionType", "TAG").upper()
-    if subscription_type not in ("TAG", "SQL92"):
-        raise _bad("subscriptionType", opts.get("subscriptionType"), "use TAG (default) or SQL92")
-    try:
-        check_subscription(backend, subscription, subscription_type)
-    except ValueError as err:
-        raise _bad("subscription", subscription, str(err)) from None
-
-    consume_from_where = ConsumeFromWhere(
-        opts.enum(
-            "consumeFromWhere",
-            ConsumeFromWhere,
-            ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
-            {
-                "LAST": "CONSUME_FROM_LAST_OFFSET",
-                "LAST_OFFSET": "CONSUME_FROM_LAST_OFFSET",
-                "FIRST": "CONSUME_FROM_FIRST_OFFSET",
-                "FIRST_OFFSET": "CONSUME_FROM_FIRST_OFFSET",
-                "TIMESTAMP": "CONSUME_FROM_TIMESTAMP",
-            },
-        )
-    )
-    consume_timestamp = _parse_timestamp(opts, "consumeTimestamp")
-    if consume_from_where is ConsumeFromWhere.CONSUME_FROM_TIMESTAMP and consume_timestamp is None:
-        raise ValueError(
-            "pymq option consumeFromWhere=CONSUME_FROM_TIMESTAMP needs consumeTimestamp "
-            "(milliseconds since the epoch) to say from when"
-        )
-    if consume_timestamp is not None and consume_from_where is not (
-        ConsumeFromWhere.CONSUME_FROM_TIMESTAMP
-    ):
-        raise ValueError(
-            f"pymq option consumeTimestamp={consume_timestamp} cannot apply: it is used only "
-            "with consumeFromWhere=CONSUME_FROM_TIMESTAMP"
-        )
-
-    # -- where to start ------------------------------------------------------
-    starting_ts = _parse_timestamp(opts, "startingTimestamp")
-    last_n = opts.integer("lastMessagesPerQueue", minimum=1)
-    given_start = [
-        n for n in ("startingOffsets", "startingTimestamp", "lastMessagesPerQueue") if opts.given(n)
-    ]
-    if len(given_start) > 1:
-        raise ValueError(
-            f"pymq options {' and '.join(given_start)} cannot be used together: each says "
-            "where reading starts. Keep one of them"
-        )
-    if starting_ts is not None:
-        starting = StartingPosition(StartKind.TIMESTAMP, timestamp_ms=starting_ts)
-    elif last_n is not None:
-        starting = StartingPosition(StartKind.LAST_N, count=last_n)
-    elif opts.get("startingOffsets"):
-        starting = _parse_starting_offsets(
-            opts.text("startingOffsets", ""), stream=stream is not False
-        )
-    elif stream is not True:  # a batch read (or, at load(), not known yet)
-        starting = StartingPosition(StartKind.EARLIEST)
-    elif clustering:
-        starting = StartingPosition(StartKind.GROUP)
-    else:
-        starting = {
-            ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET: StartingPosition(StartKind.LATEST),
-            ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET: StartingPosition(StartKind.EARLIEST),
-            ConsumeFromWhere.CONSUME_FROM_TIMESTAMP: StartingPosition(
-                StartKind.TIMESTAMP, timestamp_ms=consume_timestamp
-            ),
-        }[consume_from_where]
-
-    consume_from_where_applies = starting.kind is StartKind.GROUP or (
-        not given_start and (stream is None or (stream and not clustering))
-    )
-    if opts.given("consumeFromWhere") and not consume_from_where_applies:
-        raise ValueError(
-            f"pymq option consumeFromWhere={opts.get('consumeFromWhere')!r} cannot apply here: "
-            "it says where a group starts on queues where it has no progress "
-            "(startingOffsets=group) or where a BROADCASTING stream starts. Remove it"
-        )
-    if starting.kind is StartKind.GROUP:
-        if not clustering:
-            raise _bad(
-                "startingOffsets",
-                "group",
-                "in BROADCASTING mode the broker keeps no progress for the group: use "
-                "'earliest', 'latest', a JSON object or startingTimestamp",
-            )
-        if group is None:
-            raise ValueError(
-                "pymq option startingOffsets=group needs consumerGroup: set the group "
-                "whose progress on the broker to start from"
-            )
-    if starting.kind is StartKind.OFFSETS:
-        unknown = sorted({key[0] for key in starting.offsets} - set(topics))
-        if unknown:
-            raise _bad(
-                "startingOffsets",
-                opts.get("startingOffsets"),
-                f"it names topics {unknown} that are not in topic={','.join(topics)!r}",
-            )
-
-    # -- where a batch read ends ----------------------------------------------
-    ending_ts = _parse_timestamp(opts, "endingTimestamp")
-    if opts.given("endingOffsets") and ending_ts is not None:
-        raise ValueError(
-            "pymq options endingOffsets and endingTimestamp cannot be used together: "
-            "keep one of them"
-        )
-    ending = EndingPosition(StartKind.LATEST)
-    if ending_ts is not None:
-        ending = EndingPosition(StartKind.TIMESTAMP, timestamp_ms=ending_ts)
-        if starting.kind is StartKind.TIMESTAMP and (starting.timestamp_ms or 0) > ending_ts:
-            raise _bad(
-                "endingTimestamp", ending_ts, f"it is before startingTimestamp={starting_ts}"
-            )
-    elif opts.get("endingOffsets"):
-        value = opts.text("endingOffsets", "latest")
-        if value.lower() == "latest":
-            ending = EndingPosition(StartKind.LATEST)
-        elif value.startswith("{"):
-            offsets = parse_offsets_json(value, "endingOffsets", allow_earliest=False)
-            unknown = sorted({key[0] for key in offsets} - set(topics))
-            if unknown:
-                raise _bad(
-                    "endingOffsets", value, f"it names topics {unknown} that are not in topic="
-                    f"{','.join(topics)!r}"
-                )
-            ending = EndingPosition(StartKind.OFFSETS, offsets=offsets)
-        else:
-            raise _bad(
-                "endingOffsets",
-                value,
-                "use 'latest' or a JSON object such as "
-                '{"orders": {"broker-a:0": 100}} (-1 latest)',
-            )
-
-    # -- retries ----------------------------------------------------------------
-    retry_default = stream is True and clustering and group is not None
-    include_retry = opts.boolean("includeRetry", retry_default)
-    if include_retry and not clustering:
-        raise _bad(
-            "includeRetry",
-            opts.get("includeRetry"),
-            "BROADCASTING consumers get no retries (RocketMQ does not retry broadcast "
-            "messages): remove it or set messageModel=CLUSTERING",
-        )
-    if include_retry and group is None:
-        raise ValueError(
-            "pymq option includeRetry=true needs consumerGroup: retries live in "
-            "%RETRY%<consumerGroup>"
-        )
-
-    max_per_trigger = opts.integer("maxMessagesPerTrigger", minimum=1)
-    pull_batch_size = opts.integer("pullBatchSize", minimum=1, maximum=MAX_PULL_BATCH_SIZE)
-    pull_max_bytes = opts.integer("pullMaxBytes", minimum=1, maximum=MAX_PULL_MAX_BYTES)
-    poll_timeout = opts.integer("pollTimeoutMs", minimum=1)
-    connect_timeout = opts.integer("connectTimeoutMs", minimum=1)
-    min_partitions = opts.integer("minPartitions", minimum=1)
-    max_per_partition = opts.integer("maxMessagesPerPartition", minimum=1)
-
+    opts = OptionValues(SOURCE_OPTIONS, raw, stream)
+    backend = parse_backend_options(opts.get, SOURCE_OPTIONS.prefix)
+    what = _parse_what(opts, backend, stream)
+    consume_from_where, consume_timestamp = _parse_consume_from_where(opts)
+    starting = _starting_position(opts, what, stream, consume_from_where, consume_timestamp)
+    _check_starting(opts, starting, what, stream)
+    ending = _parse_ending(opts, starting, what.topics)
+    include_retry = _parse_include_retry(opts, what, stream)
     return SourceOptions(
         backend=backend,
-        topics=topics,
+        topics=what.topics,
         stream=bool(stream),
-        consumer_group=group,
-        message_model=model,
-        subscription=subscription,
-        subscription_type=subscription_type,
+        consumer_group=what.group,
+        message_model=what.model,
+        subscription=what.subscription,
+        subscription_type=what.subscription_type,
         starting=starting,
         consume_from_where=consume_from_where,
         consume_timestamp_ms=consume_timestamp,
         ending=ending,
-        max_messages_per_trigger=max_per_trigger,
-        fail_on_data_loss=opts.boolean("failOnDataLoss", True),
-        pull_batch_size=pull_batch_size or DEFAULT_PULL_BATCH_SIZE,
-        pull_max_bytes=pull_max_bytes or DEFAULT_PULL_MAX_BYTES,
+        max_messages_per_trigger=opts.integer("maxMessagesPerTrigger"),
+        pull_batch_size=opts.integer_or_default("pullBatchSize"),
+        pull_max_bytes=opts.integer_or_default("pullMaxBytes"),
+        poll_timeout_ms=opts.integer_or_default("pollTimeoutMs"),
+        connect_timeout_ms=opts.integer_or_default("connectTimeoutMs"),
+        min_partitions=opts.integer("minPartitions"),
+        max_messages_per_partition=opts.integer("maxMessagesPerPartition"),
+        fail_on_data_loss=opts.boolean("failOnDataLoss"),
         include_retry=include_retry,
-        poll_timeout_ms=poll_timeout or DEFAULT_POLL_TIMEOUT_MS,
-        connect_timeout_ms=connect_timeout or DEFAULT_CONNECT_TIMEOUT_MS,
-        min_partitions=min_partitions,
-        max_messages_per_partition=max_per_partition,
     )
-

@@ -4,8 +4,9 @@ Both readers (``readStream`` and ``read``) run their tasks through
 :func:`read_partition`. It pulls up to ``pullBatchSize`` messages or
 ``pullMaxBytes`` bytes at a time as raw records (no per-message objects) and
 decodes them straight into ``pyarrow.RecordBatch`` es of about 8192 rows
-(:mod:`.record_batch`). The next pull is requested before the current answer
-is decoded, so the broker's work and the decoding overlap.
+(:meth:`Backend.decode_arrow <pyspark_pymq.backend.base.Backend.decode_arrow>`).
+The next pull is requested before the current answer is decoded, so the
+broker's work and the decoding overlap.
 
 Backends (and their connections and routes) are cached per worker process:
 Spark reuses Python workers across tasks, so only a worker's first task pays
@@ -26,14 +27,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
+from pymq_proto.topics import is_retry_topic
 from pyspark.sql.datasource import InputPartition
 
 from ..backend.base import PullBatch, cached_backend
 from ..client.message import MessageQueue, PullStatus
-from ..errors import BrokerUnavailableError, RequestTimeoutError, TopicNotExistError
+from ..errors import PymqError, TopicNotExistError
 from .data_loss import report_data_loss
 from .offset_range import OffsetRange
-from .options import RETRY_GROUP_TOPIC_PREFIX, SourceOptions
+from .options import SourceOptions
 
 __all__ = ["PymqInputPartition", "make_partitions", "read_partition"]
 
@@ -103,13 +105,14 @@ def read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator[p
     backend = cached_backend(opts.backend, opts.poll_timeout_ms / 1000.0)
     group = opts.pull_group
     mq = MessageQueue(r.topic, r.broker_name, r.queue_id)
-    retry = r.topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
+    retry = is_retry_topic(r.topic)
     filtered = r.subscription.strip() != "*"
     fail = opts.fail_on_data_loss
 
     def pull(offset: int) -> PullBatch:
         # A broker that is restarting (or a cluster broker that crashed) holds the range's
-        # messages still: wait for it up to pollTimeoutMs rather than fail the task.
+        # messages still (as does a busy one): retry a retriable error up to pollTimeoutMs
+        # rather than fail the task.
         deadline = time.monotonic() + opts.poll_timeout_ms / 1000.0
         while True:
             try:
@@ -122,8 +125,10 @@ def read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator[p
                     expression_type=r.expression_type,
                     max_bytes=opts.pull_max_bytes,
                 )
-            except (BrokerUnavailableError, RequestTimeoutError) as err:
+            except PymqError as err:
                 left = deadline - time.monotonic()
+                if not err.retriable:
+                    raise
                 if left <= 0:
                     raise type(err)(
                         f"pulling {mq} at offset {offset} failed for pollTimeoutMs="

@@ -5,6 +5,10 @@ A write is either ``action=send`` (default: produce the rows as messages) or
 group's %RETRY% topic). Options and the input columns are checked before the
 first row is written; errors name the option or column, the value, and what
 to use instead.
+
+Which options exist, their types, bounds and defaults come from
+:data:`~pyspark_pymq.spark.option_registry.SINK_OPTIONS`, which the docs are
+rendered from too.
 """
 
 from __future__ import annotations
@@ -17,30 +21,30 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..backend.base import BackendConfig, parse_backend_options
-from ..client.producer import DEFAULT_MAX_MESSAGE_SIZE, SEND_MODES
-from .options import _parse_group, _parse_topics, parse_int_option, unknown_option
+from .option_registry import (
+    ACTIONS,
+    DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_PRODUCER_GROUP,
+    DELIVERY_GUARANTEES,
+    SINK_OPTIONS,
+)
+from .options import OptionValues, _parse_group, _parse_topics
 
 if TYPE_CHECKING:
     from pyspark.sql.types import DataType, StructType
 
-__all__ = ["ACTIONS", "DELIVERY_GUARANTEES", "SINK_OPTION_NAMES", "SinkOptions", "parse_sink_options"]
+__all__ = [
+    "ACTIONS",
+    "DEFAULT_MAX_IN_FLIGHT",
+    "DEFAULT_PRODUCER_GROUP",
+    "DELIVERY_GUARANTEES",
+    "SINK_OPTION_NAMES",
+    "SinkOptions",
+    "parse_sink_options",
+]
 
-ACTIONS = ("send", "reconsumeLater")
-DELIVERY_GUARANTEES = ("at-least-once", "exactly-once")
-DEFAULT_PRODUCER_GROUP = "PYMQ_SPARK_SINK"
-# Each request of the sink is a batch of up to maxBatchBytes (4 MiB), not one message: a
-# few in flight keep the broker busy, while 64 (the client's default) held ~200 MB per task
-# and were ~30% slower (BENCHMARKS.md), with the last requests near sendMsgTimeoutMs.
-DEFAULT_MAX_IN_FLIGHT = 4
-
-_SINK_OPTIONS = (
-    "endpoint", "namesrvAddr", "accessKey", "secretKey", "topic", "action", "sendMode", "producerGroup",
-    "retryTimesWhenSendFailed", "retryTimesWhenSendAsyncFailed", "sendMsgTimeoutMs", "maxInFlight",
-    "maxBatchBytes",
-    "consumerGroup", "maxReconsumeTimes", "delayLevel", "stage", "deliveryGuarantee",
-)
-SINK_OPTION_NAMES: tuple[str, ...] = _SINK_OPTIONS
-_CANONICAL = {n.lower(): n for n in _SINK_OPTIONS}
+SINK_OPTION_NAMES: tuple[str, ...] = SINK_OPTIONS.names
+_PREFIX = SINK_OPTIONS.prefix
 # Spark's own options, passed along to every sink: not ours to check.
 _SPARK_OPTIONS = frozenset({"checkpointlocation", "path", "queryname", "outputmode"})
 
@@ -75,15 +79,6 @@ class SinkOptions:
         """The broker's endpoint or RocketMQ's name servers (for messages)."""
         return self.backend.address
 
-
-
-def _bad(name: str, value: object, allowed: str) -> ValueError:
-    return ValueError(f"pymq sink option {name}={value!r} is not valid: {allowed}")
-
-
-def _int(raw: Mapping[str, str], name: str, default: int, minimum: int, maximum: int | None = None) -> int:
-    number = parse_int_option(name, raw.get(name), minimum=minimum, maximum=maximum)
-    return default if number is None else number
 
 
 # column -> (accepted Spark type names, what to say)
@@ -128,101 +123,123 @@ def _check_columns(schema: StructType, spec: dict[str, tuple[tuple[str, ...], st
             )
 
 
-def parse_sink_options(raw_options: Mapping[str, str], schema: StructType, *, stream: bool) -> SinkOptions:
-    """Validate the options and the input columns of a write."""
-    raw: dict[str, str] = {}
+def _split_spark_options(raw_options: Mapping[str, str]) -> tuple[dict[str, str], str | None]:
+    """The pymq options (any case) without Spark's own, and Spark's checkpointLocation."""
+    ours: dict[str, str] = {}
     checkpoint: str | None = None
     for key, value in raw_options.items():
-        if str(key).lower() in _SPARK_OPTIONS:
-            if str(key).lower() == "checkpointlocation" and value:
+        low = str(key).lower()
+        if low in _SPARK_OPTIONS:
+            if low == "checkpointlocation" and value:
                 checkpoint = str(value)
             continue
-        name = _CANONICAL.get(str(key).lower())
-        if name is None:
-            raise unknown_option(key, SINK_OPTION_NAMES, prefix="pymq sink option",
-                                 known_label="Known sink options")
-        raw[name] = "" if value is None else str(value).strip()
-    backend = parse_backend_options(raw.get, "pymq sink option")
-    action = raw.get("action") or "send"
-    matched = [a for a in ACTIONS if a.lower() == action.lower()]
-    if not matched:
-        raise _bad("action", action, f"use one of {', '.join(ACTIONS)}")
-    action = matched[0]
-    send_mode = (raw.get("sendMode") or "sync").lower()
-    if send_mode not in SEND_MODES:
-        raise _bad("sendMode", raw.get("sendMode"), f"use one of {', '.join(SEND_MODES)}")
-    guarantee = (raw.get("deliveryGuarantee") or "at-least-once").lower()
-    if guarantee not in DELIVERY_GUARANTEES:
-        raise _bad("deliveryGuarantee", raw.get("deliveryGuarantee"),
-                   f"use one of {', '.join(DELIVERY_GUARANTEES)}")
-    exactly_once = guarantee == "exactly-once"
-    producer_group = raw.get("producerGroup") or DEFAULT_PRODUCER_GROUP
-    if exactly_once:
-        if backend.namesrv_addr:
-            raise ValueError(
-                "pymq sink option deliveryGuarantee=exactly-once is not available with namesrvAddr yet: "
-                "the exactly-once sink needs the embedded broker's batched half messages. Use "
-                "deliveryGuarantee=at-least-once (each row's UNIQ_KEY is deterministic, so consumers "
-                "can drop the duplicates of a replayed batch) or a pymq endpoint"
-            )
-        checkpoint = _check_exactly_once(action, send_mode, stream, checkpoint)
-        if not raw.get("producerGroup"):  # one group per query: check-backs must reach this query
-            digest = hashlib.blake2b(checkpoint.encode(), digest_size=6).hexdigest().upper()
-            producer_group = f"{DEFAULT_PRODUCER_GROUP}_TX_{digest}"
-    columns = tuple(f.name for f in schema.fields)
-    topic = _parse_topics(raw["topic"])[0] if raw.get("topic") else None
-    if raw.get("topic") and "," in raw["topic"]:
-        raise _bad("topic", raw["topic"], "a sink writes to one topic; use a topic column for several")
-    group = _parse_group(raw.get("consumerGroup"))
-    types = {f.name: _type_name(f.dataType) for f in schema.fields}
+        ours[key] = value
+    return ours, checkpoint
+
+
+def _producer_group(
+    opts: OptionValues, backend: BackendConfig, *, action: str, send_mode: str, stream: bool,
+    checkpoint: str | None,
+) -> tuple[bool, str, str | None]:
+    """deliveryGuarantee: (exactly once?, the producer group, the checkpoint as a local path)."""
+    exactly_once = opts.choice("deliveryGuarantee") == "exactly-once"
+    producer_group = opts.text("producerGroup")
+    if not exactly_once:
+        return False, producer_group, None
+    if backend.namesrv_addr:
+        raise ValueError(
+            "pymq sink option deliveryGuarantee=exactly-once is not available with namesrvAddr yet: "
+            "the exactly-once sink needs the embedded broker's batched half messages. Use "
+            "deliveryGuarantee=at-least-once (each row's UNIQ_KEY is deterministic, so consumers "
+            "can drop the duplicates of a replayed batch) or a pymq endpoint"
+        )
+    local = _check_exactly_once(action, send_mode, stream, checkpoint)
+    if not opts.get("producerGroup"):  # one group per query: check-backs must reach this query
+        digest = hashlib.blake2b(local.encode(), digest_size=6).hexdigest().upper()
+        producer_group = f"{DEFAULT_PRODUCER_GROUP}_TX_{digest}"
+    return True, producer_group, local
+
+
+def _parse_topic(opts: OptionValues) -> str | None:
+    value = opts.get("topic")
+    if not value:
+        return None
+    topic = _parse_topics(value, _PREFIX)[0]
+    if "," in value:
+        raise opts.bad("topic", value, "a sink writes to one topic; use a topic column for several")
+    return topic
+
+
+def _check_send_input(schema: StructType, topic: str | None) -> None:
+    columns = [f.name for f in schema.fields]
+    if "body" not in columns:
+        raise ValueError(
+            "pymq sink needs a 'body' column (binary or string); the input has "
+            f"{', '.join(columns) or 'no columns'}. Rename or select one, e.g. "
+            "df.selectExpr('CAST(value AS BINARY) AS body')"
+        )
+    if topic is None and "topic" not in columns:
+        raise ValueError(
+            "pymq sink needs a topic: set .option('topic', 'orders') or give a 'topic' column"
+        )
+    _check_columns(schema, _SEND_COLUMNS, "send")
+
+
+def _check_send_back_input(schema: StructType, group: str | None) -> None:
+    if group is None:
+        raise ValueError(
+            "pymq sink option consumerGroup is required with action=reconsumeLater: the rows "
+            "go back to %RETRY%<consumerGroup>"
+        )
+    columns = [f.name for f in schema.fields]
+    missing = [c for c in _SEND_BACK_REQUIRED if c not in columns]
+    if missing:
+        raise ValueError(
+            f"pymq sink action=reconsumeLater needs the pymq source's columns {missing}; "
+            "pass rows read with format('pymq') (keep commit_log_offset, msg_id, topic, "
+            "broker_name, reconsume_times)"
+        )
+    _check_columns(schema, _SEND_BACK_COLUMNS, "reconsumeLater")
+
+
+def parse_sink_options(raw_options: Mapping[str, str], schema: StructType, *, stream: bool) -> SinkOptions:
+    """Validate the options and the input columns of a write."""
+    raw, checkpoint = _split_spark_options(raw_options)
+    opts = OptionValues(SINK_OPTIONS, raw, stream)
+    backend = parse_backend_options(opts.get, _PREFIX)
+    action = opts.choice("action")
+    send_mode = opts.choice("sendMode")
+    exactly_once, producer_group, checkpoint = _producer_group(
+        opts, backend, action=action, send_mode=send_mode, stream=stream, checkpoint=checkpoint
+    )
+    topic = _parse_topic(opts)
+    group = _parse_group(opts.get("consumerGroup"), _PREFIX)
     if action == "send":
-        if "body" not in columns:
-            raise ValueError(
-                "pymq sink needs a 'body' column (binary or string); the input has "
-                f"{', '.join(columns) or 'no columns'}. Rename or select one, e.g. "
-                "df.selectExpr('CAST(value AS BINARY) AS body')"
-            )
-        if topic is None and "topic" not in columns:
-            raise ValueError(
-                "pymq sink needs a topic: set .option('topic', 'orders') or give a 'topic' column"
-            )
-        _check_columns(schema, _SEND_COLUMNS, action)
+        _check_send_input(schema, topic)
     else:
-        if group is None:
-            raise ValueError(
-                "pymq sink option consumerGroup is required with action=reconsumeLater: the rows "
-                "go back to %RETRY%<consumerGroup>"
-            )
-        missing = [c for c in _SEND_BACK_REQUIRED if c not in columns]
-        if missing:
-            raise ValueError(
-                f"pymq sink action=reconsumeLater needs the pymq source's columns {missing}; "
-                "pass rows read with format('pymq') (keep commit_log_offset, msg_id, topic, "
-                "broker_name, reconsume_times)"
-            )
-        _check_columns(schema, _SEND_BACK_COLUMNS, action)
-    max_reconsume = raw.get("maxReconsumeTimes")
+        _check_send_back_input(schema, group)
+    types = {f.name: _type_name(f.dataType) for f in schema.fields}
     return SinkOptions(
         backend=backend,
         topic=topic,
         action=action,
         send_mode=send_mode,
         producer_group=producer_group,
-        retry_times_when_send_failed=_int(raw, "retryTimesWhenSendFailed", 2, 0, 16),
-        retry_times_when_send_async_failed=_int(raw, "retryTimesWhenSendAsyncFailed", 0, 0, 16),
-        send_msg_timeout_ms=_int(raw, "sendMsgTimeoutMs", 3000, 1),
-        max_in_flight=_int(raw, "maxInFlight", DEFAULT_MAX_IN_FLIGHT, 1, 4096),
-        max_batch_bytes=_int(raw, "maxBatchBytes", DEFAULT_MAX_MESSAGE_SIZE, 1024, DEFAULT_MAX_MESSAGE_SIZE),
+        retry_times_when_send_failed=opts.integer_or_default("retryTimesWhenSendFailed"),
+        retry_times_when_send_async_failed=opts.integer_or_default("retryTimesWhenSendAsyncFailed"),
+        send_msg_timeout_ms=opts.integer_or_default("sendMsgTimeoutMs"),
+        max_in_flight=opts.integer_or_default("maxInFlight"),
+        max_batch_bytes=opts.integer_or_default("maxBatchBytes"),
         consumer_group=group,
-        max_reconsume_times=None if not max_reconsume else _int(raw, "maxReconsumeTimes", 16, 1),
-        delay_level=_int(raw, "delayLevel", 0, -1),
-        stage=raw.get("stage") or ("spark-stream-sink" if stream else "spark-sink"),
-        columns=columns,
+        max_reconsume_times=opts.integer("maxReconsumeTimes"),
+        delay_level=opts.integer_or_default("delayLevel"),
+        stage=opts.text("stage", "spark-stream-sink" if stream else "spark-sink"),
+        columns=tuple(f.name for f in schema.fields),
         keys_is_array=types.get("keys") == "array<string>",
         body_is_string=types.get("body") == "string",
         write_id=uuid.uuid4().hex,
         exactly_once=exactly_once,
-        checkpoint_location=checkpoint if exactly_once else None,
+        checkpoint_location=checkpoint,
     )
 
 

@@ -13,10 +13,8 @@ view             rows
 ``deadLetters``  one per dead letter of ``consumerGroup``: origin, reason, retries, body
 ===============  ==========================================================================
 
-Options: ``endpoint`` or ``namesrvAddr`` (+ ``accessKey``, ``secretKey``), ``view``,
-``consumerGroup``, ``topic``,
-``includeSystem`` (topics/queues: show %RETRY%, %DLQ% and system topics;
-default false), ``maxMessages`` (deadLetters, default 10000). Example::
+Options: :data:`~pyspark_pymq.spark.option_registry.VIEW_OPTIONS` (the README's view options
+table is rendered from it). Example::
 
     spark.read.format("pymq").option("endpoint", ep).option("view", "lag") \\
         .option("consumerGroup", "billing").load().show()
@@ -33,7 +31,8 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from ..backend.base import BackendConfig, parse_backend_options
 from ..client.admin import Admin
-from .options import _parse_group, unknown_option
+from .option_registry import VIEW_OPTIONS
+from .options import OptionValues, _parse_group
 
 __all__ = ["VIEWS", "ViewOptions", "ViewReader", "parse_view_options", "view_requested"]
 
@@ -49,8 +48,7 @@ VIEWS: dict[str, str] = {
                    "reason string, tags string, keys string, store_timestamp timestamp, "
                    "queue_offset bigint, body binary",
 }
-_VIEW_OPTIONS = ("endpoint", "namesrvAddr", "accessKey", "secretKey", "view", "consumerGroup", "topic",
-                 "includeSystem", "maxMessages")
+
 
 
 @dataclass(frozen=True)
@@ -68,33 +66,18 @@ def view_requested(options: Mapping[str, str]) -> bool:
 
 
 def parse_view_options(raw: Mapping[str, str]) -> ViewOptions:
-    """Validate a view read's options (errors name the option, the value and what to use)."""
-    canonical = {n.lower(): n for n in _VIEW_OPTIONS}
-    opts: dict[str, str] = {}
-    for key, value in raw.items():
-        name = canonical.get(str(key).lower())
-        if name is None:
-            raise unknown_option(key, _VIEW_OPTIONS, problem="does not apply to a view read",
-                                 known_label="View options")
-        opts[name] = str(value).strip()
-    backend = parse_backend_options(opts.get, "pymq option")
-    names = {v.lower(): v for v in VIEWS}
-    view = names.get(opts.get("view", "").lower())
-    if view is None:
-        raise ValueError(f"pymq option view={opts.get('view')!r} is not valid: use one of {', '.join(VIEWS)}")
+    """Validate a view read's options against VIEW_OPTIONS (errors name the option, the value
+    and what to use)."""
+    opts = OptionValues(VIEW_OPTIONS, raw, stream=None)
+    backend = parse_backend_options(opts.get, VIEW_OPTIONS.prefix)
+    if not opts.text("view"):
+        raise opts.bad("view", opts.get("view"), f"use one of {', '.join(VIEWS)}")
+    view = opts.choice("view")
     group = _parse_group(opts.get("consumerGroup"))
     if view == "deadLetters" and group is None:
         raise ValueError("pymq view deadLetters needs consumerGroup: whose %DLQ% topic to read")
-    include = opts.get("includeSystem", "false").lower()
-    if include not in ("true", "false"):
-        raise ValueError(
-            f"pymq option includeSystem={opts['includeSystem']!r} is not valid: use true or false"
-        )
-    max_messages = opts.get("maxMessages", "10000")
-    if not max_messages.isdigit() or int(max_messages) < 1:
-        raise ValueError(f"pymq option maxMessages={max_messages!r} is not valid: use an integer >= 1")
-    return ViewOptions(backend, view, group, opts.get("topic") or None,
-                       include == "true", int(max_messages))
+    return ViewOptions(backend, view, group, opts.get("topic") or None, opts.boolean("includeSystem"),
+                       opts.integer_or_default("maxMessages"))
 
 
 def _ts(ms: Any) -> datetime | None:

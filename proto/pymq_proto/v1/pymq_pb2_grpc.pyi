@@ -7,7 +7,7 @@ Names follow RocketMQ (RequestCode / ResponseCode / PullStatus / SendStatus)
 so that RocketMQ users recognise every call. Messages travel in RocketMQ's
 own shapes: properties use RocketMQ's encoding (name 0x01 value 0x02 ...),
 and a pull is answered with the stored commit-log records as they are, to be
-decoded by the client (see pyspark_pymq/client/codec.py for the layout).
+decoded by the client (see pymq_proto/record.py for the layout).
 """
 
 from collections import abc as _abc

@@ -1,0 +1,472 @@
+"""Every option of ``format("pymq")``, once: the one source of truth for parsers and docs.
+
+Three registries, one per kind of query:
+
+- :data:`SOURCE_OPTIONS`: ``spark.readStream`` / ``spark.read`` (parsed by
+  :func:`pyspark_pymq.spark.options.parse_source_options`);
+- :data:`SINK_OPTIONS`: ``df.writeStream`` / ``df.write`` (parsed by
+  :func:`pyspark_pymq.spark.sink_options.parse_sink_options`);
+- :data:`VIEW_OPTIONS`: ``spark.read.option("view", ...)``, the broker tables
+  (parsed by :func:`pyspark_pymq.spark.views.parse_view_options`).
+
+Each :class:`OptionSpec` says the option's name (as documented; Spark's
+options are case-insensitive), its type and bounds, its default, whether it
+applies to streams, batch queries or both, which broker it acts on, and what it
+does. The parsers resolve names, scopes, bounds, choices and defaults here;
+``python -m pyspark_pymq.spark.option_docs`` renders the option lists of
+``PymqDataSource``'s docstring and README.md from here, and
+``tests/test_option_docs.py`` fails when those differ from what it renders.
+
+``doc`` text is Markdown-flavoured: `code` in single backticks, links as
+``[text](#anchor)``; the renderers turn it into Markdown table cells or
+reStructuredText. It describes what the option does; type, default, scope and
+broker are columns of their own and are not repeated in it.
+
+This module only holds data: it imports nothing of Spark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ..client.producer import DEFAULT_MAX_MESSAGE_SIZE, SEND_MODES
+
+__all__ = [
+    "ACTIONS",
+    "DEFAULT_CONNECT_TIMEOUT_MS",
+    "DEFAULT_MAX_IN_FLIGHT",
+    "DEFAULT_POLL_TIMEOUT_MS",
+    "DEFAULT_PRODUCER_GROUP",
+    "DEFAULT_PULL_BATCH_SIZE",
+    "DEFAULT_PULL_MAX_BYTES",
+    "DEFAULT_READER_GROUP",
+    "DELIVERY_GUARANTEES",
+    "MAX_PULL_BATCH_SIZE",
+    "MAX_PULL_MAX_BYTES",
+    "REGISTRIES",
+    "SINK_OPTIONS",
+    "SOURCE_OPTIONS",
+    "VIEW_OPTIONS",
+    "OptionRegistry",
+    "OptionSpec",
+]
+
+OptionType = Literal["string", "integer", "boolean", "choice", "list", "json"]
+#: Which queries an option applies to: streams (readStream / writeStream), batch ones, or both.
+Scope = Literal["both", "stream", "batch"]
+#: Which broker the option acts on: the embedded pymq broker (endpoint), Apache RocketMQ, or both.
+BackendScope = Literal["both", "pymq", "rocketmq"]
+
+#: Group name used for pulls when the user gave none (batch reads, BROADCASTING).
+#: Nothing is ever committed under it.
+DEFAULT_READER_GROUP = "PYMQ_SPARK_READER"
+MAX_PULL_BATCH_SIZE = 100_000  # the broker answers at most this many messages per pull
+DEFAULT_PULL_BATCH_SIZE = 32_768
+# Measured on loopback: pulls answering ~1 MiB move 2-3x more bytes per second than
+# 4 MiB ones (gRPC and allocation costs grow faster than linearly past ~2 MiB).
+DEFAULT_PULL_MAX_BYTES = 1 << 20
+MAX_PULL_MAX_BYTES = 64 << 20
+DEFAULT_POLL_TIMEOUT_MS = 60_000
+DEFAULT_CONNECT_TIMEOUT_MS = 10_000
+
+ACTIONS = ("send", "reconsumeLater")
+DELIVERY_GUARANTEES = ("at-least-once", "exactly-once")
+DEFAULT_PRODUCER_GROUP = "PYMQ_SPARK_SINK"
+# Each request of the sink is a batch of up to maxBatchBytes (4 MiB), not one message: a
+# few in flight keep the broker busy, while 64 (the client's default) held ~200 MB per task
+# and were ~30% slower (BENCHMARKS.md), with the last requests near sendMsgTimeoutMs.
+DEFAULT_MAX_IN_FLIGHT = 4
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One option: what the parser checks and what the docs say.
+
+    ``default`` is the value the parser uses when the option is unset (None: unset
+    means "none", or the default depends on other options: ``default_doc`` then
+    says how). ``required`` says how the option is required, when it is
+    ("required", "`endpoint` or `namesrvAddr` required"). ``minimum`` and
+    ``maximum`` bound integers; ``choices`` are a choice's values as documented
+    (matched case-insensitively), ``aliases`` other spellings accepted for them.
+    """
+
+    name: str
+    type: OptionType
+    doc: str
+    default: str | int | bool | None = None
+    default_doc: str | None = None
+    required: str | None = None
+    scope: Scope = "both"
+    backend: BackendScope = "both"
+    minimum: int | None = None
+    maximum: int | None = None
+    choices: tuple[str, ...] = ()
+    aliases: tuple[tuple[str, str], ...] = ()  # (accepted spelling, choice)
+    section: str = ""  # where the parser handles it: where / what / start / end / limits / retries / ...
+
+    def __post_init__(self) -> None:
+        if self.type == "choice" and not self.choices:
+            raise ValueError(f"option {self.name}: a choice needs choices")
+        if self.type != "integer" and (self.minimum is not None or self.maximum is not None):
+            raise ValueError(f"option {self.name}: only integers have bounds")
+
+    def choice(self, value: str) -> str | None:
+        """``value`` as one of ``choices`` (case-insensitive, aliases resolved), else None."""
+        low = value.lower()
+        for choice in self.choices:
+            if choice.lower() == low:
+                return choice
+        for alias, choice in self.aliases:
+            if alias.lower() == low:
+                return choice
+        return None
+
+
+@dataclass(frozen=True)
+class OptionRegistry:
+    """The options of one kind of query, in documentation order."""
+
+    kind: str  # "source", "sink" or "view": names the regions of the rendered docs
+    options: tuple[OptionSpec, ...]
+    prefix: str  # how errors name an option: "pymq option", "pymq sink option"
+    known_label: str  # "Known options": heads the list in an unknown-option error
+    stream_api: str  # readStream / writeStream: for the scope column and errors
+    batch_api: str  # read / write
+    stream_words: tuple[str, str]  # ("a stream", "streams (spark.readStream)")
+    batch_words: tuple[str, str]  # ("a batch read", "batch reads (spark.read)")
+    scoped: bool = True  # False: every option applies to one kind of query; no scope column
+    unknown: str = "is unknown"  # what an unknown-option error says of the name
+    _by_lower: dict[str, OptionSpec] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        by_lower = {spec.name.lower(): spec for spec in self.options}
+        if len(by_lower) != len(self.options):
+            raise ValueError(f"{self.kind} options: a name is registered twice")
+        object.__setattr__(self, "_by_lower", by_lower)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(spec.name for spec in self.options)
+
+    def lookup(self, key: object) -> OptionSpec | None:
+        """The option named ``key`` in any case (Spark lower-cases option names), else None."""
+        return self._by_lower.get(str(key).lower())
+
+    def __getitem__(self, name: str) -> OptionSpec:
+        spec = self.lookup(name)
+        if spec is None:
+            raise KeyError(name)
+        return spec
+
+    def __iter__(self) -> Iterator[OptionSpec]:
+        return iter(self.options)
+
+    def __len__(self) -> int:
+        return len(self.options)
+
+
+# -- where: shared by every registry -------------------------------------------------------
+
+_ENDPOINT_OR_NAMESRV = "`endpoint` or `namesrvAddr` required"
+ENDPOINT = OptionSpec(
+    "endpoint", "string", section="where", backend="pymq", required=_ENDPOINT_OR_NAMESRV,
+    doc="`host:port` of a pymq broker: the address `pymq-broker` prints (`pymq broker listening on "
+        "HOST:PORT`) or `EmbeddedBroker.endpoint`. Set exactly one of `endpoint` and `namesrvAddr`.",
+)
+NAMESRV_ADDR = OptionSpec(
+    "namesrvAddr", "string", section="where", backend="rocketmq", required=_ENDPOINT_OR_NAMESRV,
+    doc="Apache RocketMQ's name servers, `host:9876;host2:9876` "
+        "(see [Use with Apache RocketMQ](#use-with-apache-rocketmq)): requests go to the brokers of each "
+        "topic's route.",
+)
+ACCESS_KEY = OptionSpec(
+    "accessKey", "string", section="where", backend="rocketmq",
+    doc="RocketMQ ACL access key, with `secretKey` (both or neither) and `namesrvAddr`: every request "
+        "is signed as RocketMQ's `AclClientRPCHook` signs it.",
+)
+SECRET_KEY = OptionSpec(
+    "secretKey", "string", section="where", backend="rocketmq",
+    doc="RocketMQ ACL secret key, with `accessKey`; it never shows in plans, logs or error messages.",
+)
+_WHERE = (ENDPOINT, NAMESRV_ADDR, ACCESS_KEY, SECRET_KEY)
+
+
+# -- the source ------------------------------------------------------------------------------
+
+_SOURCE = (
+    *_WHERE,
+    # what
+    OptionSpec(
+        "topic", "list", section="what", required="required",
+        doc="one topic or a comma-separated list (`orders,payments`; a topic named twice is read "
+            "once). Names are 1-127 letters, digits, `%`, `|`, `_` or `-`, so `%RETRY%<group>` and "
+            "`%DLQ%<group>` can be read too.",
+    ),
+    OptionSpec(
+        "consumerGroup", "string", section="what",
+        doc="the consumer group: 1-127 letters, digits, `|`, `_` or `-`. Required for streams in "
+            "CLUSTERING, whose progress on the broker is the group's; batch reads need none (their "
+            f"pulls carry `{DEFAULT_READER_GROUP}`, under which nothing is committed).",
+    ),
+    OptionSpec(
+        "messageModel", "choice", section="what", default="CLUSTERING",
+        choices=("CLUSTERING", "BROADCASTING"),
+        doc="`CLUSTERING`: Spark's commits of a stream become the group's progress on the broker, and "
+            "retries are read along. `BROADCASTING`: nothing is written to the broker and there are "
+            "no retries; progress lives in Spark's checkpoint only.",
+    ),
+    OptionSpec(
+        "subscription", "string", section="what", default="*",
+        doc="which messages, filtered on the broker: a tag expression such as `*` or `TagA || TagB`; "
+            "with `subscriptionType=SQL92` a filter on user properties such as "
+            "`amount > 100 AND region IN ('eu')`.",
+    ),
+    OptionSpec(
+        "subscriptionType", "choice", section="what", default="TAG", choices=("TAG", "SQL92"),
+        doc="how `subscription` is read: `TAG`, a tag expression; `SQL92`, RocketMQ's filter on user "
+            "properties, whose syntax is checked before the query starts. The broker must allow SQL92: "
+            "`pymq-broker --enable-property-filter`, or `enablePropertyFilter=true` on RocketMQ.",
+    ),
+    # where reading starts
+    OptionSpec(
+        "startingOffsets", "json", section="start",
+        default_doc="streams: `group` (CLUSTERING); batch: `earliest`",
+        doc="where reading starts. `group`: the group's progress on the broker, else "
+            "`consumeFromWhere` (CLUSTERING only); `earliest`; `latest` (streams: a batch read would "
+            'read nothing); or JSON `{"orders": {"broker-a:0": 42, "broker-a:1": -2}}` (-2 earliest, '
+            '-1 latest; a key `"1"` means queue 1 on any broker; unlisted queues start at earliest). '
+            "A BROADCASTING stream without it starts where `consumeFromWhere` says.",
+    ),
+    OptionSpec(
+        "startingTimestamp", "integer", section="start", minimum=0,
+        doc="milliseconds since the epoch: each queue starts at its first message stored at or after "
+            "it. Instead of `startingOffsets` and `lastMessagesPerQueue`.",
+    ),
+    OptionSpec(
+        "consumeFromWhere", "choice", section="start", default="CONSUME_FROM_LAST_OFFSET",
+        choices=("CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_FIRST_OFFSET", "CONSUME_FROM_TIMESTAMP"),
+        aliases=(
+            ("LAST", "CONSUME_FROM_LAST_OFFSET"),
+            ("LAST_OFFSET", "CONSUME_FROM_LAST_OFFSET"),
+            ("FIRST", "CONSUME_FROM_FIRST_OFFSET"),
+            ("FIRST_OFFSET", "CONSUME_FROM_FIRST_OFFSET"),
+            ("TIMESTAMP", "CONSUME_FROM_TIMESTAMP"),
+        ),
+        doc="where `startingOffsets=group` starts on a queue where the group has no progress, and "
+            "where a BROADCASTING stream starts (RocketMQ's names): the queue's end (new messages "
+            "only), its first message, or `consumeTimestamp`.",
+    ),
+    OptionSpec(
+        "consumeTimestamp", "integer", section="start", minimum=0,
+        doc="milliseconds since the epoch, for `consumeFromWhere=CONSUME_FROM_TIMESTAMP` (which needs "
+            "it, and only it takes it): start at the first message stored at or after it.",
+    ),
+    # where a batch read ends
+    OptionSpec(
+        "endingOffsets", "json", section="end", scope="batch", default="latest",
+        doc="where the read ends (exclusive): `latest`, resolved once when the read is planned, or "
+            'JSON `{"orders": {"broker-a:0": 100}}` (-1 latest; unlisted queues end at latest).',
+    ),
+    OptionSpec(
+        "endingTimestamp", "integer", section="end", scope="batch", minimum=0,
+        doc="milliseconds since the epoch: each queue ends before its first message stored at or "
+            "after it. Instead of `endingOffsets`; not before `startingTimestamp`.",
+    ),
+    OptionSpec(
+        "lastMessagesPerQueue", "integer", section="start", scope="batch", minimum=1,
+        doc="the last N messages of each queue (before the end `endingOffsets` or `endingTimestamp` "
+            "sets). Instead of `startingOffsets` and `startingTimestamp`.",
+    ),
+    # limits
+    OptionSpec(
+        "maxMessagesPerTrigger", "integer", section="limits", scope="stream", minimum=1,
+        default_doc="all",
+        doc="at most N messages per micro-batch, shared among queues by backlog; it counts queue "
+            "offsets, so a filtered subscription returns fewer rows. `Trigger.AvailableNow` honours "
+            "it over several batches.",
+    ),
+    OptionSpec(
+        "failOnDataLoss", "boolean", section="limits", default=True,
+        doc="what happens when messages to read are gone (expired by `fileReservedTime`, topic "
+            "deleted or recreated): `true` fails the query saying what was lost; `false` logs it "
+            "and skips ahead.",
+    ),
+    OptionSpec(
+        "includeRetry", "boolean", section="retries",
+        default_doc="streams in CLUSTERING with a `consumerGroup`: `true`; else `false`",
+        doc="read `%RETRY%<consumerGroup>` too (needs `consumerGroup` and CLUSTERING). A retried "
+            "message shows its original topic in `topic` and the retry topic in `retry_topic`.",
+    ),
+    OptionSpec(
+        "pullBatchSize", "integer", section="limits", default=DEFAULT_PULL_BATCH_SIZE,
+        minimum=1, maximum=MAX_PULL_BATCH_SIZE,
+        doc="at most this many messages per pull. RocketMQ's brokers answer at most "
+            "`maxTransferCountOnMessageInMemory` (32) per pull, so an unfiltered pull goes out to "
+            "them as up to 64 pulls in flight.",
+    ),
+    OptionSpec(
+        "pullMaxBytes", "integer", section="limits", backend="pymq", default=DEFAULT_PULL_MAX_BYTES,
+        minimum=1, maximum=MAX_PULL_MAX_BYTES,
+        doc="at most this many bytes per pull (~1 MiB answers are the fastest over gRPC). RocketMQ's "
+            "brokers apply their own `maxTransferBytesOnMessageInMemory` instead.",
+    ),
+    OptionSpec(
+        "pollTimeoutMs", "integer", section="limits", default=DEFAULT_POLL_TIMEOUT_MS, minimum=1,
+        doc="timeout of one pull in a task; a broker that does not answer (restarting, or crashed in "
+            "a cluster) is asked again until its pulls have failed for this long.",
+    ),
+    OptionSpec(
+        "connectTimeoutMs", "integer", section="limits", default=DEFAULT_CONNECT_TIMEOUT_MS,
+        minimum=1,
+        doc="timeout of the driver's calls to the broker (routes, offsets, progress): an unreachable "
+            "broker fails the query within it, naming the endpoint.",
+    ),
+    OptionSpec(
+        "minPartitions", "integer", section="limits", minimum=1, default_doc="one per queue",
+        doc="split large ranges so that a batch has at least this many Spark partitions (shared by "
+            "size, as Spark's Kafka source does).",
+    ),
+    OptionSpec(
+        "maxMessagesPerPartition", "integer", section="limits", minimum=1, default_doc="no limit",
+        doc="split ranges larger than this: no Spark partition reads more messages.",
+    ),
+)
+
+
+# -- the sink --------------------------------------------------------------------------------
+
+_SINK = (
+    *_WHERE,
+    OptionSpec(
+        "topic", "string", section="what",
+        doc="the topic to write to when there is no `topic` column (a row's non-null `topic` wins). "
+            "One topic: use a `topic` column for several.",
+    ),
+    OptionSpec(
+        "action", "choice", section="what", default="send", choices=ACTIONS,
+        doc="`send`: produce the rows as messages; `reconsumeLater`: send rows read from a pymq source "
+            "back to `%RETRY%<consumerGroup>` (RocketMQ's send back: after `maxReconsumeTimes` "
+            "retries they go to `%DLQ%<consumerGroup>`).",
+    ),
+    OptionSpec(
+        "sendMode", "choice", section="send", default="sync", choices=SEND_MODES,
+        doc="`sync`: every batch acknowledged; a timeout, an unreachable or a busy broker is retried "
+            "`retryTimesWhenSendFailed` times, on another broker where there is one, unless a "
+            "`queue_id` or `sharding_key` column pins the queue. `async`: a bounded in-flight window; "
+            "the task still waits for every acknowledgement and fails on a failed one; not retried "
+            "unless `retryTimesWhenSendAsyncFailed` > 0, as in RocketMQ. `oneway`: **lossy**, a failed "
+            "send does not fail the task (the executor log says how many rows were not acknowledged); "
+            "a send that can never succeed, such as to a topic without write permission, still fails it.",
+    ),
+    OptionSpec(
+        "deliveryGuarantee", "choice", section="send", default="at-least-once", choices=DELIVERY_GUARANTEES,
+        doc="`exactly-once` (`writeStream` with `action=send`, pymq `endpoint` only for now): each "
+            "micro-batch's rows are half messages committed with the batch, so consumers see every "
+            "row once. It needs a local or mounted "
+            "`checkpointLocation` and `sendMode` `sync` or `async`.",
+    ),
+    OptionSpec(
+        "producerGroup", "string", section="send", default=DEFAULT_PRODUCER_GROUP,
+        default_doc=f"`{DEFAULT_PRODUCER_GROUP}`; with `exactly-once`: `{DEFAULT_PRODUCER_GROUP}_TX_<hash>`",
+        doc="RocketMQ's producer group (PGROUP). With `deliveryGuarantee=exactly-once` it is the group "
+            "the broker's check-backs go to, so the default is one per checkpoint.",
+    ),
+    OptionSpec(
+        "retryTimesWhenSendFailed", "integer", section="retries", default=2, minimum=0, maximum=16,
+        doc="`sendMode=sync`: retries of a failed send.",
+    ),
+    OptionSpec(
+        "retryTimesWhenSendAsyncFailed", "integer", section="retries", default=0, minimum=0, maximum=16,
+        doc="`sendMode=async`: retries of a failed send.",
+    ),
+    OptionSpec(
+        "sendMsgTimeoutMs", "integer", section="limits", default=3000, minimum=1,
+        doc="timeout of one send request (a batch of up to `maxBatchBytes`).",
+    ),
+    OptionSpec(
+        "maxInFlight", "integer", section="limits", default=DEFAULT_MAX_IN_FLIGHT, minimum=1, maximum=4096,
+        doc="`async` and `oneway`: unanswered batches (of up to `maxBatchBytes`) per task.",
+    ),
+    OptionSpec(
+        "maxBatchBytes", "integer", section="limits", default=DEFAULT_MAX_MESSAGE_SIZE,
+        minimum=1024, maximum=DEFAULT_MAX_MESSAGE_SIZE,
+        default_doc=f"{DEFAULT_MAX_MESSAGE_SIZE} (4 MiB)",
+        doc="rows go out as batches of up to this many bytes.",
+    ),
+    OptionSpec(
+        "consumerGroup", "string", section="send back",
+        doc="`reconsumeLater` (required there): the group whose `%RETRY%` topic the rows go back to.",
+    ),
+    OptionSpec(
+        "maxReconsumeTimes", "integer", section="send back", minimum=1, default_doc="the group's (16)",
+        doc="`reconsumeLater`: retries before a message goes to `%DLQ%<consumerGroup>`.",
+    ),
+    OptionSpec(
+        "delayLevel", "integer", section="send back", default=0, minimum=-1,
+        doc="`reconsumeLater`: the delay level of the retry; 0 = RocketMQ's 3 + retries, -1 = straight "
+            "to the DLQ. A row's `delay_level` column overrides it.",
+    ),
+    OptionSpec(
+        "stage", "string", section="send back", backend="pymq",
+        default_doc="`spark-stream-sink` (`writeStream`), `spark-sink` (`write`)",
+        doc="`reconsumeLater`: the name each message sent back keeps in its `CONSUME_FAILURE_STAGE` "
+            "property, next to the error, the query id and the batch id, so a dead letter says which "
+            "step failed it (the listener helper writes `listener`). RocketMQ's send back keeps no "
+            "properties.",
+    ),
+)
+
+
+# -- the broker tables -------------------------------------------------------------------------
+
+_VIEW = (
+    *_WHERE,
+    OptionSpec(
+        "view", "choice", section="what", required="required",
+        choices=("topics", "queues", "groups", "lag", "deadLetters"),
+        doc="the table: `topics` (one row per topic), `queues` (per queue), `groups` (per consumer "
+            "group, with its retry settings), `lag` (per queue a group has progress on), "
+            "`deadLetters` (per dead letter of `consumerGroup`).",
+    ),
+    OptionSpec(
+        "consumerGroup", "string", section="what",
+        doc="`lag`: the group (without it, every group); `deadLetters` (required there): whose "
+            "`%DLQ%` topic.",
+    ),
+    OptionSpec(
+        "topic", "string", section="what",
+        doc="`topics`, `queues` and `lag`: this topic only.",
+    ),
+    OptionSpec(
+        "includeSystem", "boolean", section="what", default=False,
+        doc="`topics` and `queues`: show `%RETRY%`, `%DLQ%` and system topics too.",
+    ),
+    OptionSpec(
+        "maxMessages", "integer", section="limits", default=10000, minimum=1,
+        doc="`deadLetters`: at most this many rows.",
+    ),
+)
+
+SOURCE_OPTIONS = OptionRegistry(
+    "source", _SOURCE, prefix="pymq option", known_label="Known options",
+    stream_api="readStream", batch_api="read",
+    stream_words=("a stream", "streams (spark.readStream)"),
+    batch_words=("a batch read", "batch reads (spark.read)"),
+)
+SINK_OPTIONS = OptionRegistry(
+    "sink", _SINK, prefix="pymq sink option", known_label="Known sink options",
+    stream_api="writeStream", batch_api="write",
+    stream_words=("a streaming write", "streaming writes (df.writeStream)"),
+    batch_words=("a batch write", "batch writes (df.write)"),
+)
+VIEW_OPTIONS = OptionRegistry(
+    "view", _VIEW, prefix="pymq option", known_label="View options",
+    stream_api="readStream", batch_api="read",
+    stream_words=("a stream", "streams (spark.readStream)"),
+    batch_words=("a view read", "view reads (spark.read)"),
+    scoped=False,
+    unknown="does not apply to a view read",
+)
+REGISTRIES: tuple[OptionRegistry, ...] = (SOURCE_OPTIONS, SINK_OPTIONS, VIEW_OPTIONS)

@@ -1,0 +1,38 @@
+"""The topic names broker and clients agree on: a consumer group's retry and dead-letter topics.
+
+RocketMQ's (MixAll): a message a consumer of group G sends back is stored in
+``%RETRY%G``; past its maximum reconsume times it goes to ``%DLQ%G`` instead.
+The broker's other reserved topics are its own business (``pymq_broker.common.mix_all``).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DLQ_GROUP_TOPIC_PREFIX",
+    "RETRY_GROUP_TOPIC_PREFIX",
+    "get_dlq_topic",
+    "get_retry_topic",
+    "is_dlq_topic",
+    "is_retry_topic",
+]
+
+RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
+DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
+
+
+def get_retry_topic(group: str) -> str:
+    """``%RETRY%<group>``."""
+    return RETRY_GROUP_TOPIC_PREFIX + group
+
+
+def get_dlq_topic(group: str) -> str:
+    """``%DLQ%<group>``."""
+    return DLQ_GROUP_TOPIC_PREFIX + group
+
+
+def is_retry_topic(topic: str) -> bool:
+    return topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
+
+
+def is_dlq_topic(topic: str) -> bool:
+    return topic.startswith(DLQ_GROUP_TOPIC_PREFIX)

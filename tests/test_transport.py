@@ -1,0 +1,317 @@
+"""The typed broker transport (client/transport.py) and errors that say whether to retry them.
+
+Broker-facing tests run against a real broker process (the ``broker``
+fixture); a frozen broker (SIGSTOP) stands for one that does not answer in time.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from pathlib import Path
+
+import grpc
+import pytest
+from broker_process import BrokerProcess
+from pymq_proto.v1 import pymq_pb2
+from pyspark_pymq import Admin, Message, Producer
+from pyspark_pymq import errors as errors_module
+from pyspark_pymq.client.message import SendStatus
+from pyspark_pymq.client.transport import BrokerClient, ResponseStream, StreamRpc, UnaryRpc
+from pyspark_pymq.errors import (
+    BrokerUnavailableError,
+    IllegalArgumentError,
+    MessageIllegalError,
+    NoPermissionError,
+    OffsetIllegalError,
+    PymqError,
+    RequestTimeoutError,
+    SubscriptionParseError,
+    SystemBusyError,
+    TopicExistError,
+    TopicNotExistError,
+    error_for_code,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "connector" / "pyspark_pymq"
+TRANSPORT = PACKAGE / "client" / "transport.py"
+
+
+# -- retriable errors (unit) ---------------------------------------------------------------
+
+# As RocketMQ's producer retries: connection failures and timeouts (RemotingException),
+# SERVICE_NOT_AVAILABLE and SYSTEM_BUSY. TOPIC_NOT_EXIST and NO_PERMISSION, which RocketMQ
+# also retries for stale name-server routes, are the topic's own state in pymq (see errors.py).
+RETRIABLE = {
+    PymqError: False,
+    TopicNotExistError: False,
+    TopicExistError: False,
+    MessageIllegalError: False,
+    NoPermissionError: False,
+    SubscriptionParseError: False,
+    SystemBusyError: True,
+    IllegalArgumentError: False,
+    OffsetIllegalError: False,
+    BrokerUnavailableError: True,
+    RequestTimeoutError: True,
+}
+
+
+def test_every_error_class_says_whether_a_retry_may_mend_it() -> None:
+    exported = {
+        obj for name in errors_module.__all__
+        if isinstance(obj := getattr(errors_module, name), type) and issubclass(obj, PymqError)
+    }
+    assert exported == set(RETRIABLE), "classify every error class of errors.py here"
+    for cls, retriable in RETRIABLE.items():
+        assert cls.retriable is retriable, cls.__name__
+        err = cls("x")
+        assert err.retriable is retriable, cls.__name__
+        # re-raised with a better message (as the Spark modules do): still the same answer
+        assert type(err)(f"while doing y: {err.remark}", code=err.code).retriable is retriable
+
+
+def test_broker_codes_become_errors_that_say_whether_to_retry() -> None:
+    for code, retriable in [
+        ("SYSTEM_BUSY", True), ("SERVICE_NOT_AVAILABLE", True), ("REQUEST_TIMEOUT", True),
+        ("TOPIC_NOT_EXIST", False), ("NO_PERMISSION", False), ("MESSAGE_ILLEGAL", False),
+        ("ILLEGAL_ARGUMENT", False), ("PULL_OFFSET_MOVED", False), ("SYSTEM_ERROR", False),
+        ("SOME_FUTURE_CODE", False),
+    ]:
+        err = error_for_code(code, "remark")
+        assert err.code == code and err.retriable is retriable, code
+
+
+def test_rocketmq_flow_control_answers_are_retriable() -> None:
+    from pyspark_pymq.rocketmq.protocol import RemotingCommand, ResponseCode, response_error
+
+    for code in (ResponseCode.FLOW_CONTROL, ResponseCode.POLLING_FULL, ResponseCode.SYSTEM_BUSY):
+        err = response_error(RemotingCommand.response(code, 1, "busy"), "10.0.0.1:10911", "SEND_MESSAGE")
+        assert isinstance(err, SystemBusyError) and err.retriable
+    err = response_error(RemotingCommand.response(ResponseCode.MESSAGE_ILLEGAL, 1, "big"), "a:1", "SEND")
+    assert not err.retriable
+
+
+def test_the_producer_has_no_list_of_retriable_classes() -> None:
+    from pyspark_pymq.client import producer
+
+    assert not hasattr(producer, "RETRYABLE")
+
+
+# -- the transport (unit) --------------------------------------------------------------------
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def test_every_rpc_of_the_service_is_a_typed_attribute_of_the_client() -> None:
+    client = BrokerClient("127.0.0.1:1")
+    service = pymq_pb2.DESCRIPTOR.services_by_name["Broker"]
+    assert len(service.methods) >= 23
+    for method in service.methods:
+        rpc = getattr(client, _snake(method.name))
+        assert isinstance(rpc, StreamRpc if method.server_streaming else UnaryRpc), method.name
+        assert rpc.name == method.name and rpc.endpoint == "127.0.0.1:1"
+        if isinstance(rpc, UnaryRpc):
+            assert rpc.timeout == client.timeout == 10.0
+
+
+def test_client_survives_pickling_with_its_endpoint_and_timeout() -> None:
+    client = pickle.loads(pickle.dumps(BrokerClient("127.0.0.1:1", timeout=2.5)))
+    assert (client.endpoint, client.timeout, client.pull_message.timeout) == ("127.0.0.1:1", 2.5, 2.5)
+
+
+def _imports(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return names
+
+
+def test_only_the_transport_imports_grpc() -> None:
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path == TRANSPORT:
+            continue
+        for name in _imports(path):
+            if name == "grpc" or name.startswith("grpc.") or name.endswith("pymq_pb2_grpc"):
+                offenders.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not offenders, "only client/transport.py may talk gRPC:\n" + "\n".join(offenders)
+    assert "grpc" in _imports(TRANSPORT)
+
+
+def test_connector_calls_rpcs_by_attribute_not_by_name() -> None:
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        assert not re.search(r"\.call(_future)?\(\s*\"[A-Z]", text), f"{path} calls an RPC by its name"
+
+
+def test_mypy_knows_each_rpcs_request_and_response_types(tmp_path: Path) -> None:
+    pytest.importorskip("mypy")
+    snippet = tmp_path / "typed_calls.py"
+    snippet.write_text(
+        "from pymq_proto.v1 import pymq_pb2\n"
+        "from pyspark_pymq.client.transport import BrokerClient\n"
+        "client = BrokerClient('127.0.0.1:1')\n"
+        "reveal_type(client.pull_message(pymq_pb2.PullMessageRequest()))\n"
+        "reveal_type(client.send_message.future(pymq_pb2.SendMessageRequest(), then=lambda r: r.queue_id))\n"
+        "client.send_message(pymq_pb2.PullMessageRequest())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-error-summary", str(snippet)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    ).stdout
+    assert 'Revealed type is "pymq_proto.v1.pymq_pb2.PullMessageResponse"' in out, out
+    assert re.search(r'Revealed type is "concurrent\.futures\._base\.Future\[(builtins\.)?int\]"', out), out
+    assert re.search(r':6: error: .*incompatible type "PullMessageRequest"; expected "SendMessageRequest"',
+                     out), out
+
+
+# -- the transport against a real broker ---------------------------------------------------------
+
+
+@contextmanager
+def frozen(broker: BrokerProcess, seconds: float | None = None) -> Iterator[None]:
+    """The broker stopped (SIGSTOP): connected, but answering nothing, until the block ends
+    (or, with ``seconds``, until that long after it began)."""
+    os.kill(broker.pid, signal.SIGSTOP)
+    timer = threading.Timer(seconds, os.kill, (broker.pid, signal.SIGCONT)) if seconds else None
+    if timer is not None:
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()
+        os.kill(broker.pid, signal.SIGCONT)
+
+
+def test_typed_calls_return_typed_answers_and_raise_pymq_errors(endpoint: str) -> None:
+    client = BrokerClient(endpoint, timeout=5.0)
+    made = client.create_topic(pymq_pb2.CreateTopicRequest(
+        config=pymq_pb2.TopicConfig(topic_name="typed", read_queue_nums=2, write_queue_nums=2, perm=6)))
+    assert isinstance(made, pymq_pb2.CreateTopicResponse) and made.config.topic_name == "typed"
+    route = client.query_route(pymq_pb2.QueryRouteRequest(topic="typed"))
+    assert isinstance(route, pymq_pb2.TopicRouteData) and route.topic == "typed"
+    with pytest.raises(TopicNotExistError, match="nope") as info:
+        client.topic_stats(pymq_pb2.TopicStatsRequest(topic="nope"))
+    assert not isinstance(info.value, grpc.RpcError) and not info.value.retriable
+    # a future holds the same error, or what ``then`` made of the answer
+    fut = client.topic_stats.future(pymq_pb2.TopicStatsRequest(topic="nope"))
+    assert isinstance(fut, Future)
+    with pytest.raises(TopicNotExistError):
+        fut.result(10)
+    stats = pymq_pb2.TopicStatsRequest(topic="typed")
+    queues = client.topic_stats.future(stats, then=lambda r: len(r.queues))
+    assert queues.result(10) == 2
+
+    def boom(resp: pymq_pb2.TopicStatsResponse) -> int:
+        raise ValueError("bad answer")
+
+    with pytest.raises(ValueError, match="bad answer"):
+        client.topic_stats.future(stats, then=boom).result(10)
+
+
+def test_unreachable_and_silent_brokers_raise_retriable_errors(broker: BrokerProcess) -> None:
+    with pytest.raises(BrokerUnavailableError, match=r"127\.0\.0\.1:1") as info:
+        BrokerClient("127.0.0.1:1", timeout=5.0).broker_runtime_info(pymq_pb2.BrokerRuntimeInfoRequest())
+    assert info.value.retriable
+    client = BrokerClient(broker.endpoint, timeout=0.5)
+    client.broker_runtime_info(pymq_pb2.BrokerRuntimeInfoRequest())  # connected
+    with frozen(broker):
+        with pytest.raises(RequestTimeoutError, match="BrokerRuntimeInfo") as timed_out:
+            client.broker_runtime_info(pymq_pb2.BrokerRuntimeInfoRequest())
+        assert timed_out.value.retriable
+        with pytest.raises(RequestTimeoutError):
+            client.broker_runtime_info.future(pymq_pb2.BrokerRuntimeInfoRequest(), 0.3).result(10)
+    assert client.broker_runtime_info(pymq_pb2.BrokerRuntimeInfoRequest()).broker_name
+
+
+def test_a_cancelled_stream_ends_with_a_pymq_error(endpoint: str) -> None:
+    stream = BrokerClient(endpoint).transaction_stream(pymq_pb2.TransactionStreamRequest(producer_group="g"))
+    assert isinstance(stream, ResponseStream)
+    failure: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            for _ in stream:
+                pass
+        except BaseException as err:
+            failure.append(err)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    time.sleep(0.3)
+    stream.cancel()
+    reader.join(10)
+    assert len(failure) == 1 and isinstance(failure[0], PymqError), failure
+    assert not isinstance(failure[0], grpc.RpcError) and not failure[0].retriable
+
+
+# -- the producer retries what says it is retriable (real broker) ----------------------------------
+
+
+def test_producer_retries_a_timeout_and_the_send_succeeds(broker: BrokerProcess) -> None:
+    ep = broker.endpoint
+    Admin(ep).create_topic("slow", queues=1)
+    once = Producer(ep, retry_times_when_send_failed=0, send_msg_timeout_ms=500)
+    retrying = Producer(ep, retry_times_when_send_failed=2, send_msg_timeout_ms=800)
+    for p in (once, retrying):
+        p.send(Message("slow", b"warm"))  # route cached, channel connected
+    with frozen(broker), pytest.raises(RequestTimeoutError, match="after 1 attempts"):
+        once.send(Message("slow", b"x"))
+    start = time.monotonic()
+    with frozen(broker, seconds=1.0):
+        result = retrying.send(Message("slow", b"y"))
+        elapsed = time.monotonic() - start
+    assert result.status == SendStatus.SEND_OK
+    assert elapsed >= 0.8, "the first attempt timed out, the send came from a retry"
+
+
+def test_async_producer_retries_a_timeout_when_told_to(broker: BrokerProcess) -> None:
+    ep = broker.endpoint
+    Admin(ep).create_topic("slow-async", queues=1)
+    once = Producer(ep, send_mode="async", send_msg_timeout_ms=500)
+    retrying = Producer(ep, send_mode="async", retry_times_when_send_async_failed=2, send_msg_timeout_ms=800)
+    for p in (once, retrying):
+        p.send(Message("slow-async", b"warm")).result(10)
+    with frozen(broker):
+        failed = once.send(Message("slow-async", b"x"))
+        with pytest.raises(RequestTimeoutError):
+            failed.result(10)
+    with frozen(broker, seconds=1.0):
+        sent = retrying.send(Message("slow-async", b"y"))
+        assert sent.result(10).status == SendStatus.SEND_OK
+
+
+def test_producer_does_not_retry_what_is_not_retriable(
+    endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    admin = Admin(endpoint)
+    admin.create_topic("gone", queues=1)
+    producer = Producer(endpoint, retry_times_when_send_failed=2)
+    producer.send(Message("gone", b"x"))  # the route stays cached
+    admin.delete_topic("gone")
+    with pytest.raises(TopicNotExistError) as info:
+        producer.send(Message("gone", b"y"))
+    assert "attempts" not in str(info.value), "TOPIC_NOT_EXIST was retried"
+    # the decision is the error's: made retriable, the same answer is tried 3 times
+    monkeypatch.setattr(TopicNotExistError, "retriable", True)
+    with pytest.raises(TopicNotExistError, match=r"after 3 attempts"):
+        producer.send(Message("gone", b"z"))
