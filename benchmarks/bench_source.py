@@ -110,7 +110,7 @@ def _synthetic_batch(body_size: int, rows: int) -> Any:
     batch = _BATCHES.get((body_size, rows))
     if batch is None:
         from pymq_proto.record import encode_properties, encode_record, store_host_bytes
-        from pyspark_pymq.backend.pymq_arrow import decode_records
+        from pyspark_pymq.backend.pymq_arrow import decode_to_arrow
 
         host = store_host_bytes("127.0.0.1", 8081)
         records = b"".join(
@@ -125,7 +125,7 @@ def _synthetic_batch(body_size: int, rows: int) -> Any:
             )
             for i in range(rows)
         )
-        batch = decode_records(records, topic="bench", broker_name="broker-a", retry=False)
+        batch = decode_to_arrow(records, topic="bench", broker_name="broker-a", retry=False)
         _BATCHES[(body_size, rows)] = batch
     return batch
 

@@ -19,12 +19,12 @@ from pymq_proto.record import encode_properties, encode_record, store_host_bytes
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 from pyspark_pymq.backend.pymq_arrow import (
-    decode_records,
+    decode_to_arrow,
     empty_batch,
     find_record_starts,
     messages_to_batch,
 )
-from pyspark_pymq.client.codec import decode_records as decode_messages
+from pyspark_pymq.client.codec import decode_messages
 from pyspark_pymq.client.message import MessageQueue
 from pyspark_pymq.spark.data_loss import DataLossError, report_data_loss
 from pyspark_pymq.spark.micro_batch_stream import PymqMicroBatchStream
@@ -349,13 +349,13 @@ def test_vectorised_decoder_matches_the_client_decoder(
     props: list[dict[str, str]] | None,
 ) -> None:
     raw = records(37, props=props)
-    assert_same(decode_records(raw, topic="orders", broker_name="broker-a", retry=False), raw,
+    assert_same(decode_to_arrow(raw, topic="orders", broker_name="broker-a", retry=False), raw,
                 "orders", False)
 
 
 def test_retry_rows_show_the_original_topic() -> None:
     raw = records(5, topic="%RETRY%g", props=[{"RETRY_TOPIC": "orders", "UNIQ_KEY": "U"}, {}])
-    batch = decode_records(raw, topic="%RETRY%g", broker_name="broker-a", retry=True)
+    batch = decode_to_arrow(raw, topic="%RETRY%g", broker_name="broker-a", retry=True)
     assert_same(batch, raw, "%RETRY%g", True)
     assert batch.column("topic").to_pylist() == ["orders", "%RETRY%g"] * 2 + ["orders"]
     assert set(batch.column("retry_topic").to_pylist()) == {"%RETRY%g"}
@@ -363,7 +363,7 @@ def test_retry_rows_show_the_original_topic() -> None:
 
 def test_decoder_stops_at_the_range_end_and_handles_odd_properties() -> None:
     raw = records(10, first_offset=100)
-    batch = decode_records(raw, topic="orders", broker_name="broker-a", retry=False,
+    batch = decode_to_arrow(raw, topic="orders", broker_name="broker-a", retry=False,
                            end_offset=104)
     assert batch.column("queue_offset").to_pylist() == [100, 101, 102, 103]
     # a property without its trailing separator: the per-message fallback decodes it
@@ -372,11 +372,11 @@ def test_decoder_stops_at_the_range_end_and_handles_odd_properties() -> None:
         queue_offset=0, physical_offset=0, sys_flag=0, born_timestamp=1, store_timestamp=2,
         store_host=HOST, reconsume_times=0,
     )
-    batch = decode_records(odd, topic="orders", broker_name="broker-a", retry=False)
+    batch = decode_to_arrow(odd, topic="orders", broker_name="broker-a", retry=False)
     assert batch.column("tags").to_pylist() == ["a"] and batch.column("keys").to_pylist() == [
         ["k"]
     ]
-    assert decode_records(b"", topic="t", broker_name="b", retry=False).num_rows == 0
+    assert decode_to_arrow(b"", topic="t", broker_name="b", retry=False).num_rows == 0
 
 
 def test_record_starts_fast_path_and_fallback() -> None:
@@ -414,7 +414,7 @@ def test_vectorised_decoder_on_random_messages() -> None:
         for i, p in enumerate(props)
     )
     for retry in (False, True):
-        batch = decode_records(raw, topic="%RETRY%g", broker_name="broker-a", retry=retry)
+        batch = decode_to_arrow(raw, topic="%RETRY%g", broker_name="broker-a", retry=retry)
         assert_same(batch, raw, "%RETRY%g", retry)
 
 

@@ -21,8 +21,7 @@ import numpy.typing as npt
 from pymq_proto.record import HEADER_DTYPE, HEADER_SIZE, MESSAGE_MAGIC_CODE, store_host_bytes
 from pymq_proto.v1 import pymq_pb2
 
-from ..client.codec import decode_records as decode_messages
-from ..client.codec import encode_records
+from ..client.codec import decode_messages, encode_records
 from ..client.message import (
     MessageExt,
     MessageQueue,
@@ -178,9 +177,9 @@ class PymqBackend(Backend):
         expression_type: str = "TAG",
     ) -> pa.RecordBatch:
         # the pymq broker filters tags and SQL92 exactly: nothing to filter again
-        from .pymq_arrow import decode_records
+        from .pymq_arrow import decode_to_arrow
 
-        return decode_records(
+        return decode_to_arrow(
             pulled.records, topic=mq.topic, broker_name=mq.broker_name, retry=retry, end_offset=end_offset
         )
 

@@ -1,7 +1,7 @@
 """Stored records, as a pull returns them, decoded straight into Arrow.
 
 This is the source's hot path: every message read goes through
-:func:`decode_records`. A pull answers with commit-log records back to back
+:func:`decode_to_arrow`. A pull answers with commit-log records back to back
 (layout in ``pymq_proto.record``: an 80-byte little-endian header, the body,
 ``u16`` topic length + topic, ``u16`` properties length + properties). Decoding
 them one ``MessageExt`` at a time costs several microseconds per message;
@@ -39,7 +39,7 @@ from pymq_proto.record import HEADER_DTYPE, HEADER_SIZE, MessageConst
 from ..spark.rows import empty_batch, messages_to_batch
 from ..spark.schema import arrow_schema
 
-__all__ = ["decode_records", "empty_batch", "find_record_starts", "messages_to_batch"]
+__all__ = ["decode_to_arrow", "empty_batch", "find_record_starts", "messages_to_batch"]
 
 _TOTAL_SIZE = struct.Struct("<i")
 
@@ -147,7 +147,7 @@ def _lookup(entry_keys: pa.Array, entry_values: pa.Array, entry_record: np.ndarr
     return entry_values.take(pa.array(index, mask=~present)), present
 
 
-def decode_records(
+def decode_to_arrow(
     records: bytes,
     *,
     topic: str,
@@ -323,7 +323,7 @@ def _keys_column(entry_keys: pa.Array, entry_values: pa.Array, entry_record: np.
 def _fallback(
     records: bytes, topic: str, broker_name: str, retry: bool, end_offset: int | None
 ) -> pa.RecordBatch:
-    from ..client.codec import decode_records as decode_messages
+    from ..client.codec import decode_messages
 
     messages = decode_messages(records, broker_name)
     if end_offset is not None:

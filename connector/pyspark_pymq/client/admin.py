@@ -13,7 +13,7 @@ from pymq_proto.record import MessageConst, parse_offset_msg_id
 from pymq_proto.v1 import pymq_pb2
 
 from ..errors import TopicNotExistError
-from .codec import decode_records
+from .codec import decode_messages
 from .consumer import PullConsumer, dlq_topic
 from .message import Message, MessageExt, MessageQueue
 from .route import PERM_READ, PERM_WRITE
@@ -225,7 +225,7 @@ class Admin:
             _ip, _port, phy = parse_offset_msg_id(msg_id)
             req = pymq_pb2.ViewMessageRequest(commit_log_offset=phy)
         resp = self._client.view_message(req)
-        return decode_records(resp.records, self._broker_name())[0]
+        return decode_messages(resp.records, self._broker_name())[0]
 
     def _broker_name(self) -> str:
         if self._name is None:
@@ -243,7 +243,7 @@ class Admin:
                 end_timestamp=end_ms,
             )
         )
-        return decode_records(resp.records, self._broker_name())
+        return decode_messages(resp.records, self._broker_name())
 
     # -- dead letters ------------------------------------------------------------
 

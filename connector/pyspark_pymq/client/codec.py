@@ -15,14 +15,15 @@ from pymq_proto.record import (
     HEADER_SIZE,
     MESSAGE_MAGIC_CODE,
     MessageConst,
+    property_key,
     remove_property,
 )
 
 from .message import MessageExt
 
-__all__ = ["UNIQ_PREFIX", "decode_records", "encode_records", "fixed_width", "uniq_first"]
+__all__ = ["UNIQ_PREFIX", "decode_messages", "encode_records", "fixed_width", "uniq_first"]
 
-UNIQ_PREFIX = b"UNIQ_KEY\x01"
+UNIQ_PREFIX = property_key(MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
 _U16 = struct.Struct("<H")
 _NO_HOST = bytes(8)
 
@@ -31,7 +32,7 @@ _TAGS = MessageConst.PROPERTY_TAGS
 _UNIQ = MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
 
 
-def decode_records(records: bytes, broker_name: str) -> list[MessageExt]:
+def decode_messages(records: bytes, broker_name: str) -> list[MessageExt]:
     """Every record in ``records`` (back to back, as the broker stored them)."""
     was_enabled = gc.isenabled()
     gc.disable()  # thousands of new objects and no cycle: no collection passes meanwhile

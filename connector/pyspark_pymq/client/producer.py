@@ -21,7 +21,7 @@ from ..errors import (
     PymqError,
     RequestTimeoutError,
 )
-from .codec import uniq_first
+from .codec import UNIQ_PREFIX, uniq_first
 from .message import (
     Message,
     MessageQueue,
@@ -302,7 +302,7 @@ class Producer:
             if msg.properties or msg.tags or msg.keys or msg.delay_level or msg.sharding_key is not None:
                 props = encode_message_properties(msg, key)
             else:  # the msgId alone: no dict to build
-                props = b"UNIQ_KEY\x01" + key.encode() + b"\x02"
+                props = UNIQ_PREFIX + key.encode() + b"\x02"
             body = msg.body
             if len(body) > max_size:
                 raise MessageIllegalError(

@@ -19,7 +19,7 @@ from pymq_proto.record import MessageConst
 from pymq_proto.v1 import pymq_pb2
 
 from ..errors import PymqError
-from .codec import decode_records
+from .codec import decode_messages
 from .message import Message, MessageExt, SendResult
 from .producer import Producer
 from .transport import BrokerClient, ResponseStream
@@ -161,7 +161,7 @@ class TransactionProducer:
                     pymq_pb2.TransactionStreamRequest(producer_group=self.producer_group)
                 )
                 for check in self._stream:
-                    msg = decode_records(check.record, "")[0]
+                    msg = decode_messages(check.record, "")[0]
                     msg.topic = check.topic  # show the real topic, not the half topic
                     try:
                         state = _state(self.check_listener(msg))
