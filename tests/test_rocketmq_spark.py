@@ -276,8 +276,9 @@ def test_bad_options_and_unreachable_name_server_are_named(
 def test_kill_9_of_one_broker_while_streams_write_and_read(
     spark: Any, rocketmq_cluster: RocketMQCluster, tmp_path: Path
 ) -> None:
-    """broker-a dies (SIGKILL) mid-stream: sends move to broker-b, nothing acknowledged is lost,
-    and the source reads broker-a's queues on from where they were once it is back."""
+    """broker-a dies (SIGKILL) while a stream writes: sends move to broker-b, nothing acknowledged
+    is lost; a source that runs during the outage reads broker-b, keeps broker-a's queues where
+    they were and reads them on once broker-a is back."""
     c = rocketmq_cluster
     topic, group = unique("crash"), unique("g")
     c.create_topic(topic, 2)
@@ -291,31 +292,41 @@ def test_kill_9_of_one_broker_while_streams_write_and_read(
             .option("checkpointLocation", str(tmp_path / "sink-ckpt"))
             .trigger(processingTime="300 milliseconds").start())
     out = tmp_path / "out"
-    # pollTimeoutMs: a task whose range is on broker-a waits for it (a restart under load can
-    # take a minute) instead of failing
-    source = (_stream(spark, c.namesrv_addr, topic, consumerGroup=group, startingOffsets="earliest",
-                      pollTimeoutMs=300_000)
-              .select("body", "broker_name")
-              .writeStream.format("parquet").option("checkpointLocation", str(tmp_path / "src-ckpt"))
-              .trigger(processingTime="500 milliseconds").start(str(out)))
-    try:
-        def batches() -> int:
-            done = tmp_path / "sink-ckpt" / "commits"
-            return len([f for f in done.iterdir() if f.name.isdigit()]) if done.exists() else 0
 
+    def read(**trigger: Any) -> Any:
+        # pollTimeoutMs: a task whose range is on a broker that restarts waits for it
+        return (_stream(spark, c.namesrv_addr, topic, consumerGroup=group, startingOffsets="earliest",
+                        pollTimeoutMs=300_000)
+                .select("body", "broker_name")
+                .writeStream.format("parquet").option("checkpointLocation", str(tmp_path / "src-ckpt"))
+                .trigger(**trigger).start(str(out)))
+
+    def batches() -> int:
+        done = tmp_path / "sink-ckpt" / "commits"
+        return len([f for f in done.iterdir() if f.name.isdigit()]) if done.exists() else 0
+
+    source = None
+    try:
         deadline = time.monotonic() + 120
         while batches() < 5 and time.monotonic() < deadline:
             assert sink.isActive, f"sink stopped: {sink.exception()}"
             time.sleep(0.2)
+        # The source reads both brokers, then stops with every batch committed: a task of a batch
+        # planned before the kill would wait for broker-a (pollTimeoutMs) and, on local[2],
+        # hold a core the sink needs.
+        first = read(availableNow=True)
+        assert first.awaitTermination(180) and first.exception() is None, first.exception()
         c.kill_broker("broker-a")
         during = batches()
         try:
+            source = read(processingTime="500 milliseconds")  # plans with broker-a down
             deadline = time.monotonic() + 150
             while batches() < during + 2 and time.monotonic() < deadline:  # sends go on to broker-b
                 assert sink.isActive, f"sink stopped while broker-a was down: {sink.exception()}"
                 assert source.isActive, f"source stopped while broker-a was down: {source.exception()}"
                 time.sleep(0.2)
             assert batches() >= during + 2, "the sink made no progress with broker-a down"
+            assert source.isActive, f"source stopped while broker-a was down: {source.exception()}"
         finally:
             c.start_broker("broker-a")
         sink.stop()
@@ -331,7 +342,8 @@ def test_kill_9_of_one_broker_while_streams_write_and_read(
             time.sleep(0.5)
     finally:
         sink.stop()
-        source.stop()
+        if source is not None:
+            source.stop()
     rows = [r.asDict() for r in spark.read.parquet(str(out)).collect()]
     bodies = Counter(int(r["body"]) for r in rows)
     assert set(bodies) == stored and max(bodies.values()) == 1  # all read, each once
