@@ -148,7 +148,7 @@ def test_kill9_at_every_stage_of_a_batch_then_restart_gives_exactly_once(tmp_pat
         for batch, stage in enumerate(STAGES, start=2):
             crash_at = {**os.environ, CRASH_AT_ENV: f"{stage}@{batch}"}
             run = subprocess.run([*args, "run", "exactly-once"], env=crash_at, start_new_session=True,
-                                 capture_output=True, text=True, timeout=240)
+                                 capture_output=True, text=True, timeout=420)
             assert run.returncode == -9, f"the driver was not killed at {stage}: {run.stderr[-3000:]}"
             visible = Counter(m.body for m in read_all(ep, dst))
             assert max(visible.values()) == 1, f"rows duplicated after the kill at {stage}"
