@@ -92,9 +92,10 @@ def spark() -> Iterator[object]:
 
 # Fixtures that start a broker, a RocketMQ cluster or Spark: a test using one is an integration
 # test. `make unit` runs the others (no Spark, no broker process), in well under a minute.
-_INTEGRATION_FIXTURES = {"broker", "endpoint", "shared_broker", "rocketmq_cluster", "spark"}
+_INTEGRATION_FIXTURES = {"broker", "endpoint", "shared_broker", "rocketmq_cluster", "spark", "target"}
 # Modules whose tests start (and kill -9) broker processes or example scripts of their own.
-_INTEGRATION_MODULES = {"test_broker", "test_durability", "test_examples", "test_retry", "test_transactions"}
+_INTEGRATION_MODULES = {"test_broker", "test_broker_parity", "test_durability", "test_examples", "test_retry",
+                        "test_transactions"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -78,10 +78,14 @@ def test_always_failing_message_is_retried_16_times_with_growing_delay_then_dead
     d = dead[0]
     assert d.body == b"poison" and d.msg_id == sent.msg_id
     assert d.properties["DLQ_ORIGIN_TOPIC"] == "orders"
-    assert d.properties["DLQ_ORIGIN_MESSAGE_ID"] == sent.msg_id
+    # RocketMQ's ORIGIN_MESSAGE_ID: the original's offsetMsgId (its msgId is kept in UNIQ_KEY)
+    assert d.properties["ORIGIN_MESSAGE_ID"] == d.properties["DLQ_ORIGIN_MESSAGE_ID"] == sent.offset_msg_id
     assert d.properties["CONSUME_FAILURE_REASON"] == "ValueError: poison"
     table = admin.dead_letters("billing")
     assert list(table["origin_topic"]) == ["orders"] and list(table["reconsume_times"]) == [17]
+    assert list(table["origin_msg_id"]) == [sent.offset_msg_id]
+    original = admin.view_message(table["origin_msg_id"][0])  # VIEW_MESSAGE_BY_ID, as mqadmin
+    assert (original.topic, original.body, original.msg_id) == ("orders", b"poison", sent.msg_id)
 
 
 def test_max_reconsume_times_3_delivers_four_times(retry_broker) -> None:
@@ -94,17 +98,18 @@ def test_max_reconsume_times_3_delivers_four_times(retry_broker) -> None:
     def handle(m: MessageExt) -> bool:
         deliveries.append(m)
         consumer.send_back(m, max_reconsume_times=3)
-        return True  # already sent back above, with the group's new maximum
+        return True  # already sent back above, with this consumer's maximum
 
     admin = Admin(ep)
     consume(consumer, "t3", handle, until=lambda: bool(admin.dead_letter_messages("g3")))
     assert len(deliveries) == 1 + 3
-    # the client's maxReconsumeTimes became the group's setting (the last one wins)
+    # RocketMQ: the client's maxReconsumeTimes goes with each send back; the group keeps its own
     from pymq_proto.v1 import pymq_pb2
     from pyspark_pymq.client.transport import BrokerClient
 
     cfg = BrokerClient(ep).get_subscription_group(pymq_pb2.GetSubscriptionGroupRequest(group_name="g3"))
-    assert cfg.config.retry_max_times == 3
+    assert cfg.config.retry_max_times == 16
+    assert dict(zip(admin.groups()["group"], admin.groups()["retry_max_times"], strict=True))["g3"] == 16
 
 
 def test_negative_delay_level_goes_straight_to_the_dlq(retry_broker) -> None:
@@ -139,7 +144,7 @@ def test_failing_send_back_falls_back_to_a_direct_retry_send(retry_broker) -> No
     r = got[0]
     assert r.body == b"payload" and r.retry_topic == "fb" and r.reconsume_times == 1
     assert r.tags == "T" and r.properties["CONSUME_FAILURE_REASON"] == "boom"
-    assert r.properties["ORIGIN_MESSAGE_ID"] == m.msg_id
+    assert r.properties["ORIGIN_MESSAGE_ID"] == m.offset_msg_id  # as the broker's send back sets it
 
 
 def test_producer_delayed_message_arrives_no_earlier_than_its_level(retry_broker) -> None:
@@ -157,7 +162,12 @@ def test_producer_delayed_message_arrives_no_earlier_than_its_level(retry_broker
         got = consumer.pull(mq, 0, 1, suspend_timeout_ms=500).messages
     assert got and got[0].body == b"tick" and got[0].queue_id == mq.queue_id
     assert got[0].store_timestamp >= before + LEVEL_MS[9] - 1
-    assert "DELAY" not in got[0].properties
+    # RocketMQ's delivered copy keeps DELAY, REAL_TOPIC and REAL_QID (and the msgId)
+    assert got[0].properties["DELAY"] == "10" and got[0].msg_id == r.msg_id
+    assert (got[0].properties["REAL_TOPIC"], got[0].properties["REAL_QID"]) == ("later", str(mq.queue_id))
+    assert got[0].offset_msg_id != r.offset_msg_id  # a new copy, written when due
+    time.sleep(3 * LEVEL_MS[9] / 1000)
+    assert consumer.max_offset(mq) == 1  # delivered once: the DELAY it keeps did not delay it again
     clamped = Producer(ep).send(Message("later", b"max", delay_level=99))
     assert clamped.message_queue.topic == "later"  # clamped to level 18, not refused
 
@@ -272,7 +282,7 @@ def test_sending_back_again_replaces_the_entries_of_the_last_send_back(retry_bro
     assert again.tags == "T" and again.keys == ("k1",) and again.properties["user"] == "u"
     assert again.properties["CONSUME_FAILURE_REASON"] == "two"
     assert again.properties["step"] == "a"  # not replaced by this send back: kept
-    assert again.properties["ORIGIN_MESSAGE_ID"] == sent.msg_id
+    assert again.properties["ORIGIN_MESSAGE_ID"] == sent.offset_msg_id
     stored = _raw_records(ep, retry_topic("g2"))[1]
     names = [entry.split(b"\x01")[0] for entry in stored.split(b"\x02") if entry]
     assert len(names) == len(set(names)), f"an entry is written twice: {stored!r}"

@@ -328,7 +328,9 @@ def test_retries_are_read_with_their_original_topic_and_dlq_by_batch(
     r = retried[0]
     assert r["topic"] == topic and r["retry_topic"] == f"%RETRY%{group}"
     assert r["body"] == first[0]["body"] and r["reconsume_times"] == 1
-    assert dict(r["properties"])["ORIGIN_MESSAGE_ID"] == first[0]["msg_id"]
+    # RocketMQ's ORIGIN_MESSAGE_ID: the original's offsetMsgId; the msgId is kept as it was
+    assert dict(r["properties"])["ORIGIN_MESSAGE_ID"] == first[0]["offset_msg_id"]
+    assert r["msg_id"] == first[0]["msg_id"] and dict(r["properties"])["DELAY"] == "1"
 
     for name in (f"%RETRY%{group}", f"%DLQ%{group}"):
         rows = (spark.read.format("pymq").option("endpoint", ep).option("topic", name)

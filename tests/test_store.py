@@ -235,10 +235,33 @@ def test_delayed_message_waits_in_schedule_topic(tmp_path: Path) -> None:
         assert store.get_max_offset_in_queue("real", 2) == 0
         sms.deliver_due(r.store_timestamp + 100)
         got = records(store.get_message("real", 2, 0, 1).records)
-        assert got[0][3] == b"later" and "DELAY" not in got[0][4]
+        # RocketMQ's delivered copy keeps DELAY (the clamped level), REAL_TOPIC and REAL_QID ...
+        assert got[0][3] == b"later" and got[0][4][MessageConst.PROPERTY_DELAY_TIME_LEVEL] == "2"
+        assert got[0][4][MessageConst.PROPERTY_REAL_TOPIC] == "real"
+        assert got[0][4][MessageConst.PROPERTY_REAL_QUEUE_ID] == "2"
         assert sms.offset_table == {2: 1}
+        # ... and is not delayed again by it
+        assert store.get_max_offset_in_queue(SCHEDULE_TOPIC, 1) == 1
+        sms.deliver_due(r.store_timestamp + 1000)
+        assert store.get_max_offset_in_queue("real", 2) == 1
     finally:
         store.shutdown()
+
+
+@pytest.mark.parametrize("ratio", [40, 0])
+def test_in_memory_check_of_setzeroifnotfound(tmp_path: Path, ratio: int) -> None:
+    """RocketMQ's estimate: a record among the newest accessMessageInMemoryMaxRatio percent of
+    physical memory of the commit log is in memory; no record at the offset, never."""
+    store = make_store(tmp_path, access_message_in_memory_max_ratio=ratio)
+    try:
+        assert not store.check_in_mem_by_consume_offset("t", 0, 0)  # no such queue
+        store.put_messages("t", 0, [msg(b"a"), msg(b"b")])
+        assert store.check_in_mem_by_consume_offset("t", 0, 0) is (ratio > 0)
+        assert not store.check_in_mem_by_consume_offset("t", 0, 2)  # past the end
+    finally:
+        store.shutdown()
+    with pytest.raises(ValueError, match="accessMessageInMemoryMaxRatio"):
+        MessageStoreConfig(store_path_root_dir=tmp_path, access_message_in_memory_max_ratio=101)
 
 
 def test_look_messages_by_offsets_reads_as_one_by_one(tmp_path: Path) -> None:

@@ -49,6 +49,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--clean-resource-interval", type=int, default=10_000,
                    help="ms between retention checks (default 10000)")
     p.add_argument("--sync-flush-timeout", type=int, default=5_000, help="ms (default 5000)")
+    p.add_argument("--access-message-in-memory-max-ratio", type=int, default=40,
+                   help="percent of physical memory of the newest commit log counted as in memory "
+                        "(a never-committed group reads 0 on a queue whose first message is; default 40)")
     p.add_argument("--transaction-timeout", type=int, default=6_000,
                    help="ms before an unresolved transaction is first checked back (default 6000)")
     p.add_argument("--transaction-check-interval", type=int, default=60_000,
@@ -73,6 +76,7 @@ async def _serve(args: argparse.Namespace) -> int:
         mapped_file_size_commit_log=args.mapped_file_size_commit_log,
         clean_resource_interval=args.clean_resource_interval,
         sync_flush_timeout=args.sync_flush_timeout,
+        access_message_in_memory_max_ratio=args.access_message_in_memory_max_ratio,
         transaction_timeout=args.transaction_timeout,
         transaction_check_interval=args.transaction_check_interval,
         transaction_check_max=args.transaction_check_max,

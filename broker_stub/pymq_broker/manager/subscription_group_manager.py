@@ -72,10 +72,3 @@ class SubscriptionGroupManager(ConfigManager):
         self.subscription_group_table[cfg.group_name] = cfg
         self.persist()
         return cfg
-
-    def set_retry_max_times(self, group: str, times: int) -> None:
-        """A client's maxReconsumeTimes applies to the whole group: the last setting wins."""
-        cfg = self.find_subscription_group_config(group)
-        if cfg.retry_max_times != times:
-            cfg.retry_max_times = times
-            self.persist()

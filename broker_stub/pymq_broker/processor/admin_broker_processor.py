@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-from pymq_proto.topics import RETRY_GROUP_TOPIC_PREFIX, is_retry_topic
 from pymq_proto.v1 import pymq_pb2
 
 from ..common.broker_exception import BrokerException
@@ -24,15 +23,13 @@ class AdminBrokerProcessor:
         self.transactions = transactions
 
     def query_route(self, req: pymq_pb2.QueryRouteRequest) -> pymq_pb2.TopicRouteData:
-        """GET_ROUTEINFO_BY_TOPIC: the topic's queues and the endpoint of each broker."""
+        """GET_ROUTEINFO_BY_TOPIC: the topic's queues and the endpoint of each broker.
+
+        As RocketMQ, asking does not create a topic: %RETRY%<group> has no route until a
+        consumer of the group registers (HEART_BEAT) or sends a message back.
+        """
         tcm = self.ctx.topic_config_manager
         cfg = tcm.select_topic_config(req.topic)
-        if cfg is None and is_retry_topic(req.topic):
-            # a consumer asks for its group's retry queues: create them (RocketMQ
-            # does it when the consumer registers)
-            group = req.topic[len(RETRY_GROUP_TOPIC_PREFIX):]
-            sub = self.ctx.subscription_group_manager.find_subscription_group_config(group)
-            cfg = tcm.create_topic_of_retry(group, sub.retry_queue_nums)
         if (
             cfg is None
             and tcm.auto_create_topic_enable
@@ -103,24 +100,28 @@ class AdminBrokerProcessor:
     def consumer_progress(
         self, req: pymq_pb2.ConsumerProgressRequest
     ) -> pymq_pb2.ConsumerProgressResponse:
-        """GET_CONSUME_STATS: per queue, the broker's max offset and the group's offset."""
+        """GET_CONSUME_STATS, as RocketMQ answers it: every read queue of ``topic`` (or of
+        each topic the group has progress on), with the broker's max offset and the group's
+        offset, 0 where the group never committed."""
         store = self.ctx.store
         progress = self.ctx.consumer_offset_manager.query_group(req.consumer_group)
         if req.topic:
+            self.ctx.topic_config(req.topic)  # TOPIC_NOT_EXIST names it
             progress = {req.topic: progress.get(req.topic, {})}
-            cfg = self.ctx.topic_config(req.topic)
-            for qid in range(cfg.read_queue_nums):
-                progress[req.topic].setdefault(qid, -1)
+        tcm = self.ctx.topic_config_manager
         out = []
         for topic in sorted(progress):
-            for qid, offset in sorted(progress[topic].items()):
+            cfg = tcm.select_topic_config(topic)
+            if cfg is None:  # deleted since: RocketMQ leaves it out
+                continue
+            for qid in range(cfg.read_queue_nums):
                 out.append(
                     pymq_pb2.QueueProgress(
                         message_queue=pymq_pb2.MessageQueue(
                             topic=topic, broker_name=self.ctx.broker_name, queue_id=qid
                         ),
                         broker_offset=store.get_max_offset_in_queue(topic, qid),
-                        consumer_offset=offset,
+                        consumer_offset=max(progress[topic].get(qid, 0), 0),
                         last_store_timestamp=store.get_last_store_timestamp(topic, qid),
                     )
                 )

@@ -1,5 +1,6 @@
 """Consumer progress and offset queries: QUERY_CONSUMER_OFFSET, UPDATE_CONSUMER_OFFSET,
-GET_MIN_OFFSET / GET_MAX_OFFSET / SEARCH_OFFSET_BY_TIMESTAMP."""
+GET_MIN_OFFSET / GET_MAX_OFFSET / SEARCH_OFFSET_BY_TIMESTAMP; and HEART_BEAT, where a
+consumer registers (ClientManageProcessor in RocketMQ)."""
 
 from __future__ import annotations
 
@@ -21,30 +22,54 @@ class ConsumerManageProcessor:
         return group
 
     def get_offset(self, req: pymq_pb2.GetOffsetRequest) -> pymq_pb2.GetOffsetResponse:
+        """QUERY_CONSUMER_OFFSET: the group's progress, or -1 (RocketMQ's QUERY_NOT_FOUND).
+
+        As RocketMQ, a group that never committed on the queue reads 0 when
+        ``set_zero_if_not_found`` is unset or true, the queue still starts at offset 0
+        and its first message is in the store's memory.
+        """
         group = self._group(req.consumer_group)
         mq = req.message_queue
         self.ctx.check_mq(mq)
         offset = self.ctx.consumer_offset_manager.query_offset(group, mq.topic, mq.queue_id)
+        if offset < 0 and self._zero_if_not_found(req):
+            store = self.ctx.store
+            if (store.get_min_offset_in_queue(mq.topic, mq.queue_id) <= 0
+                    and store.check_in_mem_by_consume_offset(mq.topic, mq.queue_id, 0)):
+                offset = 0
         return pymq_pb2.GetOffsetResponse(offset=offset)
 
+    @staticmethod
+    def _zero_if_not_found(req: pymq_pb2.GetOffsetRequest) -> bool:
+        """RocketMQ's nullable setZeroIfNotFound: only an explicit false turns it off."""
+        return not req.HasField("set_zero_if_not_found") or req.set_zero_if_not_found
+
     def update_offset(self, req: pymq_pb2.UpdateOffsetRequest) -> pymq_pb2.UpdateOffsetResponse:
+        """UPDATE_CONSUMER_OFFSET. As RocketMQ, offsets are not checked against the queue's
+        bounds: a commit beyond the max offset is stored and read back as it is."""
         group = self._group(req.consumer_group)
-        store = self.ctx.store
         checked = []
         for item in req.offsets:  # validate all before changing any
             mq = item.message_queue
             self.ctx.check_mq(mq)
-            max_offset = store.get_max_offset_in_queue(mq.topic, mq.queue_id)
-            if not 0 <= item.offset <= max_offset:
+            if item.offset < 0:
                 raise BrokerException(
                     pymq_pb2.ILLEGAL_ARGUMENT,
-                    f"offset {item.offset} for {mq.topic}#{mq.queue_id} is out of range "
-                    f"0..{max_offset} (the queue's max offset)",
+                    f"offset {item.offset} for {mq.topic}#{mq.queue_id} must be >= 0 (the next "
+                    "offset to consume)",
                 )
             checked.append((mq.topic, mq.queue_id, item.offset))
         for topic, qid, offset in checked:
             self.ctx.consumer_offset_manager.commit_offset(group, topic, qid, offset)
         return pymq_pb2.UpdateOffsetResponse()
+
+    def heart_beat(self, req: pymq_pb2.HeartbeatRequest) -> pymq_pb2.HeartbeatResponse:
+        """HEART_BEAT: a consumer registers. As RocketMQ, the group (created with defaults
+        on first use) gets its %RETRY%<group> topic now, not at its first send back."""
+        group = self._group(req.consumer_group)
+        sub = self.ctx.subscription_group_manager.find_subscription_group_config(group)
+        self.ctx.topic_config_manager.create_topic_of_retry(group, sub.retry_queue_nums)
+        return pymq_pb2.HeartbeatResponse()
 
     def query_offset(self, req: pymq_pb2.QueryOffsetRequest) -> pymq_pb2.QueryOffsetResponse:
         mq = req.message_queue

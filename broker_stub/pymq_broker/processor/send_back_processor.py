@@ -1,11 +1,16 @@
 """CONSUMER_SEND_MSG_BACK: a consumer returns a message it failed to consume.
 
 RocketMQ's broker logic, step by step: read the original record by its
-physical offset; past maxReconsumeTimes (or with a delay level < 0) write it to
-%DLQ%<group>; otherwise write a *new* message to %RETRY%<group> with delay
-level 3 + reconsumeTimes (when the client passed 0), RECONSUME_TIME + 1,
-RETRY_TOPIC = the original topic and ORIGIN_MESSAGE_ID = the first msg id.
-The delay takes it through SCHEDULE_TOPIC_XXXX.
+physical offset; past maxReconsumeTimes (the value sent with the send back, else
+the group's retryMaxTimes) or with a delay level < 0, write it to %DLQ%<group>
+with DELAY=0; otherwise write a *new* message to %RETRY%<group> with delay level
+3 + reconsumeTimes (when the client passed 0), RECONSUME_TIME + 1. Both copies
+get RETRY_TOPIC = the original topic (kept if set), ORIGIN_MESSAGE_ID = the
+first stored copy's offsetMsgId (kept if set; not its msgId, as RocketMQ's
+``msgExt.getMsgId()`` on the broker is the offsetMsgId) and WAIT=false. The delay
+takes a retry through SCHEDULE_TOPIC_XXXX (DELAY, REAL_TOPIC=%RETRY%<group>,
+REAL_QID, all kept on delivery); a dead letter keeps the REAL_TOPIC / REAL_QID
+its retry copy had.
 
 Both RPCs share one implementation over the batch's columns (a single send back
 is a batch of one). The new properties are the stored ones as bytes, minus the
@@ -27,7 +32,7 @@ from pymq_proto.record import (
     NamedEntries,
     encode_properties,
     entries_named,
-    find_property,
+    offset_msg_id,
     split_tail,
 )
 from pymq_proto.topics import get_dlq_topic, get_retry_topic, is_retry_topic
@@ -47,9 +52,13 @@ _RETRY, _ORIGIN, _TIMES, _MAX_TIMES, _DLQ_TOPIC, _DLQ_ID = (f"{name}{NAME_VALUE_
     MC.PROPERTY_RETRY_TOPIC, MC.PROPERTY_ORIGIN_MESSAGE_ID, MC.PROPERTY_RECONSUME_TIME,
     MC.PROPERTY_MAX_RECONSUME_TIMES, MC.PROPERTY_DLQ_ORIGIN_TOPIC, MC.PROPERTY_DLQ_ORIGIN_MESSAGE_ID,
 ))
-_UNIQ = MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX.encode()
 _RETRY_TOPIC = MC.PROPERTY_RETRY_TOPIC.encode()
 _ORIGIN_ID = MC.PROPERTY_ORIGIN_MESSAGE_ID.encode()
+_REAL_TOPIC = MC.PROPERTY_REAL_TOPIC.encode()
+_REAL_QID = MC.PROPERTY_REAL_QUEUE_ID.encode()
+# RocketMQ's send back stores both copies with waitStoreMsgOK false; a dead letter with DELAY=0
+_WAIT_FALSE = f"{MC.PROPERTY_WAIT_STORE_MSG_OK}{NAME_VALUE_SEPARATOR}false{PROPERTY_SEPARATOR}"
+_DELAY_ZERO = f"{MC.PROPERTY_DELAY_TIME_LEVEL}{NAME_VALUE_SEPARATOR}0{PROPERTY_SEPARATOR}"
 # What a send back sets itself: replaced on the message, refused as extra properties.
 SET_BY_SEND_BACK = tuple(sorted(MC.SEND_BACK_PROPERTIES))
 
@@ -111,12 +120,10 @@ class SendBackProcessor:
         ctx = self.ctx
         n, group = cols.n, req.group
         sub = ctx.subscription_group_manager.find_subscription_group_config(group)
-        if req.max_reconsume_times > 0:  # set by a client: applies to the group, last wins
-            ctx.subscription_group_manager.set_retry_max_times(group, req.max_reconsume_times)
+        # RocketMQ: the value sent with this send back, else the group's; the group keeps its own
         max_times = req.max_reconsume_times if req.max_reconsume_times > 0 else sub.retry_max_times
         offsets = list(req.commit_log_offsets)
         levels = list(req.delay_levels)
-        origin_ids = list(req.origin_msg_ids) or [""] * n
         origin_topics = list(req.origin_topics) or [""] * n
         records = ctx.store.look_messages_by_offsets(offsets)
         writes: dict[tuple[str, int], list[tuple[int, MessageToStore]]] = {}
@@ -134,7 +141,7 @@ class SendBackProcessor:
                 ))
                 continue
             h = HEADER.unpack_from(record)
-            total, flag, born, reconsume, body_len = h[0], h[4], h[8], h[11], h[13]
+            total, flag, phy, born, reconsume, body_len = h[0], h[4], h[6], h[8], h[11], h[13]
             t0, t1, p0, p1 = split_tail(record, 0, total, body_len)
             props = record[p0:p1]
             old = cols.replaced.values(props)
@@ -146,15 +153,18 @@ class SendBackProcessor:
             origin_topic = (old.get(_RETRY_TOPIC) or b"").decode() or origin_topics[i] or stored_topic
             if is_retry_topic(origin_topic):
                 origin_topic = origin_topics[i] or origin_topic
-            origin_id = (
-                (old.get(_ORIGIN_ID) or b"").decode() or origin_ids[i]
-                or (find_property(props, _UNIQ) or b"").decode()
-            )
+            # the first stored copy's offsetMsgId (the client's origin msg id is for tracing only)
+            origin_id = (old.get(_ORIGIN_ID) or b"").decode() or offset_msg_id(h[10], phy)
             level = levels[i]
             dead = reconsume >= max_times or level < 0
             if dead:
                 store_topic, store_queue_id = dlq_topic, 0
-                tail = f"{_DLQ_TOPIC}{origin_topic}\x02{_DLQ_ID}{origin_id}\x02"
+                # DELAY=0; the REAL_TOPIC / REAL_QID of a retry copy are kept
+                real = "".join(
+                    f"{name.decode()}\x01{old[name].decode()}\x02" for name in (_REAL_TOPIC, _REAL_QID)
+                    if name in old
+                )
+                tail = f"{_DELAY_ZERO}{real}{_DLQ_TOPIC}{origin_topic}\x02{_DLQ_ID}{origin_id}\x02"
             else:  # the delay goes through SCHEDULE_TOPIC_XXXX, as the store's resolve_delay
                 if retry is None:  # created on first use: a dead letter alone does not make it
                     retry = ctx.topic_config_manager.create_topic_of_retry(group, sub.retry_queue_nums)
@@ -172,7 +182,7 @@ class SendBackProcessor:
             ) if cols.columns else ""
             new_props = props + (
                 f"{cols.shared}{own}{_RETRY}{origin_topic}\x02{_ORIGIN}{origin_id}\x02"
-                f"{_TIMES}{reconsume + 1}\x02{max_text}{tail}"
+                f"{_TIMES}{reconsume + 1}\x02{max_text}{_WAIT_FALSE}{tail}"
             ).encode()
             if len(new_props) > MAX_PROPERTIES_SIZE:
                 answers.fail(i, "MESSAGE_ILLEGAL", (

@@ -315,24 +315,25 @@ class SendMessageProcessor:
     def _handle_retry_and_dlq(
         self, topic: str, queue_id: int, reconsume_times: int, messages: list[MessageToStore]
     ) -> tuple[str, int, list[MessageToStore]]:
-        """RocketMQ's handleRetryAndDLQ: past maxReconsumeTimes a retry goes to the DLQ."""
+        """RocketMQ's handleRetryAndDLQ: a retry whose reconsumeTimes is over maxReconsumeTimes
+        goes to the DLQ, stored with DELAY=-1 (as RocketMQ's properties say)."""
         group = topic[len(RETRY_GROUP_TOPIC_PREFIX):]
         sub = self.ctx.subscription_group_manager.find_subscription_group_config(group)
         raw_max = find_property(messages[0].properties, _MAX_RECONSUME)
         max_times = int(raw_max) if raw_max and raw_max.isdigit() else sub.retry_max_times
-        if reconsume_times < max_times:
+        # the request's reconsumeTimes is already the failed message's + 1: over, not at, the max
+        if reconsume_times <= max_times:
             return topic, queue_id, messages
         self.ctx.topic_config_manager.create_topic_of_dlq(group)
         dead = []
         for m in messages:
             props = decode_properties(m.properties)
-            props.pop(MessageConst.PROPERTY_DELAY_TIME_LEVEL, None)
+            props[MessageConst.PROPERTY_DELAY_TIME_LEVEL] = "-1"
             origin = props.get(MessageConst.PROPERTY_RETRY_TOPIC, "")
             props[MessageConst.PROPERTY_DLQ_ORIGIN_TOPIC] = origin
-            props[MessageConst.PROPERTY_DLQ_ORIGIN_MESSAGE_ID] = props.get(
-                MessageConst.PROPERTY_ORIGIN_MESSAGE_ID,
-                props.get(MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, ""),
-            )
+            origin_id = props.get(MessageConst.PROPERTY_ORIGIN_MESSAGE_ID)
+            if origin_id:  # the first stored copy's offsetMsgId, as the send back sets it
+                props[MessageConst.PROPERTY_DLQ_ORIGIN_MESSAGE_ID] = origin_id
             dead.append(MessageToStore(m.body, m.flag, encode_properties(props), m.born_timestamp,
                                        m.reconsume_times, m.sys_flag))
         return get_dlq_topic(group), 0, dead

@@ -76,6 +76,7 @@ class BrokerGrpcService(pymq_pb2_grpc.BrokerServicer):
     QueryOffset = _rpc("query_offset", "consumer_manage")
     GetOffset = _rpc("get_offset", "consumer_manage")
     UpdateOffset = _rpc("update_offset", "consumer_manage")
+    HeartBeat = _rpc("heart_beat", "consumer_manage")
     QueryRoute = _rpc("query_route", "admin")
     CreateTopic = _rpc("create_topic", "admin")
     DeleteTopic = _rpc("delete_topic", "admin")

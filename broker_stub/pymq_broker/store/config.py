@@ -51,6 +51,9 @@ class MessageStoreConfig:
     max_transfer_bytes_on_message_in_disk: int = 64 * 1024 * 1024
     max_transfer_count_on_message_in_disk: int = 100_000
     default_query_max_num: int = 32
+    # RocketMQ's accessMessageInMemoryMaxRatio: the newest this percentage of physical memory
+    # of the commit log counts as "in memory" (QUERY_CONSUMER_OFFSET's setZeroIfNotFound)
+    access_message_in_memory_max_ratio: int = 40
 
     def __post_init__(self) -> None:
         self.store_path_root_dir = Path(self.store_path_root_dir)
@@ -65,6 +68,11 @@ class MessageStoreConfig:
             )
         if self.mapped_file_size_consume_queue % 20:
             raise ValueError("mappedFileSizeConsumeQueue must be a multiple of 20 (entry size)")
+        if not 0 <= self.access_message_in_memory_max_ratio <= 100:
+            raise ValueError(
+                "accessMessageInMemoryMaxRatio must be a percentage 0..100, got "
+                f"{self.access_message_in_memory_max_ratio}"
+            )
         if self.file_reserved_time <= 0:
             raise ValueError(f"fileReservedTime must be > 0 hours, got {self.file_reserved_time}")
         self.delay_levels_ms = parse_delay_levels(self.message_delay_level)

@@ -7,7 +7,9 @@ through pread, so memory stays flat however much is stored.
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -46,6 +48,15 @@ _KEYS_KEY = property_key(MessageConst.PROPERTY_KEYS)
 _TAGS_KEY = property_key(MessageConst.PROPERTY_TAGS)
 
 MessageArrivingListener = Callable[[str, int, int], None]
+
+
+@functools.lru_cache(maxsize=1)
+def _physical_memory() -> int:
+    """Bytes of physical memory (RocketMQ's StoreUtil.TOTAL_PHYSICAL_MEMORY_SIZE)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, OSError, ValueError):  # not POSIX: RocketMQ's fallback, 24 GiB
+        return 24 * 1024**3
 
 
 def _first_over(values: np.ndarray, limit: int) -> int | None:
@@ -390,6 +401,26 @@ class DefaultMessageStore:
     def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
         cq = self._existing_queue(topic, queue_id)
         return cq.max_offset_in_queue if cq else 0
+
+    def check_in_mem_by_consume_offset(self, topic: str, queue_id: int, offset: int) -> bool:
+        """Whether the message at ``offset`` of the queue is still in the store's memory.
+
+        RocketMQ 5 asks the OS whether the record's pages are resident; pymq uses
+        RocketMQ's own estimate (``estimateInMemByCommitOffset``): the record is among the
+        newest ``accessMessageInMemoryMaxRatio`` percent of physical memory of the commit
+        log. False when the queue has no message at ``offset`` (never written, or expired).
+        """
+        cq = self._existing_queue(topic, queue_id)
+        if cq is None or not cq.min_offset_in_queue <= offset < cq.max_offset_in_queue:
+            return False
+        entry = cq.get_entries(offset, 1)
+        if not len(entry):
+            return False
+        phy = int(entry[0]["phy"])
+        if phy < self.commit_log.min_offset:
+            return False
+        memory = _physical_memory() * self.config.access_message_in_memory_max_ratio // 100
+        return self.commit_log.max_offset - phy <= memory
 
     def get_last_store_timestamp(self, topic: str, queue_id: int) -> int:
         cq = self._existing_queue(topic, queue_id)

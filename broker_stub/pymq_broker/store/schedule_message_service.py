@@ -3,7 +3,10 @@
 A message with delay level L waits in queue L-1 of SCHEDULE_TOPIC_XXXX; its
 consume-queue entry holds the delivery time. Each level's queue is in delivery
 order, so only its head is ever checked. When the head is due the message is
-written again to REAL_TOPIC / REAL_QID with the delay cleared. Progress per
+written again to REAL_TOPIC / REAL_QID with its properties as they were: RocketMQ
+clears the delay level on the message object only after its properties string is
+made, so the delivered copy keeps DELAY, REAL_TOPIC and REAL_QID (it is written
+straight to its queue, not delayed again). Progress per
 level is persisted (delayOffset.json) after each delivery round: a restart
 neither loses nor skips a delayed message (at-least-once: a crash between a
 delivery and its progress write delivers that message again).
@@ -22,7 +25,6 @@ from pymq_proto.record import (
     HEADER_SIZE,
     MessageConst,
     find_property,
-    remove_property,
     split_tail,
 )
 
@@ -30,13 +32,13 @@ from ..common.config_manager import ConfigManager
 from ..common.mix_all import SCHEDULE_TOPIC
 from .commit_log import MessageToStore
 from .config import SYNC_FLUSH
+from .encoded_batch import EncodedRecords
 from .message_store import DefaultMessageStore
 
 log = logging.getLogger(__name__)
 
 DELIVER_BATCH = 4096
 RUN_MAX_BYTES = 1024 * 1024
-_DELAY = MessageConst.PROPERTY_DELAY_TIME_LEVEL.encode()
 _REAL_TOPIC = MessageConst.PROPERTY_REAL_TOPIC.encode()
 _REAL_QID = MessageConst.PROPERTY_REAL_QUEUE_ID.encode()
 
@@ -96,7 +98,7 @@ class ScheduleMessageService(ConfigManager):
         return due, (now_ms if len(entries) == DELIVER_BATCH else None)
 
     def _message_timeup(self, records: bytes) -> None:
-        """Write each record again to its real topic and queue, the delay cleared."""
+        """Write each record again to its real topic and queue (its properties kept)."""
         pos = 0
         run: list[MessageToStore] = []
         run_key: tuple[str, int] | None = None
@@ -105,11 +107,9 @@ class ScheduleMessageService(ConfigManager):
             h = HEADER.unpack_from(records, pos)
             total, flag, born, reconsume, sys_flag, body_len = h[0], h[4], h[8], h[11], h[7], h[13]
             _t0, _t1, p0, p1 = split_tail(records, pos, total, body_len)
-            raw = records[p0:p1]
-            real_topic = (find_property(raw, _REAL_TOPIC) or b"").decode()
-            real_qid = int(find_property(raw, _REAL_QID) or 0)
-            # RocketMQ clears the delay and keeps REAL_TOPIC / REAL_QID for tracing
-            props = remove_property(raw, _DELAY)
+            props = records[p0:p1]
+            real_topic = (find_property(props, _REAL_TOPIC) or b"").decode()
+            real_qid = int(find_property(props, _REAL_QID) or 0)
             body = records[pos + HEADER_SIZE : pos + HEADER_SIZE + body_len]
             key = (real_topic, real_qid)
             if run and (key != run_key or run_bytes + body_len > RUN_MAX_BYTES):
@@ -128,7 +128,8 @@ class ScheduleMessageService(ConfigManager):
         if not topic:
             log.error("delayed message without REAL_TOPIC dropped")
             return
-        # consecutive messages for one queue share a write
-        result = self.store.put_messages(topic, qid, run)
+        # consecutive messages for one queue share a write; put_records, as the DELAY they
+        # keep must not send them back to SCHEDULE_TOPIC_XXXX
+        result = self.store.put_records(topic, qid, EncodedRecords.from_messages(topic, run))
         if not result.ok:
             log.error("delivering %d delayed message(s) to %s failed: %s", len(run), topic, result.remark)

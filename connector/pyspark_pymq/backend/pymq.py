@@ -10,6 +10,8 @@ classes see only :class:`~pyspark_pymq.backend.base.Backend`.
 from __future__ import annotations
 
 import functools
+import os
+import socket
 import struct
 import time
 from collections.abc import Mapping, Sequence
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 from pymq_proto.record import HEADER_DTYPE, HEADER_SIZE, MESSAGE_MAGIC_CODE, store_host_bytes
+from pymq_proto.topics import is_retry_topic
 from pymq_proto.v1 import pymq_pb2
 
 from ..client.codec import decode_messages, encode_records
@@ -115,8 +118,14 @@ class PymqBackend(Backend):
         return self._query_offset(mq, pymq_pb2.TIMESTAMP, timestamp_ms)
 
     def committed(self, group: str, mq: MessageQueue) -> int:
+        # The broker answers as RocketMQ: 0 for a group that never committed on a queue still
+        # starting at 0 (setZeroIfNotFound, on unless turned off). The Backend contract is
+        # -1 for "no progress", so that consumeFromWhere decides where such a group starts:
+        # turned off here, as backend/rocketmq.py does for Apache RocketMQ.
         resp = self.client(mq).get_offset(
-            pymq_pb2.GetOffsetRequest(consumer_group=group, message_queue=mq_proto(mq))
+            pymq_pb2.GetOffsetRequest(
+                consumer_group=group, message_queue=mq_proto(mq), set_zero_if_not_found=False
+            )
         )
         return int(resp.offset)
 
@@ -129,6 +138,22 @@ class PymqBackend(Backend):
         for broker, items in by_broker.items():
             self._routes.client(items[0].message_queue.topic, broker).update_offset(
                 pymq_pb2.UpdateOffsetRequest(consumer_group=group, offsets=items)
+            )
+
+    def register_consumer(self, group: str, topics: Sequence[str]) -> None:
+        # HEART_BEAT to each broker of the topics: it creates %RETRY%<group>, as RocketMQ's
+        # brokers do when a consumer registers (not only at the group's first send back).
+        client_id = f"{socket.gethostname()}@{os.getpid()}"
+        wanted = [t for t in topics if not is_retry_topic(t)]
+        brokers: dict[str, BrokerClient] = {}
+        for topic in wanted:
+            for broker in self._routes.get(topic).endpoints:
+                brokers.setdefault(broker, self._routes.client(topic, broker))
+        if not brokers:  # no topic given: the broker this backend was opened on
+            brokers[""] = self._bootstrap
+        for _name, client in sorted(brokers.items()):
+            client.heart_beat(
+                pymq_pb2.HeartbeatRequest(client_id=client_id, consumer_group=group, topics=wanted)
             )
 
     # -- pull -------------------------------------------------------------------------------
@@ -280,9 +305,13 @@ class PymqBackend(Backend):
         self, group: str, columns: SendBackColumns, max_reconsume_times: int | None
     ) -> list[SendBackOutcome | None]:
         n = len(columns.commit_log_offsets)
-        # the route of a topic the messages came from (asking for %RETRY%'s would create it)
+        # the route of a topic the messages came from, else of %RETRY%<group>; a group that
+        # never registered has none yet: then the broker this backend was opened on
         route_topic = columns.origin_topics[0] if columns.origin_topics else "%RETRY%" + group
-        client = self._routes.client(route_topic, columns.broker_name)
+        try:
+            client = self._routes.client(route_topic, columns.broker_name)
+        except TopicNotExistError:
+            client = self._bootstrap
         parts = []
         for a in range(0, n, SEND_BACK_RPC_ITEMS):
             b = min(a + SEND_BACK_RPC_ITEMS, n)

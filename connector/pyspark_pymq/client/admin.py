@@ -45,6 +45,13 @@ class TopicConfig:
         )
 
 
+def _origin_msg_id(m: MessageExt) -> str:
+    """The offsetMsgId of a dead letter's original (its ORIGIN_MESSAGE_ID), "" if unknown."""
+    props = m.properties
+    return (props.get(MessageConst.PROPERTY_DLQ_ORIGIN_MESSAGE_ID)
+            or props.get(MessageConst.PROPERTY_ORIGIN_MESSAGE_ID, ""))
+
+
 def _frame(rows: list[dict[str, Any]], columns: list[str]) -> pd.DataFrame:
     import pandas as pd
 
@@ -191,7 +198,9 @@ class Admin:
         )
 
     def group_progress(self, group: str, topic: str | None = None) -> pd.DataFrame:
-        """One row per queue the group has progress on: broker and consumer offset, lag."""
+        """Broker and consumer offset and lag per queue, as ``mqadmin consumerProgress``:
+        every read queue of ``topic``, or of each topic the group has progress on; a
+        queue the group never committed on shows consumer offset 0."""
         resp = self._client.consumer_progress(
             pymq_pb2.ConsumerProgressRequest(consumer_group=group, topic=topic or "")
         )
@@ -270,15 +279,19 @@ class Admin:
         return consumer, consumer.queues(topic)
 
     def dead_letters(self, group: str, max_num: int = 1000) -> pd.DataFrame:
-        """One row per dead letter of ``group``: where it came from, why, how often retried."""
+        """One row per dead letter of ``group``: where it came from, why, how often retried.
+
+        ``msg_id`` is the message's msgId (UNIQ_KEY, kept across retries);
+        ``origin_msg_id`` the offsetMsgId of the message as first stored in its topic
+        (RocketMQ's ORIGIN_MESSAGE_ID): ``view_message(origin_msg_id)`` shows it.
+        """
         rows = [
             {
                 "msg_id": m.msg_id,
                 # RocketMQ's dead letters keep RETRY_TOPIC / ORIGIN_MESSAGE_ID instead
                 "origin_topic": m.properties.get(MessageConst.PROPERTY_DLQ_ORIGIN_TOPIC)
                 or m.properties.get(MessageConst.PROPERTY_RETRY_TOPIC, ""),
-                "origin_msg_id": m.properties.get(MessageConst.PROPERTY_DLQ_ORIGIN_MESSAGE_ID)
-                or m.properties.get(MessageConst.PROPERTY_ORIGIN_MESSAGE_ID, ""),
+                "origin_msg_id": _origin_msg_id(m),
                 "reconsume_times": m.reconsume_times,
                 "reason": m.properties.get(MessageConst.PROPERTY_CONSUME_FAILURE_REASON, ""),
                 "tags": m.tags,
@@ -300,10 +313,13 @@ class Admin:
 
         Without ``msg_ids`` every dead letter not re-sent yet is re-sent (progress
         is kept as the offset of an internal group, so running it twice does not
-        send twice). Returns how many were sent. ``progress(done, total)`` is
-        called as it goes.
+        send twice). ``msg_ids`` picks dead letters by their msgId, their own
+        offsetMsgId or their ``origin_msg_id`` (the original's offsetMsgId: the
+        columns of :meth:`dead_letters`). A re-sent message carries the original's
+        offsetMsgId in ORIGIN_MESSAGE_ID. Returns how many were sent.
+        ``progress(done, total)`` is called as it goes.
         """
-        wanted = None if msg_ids is None else set(msg_ids)
+        wanted = None if msg_ids is None else set(msg_ids) - {""}
         letters = self.dead_letter_messages(group, max_num=10**9)
         consumer = PullConsumer(self.endpoint, DLQ_RESEND_GROUP)
         done_upto = -1
@@ -313,7 +329,8 @@ class Admin:
             )
             letters = [m for m in letters if m.queue_offset >= done_upto]
         else:
-            letters = [m for m in letters if wanted is not None and m.msg_id in wanted]
+            letters = [m for m in letters if wanted is not None and not wanted.isdisjoint(
+                (m.msg_id, m.offset_msg_id, _origin_msg_id(m)))]
         from .producer import Producer
 
         sent = 0
@@ -326,8 +343,8 @@ class Admin:
                     Message(origin, m.body, tags=m.tags, keys=m.keys,
                             properties={
                                 **m.user_properties,
-                                MessageConst.PROPERTY_ORIGIN_MESSAGE_ID: m.properties.get(
-                                    MessageConst.PROPERTY_DLQ_ORIGIN_MESSAGE_ID, m.msg_id),
+                                MessageConst.PROPERTY_ORIGIN_MESSAGE_ID: _origin_msg_id(m)
+                                or m.offset_msg_id,
                             })
                 )
                 sent += 1

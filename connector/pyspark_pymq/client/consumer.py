@@ -9,6 +9,7 @@ from pymq_proto.record import MessageConst, encode_properties
 from pymq_proto.topics import get_dlq_topic, get_retry_topic
 
 from ..backend.base import Backend, PullBatch, SendRequest, backend_config, open_backend
+from ..errors import TopicNotExistError
 from .codec import uniq_first
 from .message import (
     MessageExt,
@@ -19,6 +20,7 @@ from .message import (
     clean_property_value,
     new_uniq_keys,
 )
+from .route import TopicRoute
 
 __all__ = ["DEFAULT_PULL_BATCH_SIZE", "PullConsumer", "SendBackColumns", "SendBackResult", "retry_topic"]
 
@@ -95,13 +97,30 @@ class PullConsumer:
         return list(self._backend.route(topic, refresh=True).subscribe_queues)
 
     def register(self, *topics: str) -> None:
-        """Tell the brokers this group consumes ``topics`` (RocketMQ: creates ``%RETRY%<group>``,
-        so that ``mqadmin consumerProgress`` and RocketMQ Dashboard show the group's lag)."""
+        """Tell the brokers this group consumes ``topics`` (RocketMQ's HEART_BEAT).
+
+        The brokers of the topics create ``%RETRY%<group>`` then, as RocketMQ's do
+        when a consumer registers (on Apache RocketMQ this also lets ``mqadmin
+        consumerProgress`` and RocketMQ Dashboard show the group's lag).
+        """
         self._backend.register_consumer(self.group, topics)
 
     def retry_queues(self) -> list[MessageQueue]:
-        """The queues of this group's %RETRY% topic (created on first ask)."""
-        return self.queues(retry_topic(self.group))
+        """The queues of this group's %RETRY% topic.
+
+        A broker makes it when a consumer of the group registers (or at its first send
+        back): if it does not exist yet, the group registers first (:meth:`register`, as a
+        RocketMQ consumer does when it starts), then the route is asked again.
+        """
+        return list(self._retry_route().subscribe_queues)
+
+    def _retry_route(self) -> TopicRoute:
+        topic = retry_topic(self.group)
+        try:
+            return self._backend.route(topic, refresh=True)
+        except TopicNotExistError:
+            self.register()
+            return self._backend.route(topic, refresh=True)
 
     def pull_raw(
         self,
@@ -173,7 +192,13 @@ class PullConsumer:
         self._backend.commit_offsets(self.group, offsets)
 
     def committed(self, mq: MessageQueue) -> int:
-        """The group's progress on ``mq``, or -1 when it has none."""
+        """The group's progress on ``mq``, or -1 when it has none.
+
+        As stored: a commit beyond the queue's max offset reads back as it was
+        (RocketMQ does not bound-check commits). -1 also where RocketMQ's brokers
+        would say 0 (setZeroIfNotFound), so that "no progress" is never mistaken
+        for progress.
+        """
         return self._backend.committed(self.group, mq)
 
     def min_offset(self, mq: MessageQueue) -> int:
@@ -198,10 +223,14 @@ class PullConsumer:
 
         The broker stores a new message in %RETRY%<group> that comes back after
         ``delay_level`` (0: level 3 + reconsume times, i.e. 10s, 30s, 1m...), or in
-        %DLQ%<group> once it was retried ``max_reconsume_times`` times (default:
-        the group's setting, 16) or when ``delay_level`` < 0. ``reason`` (a string
-        or a dict of strings) is kept in the message's properties, so a dead
-        letter says why it died.
+        %DLQ%<group> once it was retried ``max_reconsume_times`` times or when
+        ``delay_level`` < 0. As RocketMQ's consumers, ``max_reconsume_times`` goes
+        with each send back and applies to it alone; without it the group's
+        ``retryMaxTimes`` (16 unless set) applies, and the group's setting never
+        changes. Both copies carry ``ORIGIN_MESSAGE_ID``: the offsetMsgId of the
+        message as first stored (``Admin.view_message(id)`` finds it). ``reason``
+        (a string or a dict of strings) is kept in the message's properties, so a
+        dead letter says why it died.
 
         If the send back fails, the message is sent to %RETRY%<group> directly
         (RocketMQ's fallback); if that fails too, the error is raised so that the
@@ -286,7 +315,8 @@ class PullConsumer:
         props = dict(message.properties)
         props.update(extra)
         props[MC.PROPERTY_RETRY_TOPIC] = message.retry_topic or message.topic
-        props.setdefault(MC.PROPERTY_ORIGIN_MESSAGE_ID, message.msg_id)
+        # the first stored copy's offsetMsgId, as the broker's send back sets it
+        props.setdefault(MC.PROPERTY_ORIGIN_MESSAGE_ID, message.offset_msg_id)
         props[MC.PROPERTY_RECONSUME_TIME] = str(message.reconsume_times + 1)
         if max_times is not None:
             props[MC.PROPERTY_MAX_RECONSUME_TIMES] = str(max_times)
@@ -300,7 +330,7 @@ class PullConsumer:
         props_b = uniq_first(encode_properties(props), uniq)
         records, sizes = self._backend.encode_records(topic, [message.body], [props_b], [message.flag])
         request = SendRequest(topic, records, sizes, [uniq], reconsume_times=message.reconsume_times + 1)
-        queues = self._backend.route(topic).publish_queues
+        queues = self._retry_route().publish_queues
         mq = next((q for q in queues if q.broker_name == message.broker_name), queues[0])
         self._backend.send(self.group, request, mq, self._backend.timeout_s)
         return SendBackResult(topic, False, True)

@@ -256,6 +256,7 @@ class BrokerClient:
         self.view_message = unary(stub.ViewMessage, "ViewMessage")
         self.query_message = unary(stub.QueryMessage, "QueryMessage")
         self.broker_runtime_info = unary(stub.BrokerRuntimeInfo, "BrokerRuntimeInfo")
+        self.heart_beat = unary(stub.HeartBeat, "HeartBeat")
         self.end_transaction = unary(stub.EndTransaction, "EndTransaction")
         self.send_half_message_batch = unary(stub.SendHalfMessageBatch, "SendHalfMessageBatch")
         self.end_transaction_batch = unary(stub.EndTransactionBatch, "EndTransactionBatch")

@@ -427,7 +427,8 @@ _VIEW = (
         "view", "choice", section="what", required="required",
         choices=("topics", "queues", "groups", "lag", "deadLetters"),
         doc="the table: `topics` (one row per topic), `queues` (per queue), `groups` (per consumer "
-            "group, with its retry settings), `lag` (per queue a group has progress on), "
+            "group, with its retry settings), `lag` (per queue of the topics a group consumes; "
+            "consumer offset 0 where it never committed, as RocketMQ's consumerProgress shows), "
             "`deadLetters` (per dead letter of `consumerGroup`).",
     ),
     OptionSpec(

@@ -8,9 +8,11 @@ view             rows
 ``topics``       one per topic: queues, permissions, messages, min/max offset, last store time
 ``queues``       one per queue of ``topic`` (or of every topic): offsets, messages
 ``groups``       one per consumer group: its retry settings
-``lag``          one per queue a group has progress on: broker offset, consumer offset, lag
+``lag``          one per queue of each topic a group has progress on: broker offset,
+                 consumer offset (0 where it never committed, as RocketMQ shows), lag
                  (``consumerGroup``; without it, every group)
 ``deadLetters``  one per dead letter of ``consumerGroup``: origin, reason, retries, body
+                 (``origin_msg_id``: the original's offsetMsgId, RocketMQ's ORIGIN_MESSAGE_ID)
 ===============  ==========================================================================
 
 Options: :data:`~pyspark_pymq.spark.option_registry.VIEW_OPTIONS` (the README's view options

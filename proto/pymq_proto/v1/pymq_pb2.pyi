@@ -558,11 +558,21 @@ Global___QueryOffsetResponse: _TypeAlias = QueryOffsetResponse  # noqa: Y015
 
 @_typing.final
 class GetOffsetRequest(_message.Message):
+    """QUERY_CONSUMER_OFFSET (QueryConsumerOffsetRequestHeader)."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
     MESSAGE_QUEUE_FIELD_NUMBER: _builtins.int
+    SET_ZERO_IF_NOT_FOUND_FIELD_NUMBER: _builtins.int
     consumer_group: _builtins.str
+    set_zero_if_not_found: _builtins.bool
+    """RocketMQ's setZeroIfNotFound, a nullable Boolean there: `optional` keeps "not sent"
+    apart from false. Unset or true (RocketMQ's default): a group that never committed on
+    the queue reads 0 when the queue still starts at offset 0 and its first message is in
+    the store's memory, else -1. false: -1 whenever the group never committed (the
+    connector's "no progress", so that consumeFromWhere decides where the group starts).
+    """
     @_builtins.property
     def message_queue(self) -> Global___MessageQueue: ...
     def __init__(
@@ -570,12 +580,15 @@ class GetOffsetRequest(_message.Message):
         *,
         consumer_group: _builtins.str = ...,
         message_queue: Global___MessageQueue | None = ...,
+        set_zero_if_not_found: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["message_queue", b"message_queue"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_set_zero_if_not_found", b"_set_zero_if_not_found", "message_queue", b"message_queue", "set_zero_if_not_found", b"set_zero_if_not_found"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["consumer_group", b"consumer_group", "message_queue", b"message_queue"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_set_zero_if_not_found", b"_set_zero_if_not_found", "consumer_group", b"consumer_group", "message_queue", b"message_queue", "set_zero_if_not_found", b"set_zero_if_not_found"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__set_zero_if_not_found: _TypeAlias = _typing.Literal["set_zero_if_not_found"]  # noqa: Y015
+    _WhichOneofArgType__set_zero_if_not_found: _TypeAlias = _typing.Literal["_set_zero_if_not_found", b"_set_zero_if_not_found"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__set_zero_if_not_found) -> _WhichOneofReturnType__set_zero_if_not_found | None: ...
 
 Global___GetOffsetRequest: _TypeAlias = GetOffsetRequest  # noqa: Y015
 
@@ -600,6 +613,10 @@ Global___GetOffsetResponse: _TypeAlias = GetOffsetResponse  # noqa: Y015
 
 @_typing.final
 class UpdateOffsetRequest(_message.Message):
+    """UPDATE_CONSUMER_OFFSET. As RocketMQ, an offset is not checked against the queue's
+    bounds (100 on a 3-message queue reads back 100); it must be >= 0.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
@@ -697,9 +714,14 @@ class ConsumerSendMsgBackRequest(_message.Message):
     delay_level: _builtins.int
     """0: broker decides (3 + reconsumeTimes); < 0: DLQ"""
     origin_msg_id: _builtins.str
+    """the consumed message's msgId, as RocketMQ's header carries it (for tracing only: the
+    broker sets ORIGIN_MESSAGE_ID itself, to the original's offsetMsgId)
+    """
     origin_topic: _builtins.str
     max_reconsume_times: _builtins.int
-    """-1 / 0: the group's setting"""
+    """this send back's maximum (RocketMQ's maxReconsumeTimes, sent with each send back);
+    -1 / 0: the group's retryMaxTimes. It does not change the group's setting.
+    """
     unit_mode: _builtins.bool
     @_builtins.property
     def extra_properties(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
@@ -793,7 +815,7 @@ class ConsumerSendMsgBackBatchRequest(_message.Message):
     PROPERTY_COLUMNS_FIELD_NUMBER: _builtins.int
     group: _builtins.str
     max_reconsume_times: _builtins.int
-    """0: the group's setting"""
+    """0: the group's retryMaxTimes (left unchanged)"""
     @_builtins.property
     def commit_log_offsets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """physical offsets of the consumed messages"""
@@ -804,7 +826,7 @@ class ConsumerSendMsgBackBatchRequest(_message.Message):
 
     @_builtins.property
     def origin_msg_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """one per item, or none"""
+        """one per item, or none (tracing only)"""
 
     @_builtins.property
     def origin_topics(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -1133,6 +1155,10 @@ Global___TopicStatsResponse: _TypeAlias = TopicStatsResponse  # noqa: Y015
 
 @_typing.final
 class ConsumerProgressRequest(_message.Message):
+    """GET_CONSUME_STATS: every read queue of `topic`, or of each topic the group has
+    progress on; a queue the group never committed on shows consumer offset 0 (RocketMQ's).
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
@@ -1565,6 +1591,54 @@ class CheckTransactionStateRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CheckTransactionStateRequest: _TypeAlias = CheckTransactionStateRequest  # noqa: Y015
+
+@_typing.final
+class HeartbeatRequest(_message.Message):
+    """HEART_BEAT: a consumer of a group registers (RocketMQ's ConsumerData, as far as the
+    broker keeps it). The broker creates the group (defaults) and its %RETRY%<group>
+    topic (retryQueueNums queues, perm 6), as RocketMQ does when a consumer heartbeats.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    TOPICS_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    consumer_group: _builtins.str
+    @_builtins.property
+    def topics(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the topics it subscribes (RocketMQ's subscription data)"""
+
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        consumer_group: _builtins.str = ...,
+        topics: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "consumer_group", b"consumer_group", "topics", b"topics"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeartbeatRequest: _TypeAlias = HeartbeatRequest  # noqa: Y015
+
+@_typing.final
+class HeartbeatResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeartbeatResponse: _TypeAlias = HeartbeatResponse  # noqa: Y015
 
 @_typing.final
 class BrokerRuntimeInfoRequest(_message.Message):
