@@ -17,6 +17,7 @@ import json
 import os
 import queue
 import random
+import select
 import socket
 import struct
 import threading
@@ -38,6 +39,7 @@ from pyspark_pymq.errors import (
 from pyspark_pymq.rocketmq.api import ConsumerData, MQClientAPI, java_string_hash
 from pyspark_pymq.rocketmq.protocol import (
     SERIALIZE_ROCKETMQ,
+    FrameTemplate,
     RemotingCommand,
     RequestCode,
     ResponseCode,
@@ -49,6 +51,7 @@ from pyspark_pymq.rocketmq.remoting import (
     RemotingClient,
     SessionCredentials,
     parse_address,
+    sign_request,
 )
 from pyspark_pymq.rocketmq.route import NameServerClient, RouteCache, TopicRouteData, parse_namesrv_addr
 
@@ -148,6 +151,30 @@ def test_json_frame_round_trip_and_header_content() -> None:
     back = RemotingCommand.decode(frame)
     assert (back.code, back.opaque, back.flag, back.language) == (11, 42, 0, "PYTHON")
     assert back.ext_fields == cmd.ext_fields and back.body == b"\x00\x01body" and back.remark is None
+
+
+def test_frame_template_builds_the_frames_of_the_encoded_command() -> None:
+    # the template's frame is the command's own encoding, byte for byte, whatever the values
+    ext = {
+        "consumerGroup": 'g-%d-"q"-é', "topic": "T%", "queueId": "3", "queueOffset": "0",
+        "maxMsgNums": "32", "sysFlag": "4", "commitOffset": "0", "subscription": "*",
+    }
+    pull = RemotingCommand.request(RequestCode.PULL_MESSAGE, ext)
+    template = FrameTemplate(pull, ["maxMsgNums", "queueOffset"])  # not in the header's order
+    for opaque, nums, offset in ((1, 32, 0), (2**31 - 1, 7, 123_456_789_012), (42, 1, -1)):
+        cmd = RemotingCommand.request(
+            RequestCode.PULL_MESSAGE, {**ext, "queueOffset": str(offset), "maxMsgNums": str(nums)}
+        )
+        cmd.opaque = opaque
+        assert template.frame(opaque, nums, offset) == cmd.encode()
+    back = RemotingCommand.decode(template.frame(9, 5, 77))
+    assert back.opaque == 9 and back.ext_fields == {**ext, "queueOffset": "77", "maxMsgNums": "5"}
+    with pytest.raises(ValueError, match="not ext fields"):
+        FrameTemplate(RemotingCommand.request(RequestCode.PULL_MESSAGE, ext), ["queueOfset"])
+    binary = RemotingCommand.request(RequestCode.PULL_MESSAGE, ext)
+    binary.serialize_type = SERIALIZE_ROCKETMQ
+    with pytest.raises(ValueError, match="JSON"):
+        FrameTemplate(binary, ["queueOffset"])
 
 
 def test_binary_header_round_trip_and_java_layout() -> None:
@@ -461,6 +488,232 @@ def test_name_servers_are_asked_in_turn_within_the_time_out(
 
 
 # ---------------------------------------------------------------------------------------------
+# pull windows: many PULL_MESSAGE of one queue in flight, answers to one waiter
+
+
+def _pull_answer(
+    request: RemotingCommand, got: int | None = None, *, code: int = 0, max_offset: int = 10_000,
+    body: bytes | None = None, remark: str | None = None, binary: bool = False,
+) -> bytes:
+    """A broker's answer to a PULL_MESSAGE: ``got`` messages (all it asked for by default) from its
+    offset; the body names the offset range, so that joined bodies show their order."""
+    offset = int(request.ext_fields["queueOffset"])
+    got = int(request.ext_fields["maxMsgNums"]) if got is None else got
+    ext = {"suggestWhichBrokerId": "0", "nextBeginOffset": str(offset + got if code == 0 else offset),
+           "minOffset": "0", "maxOffset": str(max_offset)}
+    answer = RemotingCommand.response(code, request.opaque, remark, ext,
+                                      body=f"[{offset}+{got}]".encode() if body is None else body)
+    if binary:
+        answer.serialize_type = SERIALIZE_ROCKETMQ
+    return answer.encode()
+
+
+def _nothing_to_read(conn: socket.socket, wait: float = 0.2) -> bool:
+    return not select.select([conn], [], [], wait)[0]
+
+
+class _Ranged(threading.Thread):
+    """``MQClientAPI.pull_range`` on a thread of its own (it blocks until the range is read)."""
+
+    def __init__(self, api: MQClientAPI, addr: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(daemon=True)
+        self.call = lambda: api.pull_range(addr, "g", MessageQueue("T", "b", 0), *args, **kwargs)
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.result = self.call()
+        except BaseException as err:
+            self.error = err
+
+    def outcome(self, timeout: float = 5.0) -> Any:
+        self.join(timeout)
+        assert not self.is_alive(), "pull_range did not return"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def test_pull_range_slides_its_window_and_joins_answers_in_order(
+    server: FakeServer, client: RemotingClient
+) -> None:
+    api = MQClientAPI(client)
+    call = _Ranged(api, server.addr, 100, 29, 3, window=4, refill=2, timeout_s=5)
+    conn = server.accept()
+    requests = [server.read_frame(conn) for _ in range(4)]
+    assert _nothing_to_read(conn)  # at most 4 in flight
+    seen = list(requests)
+    while requests:
+        # two answered (the later one first): two more go out, in one write
+        first, second, *requests = requests
+        conn.sendall(_pull_answer(second) + _pull_answer(first))
+        more = [server.read_frame(conn) for _ in range(min(2, 10 - len(seen)))]
+        assert _nothing_to_read(conn, 0.05)
+        seen += more
+        requests += more
+    got = call.outcome()
+    assert [int(r.ext_fields["queueOffset"]) for r in seen] == list(range(100, 129, 3))
+    assert [r.ext_fields["maxMsgNums"] for r in seen] == ["3"] * 9 + ["2"]
+    assert {r.ext_fields["sysFlag"] for r in seen} == {"4"} and len({r.opaque for r in seen}) == 10
+    assert (got.status, got.next_begin_offset, got.pulls, got.short) == (PullStatus.FOUND, 129, 10, None)
+    assert got.message_binary == b"".join(f"[{o}+{min(3, 129 - o)}]".encode() for o in range(100, 129, 3))
+
+
+def test_pull_range_ends_at_a_short_answer_and_drops_later_ones(
+    server: FakeServer, client: RemotingClient
+) -> None:
+    api = MQClientAPI(client)
+    call = _Ranged(api, server.addr, 0, 40, 8, window=8, timeout_s=5)
+    conn = server.accept()
+    requests = [server.read_frame(conn) for _ in range(5)]
+    # the third comes back short while the queue holds more (a broker's cap): the range ends there
+    answers = [_pull_answer(r, 5 if i == 2 else None) for i, r in enumerate(requests)]
+    conn.sendall(b"".join(reversed(answers)))
+    got = call.outcome()
+    assert (got.next_begin_offset, got.pulls, got.short, got.max_offset) == (21, 3, 5, 10_000)
+    assert got.message_binary == b"[0+8][8+8][16+5]"
+    # the connection stays usable
+    ok = client.invoke_async(server.addr, RemotingCommand.request(30), 5)
+    conn.sendall(_answer(server.read_frame(conn), offset="1"))
+    assert ok.result(5).ext_fields == {"offset": "1"}
+
+    # the queue's end is no cap: not short; a pull that finds nothing ends the range too
+    call = _Ranged(api, server.addr, 0, 40, 8, window=8, timeout_s=5)
+    requests = [server.read_frame(conn) for _ in range(5)]
+    conn.sendall(_pull_answer(requests[0], max_offset=12) + _pull_answer(requests[1], 4, max_offset=12)
+                 + _pull_answer(requests[2], code=ResponseCode.PULL_NOT_FOUND, max_offset=12))
+    got = call.outcome()
+    assert (got.status, got.next_begin_offset, got.pulls, got.short) == (PullStatus.FOUND, 12, 2, None)
+    # nothing at the first pull: its status as it came
+    call = _Ranged(api, server.addr, 12, 40, 8, window=8, timeout_s=5)
+    requests = [server.read_frame(conn) for _ in range(5)]
+    conn.sendall(_pull_answer(requests[0], code=ResponseCode.PULL_OFFSET_MOVED, max_offset=12))
+    got = call.outcome()
+    assert (got.status, got.next_begin_offset, got.message_binary) == (PullStatus.OFFSET_ILLEGAL, 12, b"")
+
+
+def test_pull_range_errors_and_a_connection_reset(server: FakeServer, client: RemotingClient) -> None:
+    api = MQClientAPI(client)
+    # the first pull's error is raised, typed
+    call = _Ranged(api, server.addr, 0, 64, 8, window=8, timeout_s=5)
+    conn = server.accept()
+    requests = [server.read_frame(conn) for _ in range(8)]
+    conn.sendall(_pull_answer(requests[0], code=ResponseCode.TOPIC_NOT_EXIST, remark="topic[T] not exist"))
+    with pytest.raises(TopicNotExistError, match=r"PULL_MESSAGE to .* TOPIC_NOT_EXIST: topic\[T\]"):
+        call.outcome()
+    # an error after answers that found messages ends the range there
+    call = _Ranged(api, server.addr, 0, 64, 8, window=8, timeout_s=5)
+    requests = [server.read_frame(conn) for _ in range(8)]
+    conn.sendall(_pull_answer(requests[1], code=ResponseCode.SYSTEM_BUSY) + _pull_answer(requests[0]))
+    got = call.outcome()
+    assert (got.status, got.next_begin_offset, got.pulls) == (PullStatus.FOUND, 8, 1)
+
+    # a reset mid-window: the answers before it are kept
+    call = _Ranged(api, server.addr, 0, 64, 8, window=8, timeout_s=5)
+    requests = [server.read_frame(conn) for _ in range(8)]
+    conn.sendall(_pull_answer(requests[0]) + _pull_answer(requests[1]) + _pull_answer(requests[3]))
+    time.sleep(0.1)
+    conn.close()
+    got = call.outcome()
+    assert (got.next_begin_offset, got.pulls, got.message_binary) == (16, 2, b"[0+8][8+8]")
+    # a reset before any answer fails the pull; the next one connects again
+    call = _Ranged(api, server.addr, 16, 64, 8, window=8, timeout_s=5)
+    conn2 = server.accept()
+    server.read_frame(conn2)
+    conn2.close()
+    with pytest.raises(BrokerUnavailableError, match=rf"connection to {server.addr} closed.*PULL_MESSAGE"):
+        call.outcome()
+    call = _Ranged(api, server.addr, 16, 16, 8, window=8, timeout_s=5)
+    conn3 = server.accept()
+    conn3.sendall(b"".join(_pull_answer(server.read_frame(conn3)) for _ in range(2)))
+    assert call.outcome().next_begin_offset == 32
+
+
+def test_pull_range_times_out(server: FakeServer, client: RemotingClient) -> None:
+    api = MQClientAPI(client)
+    start = time.monotonic()
+    call = _Ranged(api, server.addr, 0, 64, 8, window=8, timeout_s=0.3)
+    with pytest.raises(RequestTimeoutError, match=rf"{server.addr} did not answer PULL_MESSAGE.*0.3 s"):
+        call.outcome()
+    assert time.monotonic() - start < 2.0
+    # late answers are dropped; the connection stays usable
+    conn = server.accept()
+    conn.sendall(b"".join(_pull_answer(server.read_frame(conn)) for _ in range(8)))
+    ok = client.invoke_async(server.addr, RemotingCommand.request(30), 5)
+    conn.sendall(_answer(server.read_frame(conn), offset="2"))
+    assert ok.result(5).ext_fields == {"offset": "2"}
+
+
+def test_pull_range_takes_binary_headers_and_signs_each_request(server: FakeServer) -> None:
+    credentials = SessionCredentials("ak", "sk")
+    with RemotingClient(rpc_hook=AclClientRPCHook(credentials)) as signing:
+        call = _Ranged(MQClientAPI(signing), server.addr, 5, 10, 4, window=8, timeout_s=5)
+        conn = server.accept()
+        requests = [server.read_frame(conn) for _ in range(3)]
+        # a broker set to RocketMQ's binary headers answers in them
+        conn.sendall(b"".join(_pull_answer(r, binary=True) for r in requests))
+        got = call.outcome()
+    assert (got.next_begin_offset, got.message_binary) == (15, b"[5+4][9+4][13+2]")
+    assert [r.ext_fields["queueOffset"] for r in requests] == ["5", "9", "13"]
+    for r in requests:  # each signed over its own fields
+        assert r.ext_fields["AccessKey"] == "ak"
+        assert r.ext_fields["Signature"] == sign_request(r.ext_fields, b"", "sk")
+
+
+def test_backend_learns_the_per_pull_cap_and_probes_it_again(
+    server: FakeServer, client: RemotingClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pyspark_pymq.backend import BackendConfig
+    from pyspark_pymq.backend import rocketmq as backend_module
+
+    backend = backend_module.RocketMQBackend(BackendConfig(None, server.addr))
+    backend.api = MQClientAPI(client, timeout_s=5)
+    monkeypatch.setattr(backend, "_addr", lambda mq: server.addr)
+    conns: list[socket.socket] = []
+    pulled: list[RemotingCommand] = []
+
+    def serve(cap: int, at: int | None, short: int) -> None:
+        """Answer what the pull sends: at most ``cap`` messages each, ``short`` at offset ``at``."""
+        if not conns:
+            conns.append(server.accept())
+        conn = conns[0]
+        while not _nothing_to_read(conn, 0.3):
+            r = server.read_frame(conn)
+            pulled.append(r)
+            offset, asked = int(r.ext_fields["queueOffset"]), int(r.ext_fields["maxMsgNums"])
+            conn.sendall(_pull_answer(r, short if offset == at else min(asked, cap), max_offset=1_000_000))
+
+    def pull(offset: int, cap: int, at: int | None = None, short: int = 0) -> Any:
+        pulled.clear()
+        t = threading.Thread(target=serve, args=(cap, at, short), daemon=True)
+        t.start()
+        got = backend.pull("g", MessageQueue("T", "b", 0), offset, 100, timeout_s=5)
+        t.join(5)
+        return got
+
+    def cap() -> int:
+        return backend._pull_caps[server.addr][0]
+
+    got = pull(0, 32)  # a single pull: the broker's cap shows
+    assert (got.next_begin_offset, [p.ext_fields["maxMsgNums"] for p in pulled]) == (32, ["100"])
+    assert cap() == 32
+    got = pull(32, 32)  # then pulls of 32, all in flight at once
+    assert got.next_begin_offset == 132 and got.message_count == 100
+    assert [p.ext_fields["maxMsgNums"] for p in pulled] == ["32", "32", "32", "4"]
+    # an answer cut at a consume queue file's end says nothing about the cap
+    got = pull(299_990, 32, at=299_990, short=10)
+    assert got.next_begin_offset == 300_000 and cap() == 32
+    # a short answer elsewhere lowers it (a byte cap); a probe once it is old raises it again
+    got = pull(0, 32, at=32, short=20)
+    assert got.next_begin_offset == 52 and cap() == 20
+    monkeypatch.setattr(backend_module, "PULL_CAP_TTL_S", 0.0)
+    got = pull(52, 64)
+    assert [p.ext_fields["maxMsgNums"] for p in pulled] == ["100"] and got.next_begin_offset == 116
+    assert cap() == 64
+
+# ---------------------------------------------------------------------------------------------
 # against a real RocketMQ cluster
 
 
@@ -486,6 +739,12 @@ def topic(cluster: Any) -> str:
     name = f"remoting-{uuid.uuid4().hex[:8]}"
     cluster.create_topic(name, queues=8)
     return name
+
+
+def codec_encode_batch(messages: Any) -> bytes:
+    from pyspark_pymq.rocketmq.codec import encode_batch
+
+    return encode_batch(messages)
 
 
 def _decode(data: bytes | bytearray, broker_name: str) -> list[Any]:
@@ -587,6 +846,24 @@ def test_send_sync_async_oneway_and_pull_back(cluster: Any, api: MQClientAPI, to
     assert [m.body for m in _decode(sql.message_binary, "broker-a")] == [b"one"]
     two = api.pull_message_async(addr, "pull-group", mq, 1, 1).result(5)
     assert (two.status, two.next_begin_offset) == (PullStatus.FOUND, 2)
+
+
+def test_pull_range_reads_a_queue_in_windows(cluster: Any, api: MQClientAPI, topic: str) -> None:
+    addr = cluster.broker_addrs["broker-b"]
+    mq = MessageQueue(topic, "broker-b", 4)
+    body = codec_encode_batch((f"m{i}".encode(), 0, {"UNIQ_KEY": f"K{i:04d}"}) for i in range(300))
+    api.send_batch_message(addr, mq, body, [f"K{i:04d}" for i in range(300)], producer_group="pg")
+    _wait_for(lambda: api.get_max_offset(addr, mq) == 300, 5, "the batch")
+    got = api.pull_range(addr, "range-group", mq, 10, 250, 7, window=5, refill=2)
+    assert (got.status, got.next_begin_offset, got.max_offset, got.pulls) == (PullStatus.FOUND, 260, 300, 36)
+    msgs = _decode(got.message_binary, "broker-b")
+    assert [m.queue_offset for m in msgs] == list(range(10, 260))
+    assert [m.body for m in msgs] == [f"m{i}".encode() for i in range(10, 260)]
+    tail = api.pull_range(addr, "range-group", mq, 290, 50, 16)  # the queue ends first
+    assert (tail.next_begin_offset, tail.pulls, tail.short) == (300, 1, None)
+    assert len(_decode(tail.message_binary, "broker-b")) == 10
+    past = api.pull_range(addr, "range-group", mq, 300, 50, 16)
+    assert (past.status, past.next_begin_offset, past.message_binary) == (PullStatus.NO_NEW_MSG, 300, b"")
 
 
 def test_many_sends_in_flight(cluster: Any, api: MQClientAPI, topic: str) -> None:

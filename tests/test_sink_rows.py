@@ -1,11 +1,22 @@
-"""The sink's conversions of Arrow columns to Python values (no Spark needed)."""
+"""The sink's conversions of Arrow columns to Python values, and its send loop (no Spark, no broker)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from datetime import datetime, timezone
+from typing import cast
 
 import pyarrow as pa
+import pytest
+from pyspark.sql.types import BinaryType, IntegerType, StringType, StructField, StructType
+from pyspark_pymq.backend import BackendConfig
+from pyspark_pymq.backend.pymq import PymqBackend
+from pyspark_pymq.client.producer import Producer
+from pyspark_pymq.errors import BrokerUnavailableError, PymqError
 from pyspark_pymq.spark.rows import _ms_column, column
+from pyspark_pymq.spark.sink_options import SinkOptions, parse_sink_options
+from pyspark_pymq.spark.writer import SinkCommitMessage, _send_rows, _TaskIds
 
 
 def test_column_gives_the_values_of_to_pylist_for_every_type() -> None:
@@ -40,7 +51,6 @@ def test_timestamps_become_epoch_milliseconds() -> None:
 
 
 def test_send_back_columns_come_straight_from_the_arrow_columns() -> None:
-    import pytest
     from pyspark_pymq.spark.rows import rows_as_messages, send_back_columns
 
     batch = pa.RecordBatch.from_pydict({
@@ -73,3 +83,139 @@ def test_send_back_columns_come_straight_from_the_arrow_columns() -> None:
         send_back_columns(no_offset, 0, {})
     with pytest.raises(ValueError, match="row 0 has no commit_log_offset or topic"):
         send_back_columns(batch.drop_columns(["topic"]), 0, {})
+
+
+# -- the send loop (_send_rows) with a producer that records its calls -------------------------
+
+_PREFIX = "0123456789ABCDEF"
+_WHERE = "partition 0 of batch 0"
+
+
+class _RecordingProducer:
+    """Producer's send side as the sink uses it, recording (topic, queue id, rows) of each send."""
+
+    def __init__(self, *_: object, send_mode: str = "sync", fail: Exception | None = None,
+                 answer: object = None, **__: object) -> None:
+        self.send_mode, self.fail, self.answer = send_mode, fail, answer
+        self.backend = PymqBackend(BackendConfig("127.0.0.1:1"))  # frames records; never connects
+        self.sends: list[tuple[str, int | None, list[int]]] = []
+        self.props: dict[int, bytes] = {}
+        self.bodies: dict[int, bytes] = {}
+        self.queue_look_ups: list[tuple[str, str]] = []
+        self.flushed = False
+        self.oneway_unacknowledged = 0
+
+    def _sent(self, topic: str, queue_id: int | None, keys: Sequence[str]) -> list[object]:
+        if self.fail is not None:
+            raise self.fail
+        rows = [int(k[len(_PREFIX):], 16) for k in keys]
+        assert all(k.startswith(_PREFIX) for k in keys)
+        self.sends.append((topic, queue_id, rows))
+        return [self.answer]
+
+    def send_encoded(self, topic: str, bodies: list[bytes], props: list[bytes], keys: list[str], *,
+                     queue_id: int | None = None) -> list[object]:
+        rows = [int(k[len(_PREFIX):], 16) for k in keys]
+        self.props.update(zip(rows, props, strict=True))
+        self.bodies.update(zip(rows, bodies, strict=True))
+        return self._sent(topic, queue_id, keys)
+
+    def send_records(self, topic: str, records: bytes, sizes: object, keys: Sequence[str]) -> list[object]:
+        return self._sent(topic, None, keys)
+
+    def queue_for_key(self, topic: str, sharding_key: str) -> int:
+        self.queue_look_ups.append((topic, sharding_key))
+        if self.fail is not None:
+            raise self.fail
+        return {"a": 1, "b": 2}[sharding_key]
+
+    def flush(self) -> None:
+        self.flushed = True
+
+
+def _making(producer: _RecordingProducer) -> Callable[..., Producer]:
+    return lambda *_, **__: cast(Producer, producer)
+
+
+def _sink_options(**options: str) -> SinkOptions:
+    schema = StructType([StructField("body", BinaryType()), StructField("topic", StringType()),
+                         StructField("sharding_key", StringType()), StructField("queue_id", IntegerType()),
+                         StructField("delay_level", IntegerType())])
+    return parse_sink_options({"endpoint": "127.0.0.1:1", **options}, schema, stream=False)
+
+
+def _send(batches: list[pa.RecordBatch], producer: _RecordingProducer, extra: bytes = b"",
+          **options: str) -> SinkCommitMessage:
+    opts = _sink_options(**{"topic": "t", **options})
+    return _send_rows(opts, iter(batches), _TaskIds("q", "0", 0, 0),
+                      new_producer=_making(producer), prefix=_PREFIX, extra_properties=extra)
+
+
+def test_rows_go_per_destination_in_batches_of_max_batch_bytes_and_a_delayed_row_alone() -> None:
+    plain = pa.RecordBatch.from_pydict({"body": pa.array([b"p0", b"p1"])})
+    rows = pa.RecordBatch.from_pydict({
+        "body": pa.array(["x" * 299 + "é"] * 7),  # a string column: sent as UTF-8
+        "topic": pa.array([None, None, None, None, "u", None, None]),
+        "sharding_key": pa.array(["a", None, "a", "a", None, "a", "b"]),
+        "queue_id": pa.array([None, 3, None, None, None, None, 0], pa.int32()),
+        "delay_level": pa.array([None, None, 2, None, None, 0, None], pa.int32()),
+    })
+    producer = _RecordingProducer()
+    extra = b"PYMQ_SINK_TXN\x01x\x02"
+    done = _send([plain, rows.slice(0, 0), rows], producer, extra, maxBatchBytes="1024")
+    assert done.rows == 9
+    # the plain batch whole; rows 2.. (row index i of `rows` is row i + 2): row 4 is delayed,
+    # so it goes at once and alone; three rows of ~460 bytes fill (t, queue 1) at row 7
+    assert producer.sends == [("t", None, [0, 1]), ("t", 1, [4]), ("t", 1, [2, 5, 7]),
+                              ("t", 3, [3]), ("u", None, [6]), ("t", 0, [8])]
+    assert producer.queue_look_ups == [("t", "a")] * 4  # a queue_id column wins over the key
+    assert producer.props[4] == (b"UNIQ_KEY\x01" + f"{_PREFIX}{4:016X}".encode()
+                                 + b"\x02DELAY\x012\x02__SHARDINGKEY\x01a\x02" + extra)
+    assert producer.props[6] == b"UNIQ_KEY\x01" + f"{_PREFIX}{6:016X}".encode() + b"\x02" + extra
+    assert producer.bodies[8] == ("x" * 299 + "é").encode()
+    assert not producer.flushed  # sync: the answers are in hand
+
+
+def test_bad_rows_fail_the_task_naming_the_first_one() -> None:
+    def rows(**columns: pa.Array) -> pa.RecordBatch:
+        base = {"body": pa.array([b"0", b"1", b"2"]), "sharding_key": pa.array(["a", "a", "a"])}
+        return pa.RecordBatch.from_pydict({**base, **columns})
+
+    cases = [  # each batch has two faults: the first row's is named
+        (rows(body=pa.array([b"0", None, b"2"]), delay_level=pa.array([None, None, -1], pa.int32())),
+         "row 1 of partition 0 of batch 0 has a null body"),
+        (rows(delay_level=pa.array([None, -1, None], pa.int32()), sharding_key=pa.array(["a", "a", "\x02"])),
+         "row 1 of partition 0 of batch 0 has delay_level -1; use 0 or more"),
+        (rows(sharding_key=pa.array(["a", "b\x01", None]), body=pa.array([b"0", b"1", None])),
+         r"row 1 of partition 0 of batch 0: a property name or value contains the reserved"),
+    ]
+    for batch, match in cases:
+        with pytest.raises(ValueError, match=match):
+            _send([batch], _RecordingProducer())
+    opts = _sink_options()  # no topic option: a null topic is refused
+    with pytest.raises(ValueError, match=f"row 0 of {_WHERE} has a null topic and no topic option is set"):
+        _send_rows(opts, iter([rows(topic=pa.array([None, "t", "t"]))]),
+                   _TaskIds("q", "0", 0, 0), new_producer=_making(_RecordingProducer()))
+
+
+def test_failed_sends_keep_their_code_and_name_their_rows() -> None:
+    batch = pa.RecordBatch.from_pydict({"body": pa.array([b"0", b"1"])})
+    keyed = pa.RecordBatch.from_pydict({"body": pa.array([b"0", b"1"]), "sharding_key": pa.array(["a", "b"])})
+    refused = BrokerUnavailableError("down", code="X")
+    for rows, match in ((batch, "sending rows 0..1 of "), (keyed, "choosing the queue of row 0 of ")):
+        with pytest.raises(BrokerUnavailableError, match=match) as info:
+            _send([rows], _RecordingProducer(fail=refused))
+        assert info.value.code == "X" and _WHERE in str(info.value) and "failed: down" in str(info.value)
+    late: Future[object] = Future()
+    late.set_exception(PymqError("no", code="Y"))
+    with pytest.raises(PymqError, match=f"async send of rows 0..1 of {_WHERE} failed: no") as failed:
+        _send([batch], _RecordingProducer(send_mode="async", answer=late), sendMode="async")
+    assert failed.value.code == "Y"
+
+
+def test_oneway_counts_the_rows_not_acknowledged_without_failing() -> None:
+    producer = _RecordingProducer(send_mode="oneway")
+    producer.oneway_unacknowledged = 2
+    done = _send([pa.RecordBatch.from_pydict({"body": pa.array([b"0", b"1", b"2"])})], producer,
+                 sendMode="oneway")
+    assert producer.flushed and done.unacknowledged == 2 and done.rows == 3

@@ -25,6 +25,7 @@ messages are not sent through this backend yet.
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
@@ -52,8 +53,14 @@ _QUEUE_OFFSET_AT = 20  # QUEUEOFFSET in MessageDecoder's record
 _BATCH_ITEM_FIXED = 4 * 5 + 2  # encodeMessages: TOTALSIZE MAGIC BODYCRC FLAG BODYLEN, PROPERTIESLENGTH
 DEFAULT_MAX_RECONSUME_TIMES = 16  # a consumer's -1: RocketMQ's default
 # Brokers answer at most maxTransferCountOnMessageInMemory (32) messages per pull by default:
-# an unfiltered pull of more goes out as this many pulls at once.
+# an unfiltered pull of more goes out as pulls of that many, up to PULL_WINDOW in flight; as
+# soon as PULL_REFILL of them are answered, as many more go out.
 PULL_WINDOW = 64
+PULL_REFILL = 32
+# A learned per-pull cap is probed again (one single pull) when it is this old.
+PULL_CAP_TTL_S = 60.0
+# MessageStoreConfig.mappedFileSizeConsumeQueue / 20: a pull does not cross a consume queue file.
+CONSUME_QUEUE_FILE_ENTRIES = 300_000
 SEND_BACK_WINDOW = 256  # CONSUMER_SEND_MSG_BACK requests in flight
 
 
@@ -72,8 +79,8 @@ class RocketMQBackend(Backend):
         self.namesrv = NameServerClient(config.namesrv_addr, remoting=self.remoting, timeout_s=timeout_s)
         self._routes = RouteCache(self.namesrv)
         self.api = MQClientAPI(self.remoting, timeout_s=timeout_s)
-        # broker address -> how many messages it answers per pull at most (learned)
-        self._pull_caps: dict[str, int] = {}
+        # broker address -> how many messages it answers per pull at most (learned), and when
+        self._pull_caps: dict[str, tuple[int, float]] = {}
 
     def _addr(self, mq: MessageQueue) -> str:
         return self._routes.broker_addr(mq.topic, mq.broker_name)
@@ -185,18 +192,27 @@ class RocketMQBackend(Backend):
         timeout_s: float | None = None,
     ) -> PullBatch:
         addr = self._addr(mq)
-        cap = self._pull_caps.get(addr)
         plain = expression_type == "TAG" and subscription.strip() in ("", "*") and not suspend_timeout_ms
-        if plain and cap is not None and max_nums > cap:
-            return self._pull_window(addr, group, mq, offset, max_nums, cap, timeout_s)
+        learned = self._pull_caps.get(addr)
+        now = time.monotonic()
+        if plain and learned is not None and max_nums > learned[0] and now - learned[1] < PULL_CAP_TTL_S:
+            return self._pull_window(addr, group, mq, offset, max_nums, learned[0], timeout_s)
+        # A single pull: the first of this broker, one of a few messages, or a probe of a cap
+        # learned a while ago (the broker's settings may have changed, or its byte cap bound).
         r = self._pull_one(addr, group, mq, offset, max_nums, subscription, expression_type,
                            suspend_timeout_ms, timeout_s)
         short = r.next_begin_offset < min(offset + max_nums, r.max_offset)
         if plain and r.status is PullStatus.FOUND and short:
             # fewer than asked while the queue has more: the broker's per-pull cap
             # (maxTransferCountOnMessageInMemory, 32 by default; or its byte cap)
-            self._pull_caps[addr] = max(1, r.next_begin_offset - offset)
+            self._learn_cap(addr, r.next_begin_offset - offset, r.next_begin_offset, now)
         return r
+
+    def _learn_cap(self, addr: str, got: int, next_offset: int, now: float) -> None:
+        # A pull also ends at the end of a consume queue file (300,000 entries by default):
+        # an answer cut there says nothing about the broker's caps.
+        if next_offset % CONSUME_QUEUE_FILE_ENTRIES:
+            self._pull_caps[addr] = (max(1, got), now)
 
     def _pull_one(
         self, addr: str, group: str, mq: MessageQueue, offset: int, max_nums: int, subscription: str,
@@ -214,39 +230,23 @@ class RocketMQBackend(Backend):
         self, addr: str, group: str, mq: MessageQueue, offset: int, max_nums: int, cap: int,
         timeout_s: float | None,
     ) -> PullBatch:
-        """One pull of up to ``max_nums`` messages as up to PULL_WINDOW pulls of ``cap`` in flight.
+        """One pull of up to ``max_nums`` messages as pulls of ``cap``, PULL_WINDOW of them in flight.
 
         Queue offsets are dense, so the sub-ranges of an unfiltered pull are known
-        before any answer; the answers are joined in order and the window stops at
-        the first one that came back short (the read loop goes on from there).
+        before any answer (:meth:`MQClientAPI.pull_range`); the answers are joined in
+        order and the pull stops at the first one that came back short (the read loop
+        goes on from there). A short answer while the queue holds more lowers the cap.
         """
-        starts = list(range(offset, offset + max_nums, cap))[:PULL_WINDOW]
-        futures = [
-            self.api.pull_message_async(addr, group, mq, start, min(cap, offset + max_nums - start),
-                                        sys_flag=build_pull_sys_flag(), timeout_s=timeout_s)
-            for start in starts
-        ]
-        parts: list[bytes] = []
-        last: PullBatch | None = None
-        first_offset = -1
-        for start, future in zip(starts, futures, strict=True):
-            if last is not None and last.next_begin_offset != start:
-                future.cancel()
-                continue
-            got = _pull_batch(future.result(), start)
-            if got.status is not PullStatus.FOUND:
-                if last is None:
-                    return got
-                last = PullBatch(PullStatus.FOUND, last.next_begin_offset, got.min_offset, got.max_offset)
-                continue
-            if last is None:
-                first_offset = got.first_queue_offset
-            parts.append(got.records)
-            last = got
-        assert last is not None
-        records = b"".join(parts)
-        return PullBatch(PullStatus.FOUND, last.next_begin_offset, last.min_offset, last.max_offset,
-                         records, last.next_begin_offset - offset, first_offset)
+        r = self.api.pull_range(addr, group, mq, offset, max_nums, cap, window=PULL_WINDOW,
+                                refill=PULL_REFILL, sys_flag=build_pull_sys_flag(), timeout_s=timeout_s)
+        if r.status is not PullStatus.FOUND:
+            return PullBatch(r.status, r.next_begin_offset, r.min_offset, r.max_offset)
+        if r.short is not None and r.short < cap:
+            self._learn_cap(addr, r.short, r.next_begin_offset, time.monotonic())
+        records = r.message_binary
+        first = _QUEUE_OFFSET.unpack_from(records, _QUEUE_OFFSET_AT)[0] if len(records) >= 28 else -1
+        return PullBatch(PullStatus.FOUND, r.next_begin_offset, r.min_offset, r.max_offset,
+                         records, r.next_begin_offset - offset, first)
 
     def decode_arrow(
         self,

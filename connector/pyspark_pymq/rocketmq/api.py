@@ -26,15 +26,22 @@ at once when its connection closes).
 
 Throughput: a pull answers at most the broker's ``maxTransferCountOnMessageInMemory``
 (32 by default) messages and ``maxTransferBytesOnMessageInMemory`` (256 KiB): raise them
-on the broker for large pulls; ``max_nums`` above them is cut silently.
+on the broker for large pulls; ``max_nums`` above them is cut silently. ``pull_range``
+reads a long range of an unfiltered queue as many such pulls, a sliding window of them in
+flight, without a Future or a fully parsed header per pull::
+
+    got = api.pull_range(addr, "my-group", mq, offset=0, max_nums=32768, per_pull=32)
+    got.next_begin_offset, got.message_binary          # the answers joined in queue order
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
@@ -44,11 +51,15 @@ from typing import Any, TypeVar
 from pymq_proto.topics import get_retry_topic
 
 from ..client.message import MessageQueue, PullStatus, SendResult, SendStatus, new_uniq_key
+from ..errors import PymqError, RequestTimeoutError
 from .codec import message_properties_to_string
 from .protocol import (
+    SERIALIZE_JSON,
+    FrameTemplate,
     RemotingCommand,
     RequestCode,
     ResponseCode,
+    decode_header,
     loads_fastjson,
     request_code_name,
     response_error,
@@ -65,6 +76,7 @@ __all__ = [
     "ConsumerData",
     "MQClientAPI",
     "PullResultExt",
+    "PulledRange",
     "SubscriptionData",
     "TopicOffset",
     "build_pull_sys_flag",
@@ -98,6 +110,9 @@ _PULL_STATUS = {
     ResponseCode.PULL_OFFSET_MOVED: PullStatus.OFFSET_ILLEGAL,
 }
 _OFFSET = struct.Struct(">q")
+# What a pull window reads of a JSON PULL_MESSAGE answer's header (ext field values are strings).
+_JSON_CODE = re.compile(rb'"code":(-?[0-9]+)')
+_PULL_FIELDS = re.compile(rb'"(nextBeginOffset|minOffset|maxOffset)":"(-?[0-9]+)"')
 
 T = TypeVar("T")
 
@@ -155,6 +170,114 @@ class PullResultExt:
     suggest_which_broker_id: int
     message_binary: bytes | bytearray
     offset_delta: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PulledRange:
+    """What :meth:`MQClientAPI.pull_range` read: the pulls' answers joined in queue order.
+
+    ``status`` is FOUND when the first pull found messages: ``message_binary`` then holds
+    the records of every pull up to the one that ended the range, back to back, and
+    ``next_begin_offset`` is where the last of them ends. Otherwise it is the first pull's
+    answer as it came (NO_NEW_MSG...). ``min_offset`` / ``max_offset`` are the last
+    answer's. ``pulls`` counts the answers used; ``short`` is how many messages the last
+    one had when it had fewer than asked while the queue held more (a broker's per-pull
+    cap, or the end of a consume queue file), else None.
+    """
+
+    status: PullStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    message_binary: bytes
+    pulls: int
+    short: int | None = None
+
+
+# One answer of a pull window: (status, nextBeginOffset, minOffset, maxOffset, body), or the
+# error the broker answered.
+_Answer = tuple[PullStatus, int, int, int, bytes | bytearray] | PymqError
+
+
+class _PullWindow:
+    """The answers to one :meth:`MQClientAPI.pull_range` (a ResponseWaiter, no Future per pull).
+
+    Runs on the connection's reader thread: it reads the few header fields a pull needs,
+    keeps the answer in its slot and wakes the caller when ``wake_at`` answers are in, or
+    at the first answer that ends the range (short, not FOUND, an error).
+    """
+
+    __slots__ = (
+        "addr", "answers", "done", "error", "event", "index", "lock", "nums", "starts", "wake_at", "woken",
+    )
+
+    def __init__(self, addr: str, starts: list[int], nums: list[int]) -> None:
+        self.addr = addr
+        self.starts = starts
+        self.nums = nums
+        self.index: dict[int, int] = {}  # opaque -> slot
+        self.answers: list[_Answer | None] = [None] * len(starts)
+        self.lock = threading.Lock()
+        self.event = threading.Event()
+        self.done = 0  # answers in (the reader's count)
+        self.wake_at = 1
+        self.woken = False
+        self.error: BaseException | None = None  # a request failed without an answer
+
+    def on_json(self, opaque: int, header: memoryview | bytes, body: bytes | bytearray) -> None:
+        slot = self.index.get(opaque)
+        if slot is None:
+            return
+        answer: _Answer
+        try:
+            m = _JSON_CODE.search(header)
+            status = _PULL_STATUS.get(int(m.group(1))) if m is not None else None
+            if status is None:
+                answer = response_error(decode_header(header, SERIALIZE_JSON), self.addr, "PULL_MESSAGE")
+            else:
+                fields = dict(_PULL_FIELDS.findall(header))
+                answer = (
+                    status, int(fields.get(b"nextBeginOffset", 0)), int(fields.get(b"minOffset", 0)),
+                    int(fields.get(b"maxOffset", 0)), body if status is PullStatus.FOUND else b"",
+                )
+        except Exception as err:  # a header this cannot read: the request fails
+            self.set_exception(err)
+            return
+        self._arrived(slot, answer)
+
+    def set_result(self, response: RemotingCommand) -> None:
+        slot = self.index.get(response.opaque)
+        if slot is None:
+            return
+        answer: _Answer
+        try:
+            r = MQClientAPI._pull_result(self.addr, response)
+            answer = (r.status, r.next_begin_offset, r.min_offset, r.max_offset,
+                      r.message_binary if r.status is PullStatus.FOUND else b"")
+        except PymqError as err:
+            answer = err
+        except Exception as err:
+            self.set_exception(err)
+            return
+        self._arrived(slot, answer)
+
+    def set_exception(self, error: BaseException) -> None:
+        with self.lock:
+            if self.error is None:
+                self.error = error
+            self.woken = True
+        self.event.set()
+
+    def _arrived(self, slot: int, answer: _Answer) -> None:
+        self.answers[slot] = answer
+        ends = isinstance(answer, PymqError) or answer[1] != self.starts[slot] + self.nums[slot]
+        with self.lock:
+            self.done += 1
+            wake = not self.woken and (ends or self.done >= self.wake_at)
+            if wake:
+                self.woken = True  # once until the caller looks again
+        if wake:
+            self.event.set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,6 +527,134 @@ class MQClientAPI:
         )  # fmt: skip
         timeout = self._timeout(timeout_s) + (suspend_timeout_ms / 1000 if timeout_s is None else 0)
         return _then(self.remoting.invoke_async(addr, request, timeout), lambda r: self._pull_result(addr, r))
+
+    def pull_range(
+        self,
+        addr: str,
+        group: str,
+        mq: MessageQueue,
+        offset: int,
+        max_nums: int,
+        per_pull: int,
+        *,
+        window: int = 64,
+        refill: int = 16,
+        sub_expression: str = "*",
+        expression_type: str = "TAG",
+        sys_flag: int | None = None,
+        timeout_s: float | None = None,
+    ) -> PulledRange:
+        """Offsets ``[offset, offset + max_nums)`` of ``mq`` as pulls of ``per_pull``, ``window`` in flight.
+
+        For an unfiltered subscription, whose queue offsets are dense: each pull's range is
+        known before any answer. Up to ``window`` PULL_MESSAGE are in flight; as soon as
+        ``refill`` of them are answered as many more go out, in one write (frames from a
+        :class:`~.protocol.FrameTemplate` unless the client signs requests). The range ends
+        at the first answer with fewer messages than asked (a broker's cap, the queue's end),
+        without messages, or with an error; the answers up to it are joined in order.
+
+        Raises the first pull's error (a PymqError, BrokerUnavailableError when its
+        connection fails, RequestTimeoutError when it is not answered in time); an error
+        after answers that found messages ends the range there instead.
+        """
+        if max_nums < 1 or per_pull < 1 or window < 1:
+            raise ValueError("max_nums, per_pull and window must be positive")
+        timeout = self._timeout(timeout_s)
+        end = offset + max_nums
+        starts = list(range(offset, end, per_pull))
+        nums = [min(per_pull, end - s) for s in starts]
+        n = len(starts)
+        refill = max(1, min(refill, window))
+        w = _PullWindow(addr, starts, nums)
+        remoting = self.remoting
+        request = self._pull_request(group, mq, offset, per_pull, sub_expression, expression_type, sys_flag,
+                                     0, 0, 0, None)
+        signed = remoting.rpc_hook is not None  # signatures differ per request: no template then
+        template = None if signed else FrameTemplate(request, ("queueOffset", "maxMsgNums"))
+        opaques: list[int] = []  # by slot
+        head = 0  # answers before this slot are in and taken
+        stop = n  # slots from here on are not needed (the range ended before them)
+        try:
+            while True:
+                sent = len(opaques)
+                room = min(window - (sent - w.done), stop - sent)
+                if room > 0:
+                    frames: list[tuple[int, bytes]] = []
+                    for i in range(sent, sent + room):
+                        if template is not None:
+                            opaque = remoting.next_opaque()
+                            frame = template.frame(opaque, starts[i], nums[i])
+                        else:
+                            request.ext_fields["queueOffset"] = str(starts[i])
+                            request.ext_fields["maxMsgNums"] = str(nums[i])
+                            request.ext_fields.pop("Signature", None)
+                            opaque, frame = remoting.encode_request(addr, request)
+                        w.index[opaque] = i
+                        opaques.append(opaque)
+                        frames.append((opaque, frame))
+                    try:
+                        remoting.send_frames(addr, frames, w, RequestCode.PULL_MESSAGE, timeout)
+                    except PymqError as err:
+                        w.set_exception(err)
+                    sent = len(opaques)
+                with w.lock:
+                    w.event.clear()
+                    w.woken = False
+                    # wake up when `refill` answers made room, or when the last one needed is in
+                    w.wake_at = w.done + (min(refill, sent - w.done) if sent < stop else 1 if stop < n else
+                                          sent - w.done)
+                answers = w.answers
+                while head < stop:
+                    a = answers[head]
+                    if a is None:
+                        break
+                    if isinstance(a, PymqError) or a[1] != starts[head] + nums[head]:
+                        stop = head + 1
+                        remoting.discard(addr, opaques[stop:])
+                    head += 1
+                if head >= stop or w.error is not None:
+                    break
+                if sent < stop and window - (sent - w.done) >= refill:
+                    continue
+                if not w.event.wait(timeout + 1.0):
+                    raise RequestTimeoutError(
+                        f"{addr} did not answer PULL_MESSAGE of {mq} at offset {starts[head]} "
+                        f"within {timeout:g} s"
+                    )
+        finally:
+            if head < len(opaques):
+                remoting.discard(addr, opaques[head:])
+        return self._joined(w, starts, nums, head)
+
+    @staticmethod
+    def _joined(w: _PullWindow, starts: list[int], nums: list[int], head: int) -> PulledRange:
+        """The answers of slots before ``head``, up to the first that ended the range."""
+        parts: list[bytes | bytearray] = []
+        last: tuple[PullStatus, int, int, int, bytes | bytearray] | None = None
+        bounds: tuple[int, int] | None = None
+        for slot in range(head):
+            a = w.answers[slot]
+            if a is None or isinstance(a, PymqError):
+                break
+            if a[0] is not PullStatus.FOUND:
+                if last is None:
+                    return PulledRange(a[0], a[1], a[2], a[3], b"", 1)
+                bounds = (a[2], a[3])
+                break
+            parts.append(a[4])
+            last = a
+        if last is None:
+            first = w.answers[0] if head else None
+            if isinstance(first, PymqError):
+                raise first
+            if w.error is not None:
+                raise w.error
+            raise RequestTimeoutError(f"{w.addr} answered no PULL_MESSAGE")  # not reached
+        used = len(parts)
+        j = used - 1
+        short = last[1] - starts[j] if last[1] < min(starts[j] + nums[j], last[3]) else None
+        min_offset, max_offset = bounds if bounds is not None else (last[2], last[3])
+        return PulledRange(PullStatus.FOUND, last[1], min_offset, max_offset, b"".join(parts), used, short)
 
     # -- send ---------------------------------------------------------------------------------
 

@@ -32,6 +32,13 @@ command is sent back as the response. A request without a handler is answered
 ``REQUEST_CODE_NOT_SUPPORTED`` unless it is one-way (e.g. ``NOTIFY_CONSUMER_IDS_CHANGED``),
 as RocketMQ's Java client does.
 
+Many requests at once without a Future each (a pull window: hundreds of ``PULL_MESSAGE``
+of one queue): :meth:`RemotingClient.send_frames` writes pre-encoded frames
+(:class:`~.protocol.FrameTemplate`) in one system call, and their answers go to one
+:class:`ResponseWaiter`; a JSON answer reaches it unparsed (``on_json``), so the waiter
+reads only the header fields it needs. Time-outs and closed connections fail its
+requests as they fail futures.
+
 Signing (RocketMQ ACL, ``AclClientRPCHook``): pass ``rpc_hook=AclClientRPCHook(
 SessionCredentials(access_key, secret_key))`` and every request carries ``AccessKey``,
 ``Signature`` and optionally ``SecurityToken`` in its ext fields.
@@ -62,6 +69,7 @@ from .protocol import (
     FLAG_ONEWAY,
     FLAG_RESPONSE,
     MAX_FRAME_LENGTH,
+    SERIALIZE_JSON,
     RemotingCommand,
     ResponseCode,
     decode_header,
@@ -73,6 +81,7 @@ __all__ = [
     "RPCHook",
     "RemotingClient",
     "RequestHandler",
+    "ResponseWaiter",
     "SessionCredentials",
     "parse_address",
     "sign_request",
@@ -93,10 +102,31 @@ SWEEP_INTERVAL_S = 0.05
 DEFAULT_CONNECT_TIMEOUT_S = 3.0
 
 _INT2 = struct.Struct(">ii")
+# The top-level numbers of a JSON header (ext field values are quoted strings, so they never match).
+_JSON_OPAQUE = re.compile(rb'"opaque":(-?[0-9]+)')
+_JSON_FLAG = re.compile(rb'"flag":([0-9]+)')
 _ADDRESS = re.compile(r"(?:\[([0-9A-Fa-f:.]+)\]|([A-Za-z0-9._-]+)):([0-9]{1,5})")
 
 RequestHandler = Callable[[str, RemotingCommand], RemotingCommand | None]
 """A handler of broker requests: ``(address, request) -> response or None``."""
+
+
+class ResponseWaiter(Protocol):
+    """Takes the answers to requests sent with :meth:`RemotingClient.send_frames`.
+
+    Called on the connection's reader thread (``set_exception`` also on the time-out
+    sweeper's or on a thread that closes the connection): quick, never blocking, never
+    raising.
+    """
+
+    def on_json(self, opaque: int, header: memoryview | bytes, body: bytes | bytearray) -> None:
+        """An answer with a JSON header, unparsed; ``header`` is valid during the call only."""
+
+    def set_result(self, response: RemotingCommand) -> None:
+        """An answer in RocketMQ's binary header form, decoded."""
+
+    def set_exception(self, error: BaseException) -> None:
+        """A request failed: no answer in time, or its connection closed."""
 
 
 def parse_address(addr: object) -> tuple[str, int]:
@@ -170,6 +200,8 @@ class _Connection:
         self.pid = os.getpid()
         # opaque -> (future, monotonic deadline, request code, time-out)
         self.pending: dict[int, tuple[Future[RemotingCommand], float, int, float]] = {}
+        # the same for requests of send_frames, answered to a ResponseWaiter
+        self.waiting: dict[int, tuple[ResponseWaiter, float, int, float]] = {}
         self.send_lock = threading.Lock()
         self.closed = False
         self.close_reason = ""
@@ -257,6 +289,19 @@ class _Connection:
             end += got
 
     def _dispatch(self, header: memoryview | bytes, serialize_type: int, body: bytes | bytearray) -> None:
+        waiting = self.waiting
+        if waiting and serialize_type == SERIALIZE_JSON:
+            # an answer to send_frames goes to its waiter with the header unparsed
+            m = _JSON_OPAQUE.search(header)
+            if m is not None:
+                opaque = int(m.group(1))
+                if opaque in waiting:
+                    f = _JSON_FLAG.search(header)
+                    if f is not None and int(f.group(1)) & FLAG_RESPONSE:
+                        waiter = waiting.pop(opaque, None)
+                        if waiter is not None:
+                            waiter[0].on_json(opaque, header, body)
+                        return
         cmd = decode_header(header, serialize_type)
         cmd.body = body
         if cmd.flag & FLAG_RESPONSE:
@@ -264,6 +309,10 @@ class _Connection:
             # An answer nobody waits for any more (timed out) is dropped, as the Java client does.
             if entry is not None:
                 entry[0].set_result(cmd)
+            elif waiting:
+                waited = waiting.pop(cmd.opaque, None)
+                if waited is not None:
+                    waited[0].set_result(cmd)
         else:
             self.client._on_request(self, cmd)
 
@@ -281,17 +330,18 @@ class _Connection:
                 self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
         self.client._forget(self)
-        while self.pending:
-            try:
-                opaque, (fut, _, code, _) = self.pending.popitem()
-            except KeyError:
-                break
-            fut.set_exception(
-                BrokerUnavailableError(
-                    f"connection to {self.addr} closed while waiting for the answer to "
-                    f"{request_code_name(code)} (opaque {opaque}): {reason}"
+        for table in (self.pending, self.waiting):
+            while table:
+                try:
+                    opaque, (fut, _, code, _) = table.popitem()
+                except KeyError:
+                    break
+                fut.set_exception(
+                    BrokerUnavailableError(
+                        f"connection to {self.addr} closed while waiting for the answer to "
+                        f"{request_code_name(code)} (opaque {opaque}): {reason}"
+                    )
                 )
-            )
 
 
 def _recv_exactly(sock: socket.socket, mv: memoryview) -> None:
@@ -446,6 +496,54 @@ class RemotingClient:
     def _next_opaque(self) -> int:
         return next(self._opaque) & 0x7FFFFFFF
 
+    def next_opaque(self) -> int:
+        """A fresh request id, for a frame that :meth:`send_frames` sends."""
+        return next(self._opaque) & 0x7FFFFFFF
+
+    def encode_request(self, addr: str, request: RemotingCommand) -> tuple[int, bytes]:
+        """``(opaque, frame)`` of ``request`` for :meth:`send_frames`: a fresh opaque, signed
+        by the RPC hook if there is one."""
+        request.flag &= ~(FLAG_RESPONSE | FLAG_ONEWAY)
+        opaque = request.opaque = self.next_opaque()
+        if self.rpc_hook is not None:
+            self.rpc_hook.do_before_request(addr, request)
+        return opaque, request.encode()
+
+    def send_frames(
+        self, addr: str, frames: Sequence[tuple[int, bytes]], waiter: ResponseWaiter, code: int,
+        timeout_s: float,
+    ) -> None:
+        """Write whole request frames, ``(opaque, frame)`` each, in one write; answers go to ``waiter``.
+
+        The frames are the caller's (:meth:`encode_request`, or a
+        :class:`~.protocol.FrameTemplate` when there is no RPC hook to sign them), each with a
+        fresh :meth:`next_opaque`; ``code`` names them in errors. Each request fails on
+        ``waiter`` (``set_exception``) if no answer comes within ``timeout_s`` or its
+        connection closes. Raises :class:`BrokerUnavailableError` when no connection can be
+        made, or the write fails (the connection is closed then: its requests fail too).
+        """
+        conn = self._connection(addr, timeout_s)
+        entry = (waiter, time.monotonic() + timeout_s, code, timeout_s)
+        waiting = conn.waiting
+        for opaque, _ in frames:
+            waiting[opaque] = entry
+        if self._sweeper is None:
+            self._start_sweeper()
+        try:
+            conn.send(b"".join([frame for _, frame in frames]), b"")
+        except OSError as err:
+            for opaque, _ in frames:
+                waiting.pop(opaque, None)
+            conn.close(f"write failed: {err}")
+            raise self._write_error(addr, code, err) from None
+
+    def discard(self, addr: str, opaques: Sequence[int]) -> None:
+        """Forget requests of :meth:`send_frames` whose answers are no longer wanted (dropped on arrival)."""
+        conn = self._conns.get((os.getpid(), addr))
+        if conn is not None:
+            for opaque in opaques:
+                conn.waiting.pop(opaque, None)
+
     @staticmethod
     def _timeout_error(addr: str, code: int, opaque: int, timeout_s: float) -> RequestTimeoutError:
         return RequestTimeoutError(
@@ -542,6 +640,9 @@ class RemotingClient:
                 for opaque, (fut, deadline, code, timeout_s) in list(conn.pending.items()):
                     if deadline <= now and conn.pending.pop(opaque, None) is not None:
                         fut.set_exception(self._timeout_error(conn.addr, code, opaque, timeout_s))
+                for opaque, (waiter, deadline, code, timeout_s) in list(conn.waiting.items()):
+                    if deadline <= now and conn.waiting.pop(opaque, None) is not None:
+                        waiter.set_exception(self._timeout_error(conn.addr, code, opaque, timeout_s))
 
     # -- requests from the broker -----------------------------------------------------------
 

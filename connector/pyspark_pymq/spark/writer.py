@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
+from pymq_proto.record import NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR, property_key
 from pymq_proto.record import MessageConst as MC
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
@@ -36,7 +37,7 @@ from pyspark.sql.datasource import (
 )
 
 from ..backend.base import Backend, cached_backend
-from ..client.codec import fixed_width
+from ..client.codec import UNIQ_PREFIX, fixed_width
 from ..client.consumer import PullConsumer
 from ..client.message import RowKeys
 from ..client.producer import Producer
@@ -90,32 +91,73 @@ def _task_ids(opts: SinkOptions) -> _TaskIds:
     return _TaskIds(query, batch, ctx.partitionId(), ctx.attemptNumber())
 
 
+_RESERVED = "a property name or value contains the reserved characters \\x01 or \\x02"
+_SEP, _END = NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR
+# how the properties the sink sets begin: their name, then _SEP
+_UNIQ_HEAD, _TAGS_HEAD, _KEYS_HEAD, _DELAY_HEAD, _SHARDING_HEAD = (name + _SEP for name in (
+    MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, MC.PROPERTY_TAGS, MC.PROPERTY_KEYS,
+    MC.PROPERTY_DELAY_TIME_LEVEL, MC.PROPERTY_SHARDING_KEY,
+))
+
+
 def _encode_properties(
     user: list[tuple[str, str]] | None, tags: str | None, keys: Any, delay: int | None,
     sharding_key: str | None, uniq: str,
 ) -> bytes:
+    """A row's own properties, RocketMQ's encoding: UNIQ_KEY, the user's, TAGS, KEYS, DELAY, __SHARDINGKEY."""
     # UNIQ_KEY first: the pre-encoded batch layout (the broker finds it there)
-    parts = [f"{MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX}\x01{uniq}\x02"]
+    parts = [f"{_UNIQ_HEAD}{uniq}{_END}"]
     if user:
-        parts += [f"{k}\x01{v}\x02" for k, v in user if k is not None and v is not None]
+        parts += [f"{k}{_SEP}{v}{_END}" for k, v in user if k is not None and v is not None]
     if tags:
-        parts.append(f"{MC.PROPERTY_TAGS}\x01{tags}\x02")
+        parts.append(f"{_TAGS_HEAD}{tags}{_END}")
     if keys:
         text = keys if isinstance(keys, str) else MC.KEY_SEPARATOR.join(k for k in keys if k)
         if text:
-            parts.append(f"{MC.PROPERTY_KEYS}\x01{text}\x02")
+            parts.append(f"{_KEYS_HEAD}{text}{_END}")
     if delay:
-        parts.append(f"{MC.PROPERTY_DELAY_TIME_LEVEL}\x01{delay}\x02")
+        parts.append(f"{_DELAY_HEAD}{delay}{_END}")
     if sharding_key is not None:
-        parts.append(f"{MC.PROPERTY_SHARDING_KEY}\x01{sharding_key}\x02")
+        parts.append(f"{_SHARDING_HEAD}{sharding_key}{_END}")
     text = "".join(parts)
-    if text.count("\x01") != len(parts):
-        raise ValueError("a property name or value contains the reserved characters \\x01 or \\x02")
+    if text.count(_SEP) != len(parts):
+        raise ValueError(_RESERVED)
     return text.encode()
 
 
-class _Pending:
-    """Rows bound for one destination, sent as one batch when full."""
+def _null_body(row: int, where: str) -> ValueError:
+    return ValueError(f"row {row} of {where} has a null body; filter or fill it first")
+
+
+def _body_column(batch: pa.RecordBatch) -> pa.Array | None:
+    """The body column as binary (a string column's values UTF-8 encoded), or None if there is none."""
+    index = batch.schema.get_field_index("body")
+    if index < 0:
+        return None
+    body = batch.column(index)
+    return body if pa.types.is_binary(body.type) else body.cast(pa.binary())
+
+
+_ROW_COLUMNS = ("topic", "tags", "keys", "properties", "delay_level", "sharding_key", "queue_id")
+
+
+def _row_values(batch: pa.RecordBatch, topic: str | None) -> Iterator[tuple[Any, ...]]:
+    """Each row's (body, topic, tags, keys, properties, delay_level, sharding_key, queue_id).
+
+    A column the batch does not have is null on every row, the topic column the ``topic`` option.
+    """
+    body = _body_column(batch)
+    bodies = [None] * batch.num_rows if body is None else body.to_numpy(zero_copy_only=False).tolist()
+    columns = (column(batch, name, topic if name == "topic" else None) for name in _ROW_COLUMNS)
+    return zip(bodies, *columns, strict=True)
+
+
+class _MessageBatch:
+    """Rows bound for one destination (topic, queue id), sent as one request when full.
+
+    RocketMQ's MessageBatch. ``size`` estimates the request: each row's body and properties,
+    and 100 bytes of header.
+    """
 
     __slots__ = ("bodies", "first_row", "keys", "props", "size")
 
@@ -127,13 +169,9 @@ class _Pending:
         self.size = 0
 
 
-def _send_rows(
-    opts: SinkOptions, batches: Iterator[pa.RecordBatch], ids: _TaskIds, *,
-    new_producer: Callable[..., Producer] = Producer, prefix: str | None = None,
-    extra_properties: bytes = b"",
-) -> SinkCommitMessage:
-    """Send every row; ``prefix`` + row index is its UNIQ_KEY, ``extra_properties`` go on each."""
-    producer = new_producer(
+def _open_producer(opts: SinkOptions, new_producer: Callable[..., Producer]) -> Producer:
+    """The task's producer; its send mode, retries, timeout, request size and in-flight window are options."""
+    return new_producer(
         opts.backend.endpoint,
         namesrv_addr=opts.backend.namesrv_addr,
         access_key=opts.backend.access_key,
@@ -146,101 +184,162 @@ def _send_rows(
         max_message_size=opts.max_batch_bytes,
         max_in_flight=opts.max_in_flight,
     )
-    prefix = prefix or ids.key_prefix()
-    pending: dict[tuple[str, int | None], _Pending] = {}
-    futures: list[tuple[int, int, Future[Any]]] = []
-    where = f"partition {ids.partition_id} of batch {ids.batch_id}"
-    row = 0
 
-    def flush(dest: tuple[str, int | None], p: _Pending) -> None:
+
+class _SendTask:
+    """One task's ``action=send``, as Spark's KafkaWriteTask: rows in, requests out, every answer checked.
+
+    An Arrow batch whose rows need no more than a body and tags goes whole
+    (:meth:`send_arrow_batch`); other batches go row by row
+    (:meth:`send_row_by_row`), each row joining its destination's
+    :class:`_MessageBatch` (:meth:`_accumulate`). Sends go by the send mode
+    (the producer retries them and bounds those in flight); one that fails
+    fails the task, naming its rows. :meth:`close` sends what is left, then
+    counts oneway losses and waits for every async answer.
+    """
+
+    __slots__ = ("extra_properties", "in_flight", "max_batch_bytes", "open_batches", "opts", "partition_id",
+                 "prefix", "producer", "rows", "where")
+
+    def __init__(
+        self, opts: SinkOptions, ids: _TaskIds, producer: Producer, prefix: str, extra_properties: bytes,
+    ) -> None:
+        self.opts = opts
+        self.producer = producer
+        self.prefix = prefix  # + the row index (16 hex digits): the row's UNIQ_KEY
+        self.extra_properties = extra_properties  # the same on every row, after the row's own
+        self.max_batch_bytes = opts.max_batch_bytes
+        self.partition_id = ids.partition_id
+        self.where = f"partition {ids.partition_id} of batch {ids.batch_id}"
+        self.open_batches: dict[tuple[str, int | None], _MessageBatch] = {}
+        self.in_flight: list[tuple[int, int, Future[Any]]] = []  # async: (first row, last row, answer)
+        self.rows = 0  # rows taken: the index of the next one
+
+    def execute(self, batches: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
+        for batch in batches:
+            if batch.num_rows and not self.send_arrow_batch(batch):
+                self.send_row_by_row(batch)
+        return self.close()
+
+    def send_arrow_batch(self, batch: pa.RecordBatch) -> bool:
+        """The whole batch at once, laid out by Arrow (:func:`encode_plain_batch`); False if it cannot be."""
+        topic, first, n = self.opts.topic, self.rows, batch.num_rows
+        plain = encode_plain_batch(batch, topic, self.prefix, first, self.where, self.max_batch_bytes,
+                                   self.extra_properties, self.producer.backend)
+        if plain is None or not topic:
+            return False
+        records, sizes, row_keys = plain
         try:
-            results = producer.send_encoded(dest[0], p.bodies, p.props, p.keys, queue_id=dest[1])
+            results = self.producer.send_records(topic, records, sizes, row_keys)
         except PymqError as err:
-            raise _naming(err, f"sending rows {p.first_row}..{p.first_row + len(p.bodies) - 1} of {where} "
-                               f"to {dest[0]!r}") from err
-        for r in results:
-            if isinstance(r, Future):
-                futures.append((p.first_row, p.first_row + len(p.bodies) - 1, r))
+            raise self._send_failed(err, topic, first, n) from err
+        self._keep_answers(results, first, n)
+        self.rows += n
+        return True
 
-    for batch in batches:
-        n = batch.num_rows
-        if not n:
-            continue
-        plain = encode_plain_batch(batch, opts.topic, prefix, row, where, opts.max_batch_bytes,
-                                   extra_properties, producer.backend)
-        if plain is not None and opts.topic:
-            records, sizes, row_keys = plain
-            first = row
-            try:
-                results = producer.send_records(opts.topic, records, sizes, row_keys)
-            except PymqError as err:
-                what = f"sending rows {first}..{first + n - 1} of {where} to {opts.topic!r}"
-                raise _naming(err, what) from err
-            futures.extend((first, first + n - 1, r) for r in results if isinstance(r, Future))
-            row += n
-            continue
-        bodies = column(batch, "body")
-        topics = column(batch, "topic", opts.topic)
-        tags = column(batch, "tags")
-        keys = column(batch, "keys")
-        props = column(batch, "properties")
-        delays = column(batch, "delay_level")
-        shard = column(batch, "sharding_key")
-        queue_ids = column(batch, "queue_id")
-        for i in range(n):
-            body = bodies[i]
+    def send_row_by_row(self, batch: pa.RecordBatch) -> None:
+        """Rows that may name their own topic, queue, sharding key, delay, keys or properties."""
+        default_topic, prefix, extra, where = self.opts.topic, self.prefix, self.extra_properties, self.where
+        producer, accumulate = self.producer, self._accumulate  # looked up once, not per row
+        row = self.rows
+        for body, topic, tags, keys, props, delay, shard, queue_id in _row_values(batch, default_topic):
             if body is None:
-                raise ValueError(f"row {row} of {where} has a null body; filter or fill it first")
-            if isinstance(body, str):
-                body = body.encode()
-            topic = topics[i] or opts.topic
+                raise _null_body(row, where)
+            topic = topic or default_topic
             if not topic:
                 raise ValueError(f"row {row} of {where} has a null topic and no topic option is set")
-            uniq = f"{prefix}{row:016X}"
-            delay = delays[i]
             if delay is not None and delay < 0:
                 raise ValueError(f"row {row} of {where} has delay_level {delay}; use 0 or more")
-            try:
-                encoded = _encode_properties(props[i], tags[i], keys[i], delay, shard[i], uniq)
-                encoded += extra_properties
+            uniq = f"{prefix}{row:016X}"
+            try:  # the row's own properties, then those of every row
+                encoded = _encode_properties(props, tags, keys, delay, shard, uniq) + extra
             except ValueError as err:
                 raise ValueError(f"row {row} of {where}: {err}") from None
-            qid = queue_ids[i]
-            if qid is None and shard[i] is not None:
+            if queue_id is None and shard is not None:  # MessageQueueSelector by hash (inline: per row)
                 try:
-                    qid = producer.queue_for_key(topic, shard[i])
+                    queue_id = producer.queue_for_key(topic, shard)
                 except PymqError as err:
                     raise _naming(err, f"choosing the queue of row {row} of {where} in {topic!r}") from err
-            if delay:  # a delayed message goes alone
-                flush((topic, qid), _one(row, body, encoded, uniq))
-                row += 1
-                continue
-            dest = (topic, qid)
-            p = pending.get(dest)
-            if p is None:
-                p = pending[dest] = _Pending(row)
-            p.bodies.append(body)
-            p.props.append(encoded)
-            p.keys.append(uniq)
-            p.size += len(body) + len(encoded) + 100
-            if p.size >= opts.max_batch_bytes:
-                flush(dest, pending.pop(dest))
+            if delay:  # RocketMQ does not delay batches: a delayed message goes alone
+                self._send_encoded(topic, queue_id, row, [body], [encoded], [uniq])
+            else:
+                accumulate((topic, queue_id), row, body, encoded, uniq)
             row += 1
-    for dest, p in list(pending.items()):
-        flush(dest, p)
-    lost = 0
-    if opts.send_mode == "oneway":
-        producer.flush()  # answers do not fail the task, but nothing is left unsent
-        lost = producer.oneway_unacknowledged
+        self.rows = row
+
+    def close(self) -> SinkCommitMessage:
+        """Sends the batches still open; fails the task if a sync or async send did not succeed."""
+        for dest, batch in list(self.open_batches.items()):
+            self._send_batch(dest, batch)
+        lost = self._oneway_unacknowledged()
+        self._check_for_errors()
+        return SinkCommitMessage(self.partition_id, self.rows, unacknowledged=lost)
+
+    def _accumulate(
+        self, dest: tuple[str, int | None], row: int, body: bytes, props: bytes, key: str,
+    ) -> None:
+        """The row joins its destination's batch, which is sent once it holds ``maxBatchBytes``."""
+        batch = self.open_batches.get(dest)
+        if batch is None:
+            batch = self.open_batches[dest] = _MessageBatch(row)
+        batch.bodies.append(body)
+        batch.props.append(props)
+        batch.keys.append(key)
+        batch.size += len(body) + len(props) + 100
+        if batch.size >= self.max_batch_bytes:
+            self._send_batch(dest, self.open_batches.pop(dest))
+
+    def _send_batch(self, dest: tuple[str, int | None], batch: _MessageBatch) -> None:
+        self._send_encoded(dest[0], dest[1], batch.first_row, batch.bodies, batch.props, batch.keys)
+
+    def _send_encoded(
+        self, topic: str, queue_id: int | None, first: int, bodies: list[bytes], props: list[bytes],
+        keys: list[str],
+    ) -> None:
+        """Rows ``first``... with their properties encoded, to ``queue_id`` (None: round robin)."""
+        try:
+            results = self.producer.send_encoded(topic, bodies, props, keys, queue_id=queue_id)
+        except PymqError as err:
+            raise self._send_failed(err, topic, first, len(bodies)) from err
+        self._keep_answers(results, first, len(bodies))
+
+    def _send_failed(self, err: PymqError, topic: str, first: int, n: int) -> PymqError:
+        return _naming(err, f"sending rows {first}..{first + n - 1} of {self.where} to {topic!r}")
+
+    def _keep_answers(self, results: list[Any], first: int, n: int) -> None:
+        """sendMode=async: the answers to the sends of rows ``first``... (n rows), for :meth:`close`."""
+        for r in results:
+            if isinstance(r, Future):
+                self.in_flight.append((first, first + n - 1, r))
+
+    def _oneway_unacknowledged(self) -> int:
+        """sendMode=oneway: waits for every answer; the failed sends are logged, not raised."""
+        if self.opts.send_mode != "oneway":
+            return 0
+        self.producer.flush()  # answers do not fail the task, but nothing is left unsent
+        lost = self.producer.oneway_unacknowledged
         if lost:
             log.warning("sendMode=oneway: %d of %d row(s) of %s were not acknowledged and may be lost "
-                        "(use sync or async to fail the task instead)", lost, row, where)
-    for first, last, fut in futures:
-        try:
-            fut.result()
-        except PymqError as err:
-            raise _naming(err, f"async send of rows {first}..{last} of {where}") from err
-    return SinkCommitMessage(ids.partition_id, row, unacknowledged=lost)
+                        "(use sync or async to fail the task instead)", lost, self.rows, self.where)
+        return lost
+
+    def _check_for_errors(self) -> None:
+        """sendMode=async: waits for every answer; the first failed send fails the task, naming its rows."""
+        for first, last, answer in self.in_flight:
+            try:
+                answer.result()
+            except PymqError as err:
+                raise _naming(err, f"async send of rows {first}..{last} of {self.where}") from err
+
+
+def _send_rows(
+    opts: SinkOptions, batches: Iterator[pa.RecordBatch], ids: _TaskIds, *,
+    new_producer: Callable[..., Producer] = Producer, prefix: str | None = None,
+    extra_properties: bytes = b"",
+) -> SinkCommitMessage:
+    """Send every row; ``prefix`` + row index is its UNIQ_KEY, ``extra_properties`` go on each."""
+    producer = _open_producer(opts, new_producer)
+    return _SendTask(opts, ids, producer, prefix or ids.key_prefix(), extra_properties).execute(batches)
 
 
 def _naming(err: PymqError, what: str) -> PymqError:
@@ -250,7 +349,8 @@ def _naming(err: PymqError, what: str) -> PymqError:
 
 _HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
 _SHIFTS = np.arange(60, -4, -4, dtype=np.uint64)
-_UNIQ = f"{MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX}\x01".encode()
+_TAGS_KEY = pa.scalar(property_key(MC.PROPERTY_TAGS))
+_END_BYTES = pa.scalar(_END.encode())
 _PER_ROW_COLUMNS = ("keys", "properties", "delay_level", "sharding_key", "queue_id")
 
 
@@ -282,18 +382,17 @@ def encode_plain_batch(
     ):
         return None
     n = batch.num_rows
-    body = batch.column(batch.schema.get_field_index("body"))
+    body = _body_column(batch)
+    if body is None:  # the per-row path names the first row
+        return None
     if body.null_count:
-        i = int(pc.index(pc.is_null(body), True).as_py())
-        raise ValueError(f"row {first_row + i} of {where} has a null body; filter or fill it first")
-    if not pa.types.is_binary(body.type):
-        body = body.cast(pa.binary())
+        raise _null_body(first_row + int(pc.index(pc.is_null(body), True).as_py()), where)
     body_lens = pc.binary_length(body).to_numpy(zero_copy_only=False).astype(np.int64)
     if int(body_lens.max()) > max_body:  # the per-row path names the row that is too big
         return None
     # UNIQ_KEY = the task's prefix + the row index as 16 hex digits, as the per-row path
     rows = np.arange(first_row, first_row + n, dtype=np.uint64)
-    key_head = _UNIQ + prefix.encode()
+    key_head = UNIQ_PREFIX + prefix.encode()
     uniq = np.empty((n, len(key_head) + 17), dtype=np.uint8)
     uniq[:, : len(key_head)] = np.frombuffer(key_head, dtype=np.uint8)
     uniq[:, len(key_head) : -1] = _HEX[((rows[:, None] >> _SHIFTS) & np.uint64(15)).astype(np.intp)]
@@ -304,14 +403,8 @@ def encode_plain_batch(
         tags = batch.column(batch.schema.get_field_index("tags")).cast(pa.binary())
         bad = pc.or_(pc.match_substring(tags, "\x01"), pc.match_substring(tags, "\x02"))
         if pc.any(bad).as_py():
-            i = int(pc.index(bad, True).as_py())
-            raise ValueError(
-                f"row {first_row + i} of {where}: a property name or value contains the reserved "
-                "characters \\x01 or \\x02"
-            )
-        tagged = pc.binary_join_element_wise(
-            pa.scalar(f"{MC.PROPERTY_TAGS}\x01".encode()), tags, pa.scalar(b"\x02"), pa.scalar(b"")
-        )
+            raise ValueError(f"row {first_row + int(pc.index(bad, True).as_py())} of {where}: {_RESERVED}")
+        tagged = pc.binary_join_element_wise(_TAGS_KEY, tags, _END_BYTES, pa.scalar(b""))
         tagged = pc.if_else(pc.equal(pc.binary_length(tags), 0), pa.scalar(b""), tagged).fill_null(b"")
         plens += pc.binary_length(tagged).to_numpy(zero_copy_only=False)
         parts.append(tagged)
@@ -323,14 +416,6 @@ def encode_plain_batch(
         return None
     records, sizes = framed
     return records, sizes, RowKeys(prefix, first_row, first_row + n)
-
-
-def _one(row: int, body: bytes, encoded: bytes, uniq: str) -> _Pending:
-    p = _Pending(row)
-    p.bodies.append(body)
-    p.props.append(encoded)
-    p.keys.append(uniq)
-    return p
 
 
 def _send_back_rows(
