@@ -159,6 +159,29 @@ def test_available_now_exactly_once_across_restart_with_group_progress(
     assert sum(offsets[last][topic].values()) == 300
 
 
+def test_batch_0_reads_data_and_a_replay_of_it_reads_the_same(spark: Any, ep: str, tmp_path: Path) -> None:
+    """No empty first micro-batch; batch 0 replayed after a crash reads exactly what it read."""
+    topic = create(ep, unique("b0"), queues=2)
+    produce(ep, topic, 10)
+    checkpoint = tmp_path / "checkpoint"
+    df = stream(spark, ep, topic, startingOffsets="earliest", consumerGroup=unique("g"))
+
+    def run() -> list[tuple[int, int]]:
+        query = (df.writeStream.format("noop").option("checkpointLocation", str(checkpoint))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination(180)
+        assert not query.isActive and query.exception() is None
+        return [(p["batchId"], p["numInputRows"]) for p in query.recentProgress]
+
+    assert run() == [(0, 10)]
+    # As if the driver died after writing batch 0's offsets but before its commit: the
+    # restart replays batch 0 from the INITIAL marker to the logged end, then goes on.
+    for name in ("0", ".0.crc"):
+        (checkpoint / "commits" / name).unlink(missing_ok=True)
+    produce(ep, topic, 5, start=10)
+    assert run() == [(0, 10), (1, 5)]
+
+
 def test_format_found_without_register_and_with_register(spark: Any, ep: str) -> None:
     topic = create(ep, unique("reg"), queues=2)
     produce(ep, topic, 10)

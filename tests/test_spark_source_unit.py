@@ -43,6 +43,7 @@ from pyspark_pymq.spark.options import (
 )
 from pyspark_pymq.spark.schema import COLUMNS, SOURCE_DDL, arrow_schema, source_schema
 from pyspark_pymq.spark.source_offset import (
+    FROM_KEY,
     INITIAL,
     is_initial,
     offsets_from_json,
@@ -467,13 +468,19 @@ def test_stream_offsets_start_limit_new_queues_and_commit() -> None:
     reader = make_stream(fake)
     first = reader.initialOffset()
     assert is_initial(first) and reader.partitions(first, first) == []
-    start = reader.latestOffset(first, ReadAllAvailable())
-    assert ends(start) == {T0: 0, T1: 0}
-    assert reader.partitions(first, start) == []
-    end = reader.latestOffset(start, ReadMaxRows(8))
-    assert ends(end) == {T0: 2, T1: 6}  # shared by backlog: 10 vs 30
-    parts = reader.partitions(start, end)
+    # Batch 0 already reads (no empty first batch); its end carries its resolved start, so a
+    # replay of batch 0 from the marker plans the same ranges.
+    start = reader.latestOffset(first, ReadMaxRows(8))
+    assert ends(start) == {T0: 2, T1: 6}  # shared by backlog: 10 vs 30
+    assert json.loads(json.dumps(start))[FROM_KEY] == {"t": {"b:0": 0, "b:1": 0}}
+    parts = reader.partitions(json.loads(json.dumps(first)), json.loads(json.dumps(start)))
     assert [(p.range.queue_id, p.range.start, p.range.end) for p in parts] == [(0, 0, 2), (1, 0, 6)]
+    end = reader.latestOffset(start, ReadMaxRows(8))
+    assert FROM_KEY not in end and ends(end) == {T0: 4, T1: 12}
+    parts = reader.partitions(start, end)
+    assert [(p.range.queue_id, p.range.start, p.range.end) for p in parts] == [(0, 2, 4), (1, 6, 12)]
+    # a checkpoint of an older version: batch 0 ended at the resolved start and read nothing
+    assert reader.partitions(first, {"t": {"b:0": 0, "b:1": 0}}) == []
     # Spark compares JSON text: the same offsets must serialise identically
     assert json.dumps(reader.latestOffset(end, ReadMaxRows(8))) == json.dumps(
         reader.latestOffset(end, ReadMaxRows(8))
@@ -495,11 +502,10 @@ def test_stream_offsets_available_now_target_and_data_loss() -> None:
     reader = make_stream(fake)
     reader.prepareForTriggerAvailableNow()
     fake.set({T0: (0, 50), T1: (0, 5)})  # arrives after the target was taken
-    start = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
-    assert ends(start) == {T0: 0}
-    end = reader.latestOffset(start, ReadAllAvailable())
-    assert ends(end) == {T0: 10}
-    assert reader.latestOffset(end, ReadAllAvailable()) == end  # done: AvailableNow stops
+    end = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    assert ends(end) == {T0: 10}  # up to the target in batch 0
+    # done: the same offset (JSON text and all) back, so Spark plans no second batch
+    assert json.dumps(reader.latestOffset(end, ReadAllAvailable())) == json.dumps(end)
 
     # expired offsets, a deleted queue and a recreated queue: failOnDataLoss decides
     fake.set({T0: (4, 50)})

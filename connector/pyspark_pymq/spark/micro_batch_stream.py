@@ -23,7 +23,7 @@ restarted query resumes from it, not from the broker.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -42,7 +42,15 @@ from .offset_range import limit_offsets, plan_ranges, split_ranges
 from .offset_reader import OffsetReader, QueueBounds
 from .options import SourceOptions
 from .read_loop import make_partitions, read_partition
-from .source_offset import INITIAL, is_initial, offsets_from_json, offsets_to_json
+from .source_offset import (
+    FROM_KEY,
+    INITIAL,
+    batch_start,
+    is_initial,
+    offsets_from_json,
+    offsets_to_json,
+    with_start,
+)
 
 __all__ = ["PymqMicroBatchStream"]
 
@@ -121,7 +129,8 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 }
             resolved = reader.starting_offsets(bounds)
             self._latest = offsets_to_json({mq: b.max_offset for mq, b in bounds.items()})
-            return offsets_to_json(resolved)
+            # Batch 0 reads from the resolved start on: no empty first batch.
+            return with_start(self._end_offsets(resolved, {}, bounds, limit), resolved)
 
         current = offsets_from_json(start)
         bounds, missing = reader.bounds(require_topics=False)
@@ -176,6 +185,18 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 )
             kept[mq] = offset
 
+        end = self._end_offsets(kept, waiting, bounds, limit)
+        if FROM_KEY in start and end == {t: q for t, q in start.items() if t != FROM_KEY}:
+            return start  # nothing new after batch 0: the same JSON text, so no batch
+        return end
+
+    def _end_offsets(
+        self, kept: Mapping[MessageQueue, int], waiting: Mapping[MessageQueue, int],
+        bounds: Mapping[MessageQueue, QueueBounds], limit: ReadLimit,
+    ) -> dict[str, dict[str, int]]:
+        """The next end: queues ``kept`` advance up to their max offset (or the target) within
+        ``limit``, ``waiting`` ones stay, new queues join at their first offset."""
+        fail = self.options.fail_on_data_loss
         # Every queue still there stays in the offsets, at least where it is.
         end = {**kept, **waiting}
         available: dict[MessageQueue, int] = {}
@@ -207,10 +228,11 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- planning (driver) ---------------------------------------------------------------
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        if is_initial(start) or is_initial(end):
+        first = batch_start(start, end)
+        if first is None:
             return []
         ranges = plan_ranges(
-            offsets_from_json(start),
+            first,
             offsets_from_json(end),
             fail_on_data_loss=self.options.fail_on_data_loss,
         )

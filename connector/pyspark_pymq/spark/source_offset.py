@@ -17,7 +17,16 @@ A new stream's first offset is the :data:`INITIAL` marker rather than
 resolved offsets: Spark calls ``initialOffset()`` twice at first start and
 again when batch 0 is replayed after a crash, and "latest" or "the group's
 progress" would give a different answer each time. The marker is resolved once,
-by the first ``latestOffset``; the batch from the marker reads nothing.
+by the first ``latestOffset``, which returns batch 0's end with its resolved
+start under :data:`FROM_KEY`::
+
+    {"$from": {"orders": {"broker-a:0": 100}}, "orders": {"broker-a:0": 250}}
+
+so batch 0 already reads data, and a replay of batch 0 (from the marker to that
+end, as the checkpoint's offset log holds it) reads exactly the same messages.
+Only batch 0's end carries ``$from``; :func:`offsets_from_json` skips it.
+Checkpoints written before it (batch 0 an empty batch to the resolved start)
+replay as they did.
 """
 
 from __future__ import annotations
@@ -30,14 +39,17 @@ from ..client.message import MessageQueue
 
 __all__ = [
     "EARLIEST",
+    "FROM_KEY",
     "INITIAL",
     "LATEST",
     "QueueKey",
+    "batch_start",
     "is_initial",
     "offsets_from_json",
     "offsets_to_json",
     "parse_offsets_json",
     "queue_key",
+    "with_start",
 ]
 
 #: (topic, broker name, queue id); broker name "" matches any broker.
@@ -50,6 +62,8 @@ LATEST = -1
 #: Topic names cannot contain '$', so this key never clashes with a topic.
 INITIAL_KEY = "$initial"
 INITIAL: dict[str, Any] = {INITIAL_KEY: "startingOffsets"}
+#: In batch 0's end offset: the resolved start of batch 0.
+FROM_KEY = "$from"
 
 
 def is_initial(offset: Mapping[str, Any]) -> bool:
@@ -84,12 +98,33 @@ def _split_queue_key(key: str, *, allow_bare: bool) -> tuple[str, int] | None:
     return broker, int(qid)
 
 
+def with_start(end: dict[str, dict[str, int]], start: Mapping[MessageQueue, int]) -> dict[str, Any]:
+    """Batch 0's end offset: ``end`` and, under :data:`FROM_KEY`, where batch 0 starts."""
+    return {FROM_KEY: offsets_to_json(start), **end}
+
+
+def batch_start(start: Mapping[str, Any], end: Mapping[str, Any]) -> dict[MessageQueue, int] | None:
+    """Where the batch from ``start`` to ``end`` begins; None: it reads nothing.
+
+    From the :data:`INITIAL` marker that is batch 0's resolved start, which its end
+    carries (a checkpoint of an older version has none: its batch 0 read nothing).
+    """
+    if is_initial(end):
+        return None
+    if is_initial(start):
+        first = end.get(FROM_KEY)
+        return None if first is None else offsets_from_json(first)
+    return offsets_from_json(start)
+
+
 def offsets_from_json(offset: Mapping[str, Any]) -> dict[MessageQueue, int]:
     """The offsets of a checkpointed offset (the inverse of :func:`offsets_to_json`)."""
     if is_initial(offset):
         raise ValueError("the initial marker has no offsets; resolve it first")
     out: dict[MessageQueue, int] = {}
     for topic, queues in offset.items():
+        if topic == FROM_KEY:
+            continue
         if not isinstance(queues, Mapping):
             raise ValueError(f"checkpointed pymq offset {offset!r} is malformed at {topic!r}")
         for key, value in queues.items():
