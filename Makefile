@@ -7,10 +7,12 @@ SOURCES := $(shell find connector broker_stub proto -name '*.py' -o -name '*.pro
 PYTEST_ARGS ?=
 RMQ_VERSION := 5.3.3
 RMQ         := $(VENV)/rocketmq-$(RMQ_VERSION)
+RMQ_CLIENT_JAVA_VERSION := 5.1.0
+RMQ_CLIENT_JAVA := $(VENV)/rocketmq-client-java-$(RMQ_CLIENT_JAVA_VERSION)
 # The API reference from the docstrings; a warning (a broken reference, an undocumented module) fails.
 DOCS        = $(PY) -m sphinx -E -W --keep-going -q -b html docs build/docs
 
-.PHONY: setup rocketmq demo test unit lint typecheck proto bench clean docs
+.PHONY: setup rocketmq rocketmq-client-java demo test unit lint typecheck proto bench clean docs
 
 # Java 17 for Spark, a virtualenv with the pinned dependencies, pymq installed into it.
 setup: $(VENV)/.installed
@@ -44,12 +46,26 @@ $(RMQ)/.fetched: tests/rocketmq/pom.xml tests/rocketmq/settings.xml $(VENV)/.jav
 	rm -rf $(RMQ)/lib && mv $(RMQ)/lib.tmp $(RMQ)/lib
 	touch $@
 
+# RocketMQ 5's official Java client (gRPC), which tests/test_v2_java_client.py runs against the
+# embedded broker's apache.rocketmq.v2 service: one shaded jar from Maven Central, same cache and settings.
+rocketmq-client-java: $(RMQ_CLIENT_JAVA)/.fetched
+
+$(RMQ_CLIENT_JAVA)/.fetched: tests/rocketmq/client-java/pom.xml tests/rocketmq/settings.xml $(VENV)/.java
+	@command -v mvn >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq maven)
+	@command -v javac >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq openjdk-17-jdk-headless)
+	rm -rf $(RMQ_CLIENT_JAVA)/lib.tmp
+	mvn -q -B -s tests/rocketmq/settings.xml -f tests/rocketmq/client-java/pom.xml -Dmaven.repo.local=$(abspath $(VENV))/m2 \
+	  org.apache.maven.plugins:maven-dependency-plugin:3.6.1:copy-dependencies \
+	  -DincludeScope=runtime -DoutputDirectory=$(abspath $(RMQ_CLIENT_JAVA))/lib.tmp
+	rm -rf $(RMQ_CLIENT_JAVA)/lib && mv $(RMQ_CLIENT_JAVA)/lib.tmp $(RMQ_CLIENT_JAVA)/lib
+	touch $@
+
 # The main job: the demo pipeline on an embedded broker.
 demo: setup
 	$(PY) examples/demo_pipeline.py
 
 # Every test: unit, integration (a real broker process, real RocketMQ, a real local Spark), lint, types, docs.
-test: setup rocketmq
+test: setup rocketmq rocketmq-client-java
 	$(PY) -m ruff check connector broker_stub proto tests examples benchmarks
 	$(PY) -m mypy connector broker_stub proto
 	$(DOCS)
@@ -67,11 +83,13 @@ unit: setup
 	$(PY) -m mypy connector broker_stub proto
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
-# Regenerate the gRPC code after editing proto/pymq_proto/v1/pymq.proto.
+# Regenerate the gRPC code after editing proto/pymq_proto/v1/pymq.proto, and apache.rocketmq.v2's
+# (RocketMQ 5 clients) from the published protos in proto/pymq_proto/rocketmq_v2/protos.
 proto: $(VENV)/.deps
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m grpc_tools.protoc -I proto \
 	  --python_out=proto --grpc_python_out=proto --mypy_out=proto --mypy_grpc_out=proto \
 	  proto/pymq_proto/v1/pymq.proto
+	PATH=$(abspath $(VENV))/bin:$$PATH PYTHONPATH=proto $(PY) -m pymq_proto.rocketmq_v2.generate
 
 bench: setup
 	$(PY) benchmarks/run_all.py

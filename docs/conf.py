@@ -86,7 +86,7 @@ def _google_sections(app: Sphinx, what: str, name: str, obj: Any, options: Any, 
 
 # -- every module documented -------------------------------------------------------------
 # Generated gRPC code and ``python -m`` entry points are left out on purpose.
-_NOT_DOCUMENTED = re.compile(r"(\.__main__$|^pymq_proto\.v1(\.|$))")
+_NOT_DOCUMENTED = re.compile(r"(\.__main__$|^pymq_proto\.v1(\.|$)|^pymq_proto\.rocketmq_v2\.\w+_pb2(_grpc)?$)")
 
 
 def _all_modules() -> set[str]:

@@ -29,6 +29,13 @@ JAVA_PRODUCER_SOURCE = Path(__file__).resolve().parent / "rocketmq" / "JavaProdu
 # Delay levels 1..18 in seconds: retry and delay tests wait seconds, not RocketMQ's 1s..2h ladder.
 # RocketMQ parses only the units s, m, h and d ("100ms" would stop the broker from starting).
 FAST_DELAY_LEVELS = "1s 1s 1s 2s 2s 2s 2s 2s 2s 2s 2s 2s 2s 2s 2s 2s 2s 2s"
+# The brokers' transaction check-back timings (ms): first check, then between checks. The
+# op records that mark half messages ended are written in batches every
+# transactionOpBatchInterval (3 s by default): it must be well under the time-out, or a half
+# message committed or rolled back a moment ago is checked back (and may be committed twice).
+TRANSACTION_TIMEOUT_MS = 2000
+TRANSACTION_CHECK_INTERVAL_MS = 1000
+TRANSACTION_OP_BATCH_INTERVAL_MS = 200
 
 # Logged by BrokerOuterAPI.registerBrokerAll only after the name server accepted the
 # registration; "The broker[...] boot success" comes earlier, before routes exist.
@@ -137,9 +144,15 @@ class RocketMQCluster:
     remoting port clients use), ``cluster_name``. A broker on port L also listens on L-2 (the "VIP"
     channel) and L+1 (HA, which RocketMQ binds on every interface); all three are free when chosen.
 
+    ``tls=(cert_file, key_file)``: every server speaks TLS only (RocketMQ's
+    ``tls.server.mode=enforcing``) with that PEM certificate and unencrypted PKCS#8 key.
+
     Broker settings: autoCreateTopicEnable, autoCreateSubscriptionGroup, enablePropertyFilter
-    (SQL92 filters), ASYNC_FLUSH, 64 MiB commit-log files, diskMaxUsedSpaceRatio=95 and short delay
-    levels (``delay_levels``, 18 of them); ``extra_broker_conf`` adds or overrides broker.conf keys.
+    (SQL92 filters), ASYNC_FLUSH, 64 MiB commit-log files, diskMaxUsedSpaceRatio=95, short delay
+    levels (``delay_levels``, 18 of them) and short transaction check-backs
+    (``transactionTimeOut`` / ``transactionCheckInterval`` / ``transactionOpBatchInterval`` of
+    TRANSACTION_TIMEOUT_MS / TRANSACTION_CHECK_INTERVAL_MS / TRANSACTION_OP_BATCH_INTERVAL_MS);
+    ``extra_broker_conf`` adds or overrides broker.conf keys.
 
     ``produce`` sends with RocketMQ's own Java client (tests/rocketmq/JavaProducer.java, compiled
     once next to the jars): plain sends, tags, keys, user properties, delay levels, pinned queues,
@@ -162,6 +175,7 @@ class RocketMQCluster:
         cluster_name: str = "PymqTestCluster",
         rocketmq_dir: Path = DEFAULT_ROCKETMQ_DIR,
         startup_timeout: float = 90.0,
+        tls: tuple[str, str] | None = None,
     ) -> None:
         if len(set(brokers)) != len(brokers) or not brokers:
             raise ValueError(f"broker names must be distinct and not empty: {brokers!r}")
@@ -176,6 +190,7 @@ class RocketMQCluster:
         self.rocketmq_dir = Path(rocketmq_dir)
         self.lib_dir = self.rocketmq_dir / "lib"
         self.startup_timeout = startup_timeout
+        self.tls = tls
         self.namesrv_addr = ""
         self.broker_addrs: dict[str, str] = {}
         self._procs: dict[str, _Proc] = {}
@@ -375,8 +390,22 @@ class RocketMQCluster:
             f"-Drocketmq.home.dir={self.base_dir}",
             # Without it every JVM picks the first rmq.*.logback.xml on the class path (the broker's).
             f"-Drmq.logback.configurationFile={logback}",
+            *self._tls_properties(),
             "-cp",
             self._classpath(*([classes] if classes else [])),
+        ]
+
+    def _tls_properties(self) -> list[str]:
+        # TlsSystemConfig: servers refuse plaintext (enforcing) with this certificate; the brokers'
+        # and the tools' clients speak TLS to the name server without checking it (RocketMQ's
+        # tls.client.authServer=false default).
+        if self.tls is None:
+            return []
+        cert, key = self.tls
+        return [
+            "-Dtls.server.mode=enforcing", "-Dtls.test.mode.enable=false",
+            f"-Dtls.server.certPath={cert}", f"-Dtls.server.keyPath={key}",
+            "-Dtls.enable=true", "-Dtls.client.authServer=false",
         ]
 
     def _namesrv_proc(self, port: int) -> _Proc:
@@ -419,6 +448,11 @@ class RocketMQCluster:
             # a broker answers SYSTEM_BUSY ([TIMEOUT_CLEAN_QUEUE] flow control): tests would be
             # flaky, not wrong. Production brokers keep their own setting.
             "waitTimeMillsInSendQueue": "3000",
+            # Check-backs within seconds (RocketMQ's 6 s / 30 s / 3 s): an unresolved half message
+            # is first checked 2 s after it was born, then about every second (at most 15 times).
+            "transactionTimeOut": str(TRANSACTION_TIMEOUT_MS),
+            "transactionCheckInterval": str(TRANSACTION_CHECK_INTERVAL_MS),
+            "transactionOpBatchInterval": str(TRANSACTION_OP_BATCH_INTERVAL_MS),
             **self.extra_broker_conf,
         }
         path = home / "broker.conf"

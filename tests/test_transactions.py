@@ -18,6 +18,7 @@ from pyspark_pymq import (
     PullConsumer,
     TransactionProducer,
 )
+from pyspark_pymq.client.message import SystemMessage
 from pyspark_pymq.errors import MessageIllegalError
 
 FAST = ["--transaction-timeout", "300", "--transaction-check-interval", "300",
@@ -64,7 +65,10 @@ def test_commit_is_visible_and_rollback_never_is(tx_broker: BrokerProcess) -> No
     assert visible(ep) == [b"paid"]
     consumer = PullConsumer(ep, "g")
     m = consumer.pull(consumer.queues("orders")[0], 0).messages[0]
-    assert m.msg_id == r.msg_id and m.keys == ("o1",) and "TRAN_MSG" not in m.properties
+    # as RocketMQ 5.3.3 stores it: the half message's properties kept (tests/conformance too)
+    assert m.msg_id == r.msg_id and m.keys == ("o1",)
+    props = m.properties
+    assert (props["TRAN_MSG"], props["PGROUP"], props["REAL_TOPIC"]) == ("true", "tx", "orders")
     time.sleep(1.0)  # no check-back resurrects the rolled-back one
     assert visible(ep) == [b"paid"]
 
@@ -123,9 +127,11 @@ def test_transactional_messages_refuse_delay_and_batches(tx_broker: BrokerProces
         producer.send_message_in_transaction(Message("orders", b"x", delay_level=2), lambda m, a: COMMIT)
     producer.close()
     tx = {"TRAN_MSG": "true", "PGROUP": "tx"}
-    with pytest.raises(MessageIllegalError, match="batch"):
-        Producer(ep).send_batch([Message("orders", b"a", properties=tx),
-                                 Message("orders", b"b", properties=tx)])
+    with pytest.raises(ValueError, match="'TRAN_MSG' is reserved"):  # a plain Message cannot say it
+        Producer(ep).send_batch([Message("orders", b"a", properties=tx)])
+    with pytest.raises(MessageIllegalError, match="batch"):  # nor can a batch of half messages
+        Producer(ep).send_batch([SystemMessage("orders", b"a", properties=tx),
+                                 SystemMessage("orders", b"b", properties=tx)])
 
 
 def _half_props(uniq: str, group: str = "tx") -> bytes:
@@ -246,4 +252,5 @@ def test_encoded_and_classic_half_batches_store_the_same_half_messages(tmp_path:
         real = PullConsumer(ep, "r").pull(MessageQueue("orders", "broker-a", 1), 0, 1000).messages
         assert [seen(m) for m in real[: len(bodies)]] == [seen(m) for m in real[len(bodies):]]
         assert [m.body for m in real] == bodies + bodies
-        assert real[0].properties == {"UNIQ_KEY": fast[0], "PGROUP": "tx"}
+        assert real[0].properties == {"UNIQ_KEY": fast[0], "PGROUP": "tx", "TRAN_MSG": "true",
+                                      "REAL_TOPIC": "orders", "REAL_QID": "1"}

@@ -29,6 +29,8 @@ from pyspark_pymq import errors as errors_module
 from pyspark_pymq.client.message import SendStatus
 from pyspark_pymq.client.transport import BrokerClient, ResponseStream, StreamRpc, UnaryRpc
 from pyspark_pymq.errors import (
+    AccessDeniedError,
+    AuthenticationError,
     BrokerUnavailableError,
     IllegalArgumentError,
     MessageIllegalError,
@@ -38,6 +40,7 @@ from pyspark_pymq.errors import (
     RequestTimeoutError,
     SubscriptionParseError,
     SystemBusyError,
+    TlsRequiredError,
     TopicExistError,
     TopicNotExistError,
     error_for_code,
@@ -65,6 +68,9 @@ RETRIABLE = {
     OffsetIllegalError: False,
     BrokerUnavailableError: True,
     RequestTimeoutError: True,
+    AccessDeniedError: False,
+    AuthenticationError: False,
+    TlsRequiredError: False,
 }
 
 
@@ -87,7 +93,7 @@ def test_broker_codes_become_errors_that_say_whether_to_retry() -> None:
         ("SYSTEM_BUSY", True), ("SERVICE_NOT_AVAILABLE", True), ("REQUEST_TIMEOUT", True),
         ("TOPIC_NOT_EXIST", False), ("NO_PERMISSION", False), ("MESSAGE_ILLEGAL", False),
         ("ILLEGAL_ARGUMENT", False), ("PULL_OFFSET_MOVED", False), ("SYSTEM_ERROR", False),
-        ("SOME_FUTURE_CODE", False),
+        ("SOME_FUTURE_CODE", False), ("FORBIDDEN", False), ("UNAUTHORIZED", False),
     ]:
         err = error_for_code(code, "remark")
         assert err.code == code and err.retriable is retriable, code

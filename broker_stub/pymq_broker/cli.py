@@ -2,6 +2,8 @@
 
     pymq-broker --data-dir DIR --host 127.0.0.1 --port PORT \
         [--flush-disk-type ASYNC_FLUSH|SYNC_FLUSH] [--auto-create-topic-enable]
+        [--authentication-enabled [--authorization-enabled] --init-authentication-user USER:PASSWORD]
+        [--tls-cert-file PEM --tls-key-file PEM [--tls-client-ca-file PEM]]
 
 ``--port 0`` picks a free port. The broker prints ``pymq broker listening on
 HOST:PORT`` once it serves, and shuts down cleanly on SIGTERM or Ctrl-C.
@@ -14,6 +16,7 @@ import asyncio
 import ctypes
 import ctypes.util
 import logging
+import os
 import signal
 import sys
 
@@ -58,6 +61,23 @@ def parser() -> argparse.ArgumentParser:
                    help="ms between check-backs (default 60000)")
     p.add_argument("--transaction-check-max", type=int, default=15,
                    help="check-backs before a transaction is given up (default 15)")
+    p.add_argument("--authentication-enabled", action="store_true",
+                   help="every request must be signed by a user (access key / secret key); off by default: "
+                        "an open broker must stay on loopback")
+    p.add_argument("--authorization-enabled", action="store_true",
+                   help="check every request against the users' ACLs (needs --authentication-enabled)")
+    p.add_argument("--init-authentication-user", metavar="USER:PASSWORD",
+                   default=os.environ.get("PYMQ_INIT_AUTHENTICATION_USER"),
+                   help="create this Super user if it does not exist (default: "
+                        "$PYMQ_INIT_AUTHENTICATION_USER, which keeps the password out of the process list)")
+    p.add_argument("--authentication-clock-skew-ms", type=int, default=300_000,
+                   help="ms a request's signed date-time may be from the broker's clock (default 300000)")
+    p.add_argument("--tls-cert-file", help="PEM certificate chain: serve TLS only (with --tls-key-file)")
+    p.add_argument("--tls-key-file", help="PEM private key of --tls-cert-file")
+    p.add_argument("--tls-client-ca-file",
+                   help="PEM CA certificates: clients must present a certificate they signed (mutual TLS)")
+    p.add_argument("--min-invisible-time-mills-for-recv", type=int, default=10_000,
+                   help="RocketMQ 5 clients: shortest invisible duration of a receive, ms (default 10000)")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -80,6 +100,14 @@ async def _serve(args: argparse.Namespace) -> int:
         transaction_timeout=args.transaction_timeout,
         transaction_check_interval=args.transaction_check_interval,
         transaction_check_max=args.transaction_check_max,
+        min_invisible_time_mills_for_recv=args.min_invisible_time_mills_for_recv,
+        authentication_enabled=args.authentication_enabled,
+        authorization_enabled=args.authorization_enabled,
+        init_authentication_user=args.init_authentication_user,
+        authentication_clock_skew_ms=args.authentication_clock_skew_ms,
+        tls_cert_file=args.tls_cert_file,
+        tls_key_file=args.tls_key_file,
+        tls_client_ca_file=args.tls_client_ca_file,
     )
     controller = BrokerController(broker_config, store_config)
     endpoint = await controller.start()

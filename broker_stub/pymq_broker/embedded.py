@@ -21,7 +21,10 @@ class EmbeddedBroker:
         port: 0 picks a free port. ``host`` defaults to 127.0.0.1.
         **config: any BrokerConfig or MessageStoreConfig field, e.g.
             ``flush_disk_type="SYNC_FLUSH"``, ``auto_create_topic_enable=True``,
-            ``message_delay_level="1s 2s 5s"``, ``file_reserved_time=1.0``.
+            ``message_delay_level="1s 2s 5s"``, ``file_reserved_time=1.0``; security:
+            ``authentication_enabled=True, authorization_enabled=True,
+            init_authentication_user="admin:PASSWORD"``, ``tls_cert_file=``,
+            ``tls_key_file=``, ``tls_client_ca_file=`` (see the README's Security).
 
     Example::
 

@@ -7,8 +7,15 @@
     pymq-admin -e 127.0.0.1:8081 dead-letters analytics
     pymq-admin -e 127.0.0.1:8081 resend-dead-letters analytics [--msg-id ID ...]
     pymq-admin -e 127.0.0.1:8081 send orders --count 100000 --size 200
+    pymq-admin -e 127.0.0.1:8081 user create alice --password '...' [--type Super|Normal]
+    pymq-admin -e 127.0.0.1:8081 user list | update alice --status disable | delete alice
+    pymq-admin -e 127.0.0.1:8081 acl create User:alice --resource Topic:orders --action Pub,Sub
+    pymq-admin -e 127.0.0.1:8081 acl list [--subject User:alice] | delete User:alice [--resource R]
 
-The endpoint can also come from PYMQ_ENDPOINT.
+The endpoint can also come from PYMQ_ENDPOINT; a broker with authentication on takes
+``--access-key`` (or PYMQ_ACCESS_KEY) and the secret key from PYMQ_SECRET_KEY (or
+``--secret-key``, which other users of the machine can see in the process list); a TLS
+broker takes ``--tls-ca-file`` (and ``--tls-cert-file`` / ``--tls-key-file`` for mutual TLS).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
+from .backend.base import client_tls
 from .client import Admin, Message, Producer, PullConsumer
 from .errors import PymqError
 
@@ -151,7 +159,7 @@ def _cmd_send(admin: Admin, a: argparse.Namespace) -> None:
     body = b"x" * a.size
     bar = ProgressBar(a.count, f"sending to {a.topic}")
     done = 0
-    with Producer(admin.endpoint) as producer:
+    with Producer(admin.endpoint, **a.security) as producer:
         while done < a.count:
             n = min(a.batch, a.count - done)
             producer.send_batch([Message(a.topic, body, tags=a.tags) for _ in range(n)])
@@ -162,7 +170,7 @@ def _cmd_send(admin: Admin, a: argparse.Namespace) -> None:
 
 
 def _cmd_tail(admin: Admin, a: argparse.Namespace) -> None:
-    consumer = PullConsumer(admin.endpoint, a.group)
+    consumer = PullConsumer(admin.endpoint, a.group, **a.security)
     for mq in consumer.queues(a.topic):
         end = consumer.max_offset(mq)
         start = max(consumer.min_offset(mq), end - a.last)
@@ -175,11 +183,88 @@ def _cmd_broker(admin: Admin, a: argparse.Namespace) -> None:
         print(f"{name:24} {value}")
 
 
+def _split(values: Sequence[str] | None) -> list[str]:
+    """Repeatable, comma-separated values: ``--action Pub,Sub --action Get``."""
+    return [v.strip() for value in values or () for v in value.split(",") if v.strip()]
+
+
+def _cmd_user(admin: Admin, a: argparse.Namespace) -> None:
+    if a.user_command == "create":
+        admin.create_user(a.username, a.password, a.type or "Normal")
+        print(f"user {a.username} created ({a.type or 'Normal'})")
+    elif a.user_command == "update":
+        admin.update_user(a.username, a.password, a.type, a.status)
+        print(f"user {a.username} updated")
+    elif a.user_command == "delete":
+        admin.delete_user(a.username)
+        print(f"user {a.username} deleted (with its ACL)")
+    else:
+        _print_frame(admin.list_users(a.filter or ""))
+
+
+def _cmd_acl(admin: Admin, a: argparse.Namespace) -> None:
+    if a.acl_command == "create":
+        admin.create_acl(a.subject, _split(a.resource), _split(a.action), a.decision, _split(a.source_ip))
+        actions, resources = ",".join(_split(a.action)), ", ".join(_split(a.resource))
+        print(f"ACL of {a.subject}: {a.decision} {actions} on {resources}")
+    elif a.acl_command == "delete":
+        admin.delete_acl(a.subject, _split(a.resource))
+        print(f"ACL of {a.subject}: {', '.join(_split(a.resource)) or 'every entry'} deleted")
+    else:
+        _print_frame(admin.list_acls(a.subject, _split(a.resource), _split(a.action), a.decision))
+
+
+def _add_user_and_acl(sub: Any) -> None:
+    sp = sub.add_parser("user", help="users of a broker with authentication (Super users only)")
+    sp.set_defaults(fn=_cmd_user)
+    users = sp.add_subparsers(dest="user_command", required=True)
+    u = users.add_parser("create", help="create a user")
+    u.add_argument("username")
+    u.add_argument("--password", required=True, help="its secret key")
+    u.add_argument("--type", choices=["Super", "Normal"], help="default Normal")
+    u = users.add_parser("update", help="change a user's password, type or status")
+    u.add_argument("username")
+    u.add_argument("--password")
+    u.add_argument("--type", choices=["Super", "Normal"])
+    u.add_argument("--status", choices=["enable", "disable"])
+    users.add_parser("delete", help="delete a user and its ACL").add_argument("username")
+    users.add_parser("list", help="list users").add_argument("--filter", help="a part of the username")
+
+    sp = sub.add_parser("acl", help="access control lists (ACL 2.0; Super users only)")
+    sp.set_defaults(fn=_cmd_acl)
+    acls = sp.add_subparsers(dest="acl_command", required=True)
+    c = acls.add_parser("create", help="grant or deny a user actions on resources")
+    c.add_argument("subject", help="User:<name>")
+    c.add_argument("--resource", action="append", required=True,
+                   help="Topic:<name>, Group:<name>, Cluster:<name>; a name may end in * or be *")
+    c.add_argument("--action", action="append", required=True,
+                   help="Pub, Sub, Create, Update, Delete, Get, List, All "
+                        "(comma-separated, repeatable)")
+    c.add_argument("--decision", choices=["Allow", "Deny"], default="Allow")
+    c.add_argument("--source-ip", action="append", help="CIDR range the entry holds for (repeatable)")
+    d = acls.add_parser("delete", help="delete a user's ACL entries (all without --resource)")
+    d.add_argument("subject")
+    d.add_argument("--resource", action="append")
+    ls = acls.add_parser("list", help="list ACL entries")
+    ls.add_argument("--subject")
+    ls.add_argument("--resource", action="append")
+    ls.add_argument("--action", action="append")
+    ls.add_argument("--decision", choices=["Allow", "Deny"])
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pymq-admin", description="Administer a pymq broker.")
     p.add_argument("-e", "--endpoint", default=os.environ.get("PYMQ_ENDPOINT"),
                    help="broker host:port (default: $PYMQ_ENDPOINT)")
+    p.add_argument("--access-key", default=os.environ.get("PYMQ_ACCESS_KEY"),
+                   help="user of a broker with authentication (default: $PYMQ_ACCESS_KEY)")
+    p.add_argument("--secret-key", default=os.environ.get("PYMQ_SECRET_KEY"),
+                   help="its secret key (default: $PYMQ_SECRET_KEY, which keeps it out of the process list)")
+    p.add_argument("--tls-ca-file", help="connect with TLS, trusting this CA (PEM)")
+    p.add_argument("--tls-cert-file", help="client certificate for mutual TLS (PEM, with --tls-key-file)")
+    p.add_argument("--tls-key-file", help="its private key (PEM)")
     sub = p.add_subparsers(dest="command", required=True)
+    _add_user_and_acl(sub)
 
     def add(name: str, fn: Callable[[Admin, argparse.Namespace], None], help: str) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help)
@@ -231,7 +316,11 @@ def main(argv: list[str] | None = None) -> int:
         print("pymq-admin: give --endpoint host:port (or set PYMQ_ENDPOINT)", file=sys.stderr)
         return 2
     try:
-        args.fn(Admin(args.endpoint), args)
+        args.security = {
+            "access_key": args.access_key, "secret_key": args.secret_key,
+            "tls": client_tls(None, args.tls_ca_file, args.tls_cert_file, args.tls_key_file),
+        }
+        args.fn(Admin(args.endpoint, **args.security), args)
     except (PymqError, ValueError, TypeError) as err:
         print(f"pymq-admin: {err}", file=sys.stderr)
         return 1

@@ -36,6 +36,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
+    "AccessDeniedError",
+    "AuthenticationError",
     "BrokerUnavailableError",
     "IllegalArgumentError",
     "MessageIllegalError",
@@ -45,6 +47,7 @@ __all__ = [
     "RequestTimeoutError",
     "SubscriptionParseError",
     "SystemBusyError",
+    "TlsRequiredError",
     "TopicExistError",
     "TopicNotExistError",
     "error_for_code",
@@ -88,6 +91,31 @@ class NoPermissionError(PymqError):
     code = "NO_PERMISSION"
 
 
+class AccessDeniedError(NoPermissionError):
+    """An ACL of the broker refuses this user the action on the resource (RocketMQ 5's FORBIDDEN).
+
+    The message names the user, the resource and the action; a Super user grants it
+    (``Admin.create_acl``, ``pymq-admin acl create``).
+    """
+
+    code = "FORBIDDEN"
+
+
+class AuthenticationError(PymqError):
+    """The broker does not accept the request's signature (RocketMQ 5's UNAUTHORIZED): no
+    credentials, an unknown or disabled user, a wrong secret key, or a date-time outside
+    the broker's clock-skew window."""
+
+    code = "UNAUTHORIZED"
+
+
+class TlsRequiredError(PymqError):
+    """The client and the broker disagree on TLS (a plaintext client and a TLS broker, or
+    a certificate the other side does not trust): no retry mends it."""
+
+    code = "SERVICE_NOT_AVAILABLE"
+
+
 class SubscriptionParseError(PymqError):
     code = "SUBSCRIPTION_PARSE_FAILED"
 
@@ -126,6 +154,8 @@ class RequestTimeoutError(PymqError):
 _BY_CODE: dict[str, type[PymqError]] = {
     cls.code: cls
     for cls in (
+        AccessDeniedError,
+        AuthenticationError,
         TopicNotExistError,
         TopicExistError,
         MessageIllegalError,

@@ -126,6 +126,9 @@ class MessageConst:
     PROPERTY_CONSUME_FAILURE_BATCH_ID = "CONSUME_FAILURE_BATCH_ID"
     # pymq: "<queryId>:<batchId>:<transaction>" of a row written by the exactly-once sink
     PROPERTY_SINK_TRANSACTION = "PYMQ_SINK_TXN"
+    # RocketMQ's broker: a half message's UNIQ_KEY once more (kept by the committed message);
+    # not in STRING_HASH_SET, so a user may set it, but not a user's property when read
+    PROPERTY_TRANSACTION_ID = "__transactionId__"
     KEY_SEPARATOR = " "
 
     SYSTEM_PROPERTIES = frozenset(
@@ -156,6 +159,7 @@ class MessageConst:
             PROPERTY_CONSUME_FAILURE_QUERY_ID,
             PROPERTY_CONSUME_FAILURE_BATCH_ID,
             PROPERTY_SINK_TRANSACTION,
+            PROPERTY_TRANSACTION_ID,
         }
     )
     # what the broker sets on a message it sends back (so not for a consumer's reason to set)
@@ -173,6 +177,27 @@ class MessageConst:
             PROPERTY_WAIT_STORE_MSG_OK,
         }
     )
+    # RocketMQ's STRING_HASH_SET (Message.putUserProperty refuses these names), with the ones
+    # pymq's broker reads too: a user property of one of these names changes what the broker
+    # does with the message (TRAN_MSG=true makes it a half message no one ends...).
+    STRING_HASH_SET = frozenset(
+        {
+            PROPERTY_TRACE_SWITCH, PROPERTY_MSG_REGION, PROPERTY_KEYS, PROPERTY_TAGS,
+            PROPERTY_WAIT_STORE_MSG_OK, PROPERTY_DELAY_TIME_LEVEL, PROPERTY_RETRY_TOPIC,
+            PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID, PROPERTY_TRANSACTION_PREPARED,
+            PROPERTY_PRODUCER_GROUP, "MIN_OFFSET", "MAX_OFFSET", "BUYER_ID", PROPERTY_ORIGIN_MESSAGE_ID,
+            "TRANSFER_FLAG", "CORRECTION_FLAG", "MQ2_FLAG", PROPERTY_RECONSUME_TIME,
+            PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, PROPERTY_MAX_RECONSUME_TIMES, "CONSUME_START_TIME",
+            "POP_CK", "POP_CK_OFFSET", "1ST_POP_TIME", "TRAN_PREPARED_QUEUE_OFFSET", "DUP_INFO",
+            "EXTEND_UNIQ_INFO", "INSTANCE_ID", "CORRELATION_ID", "REPLY_TO_CLIENT", "TTL", "ARRIVE_TIME",
+            "PUSH_REPLY_TIME", PROPERTY_CLUSTER, "MSG_TYPE", "INNER_MULTI_QUEUE_OFFSET", "TIMER_DELAY_SEC",
+            "TIMER_DELIVER_MS", "TIMER_ENQUEUE_MS", "TIMER_DEQUEUE_MS", "TIMER_ROLL_TIMES", "TIMER_OUT_MS",
+            "TIMER_DEL_UNIQKEY", "TIMER_DELAY_LEVEL", "__BORNHOST", "BORN_TIMESTAMP",
+            # pymq's broker sets or reads these as well
+            PROPERTY_SHARDING_KEY, PROPERTY_TRANSACTION_CHECK_TIMES, PROPERTY_DLQ_ORIGIN_TOPIC,
+            PROPERTY_DLQ_ORIGIN_MESSAGE_ID, PROPERTY_SINK_TRANSACTION,
+        }
+    )
 
 
 def encode_properties(props: Mapping[str, str]) -> bytes:
@@ -185,11 +210,15 @@ def encode_properties(props: Mapping[str, str]) -> bytes:
 
 
 def decode_properties(raw: bytes) -> dict[str, str]:
-    """RocketMQ's string2messageProperties."""
+    """RocketMQ's string2messageProperties.
+
+    Bytes that are not UTF-8 become U+FFFD, as Java's ``new String(bytes, UTF_8)``: the
+    broker refuses them at send, but a record stored before must not fail its readers.
+    """
     if not raw:
         return {}
     out: dict[str, str] = {}
-    for item in raw.decode().split(PROPERTY_SEPARATOR):
+    for item in raw.decode("utf-8", "replace").split(PROPERTY_SEPARATOR):
         if item:
             name, _, value = item.partition(NAME_VALUE_SEPARATOR)
             out[name] = value

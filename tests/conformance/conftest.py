@@ -5,8 +5,9 @@ every pymq case first, then starts the RocketMQ cluster (tests/rocketmq_cluster.
 session's ``rocketmq_cluster``) for the rest; ``-k pymq`` never starts a JVM.
 
 Both targets are configured alike: short delay levels (RocketMQ's fixture: 1s 1s 1s 2s ...,
-the pymq broker's: 100ms 200ms 300ms ...) and SQL92 filters on (RocketMQ's
-``enablePropertyFilter=true``, pymq's ``--enable-property-filter``). Topics are created on
+the pymq broker's: 100ms 200ms 300ms ...), SQL92 filters on (RocketMQ's
+``enablePropertyFilter=true``, pymq's ``--enable-property-filter``) and the same transaction
+check-back timings (first check 2 s after a half message, then every second). Topics are created on
 ONE broker, broker-a, on both, so queue ids, offsets and offsetMsgIds compare directly.
 
 The pymq target is a session broker of this package, not the session's ``shared_broker``:
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,10 +26,20 @@ from typing import Any
 import pytest
 from broker_process import BrokerProcess
 from helpers import unique
-from pyspark_pymq import Admin, Message, MessageExt, MessageQueue, Producer, PullConsumer, SendResult
+from pyspark_pymq import (
+    Admin,
+    LocalTransactionState,
+    Message,
+    MessageExt,
+    MessageQueue,
+    Producer,
+    PullConsumer,
+    SendResult,
+    TransactionProducer,
+)
 from pyspark_pymq.backend import Backend, BackendConfig, open_backend
 from pyspark_pymq.errors import PymqError
-from rocketmq_cluster import RocketMQCluster
+from rocketmq_cluster import TRANSACTION_CHECK_INTERVAL_MS, TRANSACTION_TIMEOUT_MS, RocketMQCluster
 
 # tests/conftest.py's FAST_DELAY_LEVELS (the session's shared_broker runs with the same)
 PYMQ_DELAY_LEVELS = (
@@ -84,6 +95,11 @@ class Target:
 
     def admin(self) -> Admin:
         return Admin(**self.client_kwargs)
+
+    def transaction_producer(
+        self, group: str, check_listener: Callable[[MessageExt], LocalTransactionState]
+    ) -> TransactionProducer:
+        return TransactionProducer(producer_group=group, check_listener=check_listener, **self.client_kwargs)
 
     # -- topics and names ------------------------------------------------------------------------
 
@@ -221,6 +237,23 @@ class Target:
             return {}
         return {"RECONSUME_TIME": str(reconsume_times), "MAX_RECONSUME_TIMES": str(max_times)}
 
+    def half_extras(self, uniq_key: str) -> dict[str, str]:
+        """What RocketMQ's broker adds to a half message (and so to the committed message) that the
+        embedded broker does not: ``__transactionId__``, a copy of UNIQ_KEY
+        (TransactionalMessageBridge.parseHalfMessageInner). README, "one behaviour": pymq's bulk half
+        path (the exactly-once sink) re-addresses pre-encoded records with one suffix shared by all."""
+        if self.is_pymq:
+            return {}
+        return {"__transactionId__": uniq_key}
+
+    def check_extras(self) -> dict[str, str]:
+        """What the message of a RocketMQ check-back carries besides the stored half message's
+        properties: WAIT=false (the re-put half message's own flag, put in its properties when the
+        broker encodes it for the producer). The embedded broker sends the stored half as it is."""
+        if self.is_pymq:
+            return {}
+        return {"WAIT": "false"}
+
     def dlq_extras(self, origin_topic: str, origin_msg_id: str) -> dict[str, str]:
         """Properties the pymq broker adds to a %DLQ% copy (what Admin.dead_letters shows): the
         original topic and the same id as ORIGIN_MESSAGE_ID. RocketMQ 5's remoting send back adds
@@ -234,7 +267,10 @@ class Target:
 def conformance_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     """The pymq target: one broker for the session, short delay levels, SQL92 filters on."""
     data: Path = tmp_path_factory.mktemp("conformance-broker")
-    args = ["--message-delay-level", PYMQ_DELAY_LEVELS, "--enable-property-filter", "--broker-name", BROKER]
+    args = ["--message-delay-level", PYMQ_DELAY_LEVELS, "--enable-property-filter", "--broker-name", BROKER,
+            # the RocketMQ fixture's check-back timings (tests/rocketmq_cluster.py)
+            "--transaction-timeout", str(TRANSACTION_TIMEOUT_MS),
+            "--transaction-check-interval", str(TRANSACTION_CHECK_INTERVAL_MS)]
     with BrokerProcess(data, args) as proc:
         yield proc
 

@@ -35,6 +35,11 @@ def is_system_topic(topic: str) -> bool:
     )
 
 
+def is_broker_topic(topic: str) -> bool:
+    """The topics only the broker writes and no client may delete (system topics but %RETRY%, %DLQ%)."""
+    return is_system_topic(topic) and not is_retry_topic(topic) and not is_dlq_topic(topic)
+
+
 def topic_name_problem(topic: object) -> str | None:
     """Why ``topic`` is not a valid topic name, or None (TopicValidator.validateTopic)."""
     if not isinstance(topic, str) or not topic:

@@ -20,15 +20,28 @@ three-valued one: a missing property makes a comparison unknown, and a
 message matches only when the whole expression is TRUE. Keywords are
 case-insensitive. A syntax error raises :class:`SQL92SyntaxError` with the
 position (1-based column) and what was expected there.
+
+Every pull of a SQL92 subscription evaluates it on the broker's event loop, so its
+cost is bounded (issue 17): at most :data:`MAX_EXPRESSION_LENGTH` characters,
+:data:`MAX_DEPTH` levels of parentheses and NOT, :data:`MAX_COMPARISONS`
+comparisons; AND / OR chains are evaluated in a loop (no recursion per term) and
+``IN`` is one set look-up whatever the length of its list.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["Expression", "SQL92SyntaxError", "compile_sql92"]
+__all__ = ["MAX_COMPARISONS", "MAX_DEPTH", "MAX_EXPRESSION_LENGTH", "Expression", "SQL92SyntaxError",
+           "compile_sql92"]
+
+MAX_EXPRESSION_LENGTH = 65536  # characters: room for an IN list of thousands of values
+MAX_DEPTH = 64  # nested parentheses and NOTs: the parser and evaluator recurse once per level
+MAX_COMPARISONS = 512  # each is evaluated per message a pull scans
+_CONTEXT = 40  # characters of the expression shown on each side of an error's column
 
 Value = float | str | bool | None
 Props = Mapping[str, str]
@@ -48,9 +61,11 @@ class SQL92SyntaxError(ValueError):
     """A syntax error at ``position`` (1-based column) of ``expression``."""
 
     def __init__(self, expression: str, position: int, expected: str) -> None:
-        pointer = " " * (position - 1) + "^"
+        start = max(0, position - 1 - _CONTEXT)  # a long expression: only the part around the column
+        shown = expression[start : position - 1 + _CONTEXT]
+        pointer = " " * (position - 1 - start) + "^"
         super().__init__(
-            f"SQL92 syntax error at column {position}: expected {expected}\n  {expression}\n  {pointer}"
+            f"SQL92 syntax error at column {position}: expected {expected}\n  {shown}\n  {pointer}"
         )
         self.expression = expression
         self.position = position
@@ -145,11 +160,81 @@ def _not(a: bool | None) -> bool | None:
     return None if a is None else not a
 
 
+def _all_of(terms: list[Eval]) -> Eval:
+    """``t1 AND t2 AND ...`` evaluated in a loop: a long chain costs no recursion."""
+
+    def evaluate(p: Props) -> bool | None:
+        result: bool | None = True
+        for term in terms:
+            value = term(p)
+            if value is False:
+                return False
+            if value is None:
+                result = None
+        return result
+
+    return evaluate
+
+
+def _any_of(terms: list[Eval]) -> Eval:
+    """``t1 OR t2 OR ...`` evaluated in a loop."""
+
+    def evaluate(p: Props) -> bool | None:
+        result: bool | None = False
+        for term in terms:
+            value = term(p)
+            if value is True:
+                return True
+            if value is None:
+                result = None
+        return result
+
+    return evaluate
+
+
+def _in_list(left: Operand, values: list[Value]) -> Eval:
+    """``left IN (values)``: what OR-ing ``left = v`` over the values gives, by set look-ups.
+
+    A string property equals a string value as is, a number value as a number (a
+    property that is no number makes those comparisons unknown), TRUE/FALSE as
+    'true'/other text. Other operands (a number or boolean literal on the left) take
+    the comparisons one by one, as they are rare.
+    """
+    strings = frozenset(v for v in values if isinstance(v, str))
+    numbers = frozenset(v for v in values if isinstance(v, float))
+    booleans = frozenset(v for v in values if isinstance(v, bool))
+
+    def inside(p: Props) -> bool | None:
+        v = left(p)
+        if v is None:
+            return None
+        if not isinstance(v, str):
+            result: bool | None = False
+            for item in values:
+                result = _or(result, _compare("=", v, item))
+            return result
+        if v in strings:
+            return True
+        if booleans and (v.lower() == "true") in booleans:
+            return True
+        if numbers:
+            number = _num(v)
+            if number is None:
+                return None
+            if number in numbers:
+                return True
+        return False
+
+    return inside
+
+
 class _Parser:
     def __init__(self, text: str) -> None:
         self.text = text
         self.toks = _tokenize(text)
         self.i = 0
+        self.depth = 0
+        self.comparisons = 0
 
     @property
     def tok(self) -> _Tok:
@@ -185,29 +270,40 @@ class _Parser:
         return e
 
     def parse_or(self) -> Eval:
-        left = self.parse_and()
+        terms = [self.parse_and()]
         while self.accept("kw", "OR"):
-            right = self.parse_and()
-            left = (lambda a, b: lambda p: _or(a(p), b(p)))(left, right)
-        return left
+            terms.append(self.parse_and())
+        return terms[0] if len(terms) == 1 else _any_of(terms)
 
     def parse_and(self) -> Eval:
-        left = self.parse_not()
+        terms = [self.parse_not()]
         while self.accept("kw", "AND"):
-            right = self.parse_not()
-            left = (lambda a, b: lambda p: _and(a(p), b(p)))(left, right)
-        return left
+            terms.append(self.parse_not())
+        return terms[0] if len(terms) == 1 else _all_of(terms)
+
+    def deeper(self) -> None:
+        """One more level of parentheses or NOT, refused past :data:`MAX_DEPTH`."""
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise SQL92SyntaxError(
+                self.text, self.toks[self.i - 1].pos,
+                f"at most {MAX_DEPTH} levels of nested parentheses and NOT; write the filter flatter",
+            )
 
     def parse_not(self) -> Eval:
         if self.accept("kw", "NOT"):
+            self.deeper()
             inner = self.parse_not()
+            self.depth -= 1
             return lambda p: _not(inner(p))
         return self.parse_primary()
 
     def parse_primary(self) -> Eval:
         if self.accept("op", "("):
+            self.deeper()
             inner = self.parse_or()
             self.expect("op", ")", "')'")
+            self.depth -= 1
             return inner
         t = self.tok
         if t.kind == "kw" and t.text in ("TRUE", "FALSE"):
@@ -252,6 +348,13 @@ class _Parser:
         raise AssertionError
 
     def parse_comparison(self) -> Eval:
+        self.comparisons += 1
+        if self.comparisons > MAX_COMPARISONS:
+            raise SQL92SyntaxError(
+                self.text, self.tok.pos,
+                f"at most {MAX_COMPARISONS} comparisons (each is evaluated for every message a pull "
+                "scans); use IN (...) for a list of values",
+            )
         left = self.parse_operand()
         t = self.tok
         if t.kind == "op" and t.text in ("=", "<>", "!=", ">", ">=", "<", "<="):
@@ -281,12 +384,7 @@ class _Parser:
                 values.append(self.parse_literal())
             self.expect("op", ")", "',' or ')'")
 
-            def inside(p: Props) -> bool | None:
-                v = left(p)
-                result: bool | None = False
-                for item in values:
-                    result = _or(result, _compare("=", v, item))
-                return result
+            inside = _in_list(left, values)
 
             return (lambda p: _not(inside(p))) if negate else inside
         self.fail("a comparison (=, <>, >, >=, <, <=, IS [NOT] NULL, BETWEEN, IN)")
@@ -305,7 +403,22 @@ class Expression:
 
 
 def compile_sql92(text: str) -> Expression:
-    """Parse ``text``; SQL92SyntaxError (a ValueError) names the column of the mistake."""
+    """Parse ``text``; SQL92SyntaxError (a ValueError) names the column of the mistake.
+
+    ValueError for an expression over the bounds (:data:`MAX_EXPRESSION_LENGTH`,
+    :data:`MAX_DEPTH`, :data:`MAX_COMPARISONS`). Compiled once per text: a
+    consumer sends the same subscription with every pull.
+    """
     if not isinstance(text, str):
         raise TypeError(f"a SQL92 expression must be a string, got {type(text).__name__}")
+    if len(text) > MAX_EXPRESSION_LENGTH:
+        raise ValueError(
+            f"SQL92 expression of {len(text)} characters is over the limit of {MAX_EXPRESSION_LENGTH} "
+            "characters; filter on fewer values (or tag the messages and subscribe by tag)"
+        )
+    return _compile(text)
+
+
+@functools.lru_cache(maxsize=64)
+def _compile(text: str) -> Expression:
     return Expression(text, _Parser(text).parse())

@@ -43,7 +43,13 @@ class SubscriptionGroupManager(ConfigManager):
             self.subscription_group_table[name] = SubscriptionGroupConfig(**cfg)
 
     def find_subscription_group_config(self, group: str) -> SubscriptionGroupConfig:
-        """The group's config, created with defaults on first use."""
+        """The group's config, created with defaults on first use.
+
+        A new group is persisted later (:meth:`persist_if_dirty`, the controller's periodic
+        task, off the event loop): writing and fsyncing the whole file for each new name made
+        every pull of a new group cost O(groups) on the event loop (issue 17). A crash loses
+        at most the defaults of groups created since, which are made again on first use.
+        """
         cfg = self.subscription_group_table.get(group)
         if cfg is None:
             problem = group_name_problem(group)
@@ -51,7 +57,7 @@ class SubscriptionGroupManager(ConfigManager):
                 raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT, problem)
             cfg = SubscriptionGroupConfig(group)
             self.subscription_group_table[group] = cfg
-            self.persist()
+            self.dirty = True
         return cfg
 
     def update_subscription_group_config(self, cfg: SubscriptionGroupConfig) -> SubscriptionGroupConfig:

@@ -11,7 +11,7 @@ from pymq_proto.v1 import pymq_pb2
 
 from ..common.broker_exception import BrokerException
 from ..common.config_manager import ConfigManager
-from ..common.mix_all import SCHEDULE_TOPIC, is_system_topic, topic_name_problem
+from ..common.mix_all import SCHEDULE_TOPIC, is_broker_topic, is_system_topic, topic_name_problem
 from ..common.perm import PERM_READ, PERM_WRITE
 
 MAX_QUEUE_NUMS = 1024
@@ -109,9 +109,16 @@ class TopicConfigManager(ConfigManager):
         self.create_topic(cfg, update_if_exists=False)
         return cfg
 
-    def create_topic_of_retry(self, group: str, retry_queue_nums: int) -> TopicConfig:
-        """%RETRY%<group>: created on first use, readable and writable."""
-        return self._system_topic(get_retry_topic(group), retry_queue_nums)
+    def create_topic_of_retry(
+        self, group: str, retry_queue_nums: int, *, persist: bool = True
+    ) -> TopicConfig:
+        """%RETRY%<group>: created on first use, readable and writable.
+
+        ``persist=False`` (a consumer registering: nothing is stored in it yet) leaves the
+        write to the controller's periodic task, off the event loop: one whole-file write
+        and fsync per new group name made registrations cost O(topics) each (issue 17).
+        """
+        return self._system_topic(get_retry_topic(group), retry_queue_nums, persist=persist)
 
     def create_topic_of_dlq(self, group: str) -> TopicConfig:
         """%DLQ%<group>: one queue, readable (people inspect and re-send from it)."""
@@ -121,18 +128,28 @@ class TopicConfigManager(ConfigManager):
         """A broker-owned topic (transactions...), created on first use, readable for admins."""
         return self._system_topic(topic, queues)
 
-    def _system_topic(self, topic: str, queues: int) -> TopicConfig:
+    def _system_topic(self, topic: str, queues: int, *, persist: bool = True) -> TopicConfig:
         cfg = self.topic_config_table.get(topic)
         if cfg is None:
             cfg = TopicConfig(topic, queues, queues, PERM_READ | PERM_WRITE)
             self.topic_config_table[topic] = cfg
-            self.persist()
+            if persist:
+                self.persist()
+            else:
+                self.dirty = True
         return cfg
 
     def delete_topic(self, topic: str) -> None:
+        """A client's DeleteTopic. The broker's own topics (schedule, transaction halves and
+        op records, TBW102, RMQ_SYS_*) are refused: deleting the half topic would lose every
+        pending transaction at the next restart. %RETRY% and %DLQ% topics may go (a DLQ purge)."""
+        if is_broker_topic(topic):
+            raise BrokerException(
+                pymq_pb2.NO_PERMISSION,
+                f"topic {topic!r} belongs to the broker (its delayed messages or transactions live "
+                "there) and cannot be deleted",
+            )
         if topic not in self.topic_config_table:
             raise BrokerException(pymq_pb2.TOPIC_NOT_EXIST, f"topic {topic!r} does not exist")
-        if topic == SCHEDULE_TOPIC:
-            raise BrokerException(pymq_pb2.NO_PERMISSION, f"topic {topic!r} belongs to the broker")
         del self.topic_config_table[topic]
         self.persist()

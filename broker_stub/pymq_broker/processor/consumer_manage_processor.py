@@ -68,7 +68,9 @@ class ConsumerManageProcessor:
         on first use) gets its %RETRY%<group> topic now, not at its first send back."""
         group = self._group(req.consumer_group)
         sub = self.ctx.subscription_group_manager.find_subscription_group_config(group)
-        self.ctx.topic_config_manager.create_topic_of_retry(group, sub.retry_queue_nums)
+        # nothing is stored in it yet: its config is written by the periodic task, a send back
+        # that creates it writes at once
+        self.ctx.topic_config_manager.create_topic_of_retry(group, sub.retry_queue_nums, persist=False)
         return pymq_pb2.HeartbeatResponse()
 
     def query_offset(self, req: pymq_pb2.QueryOffsetRequest) -> pymq_pb2.QueryOffsetResponse:

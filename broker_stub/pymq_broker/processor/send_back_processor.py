@@ -63,6 +63,11 @@ _DELAY_ZERO = f"{MC.PROPERTY_DELAY_TIME_LEVEL}{NAME_VALUE_SEPARATOR}0{PROPERTY_S
 SET_BY_SEND_BACK = tuple(sorted(MC.SEND_BACK_PROPERTIES))
 
 
+def _text(raw: bytes | None) -> str:
+    """A stored property value as text (U+FFFD for bytes a record stored before issue 17 may hold)."""
+    return (raw or b"").decode("utf-8", "replace")
+
+
 @dataclass(slots=True)
 class _Columns:
     """A checked batch request: its extra properties, encoded, and what they replace."""
@@ -150,18 +155,18 @@ class SendBackProcessor:
             if props and not props.endswith(b"\x02"):
                 props += b"\x02"
             stored_topic = record[t0:t1].decode()
-            origin_topic = (old.get(_RETRY_TOPIC) or b"").decode() or origin_topics[i] or stored_topic
+            origin_topic = _text(old.get(_RETRY_TOPIC)) or origin_topics[i] or stored_topic
             if is_retry_topic(origin_topic):
                 origin_topic = origin_topics[i] or origin_topic
             # the first stored copy's offsetMsgId (the client's origin msg id is for tracing only)
-            origin_id = (old.get(_ORIGIN_ID) or b"").decode() or offset_msg_id(h[10], phy)
+            origin_id = _text(old.get(_ORIGIN_ID)) or offset_msg_id(h[10], phy)
             level = levels[i]
             dead = reconsume >= max_times or level < 0
             if dead:
                 store_topic, store_queue_id = dlq_topic, 0
                 # DELAY=0; the REAL_TOPIC / REAL_QID of a retry copy are kept
                 real = "".join(
-                    f"{name.decode()}\x01{old[name].decode()}\x02" for name in (_REAL_TOPIC, _REAL_QID)
+                    f"{name.decode()}\x01{_text(old[name])}\x02" for name in (_REAL_TOPIC, _REAL_QID)
                     if name in old
                 )
                 tail = f"{_DELAY_ZERO}{real}{_DLQ_TOPIC}{origin_topic}\x02{_DLQ_ID}{origin_id}\x02"

@@ -90,6 +90,28 @@ def _stamp(records: EncodedRecords, born: int, reconsume_times: int) -> None:
     h["sys_flag"] = 0
 
 
+def _check_utf8(records: EncodedRecords | None, messages: Sequence[pymq_pb2.MessageData]) -> None:
+    """MESSAGE_ILLEGAL for properties that are not UTF-8: stored, they would fail every reader."""
+    bad: tuple[int, UnicodeDecodeError] | None = None
+    if records is not None:
+        bad = records.first_not_utf8()
+    else:
+        for i, m in enumerate(messages):
+            try:
+                m.properties.decode()
+            except UnicodeDecodeError as decode_error:
+                bad = i, decode_error
+                break
+    if bad is not None:
+        i, err = bad
+        where = f"message {i} of the batch: " if max(len(messages), len(records or ())) > 1 else ""
+        raise BrokerException(
+            pymq_pb2.MESSAGE_ILLEGAL,
+            f"{where}properties are not valid UTF-8 (byte {err.start}: {err.object[err.start:err.end]!r}); "
+            "property names and values are strings: encode them as UTF-8",
+        )
+
+
 class SendMessageProcessor:
     def __init__(self, ctx: BrokerContext, transactions: TransactionalMessageService) -> None:
         self.ctx = ctx
@@ -114,6 +136,7 @@ class SendMessageProcessor:
         retry bound for the DLQ, or a plain put.
         """
         records = self._parse_request(req)
+        _check_utf8(records, req.messages)
         topic = req.topic
         cfg, queue_id = self._msg_check(topic, req.queue_id)
         items: _Messages = req.messages
@@ -125,7 +148,11 @@ class SendMessageProcessor:
         messages, dropped = self._messages_to_store(req, cfg, items)
         if half_batch:
             self._check_half_batch(items)
-        if messages and find_property(messages[0].properties, _TRAN) == b"true":
+        if messages and find_property(messages[0].properties, _TRAN) == b"true" and not (
+            # RocketMQ's exception: a consumer's own copy of a committed transactional message
+            # (TRAN_MSG=true kept) sent to %RETRY% with a reconsume count and a delay level
+            req.reconsume_times > 0 and find_property(messages[0].properties, _DELAY) not in (None, b"0")
+        ):
             batch = len(items) > 1 and not half_batch
             return await self._send_half_messages(topic, queue_id, messages, batch)
         if topic.startswith(RETRY_GROUP_TOPIC_PREFIX) and messages:
@@ -165,9 +192,14 @@ class SendMessageProcessor:
 
         A missing %RETRY% topic is created as on a send back, another as
         autoCreateTopicEnable allows; the broker's other topics refuse sends.
-        ``queue_id`` < 0: the next queue, round robin.
+        ``queue_id`` -1: the next queue, round robin.
         """
         ctx = self.ctx
+        if queue_id < -1:
+            raise BrokerException(
+                pymq_pb2.ILLEGAL_ARGUMENT,
+                f"queue id {queue_id} is not a queue: give 0 or more, or -1 to let the broker choose",
+            )
         cfg = ctx.topic_config_manager.select_topic_config(topic)
         if cfg is None and topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
             group = topic[len(RETRY_GROUP_TOPIC_PREFIX):]
@@ -272,7 +304,9 @@ class SendMessageProcessor:
         return pymq_pb2.SendMessageResponse(
             status=status,
             queue_id=queue_id,
-            queue_offset=-1 if result is None or half else result.queue_offset,
+            # a half message: the half queue's offset, as RocketMQ answers it (the producer's
+            # END_TRANSACTION names the half message by it: tranStateTableOffset)
+            queue_offset=-1 if result is None else result.queue_offset,
             commit_log_offsets=[] if result is None else result.physical_offsets,
             store_host=self.ctx.endpoint,
             broker_name=self.ctx.broker_name,

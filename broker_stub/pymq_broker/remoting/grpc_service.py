@@ -3,6 +3,10 @@
 A processor's BrokerException becomes a gRPC error whose trailing metadata
 carries the RocketMQ ResponseCode (``pymq-response-code``); any other failure
 becomes SYSTEM_ERROR with its message. Either way the broker keeps serving.
+
+With authentication on, every request first passes ``AuthService.check``
+(``pymq_broker.auth``): this layer only hands it the RPC's name, the request,
+the metadata and the peer.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from typing import Any
 import grpc
 from pymq_proto.v1 import pymq_pb2, pymq_pb2_grpc
 
-from ..common.broker_exception import BrokerException
+from ..auth.auth_service import AuthService
+from ..common.broker_exception import BrokerException, bounded_remark
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +33,8 @@ _GRPC_STATUS: dict[int, grpc.StatusCode] = {
     pymq_pb2.SUBSCRIPTION_GROUP_NOT_EXIST: grpc.StatusCode.NOT_FOUND,
     pymq_pb2.TOPIC_EXIST_ALREADY: grpc.StatusCode.ALREADY_EXISTS,
     pymq_pb2.NO_PERMISSION: grpc.StatusCode.PERMISSION_DENIED,
+    pymq_pb2.FORBIDDEN: grpc.StatusCode.PERMISSION_DENIED,
+    pymq_pb2.UNAUTHORIZED: grpc.StatusCode.UNAUTHENTICATED,
     pymq_pb2.SYSTEM_BUSY: grpc.StatusCode.RESOURCE_EXHAUSTED,
     pymq_pb2.SERVICE_NOT_AVAILABLE: grpc.StatusCode.UNAVAILABLE,
 }
@@ -35,12 +42,16 @@ _GRPC_STATUS: dict[int, grpc.StatusCode] = {
 Handler = Callable[[Any], Any]
 
 
-def _rpc(handler_name: str, processor_attr: str) -> Callable[..., Awaitable[Any]]:
+def _rpc(handler_name: str, processor_attr: str, rpc: str | None = None) -> Callable[..., Awaitable[Any]]:
+    rpc_name = rpc or "".join(w.capitalize() for w in handler_name.split("_"))
+
     async def method(
         self: BrokerGrpcService, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> Any:
         handler = getattr(getattr(self, processor_attr), handler_name)
         try:
+            if self.auth is not None:
+                self.auth.check(rpc_name, request, context.invocation_metadata(), context.peer())
             result = handler(request)
             if hasattr(result, "__await__"):
                 result = await result
@@ -51,7 +62,7 @@ def _rpc(handler_name: str, processor_attr: str) -> Callable[..., Awaitable[Any]
         except Exception as err:  # a bug must not take the broker down
             log.exception("%s failed", handler_name)
             context.set_trailing_metadata(((CODE_METADATA_KEY, "SYSTEM_ERROR"),))
-            await context.abort(grpc.StatusCode.INTERNAL, f"{handler_name} failed: {err!r}")
+            await context.abort(grpc.StatusCode.INTERNAL, bounded_remark(f"{handler_name} failed: {err!r}"))
 
     method.__name__ = handler_name
     return method
@@ -61,8 +72,10 @@ class BrokerGrpcService(pymq_pb2_grpc.BrokerServicer):
     """Maps each RPC of ``pymq_proto.v1.Broker`` to its processor method."""
 
     def __init__(self, send: Any, pull: Any, send_back: Any, consumer_manage: Any, admin: Any,
-                 end_transaction: Any) -> None:
+                 end_transaction: Any, auth_admin: Any = None, auth: AuthService | None = None) -> None:
         self.end_transaction = end_transaction
+        self.auth_admin = auth_admin
+        self.auth = auth  # None: authentication is off, every request is served
         self.send = send
         self.pull = pull
         self.send_back = send_back
@@ -88,15 +101,24 @@ class BrokerGrpcService(pymq_pb2_grpc.BrokerServicer):
     GetSubscriptionGroup = _rpc("get_subscription_group", "admin")
     ViewMessage = _rpc("view_message", "admin")
     QueryMessage = _rpc("query_message", "admin")
-    BrokerRuntimeInfo = _rpc("runtime_info", "admin")
+    BrokerRuntimeInfo = _rpc("runtime_info", "admin", "BrokerRuntimeInfo")
     EndTransaction = _rpc("end_transaction", "end_transaction")
     EndTransactionBatch = _rpc("end_transaction_batch", "end_transaction")
     SendHalfMessageBatch = _rpc("send_half_message_batch", "send")
+    CreateUser = _rpc("create_user", "auth_admin")
+    UpdateUser = _rpc("update_user", "auth_admin")
+    DeleteUser = _rpc("delete_user", "auth_admin")
+    ListUsers = _rpc("list_users", "auth_admin")
+    CreateAcl = _rpc("create_acl", "auth_admin")
+    DeleteAcl = _rpc("delete_acl", "auth_admin")
+    ListAcls = _rpc("list_acls", "auth_admin")
 
     async def TransactionStream(
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
         try:
+            if self.auth is not None:
+                self.auth.check("TransactionStream", request, context.invocation_metadata(), context.peer())
             async for check in self.end_transaction.transaction_stream(request):
                 yield check
         except BrokerException as err:

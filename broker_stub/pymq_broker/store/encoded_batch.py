@@ -143,6 +143,35 @@ class EncodedRecords:
             self.plain and not suffix,
         )
 
+    def first_not_utf8(self) -> tuple[int, UnicodeDecodeError] | None:
+        """The first record whose properties are not UTF-8, and why; None when all are.
+
+        RocketMQ's properties are Java strings: bytes that do not decode would make
+        every reader of the queue fail (issue 17). One C pass finds the records
+        with a byte >= 0x80 in their properties (ASCII is UTF-8); only those are
+        decoded.
+        """
+        starts, ends = self.props_start, self.props_end
+        n = len(self)
+        mv = memoryview(self.buf)
+        try:
+            suspects: Sequence[int]
+            if use_scalar(n, None) or int(starts[-1]) >= len(self.buf):
+                suspects = range(n)
+            else:  # maxima over [start, end) of each record's properties (and of the gaps between)
+                bounds = np.empty(2 * n, dtype=np.int64)
+                bounds[0::2], bounds[1::2] = starts, ends
+                peaks = np.maximum.reduceat(np.frombuffer(self.buf, dtype=np.uint8), bounds[:-1])[0::2]
+                suspects = np.flatnonzero(peaks >= 0x80).tolist()
+            for i in suspects:
+                try:
+                    str(mv[int(starts[i]) : int(ends[i])], "utf-8")
+                except UnicodeDecodeError as err:
+                    return i, err
+            return None
+        finally:
+            mv.release()
+
     def properties_end_whole(self) -> bool:
         """Whether every record's properties end with \\x02 (a whole entry): more can be appended."""
         arr = np.frombuffer(self.buf, dtype=np.uint8)

@@ -49,6 +49,9 @@ _TAGS_KEY = property_key(MessageConst.PROPERTY_TAGS)
 
 MessageArrivingListener = Callable[[str, int, int], None]
 
+FILTER_BUDGET_S = 0.05  # event-loop time one SQL92-filtered pull may spend evaluating its filter
+FILTER_CHECK_EVERY = 64  # records between two looks at the clock
+
 
 @functools.lru_cache(maxsize=1)
 def _physical_memory() -> int:
@@ -359,11 +362,11 @@ class DefaultMessageStore:
         for props, phy in zip(props_list, phys, strict=True):
             uniq = find_property(props, _UNIQ)
             if uniq:
-                keys.append(uniq.decode())
+                keys.append(uniq.decode("utf-8", "replace"))  # recovery may meet records stored before
                 key_phys.append(phy)
             k = find_property(props, _KEYS)
             if k:
-                more = k.decode().split(MessageConst.KEY_SEPARATOR)
+                more = k.decode("utf-8", "replace").split(MessageConst.KEY_SEPARATOR)
                 keys.extend(more)
                 key_phys.extend([phy] * len(more))
         if keys:
@@ -523,7 +526,13 @@ class DefaultMessageStore:
         self, entries: np.ndarray, mask: np.ndarray, offset: int, want: int, max_bytes: int,
         keep: Callable[[bytes], bool], min_off: int, max_off: int,
     ) -> GetMessageResult:
-        """get_message's path for filters that need each record's properties."""
+        """get_message's path for filters that need each record's properties.
+
+        The filter runs in Python on the event loop: a pull stops evaluating after
+        :data:`FILTER_BUDGET_S` (checked every :data:`FILTER_CHECK_EVERY` records) and answers
+        with what it found, its next offset after the last record evaluated, so one costly
+        filter over a long queue cannot stall every other client (issue 17).
+        """
         cand = np.flatnonzero(mask)
         sizes = entries["size"][cand].astype(np.int64)
         fits = max(int(np.searchsorted(np.cumsum(sizes), max_bytes, side="right")), 1)
@@ -533,7 +542,11 @@ class DefaultMessageStore:
         if len(cand):
             raw = self.read_records(entries["phy"][cand], entries["size"][cand])
             pos = 0
+            deadline = time.monotonic() + FILTER_BUDGET_S
             for j in range(len(cand)):
+                if j and not j % FILTER_CHECK_EVERY and time.monotonic() > deadline:
+                    scanned = int(cand[j - 1]) + 1  # the rest waits for the next pull
+                    break
                 h = HEADER.unpack_from(raw, pos)
                 total = h[0]
                 _t0, _t1, p0, p1 = split_tail(raw, pos, total, h[13])
@@ -593,8 +606,9 @@ class DefaultMessageStore:
             if rec[t0:t1].decode() != topic:
                 continue
             props = rec[p0:p1]
-            keys = (find_property(props, _KEYS) or b"").decode().split(MessageConst.KEY_SEPARATOR)
-            uniq = (find_property(props, _UNIQ) or b"").decode()
+            keys = (find_property(props, _KEYS) or b"").decode("utf-8", "replace").split(
+                MessageConst.KEY_SEPARATOR)
+            uniq = (find_property(props, _UNIQ) or b"").decode("utf-8", "replace")
             if key == uniq or key in keys:
                 out.append(rec)
                 if len(out) >= max_num:

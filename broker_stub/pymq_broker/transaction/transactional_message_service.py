@@ -2,8 +2,10 @@
 
 A half message is stored in RMQ_SYS_TRANS_HALF_TOPIC (queue 0) with its real
 topic and queue in REAL_TOPIC / REAL_QID: consumers never see it. The producer
-ends the transaction: COMMIT_MESSAGE writes the message to its real topic,
-ROLLBACK_MESSAGE drops it; either way an op record in
+ends the transaction: COMMIT_MESSAGE writes the message to its real topic with
+every property of the half message (as RocketMQ 5.3.3 stores it: TRAN_MSG=true,
+PGROUP, REAL_TOPIC, REAL_QID... kept), ROLLBACK_MESSAGE
+drops it; either way an op record in
 RMQ_SYS_TRANS_OP_HALF_TOPIC marks the half message done. Half messages left
 unresolved are checked back: after ``transactionTimeout``, then every
 ``transactionCheckInterval``, the broker asks the producer group (RocketMQ
@@ -49,8 +51,12 @@ OP_BATCH = 50_000  # half offsets per op message: ~0.5 MB of digits, well under 
 _UNIQ = MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX.encode()
 _REAL_TOPIC = MC.PROPERTY_REAL_TOPIC.encode()
 _REAL_QID = MC.PROPERTY_REAL_QUEUE_ID.encode()
-_DROP_ON_COMMIT = entries_named((MC.PROPERTY_TRANSACTION_PREPARED, MC.PROPERTY_REAL_TOPIC,
-                                  MC.PROPERTY_REAL_QUEUE_ID, MC.PROPERTY_TRANSACTION_CHECK_TIMES))
+# Where the message really goes; RocketMQ keeps these (and TRAN_MSG, PGROUP,
+# TRANSACTION_CHECK_TIMES) in the committed message's stored properties:
+# EndTransactionProcessor.endMessageTransaction clears them after the properties string is made.
+# (RocketMQ also adds __transactionId__, a copy of UNIQ_KEY, to every half message; pymq does
+# not: its bulk half path re-addresses pre-encoded records with one suffix shared by all.)
+_REAL_ENTRIES = entries_named((MC.PROPERTY_REAL_TOPIC, MC.PROPERTY_REAL_QUEUE_ID))
 
 
 # what a pre-encoded batch of half messages must not (or must) hold, as byte searches
@@ -260,26 +266,31 @@ class TransactionalMessageService(ConfigManager):
         yield items[start:]
 
     def _real_message(self, rec: bytes) -> tuple[str, int, MessageToStore]:
-        """The message a half message stands for, as its producer sent it (no decoding)."""
+        """The message a half message stands for, its properties kept whole (no decoding).
+
+        As RocketMQ 5.3.3 stores a committed message: every property of the half message
+        stays, TRAN_MSG=true, PGROUP, REAL_TOPIC, REAL_QID and (after a check-back)
+        TRANSACTION_CHECK_TIMES included.
+        """
         h = HEADER.unpack_from(rec)
         _t0, _t1, p0, p1 = split_tail(rec, 0, h[0], h[13])
         props = rec[p0:p1]
-        dropped = _DROP_ON_COMMIT.values(props)
-        props = _DROP_ON_COMMIT.cut(props)
-        topic = (dropped.get(_REAL_TOPIC) or b"").decode()
-        qid = int(dropped.get(_REAL_QID) or 0)
+        real = _REAL_ENTRIES.values(props)
+        topic = (real.get(_REAL_TOPIC) or b"").decode()
+        qid = int(real.get(_REAL_QID) or 0)
         body = rec[HEADER_SIZE : HEADER_SIZE + h[13]]
         return topic, qid, MessageToStore(body, h[4], props, h[8], h[11], h[7])
 
     def _mark_done(self, half_offsets: list[int]) -> PutMessageResult:
         """Op records marking half messages resolved (RocketMQ's RMQ_SYS_TRANS_OP_HALF_TOPIC).
 
-        As RocketMQ 5 does, one op message carries many half offsets, comma-separated.
+        As RocketMQ 5 does, one op message carries many half offsets, each followed by a comma.
         """
         self.topics.create_system_topic(TRANS_OP_HALF_TOPIC, 1)
         now = int(time.time() * 1000)
-        tags = encode_properties({MC.PROPERTY_TAGS: "d"})
-        ops = [MessageToStore(",".join(map(str, half_offsets[i : i + OP_BATCH])).encode(), 0, tags, now)
+        # as RocketMQ's getOpMessage: TAGS=d, WAIT=true (a new Message's), "<offset>," per half message
+        tags = encode_properties({MC.PROPERTY_WAIT_STORE_MSG_OK: "true", MC.PROPERTY_TAGS: "d"})
+        ops = [MessageToStore("".join(f"{q}," for q in half_offsets[i : i + OP_BATCH]).encode(), 0, tags, now)
                for i in range(0, len(half_offsets), OP_BATCH)]
         result = self.store.put_messages(TRANS_OP_HALF_TOPIC, 0, ops)
         self.done.update(half_offsets)

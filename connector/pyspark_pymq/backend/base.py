@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..client.message import MessageExt, MessageQueue, PullStatus, SendBackColumns, SendResult
+from ..tls import TlsConfig
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -48,8 +49,10 @@ __all__ = [
     "cached_backend",
     "check_namesrv_addr",
     "check_subscription",
+    "client_tls",
     "open_backend",
     "parse_backend_options",
+    "parse_tls_options",
 ]
 
 BackendKind = Literal["pymq", "rocketmq"]
@@ -67,6 +70,7 @@ class BackendConfig:
     namesrv_addr: str | None = None
     access_key: str | None = None
     secret_key: str | None = field(default=None, repr=False)
+    tls: TlsConfig | None = None  # None: plaintext
 
     @property
     def kind(self) -> BackendKind:
@@ -353,7 +357,7 @@ class Backend(ABC):
 
 def backend_config(
     endpoint: str | None, namesrv_addr: str | None, access_key: str | None = None,
-    secret_key: str | None = None,
+    secret_key: str | None = None, tls: TlsConfig | None = None,
 ) -> BackendConfig:
     """The backend of a client class: exactly one of ``endpoint`` and ``namesrv_addr``."""
     if (endpoint is None) == (namesrv_addr is None):
@@ -364,7 +368,27 @@ def backend_config(
         )
     if (access_key is None) != (secret_key is None):
         raise ValueError("give both access_key and secret_key, or neither")
-    return BackendConfig(endpoint, namesrv_addr, access_key, secret_key)
+    return BackendConfig(endpoint, namesrv_addr, access_key, secret_key, tls)
+
+
+def client_tls(
+    tls: bool | TlsConfig | None, tls_ca_file: str | None, tls_cert_file: str | None,
+    tls_key_file: str | None,
+) -> TlsConfig | None:
+    """The TLS of a client class's keywords: ``tls=True`` (system trust store), a TlsConfig, or the files.
+
+    Any of ``tls_ca_file`` / ``tls_cert_file`` / ``tls_key_file`` turns TLS on; ValueError
+    names a file that cannot be read.
+    """
+    if isinstance(tls, TlsConfig):
+        if tls_ca_file or tls_cert_file or tls_key_file:
+            raise ValueError("give tls=TlsConfig(...) or the tls_*_file keywords, not both")
+        return tls
+    if not tls and not (tls_ca_file or tls_cert_file or tls_key_file):
+        return None
+    config = TlsConfig(tls_ca_file, tls_cert_file, tls_key_file)
+    config.check_files({"ca_file": "tls_ca_file", "cert_file": "tls_cert_file", "key_file": "tls_key_file"})
+    return config
 
 
 def check_namesrv_addr(value: object) -> str:
@@ -383,7 +407,8 @@ def check_namesrv_addr(value: object) -> str:
 
 
 def parse_backend_options(get: Callable[[str], str | None], prefix: str) -> BackendConfig:
-    """The backend named by Spark options ``endpoint`` / ``namesrvAddr`` (+ ``accessKey``, ``secretKey``).
+    """The backend named by Spark options ``endpoint`` / ``namesrvAddr`` (+ ``accessKey``, ``secretKey``,
+    ``tls``, ``tlsCaFile``, ``tlsCertFile``, ``tlsKeyFile``: both backends sign and encrypt).
 
     Exactly one of ``endpoint`` and ``namesrvAddr``; errors name the option and
     the value (never the secret key's).
@@ -407,18 +432,42 @@ def parse_backend_options(get: Callable[[str], str | None], prefix: str) -> Back
         raise ValueError(
             f"{prefix} accessKey and secretKey go together: set both (RocketMQ ACL credentials) or neither"
         )
-    if access_key is not None and not namesrv:
-        raise ValueError(
-            f"{prefix} accessKey/secretKey sign requests to Apache RocketMQ: set namesrvAddr with them "
-            "(the pymq broker does not check credentials)"
-        )
+    tls = parse_tls_options(get, prefix)
     try:
         if namesrv:
-            return BackendConfig(None, check_namesrv_addr(namesrv), access_key, secret_key)
-        return BackendConfig(check_endpoint(endpoint), None)
+            return BackendConfig(None, check_namesrv_addr(namesrv), access_key, secret_key, tls)
+        return BackendConfig(check_endpoint(endpoint), None, access_key, secret_key, tls)
     except ValueError as err:
         name, value = ("namesrvAddr", namesrv) if namesrv else ("endpoint", endpoint)
         raise ValueError(f"{prefix} {name}={value!r} is not valid: {err}") from None
+
+
+_TLS_FILE_OPTIONS = {"ca_file": "tlsCaFile", "cert_file": "tlsCertFile", "key_file": "tlsKeyFile"}
+
+
+def parse_tls_options(get: Callable[[str], str | None], prefix: str) -> TlsConfig | None:
+    """Spark options ``tls`` (true/false) and ``tlsCaFile`` / ``tlsCertFile`` / ``tlsKeyFile``."""
+    raw = (get("tls") or "false").strip().lower()
+    if raw not in ("true", "false"):
+        raise ValueError(f"{prefix} tls={get('tls')!r} is not valid: use true or false")
+    files = {attr: get(name) or None for attr, name in _TLS_FILE_OPTIONS.items()}
+    if raw == "false":
+        given = [f"{_TLS_FILE_OPTIONS[a]}={v!r}" for a, v in files.items() if v]
+        if given:
+            raise ValueError(f"{prefix} {given[0]} is set but tls is not: add .option('tls', 'true')")
+        return None
+    try:
+        config = TlsConfig(**files)
+    except ValueError:
+        raise ValueError(
+            f"{prefix}s tlsCertFile and tlsKeyFile go together: set both (a client certificate for "
+            "mutual TLS) or neither"
+        ) from None
+    try:
+        config.check_files(_TLS_FILE_OPTIONS)
+    except ValueError as err:
+        raise ValueError(f"{prefix} {err}") from None
+    return config
 
 
 def check_subscription(config: BackendConfig, expression: str, expression_type: str) -> None:

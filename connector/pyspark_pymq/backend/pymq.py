@@ -36,7 +36,7 @@ from ..client.message import (
 )
 from ..client.route import RouteCache, TopicRoute
 from ..client.transport import BrokerClient, UnaryRpc, check_endpoint
-from ..errors import PymqError, TopicNotExistError
+from ..errors import AccessDeniedError, AuthenticationError, PymqError, TopicNotExistError
 from .base import Backend, BackendConfig, PullBatch, QueueBounds, SendBackOutcome, SendRequest
 
 if TYPE_CHECKING:
@@ -72,7 +72,9 @@ class PymqBackend(Backend):
         assert config.endpoint is not None, "PymqBackend needs an endpoint"
         self.config = config
         self.timeout_s = timeout_s
-        self._bootstrap = BrokerClient(check_endpoint(config.endpoint), timeout_s)
+        self._bootstrap = BrokerClient(check_endpoint(config.endpoint), timeout_s,
+                                       access_key=config.access_key, secret_key=config.secret_key,
+                                       tls=config.tls)
         self._routes = RouteCache(self._bootstrap)
 
     @property
@@ -355,6 +357,8 @@ def _answers(
         a, b, req = parts[0]
         try:
             return [(a, b, rpc(req))]
+        except _NOT_MENDED_BY_FALLBACK:
+            raise
         except PymqError:
             return [(a, b, None)]
     calls = [(a, b, rpc.future(req)) for a, b, req in parts]
@@ -362,9 +366,15 @@ def _answers(
     for a, b, call in calls:
         try:
             out.append((a, b, call.result()))
+        except _NOT_MENDED_BY_FALLBACK:
+            raise
         except PymqError:
             out.append((a, b, None))
     return out
+
+
+# a refused signature or ACL: the fallback's own send would be refused alike, so say why now
+_NOT_MENDED_BY_FALLBACK = (AccessDeniedError, AuthenticationError)
 
 
 @functools.lru_cache(maxsize=64)

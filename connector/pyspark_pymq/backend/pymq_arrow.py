@@ -19,9 +19,9 @@ each record starts. Everything else is vectorised:
 - ``offset_msg_id`` (store host + physical offset as 32 hex digits) is one
   ``hexlify`` of all ids at once.
 
-If a record's properties are not in the well-formed encoding, the batch falls
-back to the client's per-message decoder, so odd input costs speed, never
-correctness.
+If a record's properties are not in the well-formed encoding, or not UTF-8, the
+batch falls back to the client's per-message decoder (which replaces bytes that
+are not UTF-8 by U+FFFD), so odd input costs speed, never correctness.
 """
 
 from __future__ import annotations
@@ -249,6 +249,10 @@ def decode_to_arrow(
         keys_arr, values_arr = _spans(
             props_data, cuts.astype(np.int32), entries, 4, (0, 2), pa.string()
         )
+        if int(flat.max()) >= 0x80 and not _utf8(keys_arr, values_arr):
+            # bytes that are not UTF-8 (stored before the broker refused them): an Arrow string
+            # column must be UTF-8, so these rows take the decoder that replaces them (U+FFFD)
+            return _fallback(records, topic, broker_name, retry, end_offset)
     else:
         keys_arr = pa.array([], pa.string())
         values_arr = pa.array([], pa.string())
@@ -300,6 +304,16 @@ def decode_to_arrow(
         retry_col,
     ]
     return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _utf8(*arrays: pa.Array) -> bool:
+    """Whether every value of these string arrays is UTF-8 (Arrow checks it in C)."""
+    try:
+        for arr in arrays:
+            arr.validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True
 
 
 def _keys_column(entry_keys: pa.Array, entry_values: pa.Array, entry_record: np.ndarray, n: int,

@@ -18,8 +18,10 @@ This module maps that onto :class:`~pyspark_pymq.backend.base.Backend`:
 
 What differs from the embedded broker: CONSUMER_SEND_MSG_BACK carries no extra
 properties, so the failure reasons pymq attaches to sent-back messages are kept
-only where pymq falls back to sending the copy itself; transactional (half)
-messages are not sent through this backend yet.
+only where pymq falls back to sending the copy itself. Transactional half messages
+(``TRAN_MSG=true``) go one at a time with ``TRANSACTION_PREPARED_TYPE`` set, as RocketMQ's
+client sends them; their end and check-back are
+:class:`~pyspark_pymq.rocketmq.transaction.RocketMQTransactionProducer`'s.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ PULL_CAP_TTL_S = 60.0
 # MessageStoreConfig.mappedFileSizeConsumeQueue / 20: a pull does not cross a consume queue file.
 CONSUME_QUEUE_FILE_ENTRIES = 300_000
 SEND_BACK_WINDOW = 256  # CONSUMER_SEND_MSG_BACK requests in flight
+_TRAN_MSG = "TRAN_MSG"  # MessageConst.PROPERTY_TRANSACTION_PREPARED
 
 
 class RocketMQBackend(Backend):
@@ -75,7 +78,7 @@ class RocketMQBackend(Backend):
             SessionCredentials(config.access_key, config.secret_key)
             if config.access_key and config.secret_key else None
         )
-        self.remoting = RemotingClient.shared(credentials)
+        self.remoting = RemotingClient.shared(credentials, config.tls)
         self.namesrv = NameServerClient(config.namesrv_addr, remoting=self.remoting, timeout_s=timeout_s)
         self._routes = RouteCache(self.namesrv)
         self.api = MQClientAPI(self.remoting, timeout_s=timeout_s)
@@ -83,6 +86,10 @@ class RocketMQBackend(Backend):
         self._pull_caps: dict[str, tuple[int, float]] = {}
 
     def _addr(self, mq: MessageQueue) -> str:
+        return self._routes.broker_addr(mq.topic, mq.broker_name)
+
+    def broker_addr(self, mq: MessageQueue) -> str:
+        """The master address of ``mq``'s broker, from the topic's route."""
         return self._routes.broker_addr(mq.topic, mq.broker_name)
 
     # -- routes and offsets -----------------------------------------------------------------
@@ -301,11 +308,14 @@ class RocketMQBackend(Backend):
         return records, (_BATCH_ITEM_FIXED + body_lens + property_lens).astype(np.int32)
 
     @staticmethod
-    def _check_half(half: bool) -> None:
-        if half:
+    def _check_half(half: bool, count: int) -> None:
+        # RocketMQ stores no batch of half messages (SEND_BATCH_MESSAGE refuses TRAN_MSG): the
+        # exactly-once sink's HalfMessageProducer is not built on this backend.
+        if half and count > 1:
             raise PymqError(
-                "transactional (half) messages are not sent to Apache RocketMQ by pymq yet; "
-                "use a pymq endpoint for deliveryGuarantee=exactly-once and TransactionProducer",
+                "batches of transactional (half) messages are not sent to Apache RocketMQ: "
+                "RocketMQ stores half messages one at a time (TransactionProducer sends them so); "
+                "use a pymq endpoint for deliveryGuarantee=exactly-once",
                 code="NOT_SUPPORTED",
             )
 
@@ -328,13 +338,18 @@ class RocketMQBackend(Backend):
         *, wait: bool,
     ) -> Any:
         """One message: SEND_MESSAGE_V2 (header properties); several: SEND_BATCH_MESSAGE."""
-        self._check_half(half)
+        self._check_half(half, len(request.sizes))
         addr = self._addr(mq)
         api = self.api
         if len(request.sizes) == 1:
             body, flag, props = codec.decode_batch(request.records)[0]
+            # TRAN_MSG=true makes it a half message (DefaultMQProducerImpl.sendKernelImpl), but for
+            # a consumer's own copy to %RETRY% (the broker's exception in SendMessageProcessor)
+            tran = props.get(_TRAN_MSG) == "true" and not (
+                request.reconsume_times > 0 and props.get("DELAY", "0") not in ("", "0"))
+            sys_flag = codec.MessageSysFlag.TRANSACTION_PREPARED_TYPE if half or tran else 0
             single = api.send_message if wait else api.send_message_async
-            return single(addr, mq, body, props, producer_group=producer_group, flag=flag,
+            return single(addr, mq, body, props, producer_group=producer_group, flag=flag, sys_flag=sys_flag,
                           reconsume_times=request.reconsume_times or None, timeout_s=timeout_s)
         batch = api.send_batch_message if wait else api.send_batch_message_async
         return batch(addr, mq, request.records, request.uniq_keys, producer_group=producer_group,

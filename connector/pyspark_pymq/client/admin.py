@@ -12,12 +12,16 @@ from typing import TYPE_CHECKING, Any
 from pymq_proto.record import MessageConst, parse_offset_msg_id
 from pymq_proto.v1 import pymq_pb2
 
+from ..backend.base import client_tls
 from ..errors import TopicNotExistError
 from .codec import decode_messages
 from .consumer import PullConsumer, dlq_topic
-from .message import Message, MessageExt, MessageQueue
+from .message import MessageExt, MessageQueue, SystemMessage
 from .route import PERM_READ, PERM_WRITE
 from .transport import BrokerClient
+
+if TYPE_CHECKING:
+    from ..tls import TlsConfig
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -83,11 +87,23 @@ class Admin:
     def __init__(
         self, endpoint: str | None = None, *, namesrv_addr: str | None = None,
         access_key: str | None = None, secret_key: str | None = None, timeout_ms: int = 10_000,
+        tls: bool | TlsConfig | None = None, tls_ca_file: str | None = None,
+        tls_cert_file: str | None = None, tls_key_file: str | None = None,
     ) -> None:
         if endpoint is None:
             raise ValueError("Admin needs an endpoint ('host:port' of a pymq broker) or namesrv_addr")
-        self._client = BrokerClient(endpoint, timeout_ms / 1000.0)
+        if (access_key is None) != (secret_key is None):
+            raise ValueError("give both access_key and secret_key, or neither")
+        tls_config = client_tls(tls, tls_ca_file, tls_cert_file, tls_key_file)
+        self._client = BrokerClient(endpoint, timeout_ms / 1000.0, access_key=access_key,
+                                    secret_key=secret_key, tls=tls_config)
+        # what the Admin's own consumers and producers connect with (dead letters)
+        self._security: dict[str, Any] = {"access_key": access_key, "secret_key": secret_key,
+                                          "tls": tls_config}
         self._name: str | None = None
+
+    def __repr__(self) -> str:
+        return f"Admin({self._client!r})"
 
     @property
     def endpoint(self) -> str:
@@ -272,7 +288,7 @@ class Admin:
 
     def _dead_letter_queues(self, group: str) -> tuple[PullConsumer, list[MessageQueue]]:
         """A consumer for %DLQ%<group> and its queues (none, without creating it, if it does not exist)."""
-        consumer = PullConsumer(self.endpoint, DLQ_BROWSER_GROUP)
+        consumer = PullConsumer(self.endpoint, DLQ_BROWSER_GROUP, **self._security)
         topic = dlq_topic(group)
         if topic not in self.topic_names(include_system=True):
             return consumer, []
@@ -321,7 +337,7 @@ class Admin:
         """
         wanted = None if msg_ids is None else set(msg_ids) - {""}
         letters = self.dead_letter_messages(group, max_num=10**9)
-        consumer = PullConsumer(self.endpoint, DLQ_RESEND_GROUP)
+        consumer = PullConsumer(self.endpoint, DLQ_RESEND_GROUP, **self._security)
         done_upto = -1
         if wanted is None and letters:
             done_upto = consumer.committed(
@@ -334,13 +350,13 @@ class Admin:
         from .producer import Producer
 
         sent = 0
-        with Producer(self.endpoint) as producer:
+        with Producer(self.endpoint, **self._security) as producer:
             for m in letters:
                 origin = m.properties.get(MessageConst.PROPERTY_DLQ_ORIGIN_TOPIC) or m.retry_topic
                 if not origin:
                     continue
                 producer.send_sync(
-                    Message(origin, m.body, tags=m.tags, keys=m.keys,
+                    SystemMessage(origin, m.body, tags=m.tags, keys=m.keys,  # ORIGIN_MESSAGE_ID is one
                             properties={
                                 **m.user_properties,
                                 MessageConst.PROPERTY_ORIGIN_MESSAGE_ID: _origin_msg_id(m)
@@ -365,3 +381,68 @@ class Admin:
     def broker_info(self) -> dict[str, str]:
         resp = self._client.broker_runtime_info(pymq_pb2.BrokerRuntimeInfoRequest())
         return {"broker_name": resp.broker_name, "endpoint": resp.endpoint, **dict(resp.info)}
+
+    # -- users and ACLs (ACL 2.0; a Super user's business) ------------------------------------
+
+    def create_user(self, username: str, password: str, user_type: str = "Normal") -> None:
+        """Create a user (``user_type`` "Super" or "Normal"); its username and password are a
+        client's ``access_key`` and ``secret_key``."""
+        self._client.create_user(pymq_pb2.CreateUserRequest(
+            user=pymq_pb2.UserInfo(username=username, password=password, user_type=user_type)))
+
+    def update_user(self, username: str, password: str | None = None, user_type: str | None = None,
+                    user_status: str | None = None) -> None:
+        """Change a user's password, type ("Super"/"Normal") or status ("enable"/"disable");
+        what is None stays."""
+        self._client.update_user(pymq_pb2.UpdateUserRequest(user=pymq_pb2.UserInfo(
+            username=username, password=password or "", user_type=user_type or "",
+            user_status=user_status or "")))
+
+    def delete_user(self, username: str) -> None:
+        """Delete a user and its ACL."""
+        self._client.delete_user(pymq_pb2.DeleteUserRequest(username=username))
+
+    def list_users(self, filter: str = "") -> pd.DataFrame:
+        """Users whose name contains ``filter``: username, user_type, user_status (never a password)."""
+        resp = self._client.list_users(pymq_pb2.ListUsersRequest(filter=filter))
+        return _frame([{"username": u.username, "user_type": u.user_type, "user_status": u.user_status}
+                       for u in resp.users], ["username", "user_type", "user_status"])
+
+    def create_acl(self, subject: str, resources: Iterable[str], actions: Iterable[str],
+                   decision: str = "Allow", source_ips: Iterable[str] = ()) -> None:
+        """Grant (or deny) ``subject`` ("User:<name>") ``actions`` on each of ``resources``.
+
+        Resources: "Topic:orders", "Group:billing", "Topic:orders-*" (prefix), "Topic:*" (any;
+        patterns never cover system topics); actions: Pub, Sub, Create, Update, Delete, Get,
+        List, All; ``decision``: Allow or Deny (a Deny wins); ``source_ips``: CIDR ranges the
+        entry holds for (none: any). An entry for a resource the ACL has already is replaced.
+
+        Example::
+
+            admin.create_acl("User:alice", ["Topic:orders"], ["Pub"])
+            admin.create_acl("User:bob", ["Topic:orders", "Group:billing"], ["Sub"])
+        """
+        actions, source_ips = list(actions), list(source_ips)
+        entries = [pymq_pb2.PolicyEntry(resource=r, actions=actions, source_ips=source_ips, decision=decision)
+                   for r in ([resources] if isinstance(resources, str) else resources)]
+        acl = pymq_pb2.AclInfo(subject=subject, entries=entries)
+        self._client.create_acl(pymq_pb2.CreateAclRequest(acl=acl))
+
+    def delete_acl(self, subject: str, resources: Iterable[str] = ()) -> None:
+        """Remove the entries of ``resources`` from ``subject``'s ACL (none given: the whole ACL)."""
+        self._client.delete_acl(pymq_pb2.DeleteAclRequest(
+            subject=subject, resources=[resources] if isinstance(resources, str) else list(resources)))
+
+    def list_acls(self, subject: str | None = None, resources: Iterable[str] = (),
+                  actions: Iterable[str] = (), decision: str | None = None) -> pd.DataFrame:
+        """ACL entries, one row each (subject, resource, actions, source_ips, decision), filtered
+        by subject, resources, any of ``actions`` and decision."""
+        resp = self._client.list_acls(pymq_pb2.ListAclsRequest(
+            subject=subject or "", resources=[resources] if isinstance(resources, str) else list(resources),
+            actions=[actions] if isinstance(actions, str) else list(actions), decision=decision or ""))
+        return _frame(
+            [{"subject": a.subject, "resource": e.resource, "actions": ",".join(e.actions),
+              "source_ips": ",".join(e.source_ips), "decision": e.decision}
+             for a in resp.acls for e in a.entries],
+            ["subject", "resource", "actions", "source_ips", "decision"],
+        )

@@ -61,14 +61,15 @@ def _decode(records: bytes, broker_name: str) -> list[MessageExt]:
         raw_topic = records[t + 2 : t1]
         topic = topics.get(raw_topic)
         if topic is None:
-            topic = topics[raw_topic] = raw_topic.decode()
+            topic = topics[raw_topic] = raw_topic.decode("utf-8", "replace")
         host_hex = hosts.get(host)
         if host_hex is None:
             host_hex = hosts[host] = host.hex().upper()
         offset_id = f"{host_hex}{phy:016X}"  # = offset_msg_id(host, phy)
         props: dict[str, str] = {}
         if p1 > p0:
-            for item in records[p0:p1].decode().split("\x02"):
+            # U+FFFD for bytes that are not UTF-8 (stored before the broker refused them)
+            for item in records[p0:p1].decode("utf-8", "replace").split("\x02"):
                 if item:
                     name, _, value = item.partition("\x01")
                     props[name] = value

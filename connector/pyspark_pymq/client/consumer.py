@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from pymq_proto.record import MessageConst, encode_properties
 from pymq_proto.topics import get_dlq_topic, get_retry_topic
 
-from ..backend.base import Backend, PullBatch, SendRequest, backend_config, open_backend
+from ..backend.base import Backend, PullBatch, SendRequest, backend_config, client_tls, open_backend
 from ..errors import TopicNotExistError
+from ..tls import TlsConfig
 from .codec import uniq_first
 from .message import (
     MessageExt,
@@ -52,7 +53,8 @@ class PullConsumer:
         group: the consumer group.
         namesrv_addr: instead of ``endpoint``, Apache RocketMQ's name servers
             (``"host:9876;host2:9876"``): the same calls go to every broker of a topic's route.
-        access_key, secret_key: RocketMQ ACL credentials (requests are signed).
+        access_key, secret_key: ACL credentials (a user of the broker; requests are signed).
+        tls, tls_ca_file, tls_cert_file, tls_key_file: TLS to the broker (as Producer's).
         timeout_ms: per request (long-polling pulls add their suspend time).
 
     Example::
@@ -73,6 +75,10 @@ class PullConsumer:
         namesrv_addr: str | None = None,
         access_key: str | None = None,
         secret_key: str | None = None,
+        tls: bool | TlsConfig | None = None,
+        tls_ca_file: str | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
         timeout_ms: int = 10_000,
         backend: Backend | None = None,
     ) -> None:
@@ -80,7 +86,9 @@ class PullConsumer:
             raise ValueError(f"consumer group must be a non-empty string, got {group!r}")
         self.group = group
         self._backend = backend or open_backend(
-            backend_config(endpoint, namesrv_addr, access_key, secret_key), timeout_ms / 1000.0
+            backend_config(endpoint, namesrv_addr, access_key, secret_key,
+                           client_tls(tls, tls_ca_file, tls_cert_file, tls_key_file)),
+            timeout_ms / 1000.0
         )
 
     @property

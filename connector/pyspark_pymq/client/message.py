@@ -23,6 +23,7 @@ __all__ = [
     "SendBackColumns",
     "SendResult",
     "SendStatus",
+    "SystemMessage",
 ]
 
 MAX_DELAY_LEVEL_HINT = 18
@@ -113,6 +114,48 @@ class Message:
         self.delay_level = delay_level
         self.sharding_key = sharding_key
         self.flag = flag
+
+
+class SystemMessage(Message):
+    """A :class:`Message` whose ``properties`` may name system properties (RocketMQ's MessageAccessor).
+
+    For the client's own sends that must set them: a transaction's half message
+    (``TRAN_MSG``, ``PGROUP``), a dead letter sent again (``ORIGIN_MESSAGE_ID``).
+    :meth:`Producer.send` refuses those names on a plain Message.
+    """
+
+    __slots__ = ()
+
+
+# Which Message field (or which API) sets a reserved property, for the error that refuses it
+_USE_INSTEAD = {
+    MessageConst.PROPERTY_TAGS: "Message(tags=...)",
+    MessageConst.PROPERTY_KEYS: "Message(keys=[...])",
+    MessageConst.PROPERTY_DELAY_TIME_LEVEL: "Message(delay_level=...)",
+    MessageConst.PROPERTY_SHARDING_KEY: "Message(sharding_key=...)",
+    MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX: "nothing: the producer sets it (SendResult.msg_id)",
+    MessageConst.PROPERTY_TRANSACTION_PREPARED: "TransactionProducer.send_message_in_transaction",
+    MessageConst.PROPERTY_PRODUCER_GROUP: "Producer(producer_group=...)",
+    MessageConst.PROPERTY_MAX_RECONSUME_TIMES: "the consumer's max_reconsume_times (send back)",
+}
+
+
+def reserved_property_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a user property (RocketMQ's STRING_HASH_SET), or None."""
+    if name not in MessageConst.STRING_HASH_SET:
+        return None
+    use = _USE_INSTEAD.get(name, "nothing: the broker sets it")
+    return (f"property name {name!r} is reserved for RocketMQ's system properties; use {use}, "
+            "or another name")
+
+
+def check_user_properties(msg: Message) -> None:
+    """ValueError naming the first reserved property of ``msg`` (none for a :class:`SystemMessage`)."""
+    if msg.properties and not isinstance(msg, SystemMessage):
+        for name in msg.properties:
+            problem = reserved_property_problem(name)
+            if problem is not None:
+                raise ValueError(f"Message for topic {msg.topic!r}: {problem}")
 
 
 _uniq_lock = threading.Lock()

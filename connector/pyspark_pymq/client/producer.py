@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import numpy.typing as npt
 
-from ..backend.base import Backend, SendRequest, backend_config, open_backend
+from ..backend.base import Backend, SendRequest, backend_config, client_tls, open_backend
 from ..errors import (
     IllegalArgumentError,
     MessageIllegalError,
@@ -21,12 +21,14 @@ from ..errors import (
     PymqError,
     RequestTimeoutError,
 )
+from ..tls import TlsConfig
 from .codec import UNIQ_PREFIX, uniq_first
 from .message import (
     Message,
     MessageQueue,
     RowKeys,
     SendResult,
+    check_user_properties,
     encode_message_properties,
     new_uniq_keys,
 )
@@ -72,7 +74,9 @@ class Producer:
         endpoint: ``host:port`` of a pymq broker; routes lead to the others.
         namesrv_addr: instead of ``endpoint``, Apache RocketMQ's name servers,
             ``"host:9876;host2:9876"``.
-        access_key, secret_key: RocketMQ ACL credentials (requests are signed).
+        access_key, secret_key: ACL credentials (a user of the broker; requests are signed).
+        tls, tls_ca_file, tls_cert_file, tls_key_file: TLS to the broker: ``tls=True`` trusts the
+            system's CAs, ``tls_ca_file`` a CA file; the cert and key are for mutual TLS.
         send_mode: ``"sync"`` (default: wait for each result, retry
             ``retry_times_when_send_failed`` more times on another queue,
             avoiding a broker that just failed), ``"async"`` (``send`` returns a
@@ -103,6 +107,10 @@ class Producer:
         namesrv_addr: str | None = None,
         access_key: str | None = None,
         secret_key: str | None = None,
+        tls: bool | TlsConfig | None = None,
+        tls_ca_file: str | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
         send_mode: SendMode = "sync",
         producer_group: str = "DEFAULT_PRODUCER",
         retry_times_when_send_failed: int = 2,
@@ -129,7 +137,8 @@ class Producer:
         self.timeout = send_msg_timeout_ms / 1000.0
         self.max_message_size = max_message_size
         self._backend: Backend = open_backend(
-            backend_config(endpoint, namesrv_addr, access_key, secret_key), self.timeout
+            backend_config(endpoint, namesrv_addr, access_key, secret_key,
+                           client_tls(tls, tls_ca_file, tls_cert_file, tls_key_file)), self.timeout
         )
         self._fault = LatencyFaultTolerance()
         # A random start, as RocketMQ's ThreadLocalIndex: producers made together (one per Spark
@@ -300,6 +309,7 @@ class Producer:
                     f"a batch holds one topic: message {i} is for {msg.topic!r}, not {topic!r}"
                 )
             if msg.properties or msg.tags or msg.keys or msg.delay_level or msg.sharding_key is not None:
+                check_user_properties(msg)
                 props = encode_message_properties(msg, key)
             else:  # the msgId alone: no dict to build
                 props = UNIQ_PREFIX + key.encode() + b"\x02"

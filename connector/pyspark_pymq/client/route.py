@@ -90,7 +90,7 @@ class RouteCache:
         client = (
             self.bootstrap
             if endpoint == self.bootstrap.endpoint
-            else BrokerClient(endpoint, self.bootstrap.timeout)
+            else self.bootstrap.sibling(endpoint)
         )
         with self._lock:
             self._clients[broker_name] = client

@@ -18,9 +18,11 @@ from typing import Any
 from pymq_proto.record import MessageConst
 from pymq_proto.v1 import pymq_pb2
 
+from ..backend.base import client_tls
 from ..errors import PymqError
+from ..tls import TlsConfig
 from .codec import decode_messages
-from .message import Message, MessageExt, SendResult
+from .message import Message, MessageExt, SendResult, SendStatus, SystemMessage
 from .producer import Producer
 from .transport import BrokerClient, ResponseStream
 
@@ -62,13 +64,19 @@ class TransactionProducer:
     """Sends messages whose visibility follows a local transaction.
 
     Args:
-        endpoint: ``host:port`` of a broker.
+        endpoint: ``host:port`` of a pymq broker.
         producer_group: the group the broker asks when a transaction is unresolved.
         check_listener: ``f(MessageExt) -> LocalTransactionState``, RocketMQ's
             ``checkLocalTransaction``: called on a background thread for a half
             message whose outcome the broker does not know (after
             ``transactionTimeout``, then every ``transactionCheckInterval``, at most
             ``transactionCheckMax`` times). Exceptions count as UNKNOW.
+        namesrv_addr: instead of ``endpoint``, Apache RocketMQ's name servers
+            (``"host:9876;host2:9876"``): a
+            :class:`~pyspark_pymq.rocketmq.transaction.RocketMQTransactionProducer`,
+            which registers the group with every broker (HEART_BEAT) and answers
+            their check-backs (CHECK_TRANSACTION_STATE) on its connections.
+        access_key, secret_key: RocketMQ ACL credentials (with ``namesrv_addr``).
 
     Example::
 
@@ -80,27 +88,53 @@ class TransactionProducer:
             producer.send_message_in_transaction(
                 Message("orders", b"...", keys=["o-7"]), lambda msg, arg: save_order(arg), arg=order)
 
-    Transactional messages cannot be delayed or batched.
+    Transactional messages cannot be delayed or batched. As RocketMQ's client, a half
+    message stored but not durable as asked (status FLUSH_DISK_TIMEOUT,
+    FLUSH_SLAVE_TIMEOUT, SLAVE_NOT_AVAILABLE) is rolled back without running the
+    local transaction.
     """
 
+    def __new__(cls, endpoint: str | None = None, producer_group: str = "",
+                check_listener: Any = None, **kwargs: Any) -> TransactionProducer:
+        if kwargs.get("namesrv_addr") is not None and cls is TransactionProducer:
+            from ..rocketmq.transaction import RocketMQTransactionProducer
+
+            return super().__new__(RocketMQTransactionProducer)
+        return super().__new__(cls)
+
     def __init__(
-        self, endpoint: str, producer_group: str,
-        check_listener: Callable[[MessageExt], LocalTransactionState], *,
-        send_msg_timeout_ms: int = 3000,
+        self, endpoint: str | None = None, producer_group: str = "",
+        check_listener: Callable[[MessageExt], LocalTransactionState] | None = None, *,
+        namesrv_addr: str | None = None, access_key: str | None = None, secret_key: str | None = None,
+        send_msg_timeout_ms: int = 3000, tls: bool | TlsConfig | None = None, tls_ca_file: str | None = None,
+        tls_cert_file: str | None = None, tls_key_file: str | None = None,
     ) -> None:
-        if not producer_group:
-            raise ValueError("a transaction producer needs a producer_group")
-        if not callable(check_listener):
-            raise TypeError(f"check_listener must be callable, got {type(check_listener).__name__}")
+        self._check_args(producer_group, check_listener)
+        if endpoint is None:
+            raise ValueError(
+                "TransactionProducer needs an endpoint ('host:port' of a pymq broker) or namesrv_addr "
+                "('host:9876;host2:9876' of Apache RocketMQ)"
+            )
+        assert check_listener is not None
         self.producer_group = producer_group
         self.check_listener = check_listener
+        tls_config = client_tls(tls, tls_ca_file, tls_cert_file, tls_key_file)
         self._producer = Producer(endpoint, producer_group=producer_group,
-                                  send_msg_timeout_ms=send_msg_timeout_ms)
-        self._client = BrokerClient(endpoint, send_msg_timeout_ms / 1000.0)
+                                  send_msg_timeout_ms=send_msg_timeout_ms, access_key=access_key,
+                                  secret_key=secret_key, tls=tls_config)
+        self._client = BrokerClient(endpoint, send_msg_timeout_ms / 1000.0, access_key=access_key,
+                                    secret_key=secret_key, tls=tls_config)
         self._closed = threading.Event()
         self._stream: ResponseStream[pymq_pb2.CheckTransactionStateRequest] | None = None
         self._thread = threading.Thread(target=self._serve_checks, name="pymq-tx-checks", daemon=True)
         self._thread.start()
+
+    @staticmethod
+    def _check_args(producer_group: str, check_listener: object) -> None:
+        if not producer_group:
+            raise ValueError("a transaction producer needs a producer_group")
+        if not callable(check_listener):
+            raise TypeError(f"check_listener must be callable, got {type(check_listener).__name__}")
 
     def send_message_in_transaction(
         self, message: Message,
@@ -114,20 +148,33 @@ class TransactionProducer:
         """
         if message.delay_level:
             raise ValueError("transactional messages cannot be delayed: set delay_level=0")
-        half = Message(
+        half = SystemMessage(  # TRAN_MSG and PGROUP are system properties
             message.topic, message.body, tags=message.tags, keys=message.keys,
             properties={**message.properties, MessageConst.PROPERTY_TRANSACTION_PREPARED: "true",
                         MessageConst.PROPERTY_PRODUCER_GROUP: self.producer_group},
             sharding_key=message.sharding_key, flag=message.flag,
         )
-        result = self._producer.send_sync(half)
-        try:
-            state = _state(execute_local_transaction(message, arg))
-        except Exception:
-            log.exception("local transaction of %s failed: the broker will check back", result.msg_id)
-            state = LocalTransactionState.UNKNOW
-        self._end(result.msg_id, state, from_check=False)
+        result = self._send_half(half)
+        error: Exception | None = None
+        if result.status is not SendStatus.SEND_OK:
+            # DefaultMQProducerImpl.sendMessageInTransaction: stored, not durable as asked
+            state = LocalTransactionState.ROLLBACK_MESSAGE
+        else:
+            try:
+                state = _state(execute_local_transaction(message, arg))
+            except Exception as err:
+                log.exception("local transaction of %s failed: the broker will check back", result.msg_id)
+                state, error = LocalTransactionState.UNKNOW, err
+        self._end_sent(message, result, state, error)
         return TransactionSendResult(result, state)
+
+    def _send_half(self, half: Message) -> SendResult:
+        return self._producer.send_sync(half)
+
+    def _end_sent(self, message: Message, result: SendResult, state: LocalTransactionState,
+                  error: Exception | None) -> None:
+        """End the transaction of a half message just sent (failures logged: check-backs mend them)."""
+        self._end(result.msg_id, state, from_check=False)
 
     def end_transactions(self, msg_ids: Sequence[str], state: LocalTransactionState) -> int:
         """End many transactions alike (EndTransactionBatch); returns how many were pending.
@@ -162,7 +209,10 @@ class TransactionProducer:
                 )
                 for check in self._stream:
                     msg = decode_messages(check.record, "")[0]
-                    msg.topic = check.topic  # show the real topic, not the half topic
+                    # the real topic and queue, not the half's (as RocketMQ's broker sends it)
+                    msg.topic = check.topic
+                    real_qid = msg.properties.get(MessageConst.PROPERTY_REAL_QUEUE_ID)
+                    msg.queue_id = int(real_qid) if real_qid else msg.queue_id
                     try:
                         state = _state(self.check_listener(msg))
                     except Exception:

@@ -15,15 +15,27 @@ the gRPC status: UNAVAILABLE -> BrokerUnavailableError, DEADLINE_EXCEEDED ->
 RequestTimeoutError); nothing else maps gRPC errors. ``error.retriable`` then
 says whether another try may succeed.
 
-Channels are cached per (process, endpoint): Spark reuses Python workers
-across tasks, so a task's reader finds its channel already connected, and a
-forked process never uses its parent's channel.
+Channels are cached per (process, endpoint, TLS settings): Spark reuses Python
+workers across tasks, so a task's reader finds its channel already connected,
+and a forked process never uses its parent's channel.
+
+Security: with ``access_key`` / ``secret_key`` every call is signed as RocketMQ 5's
+gRPC clients sign theirs (:func:`sign_metadata`: ``x-mq-date-time`` and an
+``authorization`` of ``MQv2-HMAC-SHA1``), so a broker with authentication on knows
+the user. With ``tls`` (a :class:`~pyspark_pymq.tls.TlsConfig`) the channel is TLS,
+the broker's certificate verified; a plaintext client that meets a TLS broker raises
+:class:`~pyspark_pymq.errors.TlsRequiredError` saying to enable TLS.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
+import socket
+import ssl
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, Generic, TypeVar, overload
@@ -36,8 +48,10 @@ from ..errors import (
     BrokerUnavailableError,
     PymqError,
     RequestTimeoutError,
+    TlsRequiredError,
     error_for_code,
 )
+from ..tls import TlsConfig
 
 __all__ = [
     "CHANNEL_OPTIONS",
@@ -47,6 +61,7 @@ __all__ = [
     "UnaryRpc",
     "check_endpoint",
     "map_rpc_error",
+    "sign_metadata",
 ]
 
 MAX_GRPC_MESSAGE = 256 * 1024 * 1024
@@ -59,7 +74,7 @@ CHANNEL_OPTIONS = [
 ]
 CODE_METADATA_KEY = "pymq-response-code"
 
-_channels: dict[tuple[int, str], grpc.Channel] = {}
+_channels: dict[tuple[int, str, TlsConfig | None], grpc.Channel] = {}
 _channels_lock = threading.Lock()
 
 Req = TypeVar("Req", bound=ProtoMessage)
@@ -80,20 +95,103 @@ def check_endpoint(endpoint: object) -> str:
     return endpoint.strip()
 
 
-def _channel(endpoint: str) -> grpc.Channel:
-    key = (os.getpid(), endpoint)
+def _channel(endpoint: str, tls: TlsConfig | None = None) -> grpc.Channel:
+    key = (os.getpid(), endpoint, tls)
     ch = _channels.get(key)
     if ch is None:
         with _channels_lock:
             ch = _channels.get(key)
             if ch is None:
-                ch = grpc.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
+                if tls is None:
+                    ch = grpc.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
+                else:
+                    try:
+                        root, key_pem, chain = tls.pem()
+                    except OSError as err:
+                        raise ValueError(f"TLS file cannot be read: {err}") from None
+                    creds = grpc.ssl_channel_credentials(root, key_pem, chain)
+                    ch = grpc.secure_channel(endpoint, creds, options=CHANNEL_OPTIONS)
                 _channels[key] = ch
     return ch
 
 
-def map_rpc_error(err: grpc.RpcError, endpoint: str, method: str) -> PymqError:
-    """The PymqError for a failed call: the broker's code when it sent one."""
+DATE_TIME_KEY = "x-mq-date-time"
+AUTHORIZATION_KEY = "authorization"
+
+
+def sign_metadata(access_key: str, secret_key: str, now: float | None = None) -> tuple[tuple[str, str], ...]:
+    """RocketMQ 5's gRPC signature (rocketmq-clients' ``Signature.sign``): the call's metadata.
+
+    ``x-mq-date-time`` is UTC ``yyyyMMdd'T'HHmmss'Z'``; ``authorization`` is
+    ``MQv2-HMAC-SHA1 Credential=<ak>, SignedHeaders=x-mq-date-time, Signature=<hex>``,
+    the hex of HMAC-SHA1 keyed by the secret key over the date-time.
+    """
+    date_time = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    signature = hmac.new(secret_key.encode(), date_time.encode(), hashlib.sha1).hexdigest()
+    return (
+        (DATE_TIME_KEY, date_time),
+        (AUTHORIZATION_KEY,
+         f"MQv2-HMAC-SHA1 Credential={access_key}, SignedHeaders={DATE_TIME_KEY}, Signature={signature}"),
+    )
+
+
+class _Signer:
+    """The signed metadata of a call, computed once per second (the date-time's resolution)."""
+
+    __slots__ = ("_access_key", "_second", "_secret_key", "_value")
+
+    def __init__(self, access_key: str, secret_key: str) -> None:
+        self._access_key = access_key
+        self._secret_key = secret_key
+        self._second = -1
+        self._value: tuple[tuple[str, str], ...] = ()
+
+    def __repr__(self) -> str:
+        return f"_Signer(access_key={self._access_key!r})"
+
+    def __call__(self) -> tuple[tuple[str, str], ...]:
+        now = time.time()
+        second = int(now)
+        if second != self._second:
+            self._value = sign_metadata(self._access_key, self._secret_key, now)
+            self._second = second
+        return self._value
+
+
+_tls_probes: dict[str, tuple[float, bool]] = {}
+
+
+def _speaks_tls(endpoint: str) -> bool:
+    """Whether the server at ``endpoint`` answers a TLS handshake (asked at most every 5 s)."""
+    hit = _tls_probes.get(endpoint)
+    if hit is not None and time.monotonic() - hit[0] < 5.0:
+        return hit[1]
+    host, _, port = endpoint.rpartition(":")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    result = False
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=2.0) as raw, \
+                ctx.wrap_socket(raw, server_hostname=None) as tls_sock:
+            tls_sock.do_handshake()
+            result = True
+    except ssl.SSLError as err:  # an alert (e.g. no client certificate) is still TLS
+        result = "ALERT" in str(err.reason or "").upper()
+    except OSError:
+        result = False
+    _tls_probes[endpoint] = (time.monotonic(), result)
+    return result
+
+
+def map_rpc_error(
+    err: grpc.RpcError, endpoint: str, method: str, tls: TlsConfig | None = None
+) -> PymqError:
+    """The PymqError for a failed call: the broker's code when it sent one.
+
+    An unreachable broker that speaks TLS to a plaintext client is a
+    :class:`TlsRequiredError`, as is a TLS handshake that fails (``tls`` given).
+    """
     code = None
     trailing: Any = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
     for item in trailing or ():
@@ -105,6 +203,26 @@ def map_rpc_error(err: grpc.RpcError, endpoint: str, method: str) -> PymqError:
         return error_for_code(code, details or "")
     status = err.code() if hasattr(err, "code") else None
     if status == grpc.StatusCode.UNAVAILABLE:
+        if tls is None and _speaks_tls(endpoint):
+            return TlsRequiredError(
+                f"broker at {endpoint} serves TLS and this client connects in plaintext ({method}): "
+                "enable TLS on the client (tls_ca_file='ca.pem' for the client classes, Spark options "
+                "tls=true and tlsCaFile)"
+            )
+        lowered = (details or "").lower()
+        if (tls is not None and tls.cert_file is None and "socket closed" in lowered
+                and _speaks_tls(endpoint)):
+            return TlsRequiredError(
+                f"broker at {endpoint} closed the TLS connection ({method}): it may require a client "
+                "certificate (mutual TLS, --tls-client-ca-file): give tls_cert_file and tls_key_file "
+                "(Spark options tlsCertFile and tlsKeyFile)"
+            )
+        if tls is not None and any(w in lowered for w in ("ssl", "handshake", "certificate", "tls")):
+            return TlsRequiredError(
+                f"TLS to broker at {endpoint} failed ({method}): {details}. Check that the broker serves "
+                "TLS (--tls-cert-file), that tls_ca_file / tlsCaFile holds the CA that signed its "
+                "certificate, and for mutual TLS the client certificate and key"
+            )
         return BrokerUnavailableError(
             f"broker at {endpoint} is unavailable ({method}): {details}. "
             "Check that pymq-broker runs there and the endpoint option is right."
@@ -121,21 +239,25 @@ class UnaryRpc(Generic[Req, Resp]):
     future, completes with) the PymqError of :func:`map_rpc_error`.
     """
 
-    __slots__ = ("_call", "endpoint", "name", "timeout")
+    __slots__ = ("_call", "_sign", "endpoint", "name", "timeout", "tls")
 
     def __init__(
-        self, call: grpc.UnaryUnaryMultiCallable[Req, Resp], name: str, endpoint: str, timeout: float
+        self, call: grpc.UnaryUnaryMultiCallable[Req, Resp], name: str, endpoint: str, timeout: float,
+        sign: Callable[[], tuple[tuple[str, str], ...]] | None = None, tls: TlsConfig | None = None,
     ) -> None:
         self._call = call
         self.name = name  # the RPC's name in pymq.proto, for error messages
         self.endpoint = endpoint
         self.timeout = timeout
+        self._sign = sign  # the call's signed metadata (None: unsigned)
+        self.tls = tls
 
     def __call__(self, request: Req, timeout: float | None = None) -> Resp:
         try:
-            return self._call(request, timeout=self.timeout if timeout is None else timeout)
+            return self._call(request, timeout=self.timeout if timeout is None else timeout,
+                              metadata=None if self._sign is None else self._sign())
         except grpc.RpcError as err:
-            raise map_rpc_error(err, self.endpoint, self.name) from None
+            raise map_rpc_error(err, self.endpoint, self.name, self.tls) from None
 
     @overload
     def future(self, request: Req, timeout: float | None = None) -> Future[Resp]: ...
@@ -154,13 +276,13 @@ class UnaryRpc(Generic[Req, Resp]):
         Future holds its exception. A failed call's Future holds its PymqError.
         """
         out: Future[Any] = Future()
-        endpoint, name = self.endpoint, self.name
+        endpoint, name, tls = self.endpoint, self.name, self.tls
 
         def done(call: grpc.Future[Resp]) -> None:
             try:
                 resp = call.result()
             except grpc.RpcError as err:
-                out.set_exception(map_rpc_error(err, endpoint, name))
+                out.set_exception(map_rpc_error(err, endpoint, name, tls))
                 return
             except Exception as err:  # cancelled: nothing a retry would mend
                 out.set_exception(PymqError(f"{name} to {endpoint} failed: {err!r}"))
@@ -175,7 +297,8 @@ class UnaryRpc(Generic[Req, Resp]):
                 return
             out.set_result(value)
 
-        call = self._call.future(request, timeout=self.timeout if timeout is None else timeout)
+        call = self._call.future(request, timeout=self.timeout if timeout is None else timeout,
+                                 metadata=None if self._sign is None else self._sign())
         call.add_done_callback(done)
         return out
 
@@ -183,18 +306,20 @@ class UnaryRpc(Generic[Req, Resp]):
 class ResponseStream(Generic[Resp]):
     """The answers of a server-streaming call; iterating raises PymqError if the stream fails."""
 
-    __slots__ = ("_call", "endpoint", "name")
+    __slots__ = ("_call", "endpoint", "name", "tls")
 
-    def __init__(self, call: grpc.CallIterator[Resp], name: str, endpoint: str) -> None:
+    def __init__(self, call: grpc.CallIterator[Resp], name: str, endpoint: str,
+                 tls: TlsConfig | None = None) -> None:
         self._call = call
         self.name = name
         self.endpoint = endpoint
+        self.tls = tls
 
     def __iter__(self) -> Iterator[Resp]:
         try:
             yield from self._call
         except grpc.RpcError as err:
-            raise map_rpc_error(err, self.endpoint, self.name) from None
+            raise map_rpc_error(err, self.endpoint, self.name, self.tls) from None
 
     def cancel(self) -> None:
         """End the stream: iteration stops with a (not retriable) PymqError."""
@@ -204,19 +329,23 @@ class ResponseStream(Generic[Resp]):
 class StreamRpc(Generic[Req, Resp]):
     """One server-streaming RPC of one broker. Without ``timeout`` the stream has no deadline."""
 
-    __slots__ = ("_call", "endpoint", "name")
+    __slots__ = ("_call", "_sign", "endpoint", "name", "tls")
 
-    def __init__(self, call: grpc.UnaryStreamMultiCallable[Req, Resp], name: str, endpoint: str) -> None:
+    def __init__(self, call: grpc.UnaryStreamMultiCallable[Req, Resp], name: str, endpoint: str,
+                 sign: Callable[[], tuple[tuple[str, str], ...]] | None = None,
+                 tls: TlsConfig | None = None) -> None:
         self._call = call
         self.name = name
         self.endpoint = endpoint
+        self._sign = sign
+        self.tls = tls
 
     def __call__(self, request: Req, timeout: float | None = None) -> ResponseStream[Resp]:
         try:
-            call = self._call(request, timeout=timeout)
+            call = self._call(request, timeout=timeout, metadata=None if self._sign is None else self._sign())
         except grpc.RpcError as err:
-            raise map_rpc_error(err, self.endpoint, self.name) from None
-        return ResponseStream(call, self.name, self.endpoint)
+            raise map_rpc_error(err, self.endpoint, self.name, self.tls) from None
+        return ResponseStream(call, self.name, self.endpoint, self.tls)
 
 
 class BrokerClient:
@@ -225,16 +354,25 @@ class BrokerClient:
     The attributes are :class:`UnaryRpc` (or :class:`StreamRpc`) objects built
     from the generated stub, so mypy knows each request and response type, and
     a call costs one attribute look-up more than the stub's own.
+
+    ``access_key`` / ``secret_key`` sign every call (:func:`sign_metadata`);
+    ``tls`` makes the channel TLS. The secret key shows in no repr or message.
     """
 
-    def __init__(self, endpoint: str, timeout: float = 10.0) -> None:
+    def __init__(self, endpoint: str, timeout: float = 10.0, *, access_key: str | None = None,
+                 secret_key: str | None = None, tls: TlsConfig | None = None) -> None:
         self.endpoint = check_endpoint(endpoint)
         self._timeout = timeout
-        stub = pymq_pb2_grpc.BrokerStub(_channel(self.endpoint))
+        if (access_key is None) != (secret_key is None) or access_key == "" or secret_key == "":
+            raise ValueError("give both access_key and secret_key (non-empty), or neither")
+        self._credentials = None if access_key is None or secret_key is None else (access_key, secret_key)
+        self.tls = tls
+        sign = None if self._credentials is None else _Signer(*self._credentials)
+        stub = pymq_pb2_grpc.BrokerStub(_channel(self.endpoint, tls))
         ep = self.endpoint
 
         def unary(call: grpc.UnaryUnaryMultiCallable[Req, Resp], name: str) -> UnaryRpc[Req, Resp]:
-            return UnaryRpc(call, name, ep, timeout)
+            return UnaryRpc(call, name, ep, timeout, sign, tls)
 
         # one line per RPC of service Broker, in pymq.proto's order
         self.send_message = unary(stub.SendMessage, "SendMessage")
@@ -260,15 +398,34 @@ class BrokerClient:
         self.end_transaction = unary(stub.EndTransaction, "EndTransaction")
         self.send_half_message_batch = unary(stub.SendHalfMessageBatch, "SendHalfMessageBatch")
         self.end_transaction_batch = unary(stub.EndTransactionBatch, "EndTransactionBatch")
-        self.transaction_stream = StreamRpc(stub.TransactionStream, "TransactionStream", ep)
+        self.transaction_stream = StreamRpc(stub.TransactionStream, "TransactionStream", ep, sign, tls)
+        self.create_user = unary(stub.CreateUser, "CreateUser")
+        self.update_user = unary(stub.UpdateUser, "UpdateUser")
+        self.delete_user = unary(stub.DeleteUser, "DeleteUser")
+        self.list_users = unary(stub.ListUsers, "ListUsers")
+        self.create_acl = unary(stub.CreateAcl, "CreateAcl")
+        self.delete_acl = unary(stub.DeleteAcl, "DeleteAcl")
+        self.list_acls = unary(stub.ListAcls, "ListAcls")
 
     @property
     def timeout(self) -> float:
         """The deadline of a call that names none, in seconds (fixed: every RPC holds it)."""
         return self._timeout
 
+    def sibling(self, endpoint: str) -> BrokerClient:
+        """A client of another broker (of the same cluster) with this one's timeout, credentials and TLS."""
+        ak, sk = self._credentials or (None, None)
+        return BrokerClient(endpoint, self._timeout, access_key=ak, secret_key=sk, tls=self.tls)
+
+    def __repr__(self) -> str:
+        user = "" if self._credentials is None else f", access_key={self._credentials[0]!r}"
+        return f"BrokerClient({self.endpoint!r}{user}{', tls' if self.tls is not None else ''})"
+
     def __getstate__(self) -> dict[str, Any]:
-        return {"endpoint": self.endpoint, "timeout": self.timeout}
+        return {"endpoint": self.endpoint, "timeout": self.timeout, "credentials": self._credentials,
+                "tls": self.tls}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["endpoint"], state["timeout"])  # type: ignore[misc]
+        ak, sk = state.get("credentials") or (None, None)
+        self.__init__(state["endpoint"], state["timeout"], access_key=ak, secret_key=sk,  # type: ignore[misc]
+                      tls=state.get("tls"))

@@ -55,6 +55,7 @@ import itertools
 import os
 import re
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -65,6 +66,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..errors import BrokerUnavailableError, PymqError, RequestTimeoutError
+from ..tls import TlsConfig
 from .protocol import (
     FLAG_ONEWAY,
     FLAG_RESPONSE,
@@ -205,6 +207,7 @@ class _Connection:
         self.send_lock = threading.Lock()
         self.closed = False
         self.close_reason = ""
+        self.received = False  # any bytes from the peer yet
         self.reader = threading.Thread(
             target=self._read_loop, name=f"pymq-remoting-reader-{addr}", daemon=True
         )
@@ -220,6 +223,9 @@ class _Connection:
                 self.sock.sendall(head)
             elif len(body) < JOIN_BODY_BELOW:
                 self.sock.sendall(head + body)
+            elif isinstance(self.sock, ssl.SSLSocket):  # no sendmsg: two TLS records
+                self.sock.sendall(head)
+                self.sock.sendall(body)
             else:
                 _send_parts(self.sock, (head, body))
 
@@ -230,7 +236,11 @@ class _Connection:
         try:
             self._read_frames()
         except _ConnectionClosed:
-            pass
+            if not self.received and self.client.tls is None:
+                # What a server in TLS-only mode (RocketMQ's tls.server.mode=enforcing) does to
+                # a plaintext client: it closes the connection without a word.
+                reason += (" before answering anything: if it requires TLS, set the option tls=true "
+                           "(tlsCaFile for a private CA)")
         except (OSError, ValueError, UnicodeDecodeError) as err:
             reason = f"{type(err).__name__}: {err}"
         self.close(reason)
@@ -286,6 +296,7 @@ class _Connection:
             got = sock.recv_into(view[end:])
             if not got:
                 raise _ConnectionClosed()
+            self.received = True
             end += got
 
     def _dispatch(self, header: memoryview | bytes, serialize_type: int, body: bytes | bytearray) -> None:
@@ -369,7 +380,7 @@ def _send_parts(sock: socket.socket, parts: Sequence[bytes | bytearray]) -> None
 # -- the client ------------------------------------------------------------------------------
 
 _CLIENTS: weakref.WeakSet[RemotingClient] = weakref.WeakSet()
-_SHARED: dict[SessionCredentials | None, RemotingClient] = {}
+_SHARED: dict[tuple[SessionCredentials | None, TlsConfig | None], RemotingClient] = {}
 _SHARED_LOCK = threading.Lock()
 
 
@@ -379,7 +390,9 @@ class RemotingClient:
     Args:
         rpc_hook: called with every request before it is sent (e.g. :class:`AclClientRPCHook`).
         connect_timeout_s: the longest a connection attempt may take (at most the
-            request's own time-out).
+            request's own time-out), TLS handshake included.
+        tls: connect with TLS (RocketMQ's ``tls.server.mode=enforcing`` or ``permissive``
+            servers); ``None``: plaintext.
 
     Thread-safe. Prefer :meth:`shared` (one client, hence one connection per address, for
     the whole process) over new instances: brokers tie consumer registrations
@@ -391,9 +404,12 @@ class RemotingClient:
         *,
         rpc_hook: RPCHook | None = None,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        tls: TlsConfig | None = None,
     ) -> None:
         self.rpc_hook = rpc_hook
         self.connect_timeout_s = connect_timeout_s
+        self.tls = tls
+        self._ssl_context: ssl.SSLContext | None = None
         self._processors: dict[int, RequestHandler] = {}
         self._opaque = itertools.count(1)
         self._closed = False
@@ -410,16 +426,19 @@ class RemotingClient:
         self._executor: ThreadPoolExecutor | None = None
 
     @classmethod
-    def shared(cls, credentials: SessionCredentials | None = None) -> RemotingClient:
-        """The process-wide client (one per credentials), made on first use."""
-        client = _SHARED.get(credentials)
+    def shared(
+        cls, credentials: SessionCredentials | None = None, tls: TlsConfig | None = None
+    ) -> RemotingClient:
+        """The process-wide client (one per credentials and TLS settings), made on first use."""
+        key = (credentials, tls)
+        client = _SHARED.get(key)
         if client is None or client._closed:
             with _SHARED_LOCK:
-                client = _SHARED.get(credentials)
+                client = _SHARED.get(key)
                 if client is None or client._closed:
                     hook = AclClientRPCHook(credentials) if credentials is not None else None
-                    client = cls(rpc_hook=hook)
-                    _SHARED[credentials] = client
+                    client = cls(rpc_hook=hook, tls=tls)
+                    _SHARED[key] = client
         return client
 
     def register_processor(self, request_code: int, handler: RequestHandler) -> None:
@@ -586,19 +605,56 @@ class RemotingClient:
                     f"cannot connect to {addr}: {err.strerror or err}. "
                     "Check the address and that the broker or name server runs there."
                 ) from None
-            sock.settimeout(None)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            if self.tls is not None:
+                sock = self._handshake(addr, host, sock, timeout)
+            sock.settimeout(None)
             conn = _Connection(self, addr, sock)
             self._conns[key] = conn
             conn.reader.start()
             return conn
+
+    def _handshake(self, addr: str, host: str, sock: socket.socket, timeout: float) -> socket.socket:
+        """The TLS handshake within the connect time-out; errors name the address and the cause."""
+        assert self.tls is not None
+        if self._ssl_context is None:
+            try:
+                self._ssl_context = self.tls.ssl_context()
+            except (OSError, ssl.SSLError) as err:
+                sock.close()
+                raise BrokerUnavailableError(f"cannot set up TLS for {addr}: {err}") from None
+        sock.settimeout(timeout)
+        try:
+            return self._ssl_context.wrap_socket(sock, server_hostname=host)
+        except ssl.SSLCertVerificationError as err:
+            sock.close()
+            raise BrokerUnavailableError(
+                f"TLS to {addr}: the server's certificate was refused ({err.verify_message}). "
+                "Set tlsCaFile to the CA that signed it; its certificate must name this host or IP."
+            ) from None
+        except (OSError, ssl.SSLError) as err:
+            sock.close()
+            raise BrokerUnavailableError(
+                f"TLS handshake with {addr} failed: {err}. Is TLS on there (tls.server.mode "
+                "enforcing or permissive)? Without TLS, leave the tls option unset."
+            ) from None
 
     def _forget(self, conn: _Connection) -> None:
         key = (conn.pid, conn.addr)
         with self._lock:
             if self._conns.get(key) is conn:
                 del self._conns[key]
+
+    def connection_id(self, addr: str) -> int | None:
+        """An id of this process's open connection to ``addr``, None when there is none.
+
+        It changes when the connection is made again: what a broker ties to a connection
+        (a producer group's registration, to which it sends check-backs) must then be
+        registered again.
+        """
+        conn = self._conns.get((os.getpid(), addr))
+        return None if conn is None or conn.closed else id(conn)
 
     def close_connection(self, addr: str) -> None:
         """Close this process's connection to ``addr`` (the next request opens a new one)."""

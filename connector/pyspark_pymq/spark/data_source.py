@@ -49,12 +49,28 @@ class PymqDataSource(DataSource):
         the brokers of each topic's route.
 
     ``accessKey``
-        (string; RocketMQ only) RocketMQ ACL access key, with ``secretKey`` (both or neither) and
-        ``namesrvAddr``: every request is signed as RocketMQ's ``AclClientRPCHook`` signs it.
+        (string) ACL access key (a user of the broker), with ``secretKey`` (both or neither): every
+        request is signed, to a pymq broker as RocketMQ 5's gRPC clients sign (``MQv2-HMAC-SHA1``), to
+        Apache RocketMQ as its ``AclClientRPCHook`` does.
 
     ``secretKey``
-        (string; RocketMQ only) RocketMQ ACL secret key, with ``accessKey``; it never shows in plans,
-        logs or error messages.
+        (string) ACL secret key, with ``accessKey``; it never shows in plans, logs or error messages.
+
+    ``tls``
+        (boolean; default ``false``) encrypt connections with TLS and verify the broker's certificate
+        and host name (or IP address) against ``tlsCaFile``, or the system's trust store without it.
+
+    ``tlsCaFile``
+        (string) with ``tls=true``: PEM file of the certificate authorities to trust (a self-signed
+        broker certificate or its CA). The file must be readable on the driver and every executor.
+
+    ``tlsCertFile``
+        (string) with ``tls=true`` and ``tlsKeyFile``: PEM certificate chain this client presents
+        (mutual TLS).
+
+    ``tlsKeyFile``
+        (string) with ``tls=true`` and ``tlsCertFile``: the client certificate's PEM private key
+        (unencrypted).
 
     ``topic``
         (comma-separated list; required) one topic or a comma-separated list (``orders,payments``; a
@@ -212,12 +228,28 @@ class PymqDataSource(DataSource):
         the brokers of each topic's route.
 
     ``accessKey``
-        (string; RocketMQ only) RocketMQ ACL access key, with ``secretKey`` (both or neither) and
-        ``namesrvAddr``: every request is signed as RocketMQ's ``AclClientRPCHook`` signs it.
+        (string) ACL access key (a user of the broker), with ``secretKey`` (both or neither): every
+        request is signed, to a pymq broker as RocketMQ 5's gRPC clients sign (``MQv2-HMAC-SHA1``), to
+        Apache RocketMQ as its ``AclClientRPCHook`` does.
 
     ``secretKey``
-        (string; RocketMQ only) RocketMQ ACL secret key, with ``accessKey``; it never shows in plans,
-        logs or error messages.
+        (string) ACL secret key, with ``accessKey``; it never shows in plans, logs or error messages.
+
+    ``tls``
+        (boolean; default ``false``) encrypt connections with TLS and verify the broker's certificate
+        and host name (or IP address) against ``tlsCaFile``, or the system's trust store without it.
+
+    ``tlsCaFile``
+        (string) with ``tls=true``: PEM file of the certificate authorities to trust (a self-signed
+        broker certificate or its CA). The file must be readable on the driver and every executor.
+
+    ``tlsCertFile``
+        (string) with ``tls=true`` and ``tlsKeyFile``: PEM certificate chain this client presents
+        (mutual TLS).
+
+    ``tlsKeyFile``
+        (string) with ``tls=true`` and ``tlsCertFile``: the client certificate's PEM private key
+        (unencrypted).
 
     ``view``
         (one of ``topics``, ``queues``, ``groups``, ``lag``, ``deadLetters``; required) the table:
@@ -267,12 +299,28 @@ class PymqDataSource(DataSource):
         the brokers of each topic's route.
 
     ``accessKey``
-        (string; RocketMQ only) RocketMQ ACL access key, with ``secretKey`` (both or neither) and
-        ``namesrvAddr``: every request is signed as RocketMQ's ``AclClientRPCHook`` signs it.
+        (string) ACL access key (a user of the broker), with ``secretKey`` (both or neither): every
+        request is signed, to a pymq broker as RocketMQ 5's gRPC clients sign (``MQv2-HMAC-SHA1``), to
+        Apache RocketMQ as its ``AclClientRPCHook`` does.
 
     ``secretKey``
-        (string; RocketMQ only) RocketMQ ACL secret key, with ``accessKey``; it never shows in plans,
-        logs or error messages.
+        (string) ACL secret key, with ``accessKey``; it never shows in plans, logs or error messages.
+
+    ``tls``
+        (boolean; default ``false``) encrypt connections with TLS and verify the broker's certificate
+        and host name (or IP address) against ``tlsCaFile``, or the system's trust store without it.
+
+    ``tlsCaFile``
+        (string) with ``tls=true``: PEM file of the certificate authorities to trust (a self-signed
+        broker certificate or its CA). The file must be readable on the driver and every executor.
+
+    ``tlsCertFile``
+        (string) with ``tls=true`` and ``tlsKeyFile``: PEM certificate chain this client presents
+        (mutual TLS).
+
+    ``tlsKeyFile``
+        (string) with ``tls=true`` and ``tlsCertFile``: the client certificate's PEM private key
+        (unencrypted).
 
     ``topic``
         (string) the topic to write to when there is no ``topic`` column (a row's non-null ``topic``

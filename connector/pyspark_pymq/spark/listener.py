@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from pymq_proto.record import MessageConst as MC
 
-from ..backend.base import BackendConfig, backend_config, cached_backend
+from ..backend.base import BackendConfig, backend_config, cached_backend, client_tls
 from ..client.consumer import PullConsumer
 from ..client.message import MessageExt
 from .rows import messages_from_batch, send_back_acknowledged
@@ -56,6 +56,8 @@ from .rows import messages_from_batch, send_back_acknowledged
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
+
+    from ..tls import TlsConfig
 
 __all__ = [
     "ConsumeConcurrentlyStatus",
@@ -217,8 +219,10 @@ class MessageListener:
             orderly default: unlimited, as in RocketMQ).
         suspend_current_queue_time_millis: orderly retry pause (1000).
         delay_level: delay of a sent-back message (0: RocketMQ's 3 + retries).
-        namesrv_addr, access_key, secret_key: Apache RocketMQ instead of ``endpoint``
+        namesrv_addr: Apache RocketMQ instead of ``endpoint``
             (``MessageListener(None, group, f, namesrv_addr="host:9876")``).
+        access_key, secret_key: ACL credentials (a user of the broker; requests are signed).
+        tls, tls_ca_file, tls_cert_file, tls_key_file: TLS to the broker (as Producer's).
     """
 
     def __init__(
@@ -230,6 +234,10 @@ class MessageListener:
         namesrv_addr: str | None = None,
         access_key: str | None = None,
         secret_key: str | None = None,
+        tls: bool | TlsConfig | None = None,
+        tls_ca_file: str | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
         orderly: bool = False,
         message_model: str = "CLUSTERING",
         consume_message_batch_max_size: int = 1,
@@ -255,7 +263,8 @@ class MessageListener:
             )
         self.listener = listener
         self.config = _Config(
-            backend=backend_config(endpoint, namesrv_addr, access_key, secret_key),
+            backend=backend_config(endpoint, namesrv_addr, access_key, secret_key,
+                                   client_tls(tls, tls_ca_file, tls_cert_file, tls_key_file)),
             group=consumer_group,
             orderly=orderly,
             broadcasting=message_model == "BROADCASTING",

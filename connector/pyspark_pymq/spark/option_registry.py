@@ -182,15 +182,34 @@ NAMESRV_ADDR = OptionSpec(
         "topic's route.",
 )
 ACCESS_KEY = OptionSpec(
-    "accessKey", "string", section="where", backend="rocketmq",
-    doc="RocketMQ ACL access key, with `secretKey` (both or neither) and `namesrvAddr`: every request "
-        "is signed as RocketMQ's `AclClientRPCHook` signs it.",
+    "accessKey", "string", section="where",
+    doc="ACL access key (a user of the broker), with `secretKey` (both or neither): every request is "
+        "signed, to a pymq broker as RocketMQ 5's gRPC clients sign (`MQv2-HMAC-SHA1`), to Apache "
+        "RocketMQ as its `AclClientRPCHook` does.",
 )
 SECRET_KEY = OptionSpec(
-    "secretKey", "string", section="where", backend="rocketmq",
-    doc="RocketMQ ACL secret key, with `accessKey`; it never shows in plans, logs or error messages.",
+    "secretKey", "string", section="where",
+    doc="ACL secret key, with `accessKey`; it never shows in plans, logs or error messages.",
 )
-_WHERE = (ENDPOINT, NAMESRV_ADDR, ACCESS_KEY, SECRET_KEY)
+TLS = OptionSpec(
+    "tls", "boolean", section="where", default=False,
+    doc="encrypt connections with TLS and verify the broker's certificate and host name (or IP address) "
+        "against `tlsCaFile`, or the system's trust store without it.",
+)
+TLS_CA_FILE = OptionSpec(
+    "tlsCaFile", "string", section="where",
+    doc="with `tls=true`: PEM file of the certificate authorities to trust (a self-signed broker "
+        "certificate or its CA). The file must be readable on the driver and every executor.",
+)
+TLS_CERT_FILE = OptionSpec(
+    "tlsCertFile", "string", section="where",
+    doc="with `tls=true` and `tlsKeyFile`: PEM certificate chain this client presents (mutual TLS).",
+)
+TLS_KEY_FILE = OptionSpec(
+    "tlsKeyFile", "string", section="where",
+    doc="with `tls=true` and `tlsCertFile`: the client certificate's PEM private key (unencrypted).",
+)
+_WHERE = (ENDPOINT, NAMESRV_ADDR, ACCESS_KEY, SECRET_KEY, TLS, TLS_CA_FILE, TLS_CERT_FILE, TLS_KEY_FILE)
 
 
 # -- the source ------------------------------------------------------------------------------

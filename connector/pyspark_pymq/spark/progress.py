@@ -19,11 +19,13 @@ __all__ = ["commit_group_progress"]
 
 def commit_group_progress(
     query: Any, endpoint: str | None, group: str, *, namesrv_addr: str | None = None,
-    access_key: str | None = None, secret_key: str | None = None,
+    access_key: str | None = None, secret_key: str | None = None, tls_ca_file: str | None = None,
 ) -> int:
     """Write a stopped query's last end offsets as ``group``'s progress; returns the queues written.
 
     ``endpoint`` names a pymq broker; for Apache RocketMQ pass ``None`` and ``namesrv_addr``.
+    ``access_key`` / ``secret_key`` sign the commits, ``tls_ca_file`` encrypts them (as the
+    query's options did).
 
     Example::
 
@@ -46,6 +48,6 @@ def commit_group_progress(
             continue  # another source's offsets (a join with a non-pymq stream)
         if queues:
             PullConsumer(endpoint, group, namesrv_addr=namesrv_addr, access_key=access_key,
-                         secret_key=secret_key).commit_offsets(queues)
+                         secret_key=secret_key, tls_ca_file=tls_ca_file).commit_offsets(queues)
             written += len(queues)
     return written

@@ -165,7 +165,9 @@ def check_listener(opts: SinkOptions) -> TransactionProducer:
             commit_log = SinkCommitLog(opts.checkpoint_location)
             producer = TransactionProducer(opts.endpoint, opts.producer_group,
                                            lambda msg: answer_check(commit_log, msg),
-                                           send_msg_timeout_ms=max(opts.send_msg_timeout_ms, 10_000))
+                                           send_msg_timeout_ms=max(opts.send_msg_timeout_ms, 10_000),
+                                           access_key=opts.backend.access_key,
+                                           secret_key=opts.backend.secret_key, tls=opts.backend.tls)
             _LISTENERS[key] = producer
         return producer
 

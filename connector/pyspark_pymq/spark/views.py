@@ -89,7 +89,8 @@ def _ts(ms: Any) -> datetime | None:
 def _rows(opts: ViewOptions) -> list[dict[str, Any]]:
     cfg = opts.backend
     admin = (Admin(namesrv_addr=cfg.namesrv_addr, access_key=cfg.access_key, secret_key=cfg.secret_key)
-             if cfg.namesrv_addr else Admin(cfg.endpoint))
+             if cfg.namesrv_addr
+             else Admin(cfg.endpoint, access_key=cfg.access_key, secret_key=cfg.secret_key, tls=cfg.tls))
     if opts.view == "topics":
         frame = admin.topics(include_system=opts.include_system)
         if opts.topic:

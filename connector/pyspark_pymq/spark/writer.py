@@ -93,6 +93,7 @@ def _task_ids(opts: SinkOptions) -> _TaskIds:
 
 _RESERVED = "a property name or value contains the reserved characters \\x01 or \\x02"
 _SEP, _END = NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR
+_SYSTEM_PROPERTIES = MC.STRING_HASH_SET
 # how the properties the sink sets begin: their name, then _SEP
 _UNIQ_HEAD, _TAGS_HEAD, _KEYS_HEAD, _DELAY_HEAD, _SHARDING_HEAD = (name + _SEP for name in (
     MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, MC.PROPERTY_TAGS, MC.PROPERTY_KEYS,
@@ -104,11 +105,19 @@ def _encode_properties(
     user: list[tuple[str, str]] | None, tags: str | None, keys: Any, delay: int | None,
     sharding_key: str | None, uniq: str,
 ) -> bytes:
-    """A row's own properties, RocketMQ's encoding: UNIQ_KEY, the user's, TAGS, KEYS, DELAY, __SHARDINGKEY."""
+    """A row's own properties, RocketMQ's encoding: UNIQ_KEY, the user's, TAGS, KEYS, DELAY, __SHARDINGKEY.
+
+    The ``properties`` column's system properties (RocketMQ's reserved names: UNIQ_KEY,
+    TAGS, TRAN_MSG, DELAY, RETRY_TOPIC...) are left out: a row read from a pymq source
+    carries all of its message's, and forwarding it as it is must not make a half message
+    or a copy with the old msgId. Tags, keys, delay and sharding key come from their columns.
+    ValueError (:data:`_RESERVED`) if a value holds a separator \\x01 or \\x02.
+    """
     # UNIQ_KEY first: the pre-encoded batch layout (the broker finds it there)
     parts = [f"{_UNIQ_HEAD}{uniq}{_END}"]
     if user:
-        parts += [f"{k}{_SEP}{v}{_END}" for k, v in user if k is not None and v is not None]
+        parts += [f"{k}{_SEP}{v}{_END}" for k, v in user
+                  if k is not None and v is not None and k not in _SYSTEM_PROPERTIES]
     if tags:
         parts.append(f"{_TAGS_HEAD}{tags}{_END}")
     if keys:
@@ -120,7 +129,7 @@ def _encode_properties(
     if sharding_key is not None:
         parts.append(f"{_SHARDING_HEAD}{sharding_key}{_END}")
     text = "".join(parts)
-    if text.count(_SEP) != len(parts):
+    if text.count(_SEP) != len(parts) or text.count(_END) != len(parts):  # a separator inside a value
         raise ValueError(_RESERVED)
     return text.encode()
 
@@ -176,6 +185,7 @@ def _open_producer(opts: SinkOptions, new_producer: Callable[..., Producer]) -> 
         namesrv_addr=opts.backend.namesrv_addr,
         access_key=opts.backend.access_key,
         secret_key=opts.backend.secret_key,
+        tls=opts.backend.tls,
         send_mode=opts.send_mode,
         producer_group=opts.producer_group,
         retry_times_when_send_failed=opts.retry_times_when_send_failed,

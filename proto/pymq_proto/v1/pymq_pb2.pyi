@@ -49,6 +49,10 @@ class _ResponseCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Response
     SUBSCRIPTION_GROUP_NOT_EXIST: _ResponseCode.ValueType  # 26
     ILLEGAL_ARGUMENT: _ResponseCode.ValueType  # 27
     """pymq: a request field out of its range (offset, count, size)"""
+    UNAUTHORIZED: _ResponseCode.ValueType  # 40100
+    """RocketMQ 5's Code.UNAUTHORIZED: the request's signature is missing or wrong"""
+    FORBIDDEN: _ResponseCode.ValueType  # 40300
+    """RocketMQ 5's Code.FORBIDDEN: an ACL refuses the action on the resource"""
 
 class ResponseCode(_ResponseCode, metaclass=_ResponseCodeEnumTypeWrapper):
     """RocketMQ's ResponseCode values, same numbers."""
@@ -70,6 +74,10 @@ SUBSCRIPTION_PARSE_FAILED: ResponseCode.ValueType  # 23
 SUBSCRIPTION_GROUP_NOT_EXIST: ResponseCode.ValueType  # 26
 ILLEGAL_ARGUMENT: ResponseCode.ValueType  # 27
 """pymq: a request field out of its range (offset, count, size)"""
+UNAUTHORIZED: ResponseCode.ValueType  # 40100
+"""RocketMQ 5's Code.UNAUTHORIZED: the request's signature is missing or wrong"""
+FORBIDDEN: ResponseCode.ValueType  # 40300
+"""RocketMQ 5's Code.FORBIDDEN: an ACL refuses the action on the resource"""
 Global___ResponseCode: _TypeAlias = ResponseCode  # noqa: Y015
 
 class _SendStatus:
@@ -1700,3 +1708,330 @@ class BrokerRuntimeInfoResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___BrokerRuntimeInfoResponse: _TypeAlias = BrokerRuntimeInfoResponse  # noqa: Y015
+
+@_typing.final
+class UserInfo(_message.Message):
+    """ACL 2.0 (RocketMQ 5's auth): users and their access control lists. Only a
+    Super user manages them. A password is never sent back.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USERNAME_FIELD_NUMBER: _builtins.int
+    PASSWORD_FIELD_NUMBER: _builtins.int
+    USER_TYPE_FIELD_NUMBER: _builtins.int
+    USER_STATUS_FIELD_NUMBER: _builtins.int
+    username: _builtins.str
+    password: _builtins.str
+    """only in CreateUser / UpdateUser (empty in UpdateUser: kept)"""
+    user_type: _builtins.str
+    """"Super" or "Normal" (empty: Normal; in UpdateUser: kept)"""
+    user_status: _builtins.str
+    """"enable" or "disable" (empty: enable; in UpdateUser: kept)"""
+    def __init__(
+        self,
+        *,
+        username: _builtins.str = ...,
+        password: _builtins.str = ...,
+        user_type: _builtins.str = ...,
+        user_status: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["password", b"password", "user_status", b"user_status", "user_type", b"user_type", "username", b"username"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UserInfo: _TypeAlias = UserInfo  # noqa: Y015
+
+@_typing.final
+class CreateUserRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def user(self) -> Global___UserInfo: ...
+    def __init__(
+        self,
+        *,
+        user: Global___UserInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["user", b"user"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["user", b"user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateUserRequest: _TypeAlias = CreateUserRequest  # noqa: Y015
+
+@_typing.final
+class UpdateUserRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USER_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def user(self) -> Global___UserInfo: ...
+    def __init__(
+        self,
+        *,
+        user: Global___UserInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["user", b"user"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["user", b"user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateUserRequest: _TypeAlias = UpdateUserRequest  # noqa: Y015
+
+@_typing.final
+class DeleteUserRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USERNAME_FIELD_NUMBER: _builtins.int
+    username: _builtins.str
+    def __init__(
+        self,
+        *,
+        username: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["username", b"username"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteUserRequest: _TypeAlias = DeleteUserRequest  # noqa: Y015
+
+@_typing.final
+class ListUsersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FILTER_FIELD_NUMBER: _builtins.int
+    filter: _builtins.str
+    def __init__(
+        self,
+        *,
+        filter: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListUsersRequest: _TypeAlias = ListUsersRequest  # noqa: Y015
+
+@_typing.final
+class ListUsersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    USERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def users(self) -> _containers.RepeatedCompositeFieldContainer[Global___UserInfo]: ...
+    def __init__(
+        self,
+        *,
+        users: _abc.Iterable[Global___UserInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["users", b"users"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListUsersResponse: _TypeAlias = ListUsersResponse  # noqa: Y015
+
+@_typing.final
+class UserResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UserResponse: _TypeAlias = UserResponse  # noqa: Y015
+
+@_typing.final
+class PolicyEntry(_message.Message):
+    """One policy entry: a resource ("Topic:orders", "Group:g-*", "Topic:*"), its
+    actions (Pub, Sub, Create, Update, Delete, Get, List, All), the source IPs
+    (CIDR ranges; none: any) and the decision (Allow or Deny).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESOURCE_FIELD_NUMBER: _builtins.int
+    ACTIONS_FIELD_NUMBER: _builtins.int
+    SOURCE_IPS_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
+    resource: _builtins.str
+    decision: _builtins.str
+    @_builtins.property
+    def actions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def source_ips(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        resource: _builtins.str = ...,
+        actions: _abc.Iterable[_builtins.str] | None = ...,
+        source_ips: _abc.Iterable[_builtins.str] | None = ...,
+        decision: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "decision", b"decision", "resource", b"resource", "source_ips", b"source_ips"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PolicyEntry: _TypeAlias = PolicyEntry  # noqa: Y015
+
+@_typing.final
+class AclInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBJECT_FIELD_NUMBER: _builtins.int
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    subject: _builtins.str
+    """"User:<name>" """
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___PolicyEntry]: ...
+    def __init__(
+        self,
+        *,
+        subject: _builtins.str = ...,
+        entries: _abc.Iterable[Global___PolicyEntry] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "subject", b"subject"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AclInfo: _TypeAlias = AclInfo  # noqa: Y015
+
+@_typing.final
+class CreateAclRequest(_message.Message):
+    """CreateAcl adds the entries to the subject's ACL; an entry for a resource
+    already there replaces it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def acl(self) -> Global___AclInfo: ...
+    def __init__(
+        self,
+        *,
+        acl: Global___AclInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["acl", b"acl"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acl", b"acl"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateAclRequest: _TypeAlias = CreateAclRequest  # noqa: Y015
+
+@_typing.final
+class DeleteAclRequest(_message.Message):
+    """Removes the entries of `resources` (none: the whole ACL of the subject)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBJECT_FIELD_NUMBER: _builtins.int
+    RESOURCES_FIELD_NUMBER: _builtins.int
+    subject: _builtins.str
+    @_builtins.property
+    def resources(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        subject: _builtins.str = ...,
+        resources: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources", "subject", b"subject"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteAclRequest: _TypeAlias = DeleteAclRequest  # noqa: Y015
+
+@_typing.final
+class ListAclsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBJECT_FIELD_NUMBER: _builtins.int
+    RESOURCES_FIELD_NUMBER: _builtins.int
+    ACTIONS_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
+    subject: _builtins.str
+    """empty: every subject"""
+    decision: _builtins.str
+    """empty: both"""
+    @_builtins.property
+    def resources(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """entries of these resources only"""
+
+    @_builtins.property
+    def actions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """entries that name one of these actions only"""
+
+    def __init__(
+        self,
+        *,
+        subject: _builtins.str = ...,
+        resources: _abc.Iterable[_builtins.str] | None = ...,
+        actions: _abc.Iterable[_builtins.str] | None = ...,
+        decision: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "decision", b"decision", "resources", b"resources", "subject", b"subject"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAclsRequest: _TypeAlias = ListAclsRequest  # noqa: Y015
+
+@_typing.final
+class ListAclsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACLS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def acls(self) -> _containers.RepeatedCompositeFieldContainer[Global___AclInfo]: ...
+    def __init__(
+        self,
+        *,
+        acls: _abc.Iterable[Global___AclInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["acls", b"acls"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAclsResponse: _TypeAlias = ListAclsResponse  # noqa: Y015
+
+@_typing.final
+class AclResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AclResponse: _TypeAlias = AclResponse  # noqa: Y015

@@ -155,6 +155,41 @@ class BrokerStub:
                 request_serializer=pymq__proto_dot_v1_dot_pymq__pb2.TransactionStreamRequest.SerializeToString,
                 response_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.CheckTransactionStateRequest.FromString,
                 _registered_method=True)
+        self.CreateUser = channel.unary_unary(
+                '/pymq_proto.v1.Broker/CreateUser',
+                request_serializer=pymq__proto_dot_v1_dot_pymq__pb2.CreateUserRequest.SerializeToString,
+                response_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.UserResponse.FromString,
+                _registered_method=True)
+        self.UpdateUser = channel.unary_unary(
+                '/pymq_proto.v1.Broker/UpdateUser',
+                request_serializer=pymq__proto_dot_v1_dot_pymq__pb2.UpdateUserRequest.SerializeToString,
+                response_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.UserResponse.FromString,
+                _registered_method=True)
+        self.DeleteUser = channel.unary_unary(
+                '/pymq_proto.v1.Broker/DeleteUser',
+                request_serializer=pymq__proto_dot_v1_dot_pymq__pb2.DeleteUserRequest.SerializeToString,
+                response_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.UserResponse.FromString,
+                _registered_method=True)
+        self.ListUsers = channel.unary_unary(
+                '/pymq_proto.v1.Broker/ListUsers',
+                request_serializer=pymq__proto_dot_v1_dot_pymq__pb2.ListUsersRequest.SerializeToString,
+                response_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.ListUsersResponse.FromString,
+                _registered_method=True)
+        self.CreateAcl = channel.unary_unary(
+                '/pymq_proto.v1.Broker/CreateAcl',
+                request_serializer=pymq__proto_dot_v1_dot_pymq__pb2.CreateAclRequest.SerializeToString,
+                response_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.AclResponse.FromString,
+                _registered_method=True)
+        self.DeleteAcl = channel.unary_unary(
+                '/pymq_proto.v1.Broker/DeleteAcl',
+                request_serializer=pymq__proto_dot_v1_dot_pymq__pb2.DeleteAclRequest.SerializeToString,
+                response_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.AclResponse.FromString,
+                _registered_method=True)
+        self.ListAcls = channel.unary_unary(
+                '/pymq_proto.v1.Broker/ListAcls',
+                request_serializer=pymq__proto_dot_v1_dot_pymq__pb2.ListAclsRequest.SerializeToString,
+                response_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.ListAclsResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -309,6 +344,49 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateUser(self, request, context):
+        """ACL 2.0 administration (RocketMQ 5's CREATE_USER ... LIST_ACL requests); Super users only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteUser(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListUsers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateAcl(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteAcl(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAcls(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -431,6 +509,41 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.TransactionStream,
                     request_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.TransactionStreamRequest.FromString,
                     response_serializer=pymq__proto_dot_v1_dot_pymq__pb2.CheckTransactionStateRequest.SerializeToString,
+            ),
+            'CreateUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateUser,
+                    request_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.CreateUserRequest.FromString,
+                    response_serializer=pymq__proto_dot_v1_dot_pymq__pb2.UserResponse.SerializeToString,
+            ),
+            'UpdateUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateUser,
+                    request_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.UpdateUserRequest.FromString,
+                    response_serializer=pymq__proto_dot_v1_dot_pymq__pb2.UserResponse.SerializeToString,
+            ),
+            'DeleteUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteUser,
+                    request_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.DeleteUserRequest.FromString,
+                    response_serializer=pymq__proto_dot_v1_dot_pymq__pb2.UserResponse.SerializeToString,
+            ),
+            'ListUsers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListUsers,
+                    request_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.ListUsersRequest.FromString,
+                    response_serializer=pymq__proto_dot_v1_dot_pymq__pb2.ListUsersResponse.SerializeToString,
+            ),
+            'CreateAcl': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateAcl,
+                    request_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.CreateAclRequest.FromString,
+                    response_serializer=pymq__proto_dot_v1_dot_pymq__pb2.AclResponse.SerializeToString,
+            ),
+            'DeleteAcl': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteAcl,
+                    request_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.DeleteAclRequest.FromString,
+                    response_serializer=pymq__proto_dot_v1_dot_pymq__pb2.AclResponse.SerializeToString,
+            ),
+            'ListAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAcls,
+                    request_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.ListAclsRequest.FromString,
+                    response_serializer=pymq__proto_dot_v1_dot_pymq__pb2.ListAclsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1082,6 +1195,195 @@ class Broker:
             '/pymq_proto.v1.Broker/TransactionStream',
             pymq__proto_dot_v1_dot_pymq__pb2.TransactionStreamRequest.SerializeToString,
             pymq__proto_dot_v1_dot_pymq__pb2.CheckTransactionStateRequest.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pymq_proto.v1.Broker/CreateUser',
+            pymq__proto_dot_v1_dot_pymq__pb2.CreateUserRequest.SerializeToString,
+            pymq__proto_dot_v1_dot_pymq__pb2.UserResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pymq_proto.v1.Broker/UpdateUser',
+            pymq__proto_dot_v1_dot_pymq__pb2.UpdateUserRequest.SerializeToString,
+            pymq__proto_dot_v1_dot_pymq__pb2.UserResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pymq_proto.v1.Broker/DeleteUser',
+            pymq__proto_dot_v1_dot_pymq__pb2.DeleteUserRequest.SerializeToString,
+            pymq__proto_dot_v1_dot_pymq__pb2.UserResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListUsers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pymq_proto.v1.Broker/ListUsers',
+            pymq__proto_dot_v1_dot_pymq__pb2.ListUsersRequest.SerializeToString,
+            pymq__proto_dot_v1_dot_pymq__pb2.ListUsersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateAcl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pymq_proto.v1.Broker/CreateAcl',
+            pymq__proto_dot_v1_dot_pymq__pb2.CreateAclRequest.SerializeToString,
+            pymq__proto_dot_v1_dot_pymq__pb2.AclResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteAcl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pymq_proto.v1.Broker/DeleteAcl',
+            pymq__proto_dot_v1_dot_pymq__pb2.DeleteAclRequest.SerializeToString,
+            pymq__proto_dot_v1_dot_pymq__pb2.AclResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pymq_proto.v1.Broker/ListAcls',
+            pymq__proto_dot_v1_dot_pymq__pb2.ListAclsRequest.SerializeToString,
+            pymq__proto_dot_v1_dot_pymq__pb2.ListAclsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -69,6 +69,14 @@ class BrokerStub:
     """
     EndTransactionBatch: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.EndTransactionBatchRequest, _pymq_pb2.EndTransactionBatchResponse]
     TransactionStream: _grpc.UnaryStreamMultiCallable[_pymq_pb2.TransactionStreamRequest, _pymq_pb2.CheckTransactionStateRequest]
+    CreateUser: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.CreateUserRequest, _pymq_pb2.UserResponse]
+    """ACL 2.0 administration (RocketMQ 5's CREATE_USER ... LIST_ACL requests); Super users only."""
+    UpdateUser: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.UpdateUserRequest, _pymq_pb2.UserResponse]
+    DeleteUser: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.DeleteUserRequest, _pymq_pb2.UserResponse]
+    ListUsers: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.ListUsersRequest, _pymq_pb2.ListUsersResponse]
+    CreateAcl: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.CreateAclRequest, _pymq_pb2.AclResponse]
+    DeleteAcl: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.DeleteAclRequest, _pymq_pb2.AclResponse]
+    ListAcls: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.ListAclsRequest, _pymq_pb2.ListAclsResponse]
 
 @_typing.type_check_only
 class BrokerAsyncStub(BrokerStub):
@@ -104,6 +112,14 @@ class BrokerAsyncStub(BrokerStub):
     """
     EndTransactionBatch: _aio.UnaryUnaryMultiCallable[_pymq_pb2.EndTransactionBatchRequest, _pymq_pb2.EndTransactionBatchResponse]  # type: ignore[assignment]
     TransactionStream: _aio.UnaryStreamMultiCallable[_pymq_pb2.TransactionStreamRequest, _pymq_pb2.CheckTransactionStateRequest]  # type: ignore[assignment]
+    CreateUser: _aio.UnaryUnaryMultiCallable[_pymq_pb2.CreateUserRequest, _pymq_pb2.UserResponse]  # type: ignore[assignment]
+    """ACL 2.0 administration (RocketMQ 5's CREATE_USER ... LIST_ACL requests); Super users only."""
+    UpdateUser: _aio.UnaryUnaryMultiCallable[_pymq_pb2.UpdateUserRequest, _pymq_pb2.UserResponse]  # type: ignore[assignment]
+    DeleteUser: _aio.UnaryUnaryMultiCallable[_pymq_pb2.DeleteUserRequest, _pymq_pb2.UserResponse]  # type: ignore[assignment]
+    ListUsers: _aio.UnaryUnaryMultiCallable[_pymq_pb2.ListUsersRequest, _pymq_pb2.ListUsersResponse]  # type: ignore[assignment]
+    CreateAcl: _aio.UnaryUnaryMultiCallable[_pymq_pb2.CreateAclRequest, _pymq_pb2.AclResponse]  # type: ignore[assignment]
+    DeleteAcl: _aio.UnaryUnaryMultiCallable[_pymq_pb2.DeleteAclRequest, _pymq_pb2.AclResponse]  # type: ignore[assignment]
+    ListAcls: _aio.UnaryUnaryMultiCallable[_pymq_pb2.ListAclsRequest, _pymq_pb2.ListAclsResponse]  # type: ignore[assignment]
 
 class BrokerServicer(metaclass=_abc_1.ABCMeta):
     """RocketMQ's broker requests, one RPC each."""
@@ -280,5 +296,55 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _pymq_pb2.TransactionStreamRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_pymq_pb2.CheckTransactionStateRequest], _abc.AsyncIterator[_pymq_pb2.CheckTransactionStateRequest]]: ...
+
+    @_abc_1.abstractmethod
+    def CreateUser(
+        self,
+        request: _pymq_pb2.CreateUserRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pymq_pb2.UserResponse, _abc.Awaitable[_pymq_pb2.UserResponse]]:
+        """ACL 2.0 administration (RocketMQ 5's CREATE_USER ... LIST_ACL requests); Super users only."""
+
+    @_abc_1.abstractmethod
+    def UpdateUser(
+        self,
+        request: _pymq_pb2.UpdateUserRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pymq_pb2.UserResponse, _abc.Awaitable[_pymq_pb2.UserResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteUser(
+        self,
+        request: _pymq_pb2.DeleteUserRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pymq_pb2.UserResponse, _abc.Awaitable[_pymq_pb2.UserResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListUsers(
+        self,
+        request: _pymq_pb2.ListUsersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pymq_pb2.ListUsersResponse, _abc.Awaitable[_pymq_pb2.ListUsersResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CreateAcl(
+        self,
+        request: _pymq_pb2.CreateAclRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pymq_pb2.AclResponse, _abc.Awaitable[_pymq_pb2.AclResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteAcl(
+        self,
+        request: _pymq_pb2.DeleteAclRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pymq_pb2.AclResponse, _abc.Awaitable[_pymq_pb2.AclResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListAcls(
+        self,
+        request: _pymq_pb2.ListAclsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pymq_pb2.ListAclsResponse, _abc.Awaitable[_pymq_pb2.ListAclsResponse]]: ...
 
 def add_BrokerServicer_to_server(servicer: BrokerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

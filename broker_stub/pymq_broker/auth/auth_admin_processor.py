@@ -1,0 +1,160 @@
+"""The user and ACL RPCs (RocketMQ 5's CREATE_USER ... LIST_ACL), on the metadata providers.
+
+Who may call them is the gRPC layer's business (Super users once authentication is on);
+this module checks the values and keeps the stored documents consistent. A password
+never leaves the broker.
+"""
+
+from __future__ import annotations
+
+from pymq_proto.v1 import pymq_pb2
+
+from ..common.broker_exception import BrokerException
+from .authentication import DefaultAuthenticationProvider
+from .metadata_provider import AuthenticationMetadataProvider, AuthorizationMetadataProvider
+from .model import (
+    Acl,
+    PolicyEntry,
+    Resource,
+    Subject,
+    User,
+    UserType,
+    check_username,
+    parse_action,
+    parse_decision,
+    parse_user_status,
+    parse_user_type,
+)
+
+
+def _illegal(err: ValueError) -> BrokerException:
+    return BrokerException(pymq_pb2.ILLEGAL_ARGUMENT, str(err))
+
+
+class AuthAdminProcessor:
+    def __init__(self, users: AuthenticationMetadataProvider, acls: AuthorizationMetadataProvider,
+                 authentication: DefaultAuthenticationProvider) -> None:
+        self.users = users
+        self.acls = acls
+        self.authentication = authentication
+
+    # -- users --------------------------------------------------------------------------
+
+    def create_user(self, req: pymq_pb2.CreateUserRequest) -> pymq_pb2.UserResponse:
+        u = req.user
+        try:
+            user = User(check_username(u.username), u.password, parse_user_type(u.user_type or "Normal"),
+                        parse_user_status(u.user_status or "enable"))
+        except ValueError as err:
+            raise _illegal(err) from None
+        if not user.password:
+            raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT, f"user {user.username!r} needs a password")
+        if user.username in self.users.users:
+            raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT,
+                                  f"user {user.username!r} exists already: use update_user to change it")
+        self.add_user(user)
+        return pymq_pb2.UserResponse()
+
+    def add_user(self, user: User) -> None:
+        self.users.users[user.username] = user
+        self.users.persist()
+
+    def update_user(self, req: pymq_pb2.UpdateUserRequest) -> pymq_pb2.UserResponse:
+        u = req.user
+        user = self.users.users.get(u.username)
+        if user is None:
+            raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT, f"user {u.username!r} does not exist")
+        try:
+            updated = User(user.username, u.password or user.password,
+                           parse_user_type(u.user_type) if u.user_type else user.user_type,
+                           parse_user_status(u.user_status) if u.user_status else user.user_status)
+        except ValueError as err:
+            raise _illegal(err) from None
+        self.users.users[user.username] = updated
+        self.users.persist()
+        self.authentication.forget(user.username)
+        return pymq_pb2.UserResponse()
+
+    def delete_user(self, req: pymq_pb2.DeleteUserRequest) -> pymq_pb2.UserResponse:
+        if self.users.users.pop(req.username, None) is None:
+            raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT, f"user {req.username!r} does not exist")
+        self.users.persist()
+        self.authentication.forget(req.username)
+        if self.acls.acls.pop(f"User:{req.username}", None) is not None:
+            self.acls.persist()
+        return pymq_pb2.UserResponse()
+
+    def list_users(self, req: pymq_pb2.ListUsersRequest) -> pymq_pb2.ListUsersResponse:
+        return pymq_pb2.ListUsersResponse(users=[
+            pymq_pb2.UserInfo(username=u.username, user_type=u.user_type.value,
+                              user_status=u.user_status.value)
+            for name, u in sorted(self.users.users.items()) if req.filter in name
+        ])
+
+    def has_super_user(self) -> bool:
+        return any(u.user_type == UserType.SUPER for u in self.users.users.values())
+
+    # -- ACLs ---------------------------------------------------------------------------
+
+    def create_acl(self, req: pymq_pb2.CreateAclRequest) -> pymq_pb2.AclResponse:
+        try:
+            subject = Subject.parse(req.acl.subject)
+            entries = [PolicyEntry.build(e.resource, e.actions, e.decision or "Allow", e.source_ips)
+                       for e in req.acl.entries]
+        except ValueError as err:
+            raise _illegal(err) from None
+        if not entries:
+            raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT, f"the ACL of {subject} names no resource")
+        if subject.username not in self.users.users:
+            raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT,
+                                  f"user {subject.username!r} does not exist: create it first")
+        acl = self.acls.acls.setdefault(str(subject), Acl(subject))
+        for entry in entries:
+            acl.entries[str(entry.resource)] = entry
+        self.acls.persist()
+        return pymq_pb2.AclResponse()
+
+    def delete_acl(self, req: pymq_pb2.DeleteAclRequest) -> pymq_pb2.AclResponse:
+        try:
+            subject = Subject.parse(req.subject)
+            resources = [str(Resource.parse(r)) for r in req.resources]
+        except ValueError as err:
+            raise _illegal(err) from None
+        acl = self.acls.acls.get(str(subject))
+        if acl is None:
+            raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT, f"{subject} has no ACL")
+        if resources:
+            missing = [r for r in resources if r not in acl.entries]
+            if missing:
+                raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT,
+                                      f"the ACL of {subject} has no entry for {', '.join(missing)}")
+            for r in resources:
+                del acl.entries[r]
+        if not resources or not acl.entries:
+            del self.acls.acls[str(subject)]
+        self.acls.persist()
+        return pymq_pb2.AclResponse()
+
+    def list_acls(self, req: pymq_pb2.ListAclsRequest) -> pymq_pb2.ListAclsResponse:
+        try:
+            subject = str(Subject.parse(req.subject)) if req.subject else None
+            resources = {str(Resource.parse(r)) for r in req.resources}
+            actions = {parse_action(a) for a in req.actions}
+            decision = parse_decision(req.decision) if req.decision else None
+        except ValueError as err:
+            raise _illegal(err) from None
+        out = []
+        for name, acl in sorted(self.acls.acls.items()):
+            if subject is not None and name != subject:
+                continue
+            entries = [
+                pymq_pb2.PolicyEntry(resource=str(e.resource), actions=sorted(a.value for a in e.actions),
+                                     source_ips=list(e.source_ips), decision=e.decision.value)
+                for key, e in acl.entries.items()
+                if (not resources or key in resources)
+                and (not actions or actions & e.actions)
+                and (decision is None or e.decision == decision)
+            ]
+            if entries:
+                out.append(pymq_pb2.AclInfo(subject=name, entries=entries))
+        return pymq_pb2.ListAclsResponse(acls=out)

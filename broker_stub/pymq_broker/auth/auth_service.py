@@ -1,0 +1,83 @@
+"""What the gRPC layer calls for every request when authentication is on: who signed it,
+and may they do it (:class:`AuthService`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from pymq_proto.v1 import pymq_pb2
+
+from ..common.broker_exception import BrokerException
+from .authentication import DefaultAuthenticationProvider
+from .authorization import DefaultAuthorizationProvider
+from .model import User, UserType
+from .rpc_resources import SUB, SUPER_ONLY, UPDATE, authorization_contexts, topic
+
+if TYPE_CHECKING:
+    from .stored_records import StoredRecords
+
+
+def peer_ip(peer: str) -> str | None:
+    """The address of a gRPC peer (``ipv4:10.0.0.7:5123``, ``ipv6:[::1]:5123``)."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        return rest.rpartition(":")[0]
+    if kind == "ipv6":
+        return rest.rpartition(":")[0].strip("[]")
+    return None
+
+
+class AuthService:
+    """Authenticates every request; authorizes it when authorization is on.
+
+    User and ACL administration is for Super users whenever authentication is on (even
+    with authorization off). A send back needs Sub on the topic of every record it names
+    (read from the store, not taken from the request), and a transaction is ended only
+    under the producer group that sent it (``records``).
+    """
+
+    def __init__(self, broker_name: str, authentication: DefaultAuthenticationProvider,
+                 authorization: DefaultAuthorizationProvider | None,
+                 records: StoredRecords | None = None) -> None:
+        self.broker_name = broker_name
+        self.authentication = authentication
+        self.authorization = authorization
+        self.records = records
+
+    def check(self, rpc: str, request: Any, metadata: Iterable[tuple[str, Any]] | None, peer: str) -> User:
+        md: Mapping[str, str] = {k: v for k, v in metadata or () if isinstance(v, str)}
+        user = self.authentication.authenticate(md)
+        contexts = authorization_contexts(rpc, request, self.broker_name)
+        if contexts == SUPER_ONLY:
+            if user.user_type != UserType.SUPER:
+                raise BrokerException(
+                    pymq_pb2.FORBIDDEN,
+                    f"user {user.username!r} may not call {rpc}: only Super users manage users and ACLs",
+                )
+            return user
+        if self.authorization is None:
+            return user
+        assert not isinstance(contexts, str)
+        if rpc == "CreateTopic" and self.records is not None and self.records.topic_exists(
+                request.config.topic_name):
+            contexts = [topic(request.config.topic_name, UPDATE)]  # changing a topic's settings
+        ip = peer_ip(peer)
+        self.authorization.authorize(user, contexts, ip)
+        if self.records is None or user.user_type == UserType.SUPER:
+            return user
+        if rpc in ("ConsumerSendMsgBack", "ConsumerSendMsgBackBatch"):
+            offsets = ([request.commit_log_offset] if rpc == "ConsumerSendMsgBack"
+                       else list(request.commit_log_offsets))
+            stored = sorted(self.records.topics_at(offsets))
+            self.authorization.authorize(user, [topic(t, SUB) for t in stored], ip)
+        if rpc in ("EndTransaction", "EndTransactionBatch"):
+            ids = [request.msg_id] if rpc == "EndTransaction" else list(request.msg_ids)
+            others = {g for g in self.records.transaction_owners(ids).values() if g != request.producer_group}
+            if others:
+                raise BrokerException(
+                    pymq_pb2.FORBIDDEN,
+                    f"user {user.username!r} may not end transactions of another producer group than "
+                    f"{request.producer_group!r}: only the producer group that sent a transaction ends it",
+                )
+        return user

@@ -1,0 +1,52 @@
+"""What an authorization decision reads from the broker's state: the topic of a record a send
+back names by commit-log offset, the producer group of a pending transaction, and whether a
+topic exists (creating it needs Create, changing it Update).
+
+Without these a consumer allowed on its own group could send back (copy into its
+``%RETRY%``) a message of a topic it may not read, or end another group's transaction.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pymq_proto.record import HEADER, MessageConst, decode_properties, split_tail
+
+if TYPE_CHECKING:
+    from ..controller import BrokerController
+
+
+class StoredRecords:
+    """Reads records of the controller's store (built before the store opens; used after)."""
+
+    def __init__(self, controller: BrokerController) -> None:
+        self.controller = controller
+
+    def _records(self, offsets: list[int]) -> list[bytes | None]:
+        store = self.controller.store
+        return [] if store is None else store.look_messages_by_offsets(offsets)
+
+    def topic_exists(self, topic: str) -> bool:
+        return topic in self.controller.topic_config_manager.topic_config_table
+
+    def topics_at(self, offsets: list[int]) -> set[str]:
+        """The topics of the records at ``offsets`` (an offset with no record is skipped)."""
+        topics = set()
+        for rec in self._records(offsets):
+            if rec is not None:
+                h = HEADER.unpack_from(rec)
+                t0, t1, _p0, _p1 = split_tail(rec, 0, h[0], h[13])
+                topics.add(bytes(rec[t0:t1]).decode("utf-8", "replace"))
+        return topics
+
+    def transaction_owners(self, msg_ids: list[str]) -> dict[str, str]:
+        """The producer group (PGROUP) of each pending transaction among ``msg_ids``."""
+        pending = self.controller.transactions.pending
+        ids = [m for m in dict.fromkeys(msg_ids) if m in pending]
+        out = {}
+        for m, rec in zip(ids, self._records([pending[m][1] for m in ids]), strict=True):
+            if rec is not None:
+                h = HEADER.unpack_from(rec)
+                _t0, _t1, p0, p1 = split_tail(rec, 0, h[0], h[13])
+                out[m] = decode_properties(rec[p0:p1]).get(MessageConst.PROPERTY_PRODUCER_GROUP, "")
+        return out

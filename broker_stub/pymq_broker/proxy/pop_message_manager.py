@@ -1,0 +1,348 @@
+"""PopMessageManager: receive, ack and change invisible duration (RocketMQ's pop consumption).
+
+A v2 consumer does not keep offsets: the broker hands it messages and hides
+each one for its *invisible duration*. An ack within that time consumes the
+message; otherwise it becomes visible again and is delivered anew with
+``delivery_attempt`` + 1. A message that is not acked after the group's
+max delivery attempts (retryMaxTimes + 1) goes to ``%DLQ%<group>`` (the
+caller's job: see :meth:`due`).
+
+The bookkeeping, per (group, topic, queue):
+
+- ``next_offset``: the next queue offset never handed out;
+- ``pending``: messages handed out and not acked, by queue offset;
+- the group's committed offset (ConsumerOffsetManager) is the lowest pending
+  offset, or ``next_offset`` when none is pending: what a restart starts from.
+
+What differs from RocketMQ: invisibility lives in memory (RocketMQ writes
+checkpoints to ``rmq_sys_REVIVE_LOG``), so after a broker restart every message
+not acked before it is delivered again from the committed offset
+(at-least-once, nothing lost). Its delivery attempts go on from where they
+were: :class:`DeliveryAttempts` keeps them on disk (``popDeliveryAttempts.json``,
+written at most once a second and at shutdown), so a message that makes its
+consumers crash still reaches the DLQ. Redelivery re-reads the original
+record; RocketMQ writes a copy to ``%RETRY%<group>`` first.
+
+Receipt handles are opaque strings valid in this broker run; a handle that is
+unknown, already acked, replaced (by a change of invisible duration or a
+redelivery) or past its invisible time is refused with INVALID_RECEIPT_HANDLE.
+
+Auto renew (a push consumer's receive): the message stays invisible while the
+client that received it is connected (``renewable``), as the proxy renews its
+receipt handles, up to ``max_renew_ms`` after the delivery; a client gone
+leaves its messages to be delivered again after their invisible time.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pymq_proto.rocketmq_v2 import definition_pb2 as v2
+
+from ..common.config_manager import ConfigManager
+from ..manager.consumer_offset_manager import ConsumerOffsetManager
+from ..store.message_store import DefaultMessageStore
+from ..store.results import GetMessageStatus
+from .message_converter import StoredMessage, split_records
+from .status import ProxyException
+
+
+@dataclass(slots=True)
+class InFlight:
+    """A message handed out and not acked yet; ``invisible_until`` is ms since the epoch."""
+
+    handle: str
+    group: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commit_log_offset: int
+    delivery_attempt: int
+    invisible_until: int
+    invisible_ms: int
+    owner: str = ""  # a push consumer's client id (auto renew): renewed while that client is connected
+    delivered_at: int = 0
+
+
+@dataclass(slots=True)
+class _QueueState:
+    next_offset: int
+    pending: dict[int, InFlight] = field(default_factory=dict)
+
+
+class DeliveryAttempts(ConfigManager):
+    """How often each message handed out and not yet acked was delivered, persisted.
+
+    ``{"group@topic": {"queueId:queueOffset": attempts}}``; an entry goes when
+    its message is acked or dead-lettered. ``path`` None: kept in memory only.
+    """
+
+    def __init__(self, path: Path | None, persist_interval_s: float = 1.0) -> None:
+        super().__init__(path or Path("/dev/null"))
+        self.enabled = path is not None
+        self.table: dict[str, dict[str, int]] = {}
+        self.persist_interval_s = persist_interval_s
+        self._last_persist = 0.0
+
+    def encode(self) -> dict[str, Any]:
+        return {"deliveryAttempts": self.table}
+
+    def decode(self, data: dict[str, Any]) -> None:
+        stored = data.get("deliveryAttempts", {})
+        self.table = {k: {q: int(n) for q, n in v.items()} for k, v in stored.items()}
+
+    def get(self, inflight: InFlight) -> int:
+        return self.table.get(f"{inflight.group}@{inflight.topic}", {}).get(_key(inflight), 0)
+
+    def set(self, inflight: InFlight) -> None:
+        entries = self.table.setdefault(f"{inflight.group}@{inflight.topic}", {})
+        entries[_key(inflight)] = inflight.delivery_attempt
+        self._changed()
+
+    def drop(self, inflight: InFlight) -> None:
+        group_topic = f"{inflight.group}@{inflight.topic}"
+        entries = self.table.get(group_topic)
+        if entries is not None and entries.pop(_key(inflight), None) is not None:
+            if not entries:
+                del self.table[group_topic]
+            self._changed()
+
+    def _changed(self) -> None:
+        self.dirty = True
+        now = time.monotonic()
+        if self.enabled and now - self._last_persist >= self.persist_interval_s:
+            self._last_persist = now
+            self.persist_if_dirty()
+
+    def flush(self) -> None:
+        """Write what changed since the last write (at shutdown)."""
+        if self.enabled:
+            self.persist_if_dirty()
+
+
+def _key(inflight: InFlight) -> str:
+    return f"{inflight.queue_id}:{inflight.queue_offset}"
+
+
+@dataclass(frozen=True, slots=True)
+class Popped:
+    """One message of a receive: the stored record and its in-flight entry."""
+
+    message: StoredMessage
+    inflight: InFlight
+
+
+class PopMessageManager:
+    """In-flight messages of every v2 consumer group of this broker (see the module's docstring)."""
+
+    def __init__(
+        self, store: DefaultMessageStore, offsets: ConsumerOffsetManager,
+        renewable: Callable[[str], bool] | None = None, max_renew_ms: int = 3 * 3600 * 1000,
+        attempts: DeliveryAttempts | None = None,
+    ) -> None:
+        self.store = store
+        self.offsets = offsets
+        self.attempts = attempts or DeliveryAttempts(None)
+        self.renewable = renewable or (lambda _client_id: False)
+        self.max_renew_ms = max_renew_ms
+        self._queues: dict[tuple[str, str, int], _QueueState] = {}
+        self._handles: dict[str, InFlight] = {}
+        self._expiry: dict[tuple[str, str], list[tuple[int, int, str]]] = {}
+        self._seq = itertools.count()
+        self._run = secrets.token_hex(4)  # handles of an earlier run are unknown, not mistaken
+
+    # -- new messages ---------------------------------------------------------------------------
+    def _state(self, group: str, topic: str, queue_id: int) -> _QueueState:
+        key = (group, topic, queue_id)
+        state = self._queues.get(key)
+        if state is None:
+            state = self._queues[key] = _QueueState(self._start_offset(group, topic, queue_id))
+        return state
+
+    def _start_offset(self, group: str, topic: str, queue_id: int) -> int:
+        """The committed offset; for a new group RocketMQ pop's init mode MAX, except that a young
+        queue whose first message is still in memory is read from 0 (initPopOffsetByCheckMsgInMem)."""
+        committed = self.offsets.query_offset(group, topic, queue_id)
+        if committed >= 0:
+            return max(committed, self.store.get_min_offset_in_queue(topic, queue_id))
+        store = self.store
+        if (store.get_min_offset_in_queue(topic, queue_id) <= 0
+                and store.check_in_mem_by_consume_offset(topic, queue_id, 0)):
+            return 0
+        return store.get_max_offset_in_queue(topic, queue_id)
+
+    def next_offset(self, group: str, topic: str, queue_id: int) -> int:
+        """Where the next receive reads the queue (for long polling)."""
+        return self._state(group, topic, queue_id).next_offset
+
+    def pop_new(
+        self, group: str, topic: str, queue_id: int, max_nums: int, invisible_ms: int, now_ms: int,
+        tag_hashes: frozenset[int] | None = None, tags: frozenset[str] | None = None,
+        property_filter: Callable[[bytes], bool] | None = None, owner: str = "",
+    ) -> list[Popped]:
+        """Up to ``max_nums`` messages of one queue never handed out, now invisible.
+
+        Messages the filter skips are consumed as they are passed (RocketMQ's
+        pop acks them too); ``tags`` re-checks what the tag hash let through.
+        ``owner``: the client id of an auto-renewing receive.
+        """
+        state = self._state(group, topic, queue_id)
+        min_offset = self.store.get_min_offset_in_queue(topic, queue_id)
+        if state.next_offset < min_offset:  # expired from the store meanwhile
+            state.next_offset = min_offset
+        result = self.store.get_message(
+            topic, queue_id, state.next_offset, max_nums, 0, tag_hashes, property_filter
+        )
+        if result.status not in (GetMessageStatus.FOUND, GetMessageStatus.NO_MATCHED_MESSAGE):
+            if result.status == GetMessageStatus.OFFSET_OVERFLOW_BADLY:
+                state.next_offset = result.max_offset
+            return []
+        out = []
+        for m in split_records(result.records):
+            if tags is not None and m.tag not in tags:
+                continue
+            inflight = InFlight(
+                self._new_handle(), group, topic, queue_id, m.queue_offset, m.commit_log_offset,
+                m.reconsume_times + 1, now_ms + invisible_ms, invisible_ms, owner, now_ms,
+            )
+            before = self.attempts.get(inflight)  # delivered before a restart
+            if before:
+                inflight.delivery_attempt = max(inflight.delivery_attempt, before + 1)
+            self.attempts.set(inflight)
+            state.pending[m.queue_offset] = inflight
+            self._track(inflight)
+            out.append(Popped(m, inflight))
+        state.next_offset = max(state.next_offset, result.next_begin_offset)
+        self._commit(state, group, topic, queue_id)
+        return out
+
+    # -- redelivery -----------------------------------------------------------------------------
+    def due(self, group: str, topic: str, now_ms: int, limit: int) -> list[InFlight]:
+        """Up to ``limit`` in-flight messages whose invisible time has passed, oldest first.
+
+        They stay pending: the caller redelivers each (:meth:`redeliver`) or,
+        past the group's max delivery attempts, dead-letters it and calls
+        :meth:`remove`.
+        """
+        heap = self._expiry.get((group, topic))
+        out: list[InFlight] = []
+        while heap and heap[0][0] <= now_ms and len(out) < limit:
+            _, _, handle = heapq.heappop(heap)
+            inflight = self._handles.get(handle)
+            if inflight is None or inflight.invisible_until > now_ms:  # done, or a later entry stands
+                continue
+            if self._renew(inflight, now_ms):
+                continue
+            del self._handles[handle]
+            out.append(inflight)
+        return out
+
+    def _renew(self, inflight: InFlight, now_ms: int) -> bool:
+        """Auto renew: hidden for another invisible duration while its client is connected."""
+        if (not inflight.owner or not self.renewable(inflight.owner)
+                or now_ms - inflight.delivered_at >= self.max_renew_ms):
+            return False
+        inflight.invisible_until = now_ms + inflight.invisible_ms
+        heap = self._expiry.setdefault((inflight.group, inflight.topic), [])
+        heapq.heappush(heap, (inflight.invisible_until, next(self._seq), inflight.handle))
+        return True
+
+    def next_due_ms(self, group: str, topic: str) -> int | None:
+        """When the next in-flight message of (group, topic) becomes visible again (ms), if any."""
+        heap = self._expiry.get((group, topic))
+        while heap and heap[0][2] not in self._handles:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def redeliver(self, inflight: InFlight, invisible_ms: int, now_ms: int, owner: str = "") -> InFlight:
+        """A due message handed out again: a new handle, delivery attempt + 1."""
+        again = InFlight(
+            self._new_handle(), inflight.group, inflight.topic, inflight.queue_id, inflight.queue_offset,
+            inflight.commit_log_offset, inflight.delivery_attempt + 1, now_ms + invisible_ms, invisible_ms,
+            owner, now_ms,
+        )
+        self._state(inflight.group, inflight.topic, inflight.queue_id).pending[inflight.queue_offset] = again
+        self._track(again)
+        self.attempts.set(again)
+        return again
+
+    def remove(self, inflight: InFlight) -> None:
+        """A due message is done (dead-lettered): no longer pending, the offset may move on."""
+        state = self._state(inflight.group, inflight.topic, inflight.queue_id)
+        if state.pending.get(inflight.queue_offset) is inflight:
+            del state.pending[inflight.queue_offset]
+        self._handles.pop(inflight.handle, None)
+        self.attempts.drop(inflight)
+        self._commit(state, inflight.group, inflight.topic, inflight.queue_id)
+
+    def postpone(self, inflight: InFlight, delay_ms: int, now_ms: int) -> None:
+        """A due message the caller could not dead-letter now: due again after ``delay_ms``."""
+        inflight.invisible_until = now_ms + delay_ms
+        self._track(inflight)
+
+    # -- ack / change invisible duration --------------------------------------------------------
+    def find(self, group: str, topic: str, handle: str, now_ms: int) -> InFlight:
+        """The in-flight message of a receipt handle; INVALID_RECEIPT_HANDLE if it is not one (now)."""
+        inflight = self._handles.get(handle)
+        if inflight is None or inflight.group != group or inflight.topic != topic:
+            raise ProxyException(
+                v2.INVALID_RECEIPT_HANDLE,
+                f"receipt handle {handle[:64]!r} is unknown for group {group!r} and topic {topic!r}: "
+                "acked already, replaced by a later one, or from another broker run",
+            )
+        if inflight.invisible_until <= now_ms and not self._renew(inflight, now_ms):
+            raise ProxyException(
+                v2.INVALID_RECEIPT_HANDLE,
+                f"receipt handle {handle[:64]!r} expired {now_ms - inflight.invisible_until} ms ago: "
+                "the message is visible again and will be delivered anew",
+            )
+        return inflight
+
+    def ack(self, group: str, topic: str, handle: str, now_ms: int) -> InFlight:
+        """The message is consumed; the group's offset moves past it once nothing before it is pending."""
+        inflight = self.find(group, topic, handle, now_ms)
+        del self._handles[handle]
+        state = self._state(group, topic, inflight.queue_id)
+        state.pending.pop(inflight.queue_offset, None)
+        self.attempts.drop(inflight)
+        self._commit(state, group, topic, inflight.queue_id)
+        return inflight
+
+    def change_invisible_duration(
+        self, group: str, topic: str, handle: str, invisible_ms: int, now_ms: int
+    ) -> InFlight:
+        """Hidden for ``invisible_ms`` from now, under a new handle (the old one is void)."""
+        inflight = self.find(group, topic, handle, now_ms)
+        del self._handles[handle]
+        renewed = InFlight(
+            self._new_handle(), group, topic, inflight.queue_id, inflight.queue_offset,
+            inflight.commit_log_offset, inflight.delivery_attempt, now_ms + invisible_ms, invisible_ms,
+        )
+        self._state(group, topic, inflight.queue_id).pending[inflight.queue_offset] = renewed
+        self._track(renewed)
+        return renewed
+
+    def in_flight(self, group: str, topic: str) -> int:
+        """How many messages of (group, topic) are handed out and not acked (for tests and stats)."""
+        return sum(len(s.pending) for (g, t, _), s in self._queues.items() if g == group and t == topic)
+
+    # -- internals ------------------------------------------------------------------------------
+    def _new_handle(self) -> str:
+        return f"{self._run}{next(self._seq):x}{secrets.token_hex(4)}"
+
+    def _track(self, inflight: InFlight) -> None:
+        self._handles[inflight.handle] = inflight
+        heap = self._expiry.setdefault((inflight.group, inflight.topic), [])
+        heapq.heappush(heap, (inflight.invisible_until, next(self._seq), inflight.handle))
+
+    def _commit(self, state: _QueueState, group: str, topic: str, queue_id: int) -> None:
+        committed = min(state.pending) if state.pending else state.next_offset
+        if committed != self.offsets.query_offset(group, topic, queue_id):
+            self.offsets.commit_offset(group, topic, queue_id, committed)

@@ -1,0 +1,232 @@
+"""apache.rocketmq.v2's generated code, the proxy's conversions and its pop bookkeeping (no broker process).
+
+One test runs an EmbeddedBroker and the official Python client in one fresh
+interpreter, in both import orders: both copies of the apache.rocketmq.v2
+messages (the client's in protobuf's default pool, the broker's in its own)
+must load, and the client must work against the broker.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from pymq_broker.manager.consumer_offset_manager import ConsumerOffsetManager
+from pymq_broker.proxy.message_converter import (
+    delay_level_for,
+    parse_record,
+    split_records,
+    to_message_to_send,
+    to_v2_message,
+)
+from pymq_broker.proxy.pop_message_manager import PopMessageManager
+from pymq_broker.proxy.proxy_config import ProxyConfig
+from pymq_broker.proxy.status import ProxyException
+from pymq_broker.store.commit_log import MessageToStore
+from pymq_broker.store.config import MessageStoreConfig
+from pymq_broker.store.message_store import DefaultMessageStore
+from pymq_proto.record import decode_properties
+from pymq_proto.rocketmq_v2 import definition_pb2 as v2
+from pymq_proto.rocketmq_v2.generate import stale_files
+
+ROOT = Path(__file__).resolve().parent.parent
+LEVELS = [1000, 5000, 10000]
+
+
+def test_generated_code_is_fresh() -> None:
+    assert stale_files() == [], "run `make proto` and commit the result"
+
+
+def test_in_a_pool_of_its_own() -> None:
+    from google.protobuf import descriptor_pool
+    from pymq_proto.rocketmq_v2 import _pool
+
+    assert v2.DESCRIPTOR.pool is _pool.Default()
+    assert v2.DESCRIPTOR.pool is not descriptor_pool.Default()
+    assert v2.DESCRIPTOR.name == "apache/rocketmq/v2/definition.proto"  # the published file, unchanged
+    assert v2.Message.DESCRIPTOR.full_name == "apache.rocketmq.v2.Message"
+
+
+_ONE_PROCESS = textwrap.dedent("""
+    import sys
+    if sys.argv[1] == "client-first":
+        import rocketmq
+        from pymq_broker import EmbeddedBroker
+    else:
+        from pymq_broker import EmbeddedBroker
+        import rocketmq
+    from pyspark_pymq.client import Admin
+    from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
+
+    with EmbeddedBroker() as broker:
+        Admin(broker.endpoint).create_topic("one-process", 1)
+        config = ClientConfiguration(broker.endpoint, Credentials(), request_timeout=5)
+        producer = Producer(config, ("one-process",))
+        producer.startup()
+        m = Message()
+        m.topic, m.body, m.tag = "one-process", b"same process", "T"
+        producer.send(m)
+        consumer = SimpleConsumer(config, "g", {"one-process": FilterExpression("*")}, await_duration=2)
+        consumer.startup()
+        got = []
+        for _ in range(10):
+            got += consumer.receive(16, 30)
+            if got:
+                break
+        for message in got:
+            consumer.ack(message)
+        consumer.shutdown()
+        producer.shutdown()
+        print("RECEIVED", [(x.body, x.tag) for x in got])
+""")
+
+
+@pytest.mark.integration  # an EmbeddedBroker in a child process
+@pytest.mark.parametrize("order", ["client-first", "broker-first"])
+def test_broker_and_official_client_in_one_process(order: str) -> None:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT / d) for d in ("connector", "broker_stub", "proto")] + [env.get("PYTHONPATH", "")]
+    )
+    done = subprocess.run([sys.executable, "-c", _ONE_PROCESS, order], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "RECEIVED [(b'same process', 'T')]" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def _message(**system: object) -> v2.Message:
+    m = v2.Message(body=system.pop("body", b"payload"))
+    m.topic.name = "orders"
+    m.user_properties["color"] = "red"
+    m.system_properties.message_id = "ID-1"
+    m.system_properties.message_type = system.pop("message_type", v2.NORMAL)  # type: ignore[assignment]
+    for key, value in system.items():
+        if key == "keys":
+            m.system_properties.keys.extend(value)  # type: ignore[call-overload]
+        else:
+            setattr(m.system_properties, key, value)
+    return m
+
+
+def _send(m: v2.Message, now_ms: int = 1_000_000) -> dict[str, str]:
+    sent = to_message_to_send(m, config=ProxyConfig(), max_body_size=100, delay_levels_ms=LEVELS,
+                              now_ms=now_ms)
+    return decode_properties(sent.properties)
+
+
+def test_v2_system_properties_become_rocketmqs_properties() -> None:
+    props = _send(_message(tag="TagA", keys=["k1", "k2"], message_group="g7", message_type=v2.FIFO))
+    assert props == {"color": "red", "TAGS": "TagA", "KEYS": "k1 k2", "UNIQ_KEY": "ID-1",
+                     "__SHARDINGKEY": "g7"}
+
+
+def test_delivery_timestamp_rounds_up_to_a_delay_level() -> None:
+    config = ProxyConfig()
+    assert delay_level_for(1_000_000, LEVELS, config, now_ms=1_000_000) == 0
+    assert delay_level_for(1_000_500, LEVELS, config, now_ms=1_000_000) == 1
+    assert delay_level_for(1_001_001, LEVELS, config, now_ms=1_000_000) == 2
+    assert delay_level_for(1_010_000, LEVELS, config, now_ms=1_000_000) == 3
+    with pytest.raises(ProxyException) as err:
+        delay_level_for(1_010_001, LEVELS, config, now_ms=1_000_000)
+    assert err.value.code == v2.ILLEGAL_DELIVERY_TIME
+    m = _message(message_type=v2.DELAY)
+    m.system_properties.delivery_timestamp.FromMilliseconds(1_004_000)
+    assert _send(m)["DELAY"] == "2"
+    assert _send(m)["TIMER_DELIVER_MS"] == "1004000"
+
+
+@pytest.mark.parametrize(("fields", "code"), [
+    ({"body": b""}, v2.MESSAGE_BODY_EMPTY),
+    ({"body": b"x" * 101}, v2.MESSAGE_BODY_TOO_LARGE),
+    ({"tag": " "}, v2.ILLEGAL_MESSAGE_TAG),
+    ({"keys": [""]}, v2.ILLEGAL_MESSAGE_KEY),
+    ({"message_type": v2.FIFO}, v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
+    ({"message_group": "g", "message_type": v2.NORMAL}, v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
+    ({"message_group": "g" * 65, "message_type": v2.FIFO}, v2.ILLEGAL_MESSAGE_GROUP),
+    ({"message_id": ""}, v2.ILLEGAL_MESSAGE_ID),
+])
+def test_bad_messages_are_refused_with_their_code(fields: dict[str, object], code: int) -> None:
+    with pytest.raises(ProxyException) as err:
+        _send(_message(**fields))
+    assert err.value.code == code
+
+
+def _store(tmp_path: Path) -> DefaultMessageStore:
+    host = b"\x7f\x00\x00\x01\x00\x00\x1f\x90"  # 127.0.0.1:8080
+    store = DefaultMessageStore(MessageStoreConfig(store_path_root_dir=tmp_path), host)
+    store.load()
+    return store
+
+
+def test_stored_record_reads_back_as_the_v2_message(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    try:
+        props = _send(_message(tag="TagA", keys=["k1"], message_group="g7", message_type=v2.FIFO))
+        encoded = "".join(f"{k}\x01{v}\x02" for k, v in props.items()).encode()
+        store.put_messages("orders", 0, [MessageToStore(b"payload", 0, encoded, 123, 2)])
+        [m] = split_records(store.get_message("orders", 0, 0, 10).records)
+        out = to_v2_message(m, receipt_handle="h", delivery_attempt=4, invisible_ms=5000)
+        sp = out.system_properties
+        assert (out.topic.name, out.body) == ("orders", b"payload")
+        assert dict(out.user_properties) == {"color": "red"}
+        assert (sp.tag, list(sp.keys), sp.message_id, sp.message_group) == ("TagA", ["k1"], "ID-1", "g7")
+        assert (sp.message_type, sp.delivery_attempt, sp.receipt_handle) == (v2.FIFO, 4, "h")
+        assert sp.born_timestamp.ToMilliseconds() == 123 and sp.store_host == "127.0.0.1:8080"
+        assert to_v2_message(m).system_properties.delivery_attempt == 3  # reconsume times + 1
+        assert parse_record(store.look_message_by_offset(m.commit_log_offset) or b"").body == b"payload"
+    finally:
+        store.shutdown()
+
+
+def test_pop_ack_redelivery_and_committed_offset(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    offsets = ConsumerOffsetManager(tmp_path / "offsets.json")
+    try:
+        store.put_messages("t", 0, [MessageToStore(f"m{i}".encode(), 0, b"", 1, 0) for i in range(3)])
+        pop = PopMessageManager(store, offsets)
+        got = pop.pop_new("g", "t", 0, 10, invisible_ms=1000, now_ms=10_000)
+        assert [p.message.body for p in got] == [b"m0", b"m1", b"m2"]
+        assert pop.pop_new("g", "t", 0, 10, invisible_ms=1000, now_ms=10_000) == []
+        pop.ack("g", "t", got[1].inflight.handle, now_ms=10_500)  # out of order: offset stays at 0
+        assert offsets.query_offset("g", "t", 0) == 0
+        pop.ack("g", "t", got[0].inflight.handle, now_ms=10_500)
+        assert offsets.query_offset("g", "t", 0) == 2
+        with pytest.raises(ProxyException) as err:
+            pop.ack("g", "t", got[0].inflight.handle, now_ms=10_500)  # twice
+        assert err.value.code == v2.INVALID_RECEIPT_HANDLE
+        assert pop.due("g", "t", now_ms=10_999, limit=10) == []
+        [due] = pop.due("g", "t", now_ms=11_000, limit=10)
+        again = pop.redeliver(due, 1000, now_ms=11_000)
+        assert (again.queue_offset, again.delivery_attempt) == (2, 2)
+        with pytest.raises(ProxyException):
+            pop.ack("g", "t", got[2].inflight.handle, now_ms=11_000)  # replaced by the redelivery
+        renewed = pop.change_invisible_duration("g", "t", again.handle, 5000, now_ms=11_500)
+        assert pop.due("g", "t", now_ms=12_500, limit=10) == []
+        pop.ack("g", "t", renewed.handle, now_ms=12_500)
+        assert offsets.query_offset("g", "t", 0) == 3
+        assert PopMessageManager(store, offsets).next_offset("g", "t", 0) == 3  # a restart starts there
+    finally:
+        store.shutdown()
+
+
+def test_auto_renew_while_the_client_is_connected(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    connected = {"push-client"}
+    try:
+        store.put_messages("t", 0, [MessageToStore(b"slow", 0, b"", 1, 0)])
+        pop = PopMessageManager(store, ConsumerOffsetManager(tmp_path / "offsets.json"),
+                                renewable=lambda client: client in connected, max_renew_ms=10_000)
+        [p] = pop.pop_new("g", "t", 0, 10, invisible_ms=1000, now_ms=0, owner="push-client")
+        assert pop.due("g", "t", now_ms=1500, limit=10) == []  # renewed: its client is connected
+        assert pop.ack("g", "t", p.inflight.handle, now_ms=2800).queue_offset == 0  # the handle still holds
+        store.put_messages("t", 0, [MessageToStore(b"orphan", 0, b"", 1, 0)])
+        [q] = pop.pop_new("g", "t", 0, 10, invisible_ms=1000, now_ms=3000, owner="push-client")
+        connected.clear()  # the client went away: its message is due after its invisible time
+        [due] = pop.due("g", "t", now_ms=4000, limit=10)
+        assert due.handle == q.inflight.handle
+    finally:
+        store.shutdown()
