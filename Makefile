@@ -9,10 +9,12 @@ RMQ_VERSION := 5.3.3
 RMQ         := $(VENV)/rocketmq-$(RMQ_VERSION)
 RMQ_CLIENT_JAVA_VERSION := 5.1.0
 RMQ_CLIENT_JAVA := $(VENV)/rocketmq-client-java-$(RMQ_CLIENT_JAVA_VERSION)
+KAFKA_VERSION := 4.1.2
+KAFKA       := $(VENV)/kafka-$(KAFKA_VERSION)
 # The API reference from the docstrings; a warning (a broken reference, an undocumented module) fails.
 DOCS        = $(PY) -m sphinx -E -W --keep-going -q -b html docs build/docs
 
-.PHONY: setup rocketmq rocketmq-client-java demo test unit lint typecheck proto bench clean docs
+.PHONY: setup rocketmq rocketmq-client-java kafka demo test unit lint typecheck proto bench clean docs
 
 # Java 17 for Spark, a virtualenv with the pinned dependencies, pymq installed into it.
 setup: $(VENV)/.installed
@@ -60,6 +62,22 @@ $(RMQ_CLIENT_JAVA)/.fetched: tests/rocketmq/client-java/pom.xml tests/rocketmq/s
 	rm -rf $(RMQ_CLIENT_JAVA)/lib && mv $(RMQ_CLIENT_JAVA)/lib.tmp $(RMQ_CLIENT_JAVA)/lib
 	touch $@
 
+# Apache Kafka (KRaft broker and tools, into lib/) and Spark's Kafka connector (its four jars, into
+# spark/) that benchmarks/bench_vs_kafka.py runs pymq against: from Maven Central, once, through the
+# project's own Maven cache and settings (benchmarks/kafka/pom.xml), never ~/.m2 or ~/.ivy2.
+kafka: $(KAFKA)/.fetched
+
+$(KAFKA)/.fetched: benchmarks/kafka/pom.xml benchmarks/kafka/settings.xml $(VENV)/.java
+	@command -v mvn >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq maven)
+	rm -rf $(KAFKA)/lib.tmp $(KAFKA)/spark.tmp
+	mvn -q -B -s benchmarks/kafka/settings.xml -f benchmarks/kafka/pom.xml -Dmaven.repo.local=$(abspath $(VENV))/m2 \
+	  org.apache.maven.plugins:maven-dependency-plugin:3.6.1:copy-dependencies \
+	  org.apache.maven.plugins:maven-dependency-plugin:3.6.1:copy@spark \
+	  -DincludeScope=runtime -DoutputDirectory=$(abspath $(KAFKA))/lib.tmp \
+	  -Dspark.jars.dir=$(abspath $(KAFKA))/spark.tmp
+	rm -rf $(KAFKA)/lib $(KAFKA)/spark && mv $(KAFKA)/lib.tmp $(KAFKA)/lib && mv $(KAFKA)/spark.tmp $(KAFKA)/spark
+	touch $@
+
 # The main job: the demo pipeline on an embedded broker.
 demo: setup
 	$(PY) examples/demo_pipeline.py
@@ -91,7 +109,8 @@ proto: $(VENV)/.deps
 	  proto/pymq_proto/v1/pymq.proto
 	PATH=$(abspath $(VENV))/bin:$$PATH PYTHONPATH=proto $(PY) -m pymq_proto.rocketmq_v2.generate
 
-bench: setup
+# Every benchmark, quick (bench_vs_kafka.py: pymq next to Spark's Kafka connector on a real Kafka).
+bench: setup kafka
 	$(PY) benchmarks/run_all.py
 
 # The API reference (docs/, Sphinx autodoc) from the docstrings of this tree, into build/docs;
