@@ -73,16 +73,9 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def machine_info() -> dict[str, str]:
-    cpu = "?"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    mem = "?"
-    with contextlib.suppress(OSError, IndexError, ValueError):
-        kb = int(Path("/proc/meminfo").read_text().split("\n")[0].split()[1])
-        mem = f"{kb / 1024 / 1024:.1f} GiB"
+    from side_by_side import cpu_and_memory
+
+    cpu, mem = cpu_and_memory()
     import grpc
     import numpy
     from google.protobuf import __version__ as pb_version

@@ -329,8 +329,8 @@ def run_round(spark: Any, target: Target, rows: int, tag: str, work: Path,
 # -- report -------------------------------------------------------------------------------------
 
 
-def machine_line(*also: str) -> str:
-    """The machine, the versions that matter and the date; ``also``: more versions to name."""
+def cpu_and_memory() -> tuple[str, str]:
+    """The CPU model and the RAM, as /proc tells them ("?" where it does not)."""
     cpu = "?"
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -341,6 +341,12 @@ def machine_line(*also: str) -> str:
     with contextlib.suppress(OSError, IndexError, ValueError):
         kb = int(Path("/proc/meminfo").read_text().split("\n")[0].split()[1])
         mem = f"{kb / 1024 / 1024:.1f} GiB"
+    return cpu, mem
+
+
+def machine_line(*also: str) -> str:
+    """The machine, the versions that matter and the date; ``also``: more versions to name."""
+    cpu, mem = cpu_and_memory()
     java = "?"
     with contextlib.suppress(OSError, subprocess.SubprocessError, IndexError):
         out = subprocess.run(["java", "-version"], capture_output=True, text=True, check=False)

@@ -188,10 +188,11 @@ def test_what_the_broker_answers_to_end_transaction(rocketmq_cluster: RocketMQCl
                "commit_or_rollback": commit_or_rollback(COMMIT), "msg_id": sent.msg_id,
                "transaction_id": sent.msg_id, "topic": topic, "broker_name": sent.message_queue.broker_name}
         with pytest.raises(PymqError, match="producer group wrong") as err:
-            api.end_transaction(addr, producer_group="someone-else", **end)  # type: ignore[arg-type]
+            api.end_transaction(addr, wait=True, producer_group="someone-else", **end)  # type: ignore[arg-type]
         assert err.value.code == "SYSTEM_ERROR"
         with pytest.raises(PymqError, match="transaction state table offset wrong"):
-            api.end_transaction(addr, producer_group=group, **{**end, "tran_state_table_offset": 10**9})  # type: ignore[arg-type]
-        api.end_transaction(addr, producer_group=group, **end)  # type: ignore[arg-type]
-        api.end_transaction(addr, producer_group=group, **end)  # type: ignore[arg-type]
+            far = {**end, "tran_state_table_offset": 10**9}
+            api.end_transaction(addr, wait=True, producer_group=group, **far)  # type: ignore[arg-type]
+        api.end_transaction(addr, wait=True, producer_group=group, **end)  # type: ignore[arg-type]
+        api.end_transaction(addr, wait=True, producer_group=group, **end)  # type: ignore[arg-type]
         assert _bodies(ns, topic, 2) == [b"twice", b"twice"]

@@ -1158,39 +1158,6 @@ class MQClientAPI:
             ext["bname"] = broker_name
         return RemotingCommand(RequestCode.END_TRANSACTION, remark=remark, ext_fields=ext)
 
-    def end_transaction_oneway(
-        self,
-        addr: str,
-        *,
-        producer_group: str,
-        tran_state_table_offset: int,
-        commit_log_offset: int,
-        commit_or_rollback: int,
-        msg_id: str,
-        transaction_id: str | None = None,
-        from_transaction_check: bool = False,
-        topic: str | None = None,
-        broker_name: str | None = None,
-        remark: str | None = None,
-        timeout_s: float | None = None,
-    ) -> None:
-        """End a transaction (END_TRANSACTION, one-way, as RocketMQ's client sends it).
-
-        ``addr`` is the broker that stored the half message; ``tran_state_table_offset``
-        is the half message's queue offset (the send result's ``queue_offset``),
-        ``commit_log_offset`` its commit-log offset (from its offsetMsgId), ``msg_id`` its
-        UNIQ_KEY. ``commit_or_rollback``: ``MessageSysFlag.TRANSACTION_COMMIT_TYPE`` (8),
-        ``TRANSACTION_ROLLBACK_TYPE`` (12) or ``TRANSACTION_NOT_TYPE`` (0, "unknown": the
-        broker checks back later). The broker never answers: a refused end (wrong
-        producer group, offsets that do not match) leaves the half message to the
-        check-back. Raises only if the request cannot be written.
-        """
-        request = self._end_transaction_request(
-            producer_group, tran_state_table_offset, commit_log_offset, commit_or_rollback, msg_id,
-            transaction_id, from_transaction_check, topic, broker_name, remark,
-        )  # fmt: skip
-        self.remoting.invoke_oneway(addr, request, self._timeout(timeout_s))
-
     def end_transaction(
         self,
         addr: str,
@@ -1205,18 +1172,32 @@ class MQClientAPI:
         topic: str | None = None,
         broker_name: str | None = None,
         remark: str | None = None,
+        wait: bool = False,
         timeout_s: float | None = None,
     ) -> None:
-        """:meth:`end_transaction_oneway`, waiting for the broker's answer (raises its refusal).
+        """End a transaction (END_TRANSACTION; one-way, as RocketMQ's client sends it).
 
-        RocketMQ's clients never wait for it; this is for tools and tests. The broker
-        does not answer an end with ``TRANSACTION_NOT_TYPE``: that waits out ``timeout_s``.
+        ``addr`` is the broker that stored the half message; ``tran_state_table_offset``
+        is the half message's queue offset (the send result's ``queue_offset``),
+        ``commit_log_offset`` its commit-log offset (from its offsetMsgId), ``msg_id`` its
+        UNIQ_KEY. ``commit_or_rollback``: ``MessageSysFlag.TRANSACTION_COMMIT_TYPE`` (8),
+        ``TRANSACTION_ROLLBACK_TYPE`` (12) or ``TRANSACTION_NOT_TYPE`` (0, "unknown": the
+        broker checks back later). One-way, the broker never answers: a refused end (wrong
+        producer group, offsets that do not match) leaves the half message to the
+        check-back, and this raises only if the request cannot be written.
+
+        ``wait=True`` (tools and tests; RocketMQ's clients never wait) waits for the
+        broker's answer and raises its refusal. The broker does not answer an end with
+        ``TRANSACTION_NOT_TYPE``: that waits out ``timeout_s``.
         """
         request = self._end_transaction_request(
             producer_group, tran_state_table_offset, commit_log_offset, commit_or_rollback, msg_id,
             transaction_id, from_transaction_check, topic, broker_name, remark,
         )  # fmt: skip
-        self._call(addr, request, timeout_s)
+        if wait:
+            self._call(addr, request, timeout_s)
+        else:
+            self.remoting.invoke_oneway(addr, request, self._timeout(timeout_s))
 
     def heartbeat(
         self,

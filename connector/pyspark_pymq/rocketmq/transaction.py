@@ -243,7 +243,7 @@ class RocketMQTransactionProducer(TransactionProducer):
         remark = (f"executeLocalTransactionBranch exception: {type(error).__name__}: {error}"
                   if error else None)
         try:
-            self._api.end_transaction_oneway(
+            self._api.end_transaction(
                 self._backend.broker_addr(mq),
                 producer_group=self.producer_group,
                 tran_state_table_offset=result.queue_offset,
@@ -286,7 +286,7 @@ class RocketMQTransactionProducer(TransactionProducer):
             remark = f"checkLocalTransactionState Exception: {type(err).__name__}: {err}"
         uniq = msg.properties.get(MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX) or msg.msg_id
         try:
-            self._api.end_transaction_oneway(
+            self._api.end_transaction(
                 addr,
                 producer_group=self.producer_group,
                 tran_state_table_offset=int(header.get("tranStateTableOffset") or 0),
