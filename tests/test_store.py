@@ -314,3 +314,35 @@ def test_keys_stored_after_the_last_index_flush_are_found_after_a_crash(
         assert again.index_service.files[-1].index_count == 1 + 2 * 80  # each key once
     finally:
         again.shutdown()
+
+
+def test_allocate_mapped_file_service_warms_ahead_and_never_changes_a_record(tmp_path: Path) -> None:
+    """The region after the write position is read into the page cache while appends go on; every
+    record reads back as written (the warming thread only reads), and it follows the writer's size."""
+    store = make_store(tmp_path / "warm", mapped_file_size_commit_log=64 * MiB)
+    warm = store.commit_log.allocate_mapped_file_service
+    assert warm is not None and warm.warmed_bytes == 0
+    try:
+        bodies = [bytes([i % 251]) * 1000 for i in range(600)]
+        for i in range(0, len(bodies), 100):  # 100 kB appends: 16x of them is 1.6 MB ahead
+            store.put_messages("t", 0, [msg(b, KEYS=f"k{i + j}") for j, b in enumerate(bodies[i : i + 100])])
+        written = store.commit_log.max_offset
+        deadline = time.monotonic() + 10
+        while warm.warmed_bytes < 1 * MiB and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert warm.warmed_bytes >= 1 * MiB, "nothing was warmed ahead of the writer"
+        assert warm.warmed_bytes <= 64 * MiB - written  # never behind the writer, never past the segment
+        got = [r[3] for r in records(store.get_message("t", 0, 0, 1000).records)]
+        assert got == bodies
+    finally:
+        store.shutdown()
+    store2 = make_store(tmp_path / "warm", mapped_file_size_commit_log=64 * MiB)  # a restart reads them all
+    try:
+        assert [r[3] for r in records(store2.get_message("t", 0, 0, 1000).records)] == bodies
+    finally:
+        store2.shutdown()
+    off = make_store(tmp_path / "off", warm_mapped_file_enable=False)
+    try:
+        assert off.commit_log.allocate_mapped_file_service is None
+    finally:
+        off.shutdown()

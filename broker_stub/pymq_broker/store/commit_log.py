@@ -23,6 +23,7 @@ from pymq_proto.record import (
     record_is_valid,
 )
 
+from .allocate_mapped_file_service import AllocateMappedFileService
 from .config import MessageStoreConfig
 from .encoded_batch import EncodedRecords, use_scalar
 from .mapped_file import MappedFile, MappedFileQueue
@@ -75,6 +76,8 @@ class CommitLog:
         )
         # "topic-queueId" -> next queue offset (RocketMQ's topicQueueTable)
         self.topic_queue_table: dict[str, int] = {}
+        # set by the store when it starts (warmMapedFileEnable): warms the segment ahead of appends
+        self.allocate_mapped_file_service: AllocateMappedFileService | None = None
 
     def load(self) -> None:
         self.mapped_file_queue.load()
@@ -136,6 +139,8 @@ class CommitLog:
             arr[offsets[:, None] + _AR_HEADER] = h.view(np.uint8).reshape(n, HEADER_SIZE)
             phys = (offsets + first_phy).tolist()
         wrote = mf.append(buf)
+        if self.allocate_mapped_file_service is not None:
+            self.allocate_mapped_file_service.appended(mf, len(buf))
         self.topic_queue_table[key] = first_queue_offset + n
         return AppendMessageResult(wrote, phys, size_list, first_queue_offset, now)
 

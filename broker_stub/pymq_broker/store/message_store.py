@@ -30,6 +30,7 @@ from pymq_proto.record import (
 )
 
 from ..common.mix_all import SCHEDULE_TOPIC
+from .allocate_mapped_file_service import AllocateMappedFileService
 from .commit_log import AppendMessageResult, CommitLog, MessageToStore
 from .config import SYNC_FLUSH, MessageStoreConfig
 from .consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue, pack_entries
@@ -181,6 +182,10 @@ class DefaultMessageStore:
                 FlushRealTimeService(self.commit_log.flush, cfg.flush_interval_commit_log)
             )
         self._services.append(_FlushConsumeQueueService(self, cfg.flush_interval_consume_queue))
+        if cfg.warm_mapped_file_enable:
+            warm = AllocateMappedFileService()
+            self.commit_log.allocate_mapped_file_service = warm
+            self._services.append(warm)
         for s in self._services:
             s.start()
         self._running = True

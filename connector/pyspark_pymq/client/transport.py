@@ -42,7 +42,8 @@ from typing import Any, Generic, TypeVar, overload
 
 import grpc
 from google.protobuf.message import Message as ProtoMessage
-from pymq_proto.v1 import pymq_pb2_grpc
+from pymq_proto.v1 import pymq_pb2, pymq_pb2_grpc
+from pymq_proto.wire import SerializedRequest, serialize_request
 
 from ..errors import (
     BrokerUnavailableError,
@@ -77,7 +78,7 @@ CODE_METADATA_KEY = "pymq-response-code"
 _channels: dict[tuple[int, str, TlsConfig | None], grpc.Channel] = {}
 _channels_lock = threading.Lock()
 
-Req = TypeVar("Req", bound=ProtoMessage)
+Req = TypeVar("Req")  # a message, or (the sends) a pymq_proto.wire.SerializedRequest
 Resp = TypeVar("Resp", bound=ProtoMessage)
 T = TypeVar("T")
 
@@ -368,14 +369,24 @@ class BrokerClient:
         self._credentials = None if access_key is None or secret_key is None else (access_key, secret_key)
         self.tls = tls
         sign = None if self._credentials is None else _Signer(*self._credentials)
-        stub = pymq_pb2_grpc.BrokerStub(_channel(self.endpoint, tls))
+        channel = _channel(self.endpoint, tls)
+        stub = pymq_pb2_grpc.BrokerStub(channel)
         ep = self.endpoint
+
+        def pre_serialized(method: str) -> grpc.UnaryUnaryMultiCallable[
+            pymq_pb2.SendMessageRequest | SerializedRequest, pymq_pb2.SendMessageResponse
+        ]:
+            """The sends also take a SerializedRequest (a batch not copied through protobuf)."""
+            return channel.unary_unary(
+                f"/pymq_proto.v1.Broker/{method}", request_serializer=serialize_request,
+                response_deserializer=pymq_pb2.SendMessageResponse.FromString,
+            )
 
         def unary(call: grpc.UnaryUnaryMultiCallable[Req, Resp], name: str) -> UnaryRpc[Req, Resp]:
             return UnaryRpc(call, name, ep, timeout, sign, tls)
 
         # one line per RPC of service Broker, in pymq.proto's order
-        self.send_message = unary(stub.SendMessage, "SendMessage")
+        self.send_message = unary(pre_serialized("SendMessage"), "SendMessage")
         self.pull_message = unary(stub.PullMessage, "PullMessage")
         self.query_route = unary(stub.QueryRoute, "QueryRoute")
         self.query_offset = unary(stub.QueryOffset, "QueryOffset")
@@ -396,7 +407,7 @@ class BrokerClient:
         self.broker_runtime_info = unary(stub.BrokerRuntimeInfo, "BrokerRuntimeInfo")
         self.heart_beat = unary(stub.HeartBeat, "HeartBeat")
         self.end_transaction = unary(stub.EndTransaction, "EndTransaction")
-        self.send_half_message_batch = unary(stub.SendHalfMessageBatch, "SendHalfMessageBatch")
+        self.send_half_message_batch = unary(pre_serialized("SendHalfMessageBatch"), "SendHalfMessageBatch")
         self.end_transaction_batch = unary(stub.EndTransactionBatch, "EndTransactionBatch")
         self.transaction_stream = StreamRpc(stub.TransactionStream, "TransactionStream", ep, sign, tls)
         self.create_user = unary(stub.CreateUser, "CreateUser")
