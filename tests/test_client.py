@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from pymq_proto.record import MessageConst, decode_properties
 from pyspark_pymq import Message, MessageQueue, Producer
@@ -73,3 +78,31 @@ def test_package_import_is_lazy_and_never_raises() -> None:
     assert "Producer" in dir(pyspark_pymq)
     with pytest.raises(AttributeError):
         _ = pyspark_pymq.NoSuchThing  # type: ignore[attr-defined]
+
+
+ROOT = Path(__file__).resolve().parent.parent
+_HEAP_PROBE = r"""
+import ctypes, os, sys
+from pyspark_pymq import Producer
+Producer("127.0.0.1:1")  # opening its backend tunes malloc, once per process
+buf = bytearray(4 << 20)
+addr = ctypes.addressof((ctypes.c_char * len(buf)).from_buffer(buf))
+for line in open("/proc/self/maps"):
+    if line.rstrip().endswith("[heap]"):
+        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+        print("heap" if lo <= addr < hi else "mapped")
+        break
+else:
+    print("mapped")
+"""
+
+
+@pytest.mark.parametrize("setting,where", [("1", "heap"), ("0", "mapped")])
+def test_clients_keep_multi_megabyte_buffers_in_the_heap(setting: str, where: str) -> None:
+    """glibc maps a 4 MiB buffer anew each time by default (page faults per request); a pymq client
+    process raises the threshold, unless PYMQ_TUNE_MALLOC=0."""
+    env = {**os.environ, "PYMQ_TUNE_MALLOC": setting}
+    env["PYTHONPATH"] = os.pathsep.join(str(ROOT / d) for d in ("proto", "connector"))
+    out = subprocess.run([sys.executable, "-c", _HEAP_PROBE], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    assert out[-1] == where

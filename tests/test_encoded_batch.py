@@ -214,6 +214,39 @@ def test_row_keys_are_the_row_indexes_in_hex_made_when_read() -> None:
         keys[1.0]  # type: ignore[index]
 
 
+def test_row_keys_of_8_digits_are_the_msg_ids_new_uniq_keys_makes() -> None:
+    from pyspark_pymq.client.message import RowKeys, new_uniq_keys
+
+    keys = RowKeys("P", 255, 257, digits=8)
+    assert list(keys) == ["P000000FF", "P00000100"] and keys[1:] == ("P00000100",)
+    assert repr(keys) == "RowKeys('P', 255, 257, digits=8)"
+    made = new_uniq_keys(3)
+    assert isinstance(made, RowKeys) and len(set(made)) == 3
+    assert all(len(k) == 32 and int(k, 16) >= 0 for k in made)
+    assert int(made[2][-8:], 16) - int(made[0][-8:], 16) == 2  # the counter is the row
+
+
+def test_send_batch_frames_plain_messages_as_columns_byte_for_byte(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The column path of Producer.send_batch makes the very records of the per-message loop."""
+    from pyspark_pymq.client import producer as producer_mod
+    from pyspark_pymq.client.message import Message, RowKeys
+
+    producer = Producer("127.0.0.1:1")
+    messages = [Message("t", bytes([i % 251]) * (i % 300)) for i in range(200)]
+    keys = RowKeys("0000ABCD000012345678", 7, 207, digits=8)
+    monkeypatch.setattr(producer_mod, "new_uniq_keys", lambda n: keys[:n])
+    columns = producer._prepare(messages)
+    assert producer._prepare_plain("t", messages, keys) is not None  # the path taken above
+    monkeypatch.setattr(producer_mod, "_COLUMNS_MIN", 10**9)
+    loop = producer._prepare(messages)
+    assert columns.records == loop.records and list(columns.sizes) == list(loop.sizes)
+    assert columns.uniq_keys == loop.uniq_keys == tuple(keys)
+    tagged = [*messages[:100], Message("t", b"x", tags="A"), *messages[100:]]
+    assert producer._prepare_plain("t", tagged, RowKeys("P", 0, len(tagged), digits=8)) is None
+    other = [*messages, Message("u", b"x")]
+    assert producer._prepare_plain("t", other, RowKeys("P", 0, len(other), digits=8)) is None
+
+
 def test_header_template_matches_record_layout() -> None:
     raw, sizes = encode_records("t", [b"abc"], [b"UNIQ_KEY\x01K\x02"], born_timestamp=5)
     h = HEADER.unpack_from(raw)

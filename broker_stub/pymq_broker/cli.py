@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
-import ctypes.util
 import logging
 import os
 import signal
 import sys
+
+from pymq_proto.malloc import tune_malloc
 
 from .controller import BrokerController, build_configs
 from .store.config import DEFAULT_MESSAGE_DELAY_LEVEL, FLUSH_DISK_TYPES, parse_delay_levels
@@ -126,26 +126,9 @@ async def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def tune_malloc(mmap_threshold: int = 64 << 20, trim_threshold: int = 256 << 20) -> bool:
-    """glibc: keep request and pull buffers (up to tens of MB) in the heap.
-
-    By default glibc maps each big buffer anew or trims the heap after it is
-    freed, so every request pays again in page faults (and zeroing) for
-    memory it had a moment ago. True if glibc took the settings.
-    """
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        m_trim_threshold, m_mmap_threshold = -1, -3
-        return bool(libc.mallopt(m_mmap_threshold, mmap_threshold)) and bool(
-            libc.mallopt(m_trim_threshold, trim_threshold)
-        )
-    except (OSError, AttributeError):  # not glibc
-        return False
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    tune_malloc()
+    tune_malloc(64 << 20, 256 << 20)  # requests and pull answers of up to tens of MB stay in the heap
     logging.basicConfig(
         level=args.log_level.upper(), stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

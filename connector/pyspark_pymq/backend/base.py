@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import numpy.typing as npt
+from pymq_proto.malloc import tune_malloc_once
 
 from ..client.message import MessageExt, MessageQueue, PullStatus, SendBackColumns, SendResult
 from ..tls import TlsConfig
@@ -506,6 +507,7 @@ def cached_backend(config: BackendConfig, timeout_s: float = 10.0) -> Backend:
 
 def open_backend(config: BackendConfig, timeout_s: float = 10.0) -> Backend:
     """A new backend: pymq's gRPC for ``endpoint``, RocketMQ's remoting for ``namesrv_addr``."""
+    tune_malloc_once()
     if config.namesrv_addr:
         from .rocketmq import RocketMQBackend
 

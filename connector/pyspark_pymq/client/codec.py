@@ -19,9 +19,11 @@ from pymq_proto.record import (
     remove_property,
 )
 
-from .message import MessageExt
+from .message import MessageExt, RowKeys
 
-__all__ = ["UNIQ_PREFIX", "decode_messages", "encode_records", "fixed_width", "uniq_first"]
+__all__ = [
+    "UNIQ_PREFIX", "decode_messages", "encode_records", "fixed_width", "uniq_first", "uniq_property_matrix",
+]
 
 UNIQ_PREFIX = property_key(MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
 _U16 = struct.Struct("<H")
@@ -110,6 +112,22 @@ def encode_records(
         )
         add_size(size)
     return b"".join(parts), sizes
+
+
+_HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
+
+
+def uniq_property_matrix(keys: RowKeys) -> npt.NDArray[np.uint8]:
+    """Row i is the property ``UNIQ_KEY\x01<keys[i]>\x02`` (all the same width), made with numpy."""
+    head = UNIQ_PREFIX + keys.prefix.encode()
+    n, digits = len(keys), keys.digits
+    rows = np.arange(keys.start, keys.start + n, dtype=np.uint64)
+    shifts = np.arange(4 * (digits - 1), -4, -4, dtype=np.uint64)
+    out = np.empty((n, len(head) + digits + 1), dtype=np.uint8)
+    out[:, : len(head)] = np.frombuffer(head, dtype=np.uint8)
+    out[:, len(head) : -1] = _HEX[((rows[:, None] >> shifts) & np.uint64(15)).astype(np.intp)]
+    out[:, -1] = 2
+    return out
 
 
 def uniq_first(properties: bytes, uniq_key: str) -> bytes:

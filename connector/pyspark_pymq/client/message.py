@@ -176,18 +176,25 @@ def new_uniq_key() -> str:
     return f"{_uniq_prefix()}{time.time_ns() // 1000 & 0xFFFFFFFFFFFF:012X}{n & 0xFFFFFFFF:08X}"
 
 
-def new_uniq_keys(n: int) -> list[str]:
-    """``n`` msgIds as :func:`new_uniq_key` makes them, with one lock and one clock read."""
+def new_uniq_keys(n: int) -> Sequence[str]:
+    """``n`` msgIds as :func:`new_uniq_key` makes them, with one lock and one clock read.
+
+    A :class:`RowKeys` (the counter as the row, 8 hex digits): no string is made
+    until one is read; a list when the 32-bit counter wraps within the ``n``.
+    """
     global _uniq_counter
     with _uniq_lock:
         first = _uniq_counter + 1
         _uniq_counter += n
     head = f"{_uniq_prefix()}{time.time_ns() // 1000 & 0xFFFFFFFFFFFF:012X}"
+    start = first & 0xFFFFFFFF
+    if start + n - 1 <= 0xFFFFFFFF:
+        return RowKeys(head, start, start + n, digits=8)
     return [f"{head}{c & 0xFFFFFFFF:08X}" for c in range(first, first + n)]
 
 
 class RowKeys(Sequence[str]):
-    """The UNIQ_KEYs ``prefix`` + row index as 16 hex digits, of rows ``start`` to ``stop - 1``.
+    """The UNIQ_KEYs ``prefix`` + row index as ``digits`` hex digits, of rows ``start`` to ``stop - 1``.
 
     Made when read: a bulk writer (the Spark sink) keys every row this way, and
     building 10,000 strings per batch only to hand them back in
@@ -195,10 +202,10 @@ class RowKeys(Sequence[str]):
     Compares equal to the tuple of its keys.
     """
 
-    __slots__ = ("prefix", "start", "stop")
+    __slots__ = ("digits", "prefix", "start", "stop")
 
-    def __init__(self, prefix: str, start: int, stop: int) -> None:
-        self.prefix, self.start, self.stop = prefix, start, max(start, stop)
+    def __init__(self, prefix: str, start: int, stop: int, digits: int = 16) -> None:
+        self.prefix, self.start, self.stop, self.digits = prefix, start, max(start, stop), digits
 
     def __len__(self) -> int:
         return self.stop - self.start
@@ -208,7 +215,7 @@ class RowKeys(Sequence[str]):
             a, b, step = index.indices(len(self))
             if step != 1:
                 return tuple(self)[index]
-            return RowKeys(self.prefix, self.start + a, self.start + b)
+            return RowKeys(self.prefix, self.start + a, self.start + b, self.digits)
         try:
             i = operator.index(index)
         except TypeError:
@@ -218,11 +225,11 @@ class RowKeys(Sequence[str]):
         i = i + len(self) if i < 0 else i
         if not 0 <= i < len(self):
             raise IndexError(f"row key {index} is out of range for {len(self)} keys")
-        return f"{self.prefix}{self.start + i:016X}"
+        return f"{self.prefix}{self.start + i:0{self.digits}X}"
 
     def __iter__(self) -> Iterator[str]:
-        prefix = self.prefix
-        return (f"{prefix}{row:016X}" for row in range(self.start, self.stop))
+        prefix, digits = self.prefix, self.digits
+        return (f"{prefix}{row:0{digits}X}" for row in range(self.start, self.stop))
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, RowKeys | tuple):
@@ -233,7 +240,8 @@ class RowKeys(Sequence[str]):
         return hash(tuple(self))
 
     def __repr__(self) -> str:
-        return f"RowKeys({self.prefix!r}, {self.start}, {self.stop})"
+        digits = "" if self.digits == 16 else f", digits={self.digits}"
+        return f"RowKeys({self.prefix!r}, {self.start}, {self.stop}{digits})"
 
 
 def encode_message_properties(msg: Message, uniq_key: str) -> bytes:

@@ -37,7 +37,7 @@ from pyspark.sql.datasource import (
 )
 
 from ..backend.base import Backend, cached_backend
-from ..client.codec import UNIQ_PREFIX, fixed_width
+from ..client.codec import fixed_width, uniq_property_matrix
 from ..client.consumer import PullConsumer
 from ..client.message import RowKeys
 from ..client.producer import Producer
@@ -357,8 +357,6 @@ def _naming(err: PymqError, what: str) -> PymqError:
     return type(err)(f"{what} failed: {err.remark}", code=err.code)
 
 
-_HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
-_SHIFTS = np.arange(60, -4, -4, dtype=np.uint64)
 _TAGS_KEY = pa.scalar(property_key(MC.PROPERTY_TAGS))
 _END_BYTES = pa.scalar(_END.encode())
 _PER_ROW_COLUMNS = ("keys", "properties", "delay_level", "sharding_key", "queue_id")
@@ -401,12 +399,8 @@ def encode_plain_batch(
     if int(body_lens.max()) > max_body:  # the per-row path names the row that is too big
         return None
     # UNIQ_KEY = the task's prefix + the row index as 16 hex digits, as the per-row path
-    rows = np.arange(first_row, first_row + n, dtype=np.uint64)
-    key_head = UNIQ_PREFIX + prefix.encode()
-    uniq = np.empty((n, len(key_head) + 17), dtype=np.uint8)
-    uniq[:, : len(key_head)] = np.frombuffer(key_head, dtype=np.uint8)
-    uniq[:, len(key_head) : -1] = _HEX[((rows[:, None] >> _SHIFTS) & np.uint64(15)).astype(np.intp)]
-    uniq[:, -1] = 2
+    keys = RowKeys(prefix, first_row, first_row + n)
+    uniq = uniq_property_matrix(keys)
     plens = np.full(n, uniq.shape[1], dtype=np.int64)
     parts: list[pa.Array | pa.Scalar] = [fixed_width(uniq)]
     if not _all_null(batch, "tags"):
@@ -425,7 +419,7 @@ def encode_plain_batch(
     if framed is None:
         return None
     records, sizes = framed
-    return records, sizes, RowKeys(prefix, first_row, first_row + n)
+    return records, sizes, keys
 
 
 def _send_back_rows(
