@@ -45,11 +45,13 @@ class SerializedRequest:
     wire: bytes
 
 
-def encode_send_request(head: pymq_pb2.SendMessageRequest, records: bytes, sizes: bytes) -> SerializedRequest:
+def encode_send_request(
+    head: pymq_pb2.SendMessageRequest, records: bytes | memoryview, sizes: bytes
+) -> SerializedRequest:
     """``head`` (which must not carry ``encoded``) with ``encoded = EncodedBatch(records, sizes)``."""
     if head.HasField("encoded"):
         raise ValueError("head already carries an encoded batch")
-    parts = [head.SerializeToString()]
+    parts: list[bytes | memoryview] = [head.SerializeToString()]
     inner = 0
     if records:
         records_key = _field(_RECORDS, len(records))

@@ -135,7 +135,7 @@ class SendRequest:
     """
 
     topic: str
-    records: bytes
+    records: bytes | memoryview  # a view (of an Arrow buffer) is sent without a copy
     sizes: npt.NDArray[np.int32]
     uniq_keys: Sequence[str]
     sharding_key: str | None = None
@@ -313,7 +313,7 @@ class Backend(ABC):
     def frame_columns(
         self, topic: str, bodies: pa.Array, body_lens: npt.NDArray[np.int64],
         property_parts: Sequence[pa.Array | pa.Scalar], property_lens: npt.NDArray[np.int64],
-    ) -> tuple[bytes, npt.NDArray[np.int32]] | None:
+    ) -> tuple[bytes | memoryview, npt.NDArray[np.int32]] | None:
         """:meth:`encode_records` for Arrow columns, vectorised (the Spark sink's bulk path).
 
         Each message's properties are the concatenation of ``property_parts``

@@ -228,7 +228,7 @@ class PymqBackend(Backend):
     def frame_columns(
         self, topic: str, bodies: pa.Array, body_lens: npt.NDArray[np.int64],
         property_parts: Sequence[pa.Array | pa.Scalar], property_lens: npt.NDArray[np.int64],
-    ) -> tuple[bytes, npt.NDArray[np.int32]] | None:
+    ) -> tuple[bytes | memoryview, npt.NDArray[np.int32]] | None:
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -255,7 +255,8 @@ class PymqBackend(Backend):
             *property_parts, pa.scalar(b""),
         )
         offsets = np.frombuffer(joined.buffers()[1], dtype=np.int32)[joined.offset : joined.offset + n + 1]
-        records = joined.buffers()[2].to_pybytes()[int(offsets[0]) : int(offsets[-1])]
+        # a view of Arrow's buffer, not a copy: the request is joined from it (pymq_proto.wire)
+        records = memoryview(joined.buffers()[2]).cast("B")[int(offsets[0]) : int(offsets[-1])]
         return records, sizes.astype(np.int32)
 
     @staticmethod

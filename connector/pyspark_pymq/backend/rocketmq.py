@@ -341,8 +341,9 @@ class RocketMQBackend(Backend):
         self._check_half(half, len(request.sizes))
         addr = self._addr(mq)
         api = self.api
+        records = bytes(request.records)  # the same object when it is bytes already
         if len(request.sizes) == 1:
-            body, flag, props = codec.decode_batch(request.records)[0]
+            body, flag, props = codec.decode_batch(records)[0]
             # TRAN_MSG=true makes it a half message (DefaultMQProducerImpl.sendKernelImpl), but for
             # a consumer's own copy to %RETRY% (the broker's exception in SendMessageProcessor)
             tran = props.get(_TRAN_MSG) == "true" and not (
@@ -352,7 +353,7 @@ class RocketMQBackend(Backend):
             return single(addr, mq, body, props, producer_group=producer_group, flag=flag, sys_flag=sys_flag,
                           reconsume_times=request.reconsume_times or None, timeout_s=timeout_s)
         batch = api.send_batch_message if wait else api.send_batch_message_async
-        return batch(addr, mq, request.records, request.uniq_keys, producer_group=producer_group,
+        return batch(addr, mq, records, request.uniq_keys, producer_group=producer_group,
                      timeout_s=timeout_s)
 
     # -- send back --------------------------------------------------------------------------

@@ -212,7 +212,7 @@ class Producer:
     def send_records(
         self,
         topic: str,
-        records: bytes,
+        records: bytes | memoryview,
         sizes: Sequence[int] | npt.NDArray[np.int32],
         uniq_keys: Sequence[str],
         *,

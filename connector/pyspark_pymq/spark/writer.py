@@ -374,7 +374,7 @@ def _all_null(batch: pa.RecordBatch, name: str) -> bool:
 def encode_plain_batch(
     batch: pa.RecordBatch, topic: str | None, prefix: str, first_row: int, where: str, max_body: int,
     extra_properties: bytes, backend: Backend,
-) -> tuple[bytes, npt.NDArray[np.int32], RowKeys] | None:
+) -> tuple[bytes | memoryview, npt.NDArray[np.int32], RowKeys] | None:
     """Message images of a whole Arrow batch at once, or None when rows need the per-row path.
 
     The properties are built here (RocketMQ's encoding, the same on every
