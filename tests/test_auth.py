@@ -546,3 +546,51 @@ def test_commit_group_progress_signs_its_commits(auth_broker: BrokerProcess) -> 
     assert commit_group_progress(query, ep, "prog-g", access_key="prog", secret_key="prog-pw") == 1
     mq = MessageQueue("prog-t", "broker-a", 0)
     assert PullConsumer(ep, "prog-g", access_key=ROOT, secret_key=ROOT_PW).committed(mq) == 1
+
+
+def test_an_open_transaction_stream_ends_when_its_rights_are_revoked(tmp_path: Path) -> None:
+    """Check-backs of a producer group stop reaching a stream whose user lost Pub on the group
+    (or was deleted) after it opened; the transaction stays pending for a producer with rights."""
+    import threading
+
+    args = [*AUTH_ARGS[:-1], "500", "--transaction-check-interval", "200", "--transaction-check-max", "100"]
+    with BrokerProcess(tmp_path / "b", args) as proc:
+        ep = proc.endpoint
+        admin = root_admin(ep)
+        admin.create_topic("tx-w", 1)
+        admin.create_user("watcher", "pw")
+        admin.create_acl("User:watcher", ["Topic:tx-w", "Group:pg-w"], ["Pub"])
+        producer = TransactionProducer(ep, "pg-w", lambda m: LocalTransactionState.UNKNOW,
+                                       access_key=ROOT, secret_key=ROOT_PW)
+        try:
+            sent = producer.send_message_in_transaction(Message("tx-w", b"pending"),
+                                                        lambda m, a: LocalTransactionState.UNKNOW)
+        finally:
+            producer.close()  # from now on the watcher's stream is the group's only one
+        checks: list[str] = []
+        ended: list[BaseException] = []
+        stream = BrokerClient(ep, access_key="watcher", secret_key="pw").transaction_stream(
+            pymq_pb2.TransactionStreamRequest(producer_group="pg-w"))
+
+        def watch() -> None:
+            try:
+                for check in stream:
+                    checks.append(check.msg_id)
+            except BaseException as err:  # the stream's end is what this test watches
+                ended.append(err)
+
+        thread = threading.Thread(target=watch, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 20
+        while len(checks) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(checks) >= 2 and set(checks) == {sent.msg_id}, "the stream got no check-backs"
+        admin.delete_acl("User:watcher", ["Group:pg-w"])
+        thread.join(10)
+        assert not thread.is_alive(), "the stream went on receiving check-backs after Pub was revoked"
+        assert isinstance(ended[0], AccessDeniedError) and "Pub on Group:pg-w" in str(ended[0])
+        count = len(checks)
+        time.sleep(1)
+        assert len(checks) == count
+        consumer = PullConsumer(ep, "tx-reader", access_key=ROOT, secret_key=ROOT_PW)
+        assert consumer.max_offset(MessageQueue("tx-w", "broker-a", 0)) == 0  # still pending, not lost

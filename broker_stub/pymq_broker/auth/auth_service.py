@@ -11,7 +11,7 @@ from pymq_proto.v1 import pymq_pb2
 from ..common.broker_exception import BrokerException
 from .authentication import DefaultAuthenticationProvider
 from .authorization import DefaultAuthorizationProvider
-from .model import User, UserType
+from .model import User, UserStatus, UserType
 from .rpc_resources import SUB, SUPER_ONLY, UPDATE, authorization_contexts, topic
 
 if TYPE_CHECKING:
@@ -81,3 +81,20 @@ class AuthService:
                     f"{request.producer_group!r}: only the producer group that sent a transaction ends it",
                 )
         return user
+
+    def recheck(self, user: User, rpc: str, request: Any, peer: str) -> None:
+        """The rights of an open stream's ``user``, again (its request's signature may be old by now).
+
+        A user deleted or disabled since the stream opened is UNAUTHORIZED; with
+        authorization on, the ACLs of now decide (decisions are cached per ACL version,
+        so an unchanged ACL costs a dictionary look-up).
+        """
+        current = self.authentication.users.users.get(user.username)
+        if current is None or current.user_status != UserStatus.ENABLE:
+            raise BrokerException(
+                pymq_pb2.UNAUTHORIZED, f"user {user.username!r} was deleted or disabled; {rpc} is closed"
+            )
+        if self.authorization is not None:
+            contexts = authorization_contexts(rpc, request, self.broker_name)
+            assert not isinstance(contexts, str)
+            self.authorization.authorize(current, contexts, peer_ip(peer))

@@ -117,9 +117,13 @@ class BrokerGrpcService(pymq_pb2_grpc.BrokerServicer):
         self, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[Any]:
         try:
-            if self.auth is not None:
-                self.auth.check("TransactionStream", request, context.invocation_metadata(), context.peer())
+            auth = self.auth
+            user = None if auth is None else auth.check(
+                "TransactionStream", request, context.invocation_metadata(), context.peer())
             async for check in self.end_transaction.transaction_stream(request):
+                if auth is not None and user is not None:
+                    # rights revoked while the stream is open end it; the check-back comes again later
+                    auth.recheck(user, "TransactionStream", request, context.peer())
                 yield check
         except BrokerException as err:
             context.set_trailing_metadata(((CODE_METADATA_KEY, err.code_name),))
