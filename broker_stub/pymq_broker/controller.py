@@ -195,13 +195,8 @@ class BrokerController:
     ) -> None:
         """apache.rocketmq.v2 (RocketMQ 5's official clients) on the same server, same store and groups.
 
-        Not with authentication on: v2 requests are not signed-checked yet, and an
-        unchecked door next to a checked one would bypass the ACLs.
+        With authentication on, its requests pass the same AuthService (signatures, users, ACLs).
         """
-        if self.broker_config.authentication_enabled:
-            log.warning("apache.rocketmq.v2 is not served: authentication is on and v2 signatures are "
-                        "not checked yet")
-            return
         processor = MessagingProcessor(
             ctx, send, SendBackProcessor(ctx),
             EndTransactionProcessor(ctx, self.transactions, self.producers),
@@ -209,7 +204,9 @@ class BrokerController:
         )
         self.messaging = processor
         service_pb2_grpc.add_MessagingServiceServicer_to_server(
-            GrpcMessagingService(processor, PullOffsetProcessor(ctx, hold, processor), self.producers), server
+            GrpcMessagingService(processor, PullOffsetProcessor(ctx, hold, processor), self.producers,
+                                 self.auth_service),
+            server,
         )
 
     async def _schedule_loop(self) -> None:

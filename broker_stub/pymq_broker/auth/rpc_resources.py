@@ -91,6 +91,48 @@ RULES: dict[str, Rule | str] = {
 }
 
 
+def _sub_queue(r: Any, *extra: Action) -> list[AuthorizationContext]:
+    """Sub (and ``extra``) on a v2 request's topic (its message queue's) and on its group."""
+    name = r.message_queue.topic.name if "message_queue" in r.DESCRIPTOR.fields_by_name else r.topic.name
+    return [topic(name, SUB, *extra), *([group(r.group.name, SUB, *extra)] if r.group.name else [])]
+
+
+def _v2_settings(s: Any, _b: str) -> list[AuthorizationContext]:
+    """A Telemetry settings command: Pub on a producer's topics, Sub on a consumer's group and topics."""
+    if s.HasField("publishing"):
+        return _topics((t.name for t in s.publishing.topics), PUB)
+    if s.HasField("subscription"):
+        sub = s.subscription
+        return [*([group(sub.group.name, SUB)] if sub.group.name else []),
+                *_topics((e.topic.name for e in sub.subscriptions), SUB)]
+    return []
+
+
+_V2_CONSUMERS = (2, 3, 4, 5, 6)  # ClientType: the push, simple, pull and lite consumers
+
+# apache.rocketmq.v2.MessagingService (RocketMQ 5's official clients), as RocketMQ's
+# DefaultAuthorizationContextBuilder checks its gRPC requests; keys "v2/<RPC>"
+RULES.update({
+    "v2/QueryRoute": lambda r, _b: [topic(r.topic.name, PUB, SUB, GET)],
+    "v2/Heartbeat": lambda r, _b: (
+        [group(r.group.name, SUB)] if r.group.name and r.client_type in _V2_CONSUMERS else []),
+    "v2/SendMessage": lambda r, _b: _topics((m.topic.name for m in r.messages), PUB),
+    "v2/QueryAssignment": lambda r, _b: _sub_queue(r),
+    "v2/ReceiveMessage": lambda r, _b: _sub_queue(r),
+    "v2/AckMessage": lambda r, _b: _sub_queue(r),
+    "v2/ChangeInvisibleDuration": lambda r, _b: _sub_queue(r),
+    "v2/ForwardMessageToDeadLetterQueue": lambda r, _b: _sub_queue(r),
+    "v2/EndTransaction": lambda r, _b: [topic(r.topic.name, PUB)],
+    "v2/NotifyClientTermination": lambda r, _b: [group(r.group.name, SUB)] if r.group.name else [],
+    "v2/PullMessage": lambda r, _b: _sub_queue(r),
+    "v2/UpdateOffset": lambda r, _b: _sub_queue(r),
+    "v2/GetOffset": lambda r, _b: _sub_queue(r, GET),
+    "v2/QueryOffset": lambda r, _b: _sub_queue(r, GET),
+    "v2/RecallMessage": lambda r, _b: [topic(r.topic.name, PUB)],
+    "v2/Telemetry": _v2_settings,
+})
+
+
 def authorization_contexts(method: str, request: Any, broker_name: str) -> list[AuthorizationContext] | str:
     """The checks of ``request`` to RPC ``method``, or :data:`SUPER_ONLY`.
 

@@ -28,6 +28,7 @@ from pymq_proto.rocketmq_v2 import definition_pb2 as v2
 from pymq_proto.rocketmq_v2 import service_pb2 as sv
 from pymq_proto.rocketmq_v2 import service_pb2_grpc
 
+from ..auth.auth_service import AuthService
 from ..common.broker_exception import BrokerException
 from ..processor.end_transaction_processor import ProducerManager
 from ..transaction.transactional_message_service import TransactionCheck
@@ -66,6 +67,7 @@ def _unary(
     """An RPC whose request goes to ``<target>.<handler_name>`` as it is."""
     async def method(self: GrpcMessagingService, request: Any, context: Context) -> Any:
         try:
+            self.authorize(rpc, request, context)
             result = getattr(getattr(self, target), handler_name)(request)
             if hasattr(result, "__await__"):
                 result = await result
@@ -89,11 +91,20 @@ class GrpcMessagingService(service_pb2_grpc.MessagingServiceServicer):
     """Maps each RPC of ``apache.rocketmq.v2.MessagingService`` to :class:`MessagingProcessor`."""
 
     def __init__(
-        self, processor: MessagingProcessor, pull_offsets: PullOffsetProcessor, producers: ProducerManager
+        self, processor: MessagingProcessor, pull_offsets: PullOffsetProcessor, producers: ProducerManager,
+        auth: AuthService | None = None,
     ) -> None:
         self.processor = processor
         self.pull_offsets = pull_offsets
         self.producers = producers
+        self.auth = auth
+
+    def authorize(self, rpc: str, request: Any, context: Context) -> None:
+        """With authentication on: the request's signature (the official clients sign every call as
+        pymq's own clients do) and, with authorization on, its rights (``v2/<rpc>`` rules);
+        a refusal is a BrokerException that becomes UNAUTHORIZED / FORBIDDEN."""
+        if self.auth is not None:
+            self.auth.check(f"v2/{rpc}", request, context.invocation_metadata(), context.peer())
 
     QueryRoute = _unary("QueryRoute", "query_route", sv.QueryRouteResponse)
     Heartbeat = _unary("Heartbeat", "heartbeat", sv.HeartbeatResponse)
@@ -118,6 +129,7 @@ class GrpcMessagingService(service_pb2_grpc.MessagingServiceServicer):
         self, request: sv.NotifyClientTerminationRequest, context: Context
     ) -> sv.NotifyClientTerminationResponse:
         try:
+            self.authorize("NotifyClientTermination", request, context)
             return self.processor.notify_client_termination(request, client_id_of(context))
         except Exception as err:
             return sv.NotifyClientTerminationResponse(status=_failure_status(err, "NotifyClientTermination"))
@@ -126,6 +138,7 @@ class GrpcMessagingService(service_pb2_grpc.MessagingServiceServicer):
         self, request: sv.ReceiveMessageRequest, context: Context
     ) -> AsyncIterator[sv.ReceiveMessageResponse]:
         try:
+            self.authorize("ReceiveMessage", request, context)
             responses = await self.processor.receive_message(
                 request, context.time_remaining(), client_id_of(context)
             )
@@ -138,6 +151,7 @@ class GrpcMessagingService(service_pb2_grpc.MessagingServiceServicer):
         self, request: sv.PullMessageRequest, context: Context
     ) -> AsyncIterator[sv.PullMessageResponse]:
         try:
+            self.authorize("PullMessage", request, context)
             async for response in self.pull_offsets.pull_message(request):
                 yield response
         except Exception as err:
@@ -148,6 +162,11 @@ class GrpcMessagingService(service_pb2_grpc.MessagingServiceServicer):
     ) -> AsyncIterator[sv.TelemetryCommand]:
         """Settings in, settings out; check-backs out to a transactional producer's stream."""
         client_id = client_id_of(context)
+        try:  # who opens the stream; each settings command is authorized as it comes
+            self.authorize("Telemetry", v2.Settings(), context)
+        except Exception as err:
+            yield sv.TelemetryCommand(status=_failure_status(err, "Telemetry"))
+            return
         outbox: asyncio.Queue[sv.TelemetryCommand | None] = asyncio.Queue()
         checks: list[tuple[str, asyncio.Queue[TransactionCheck]]] = []
         forwarders: list[asyncio.Task[None]] = []
@@ -156,7 +175,8 @@ class GrpcMessagingService(service_pb2_grpc.MessagingServiceServicer):
             try:
                 async for command in request_iterator:
                     if command.HasField("settings"):
-                        answer = self._settings(client_id, command.settings, checks, forwarders, outbox)
+                        answer = self._settings(client_id, command.settings, checks, forwarders, outbox,
+                                                context)
                         outbox.put_nowait(answer)
             finally:
                 outbox.put_nowait(None)
@@ -180,8 +200,10 @@ class GrpcMessagingService(service_pb2_grpc.MessagingServiceServicer):
         self, client_id: str, settings: v2.Settings,
         checks: list[tuple[str, asyncio.Queue[TransactionCheck]]],
         forwarders: list[asyncio.Task[None]], outbox: asyncio.Queue[sv.TelemetryCommand | None],
+        context: Context,
     ) -> sv.TelemetryCommand:
         try:
+            self.authorize("Telemetry", settings, context)
             answer = self.processor.settings(client_id, settings)
         except Exception as err:
             return sv.TelemetryCommand(status=_failure_status(err, "Telemetry"))
