@@ -57,9 +57,11 @@ def _name(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex[:8]}"
 
 
-def _topic(endpoint: str, queues: int = 2) -> str:
+def _topic(endpoint: str, queues: int = 2, message_type: str = "MIXED") -> str:
+    """A new topic; MIXED, as these tests send every message type to one (a topic created without
+    a type is NORMAL and refuses the others: tests/test_v2_message_types.py)."""
     topic = _name("v2T")
-    Admin(endpoint).create_topic(topic, queues)
+    Admin(endpoint).create_topic(topic, queues, message_type=message_type)
     return topic
 
 

@@ -28,6 +28,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
+from pymq_proto.topics import TOPIC_MESSAGE_TYPES
+
 from .backend.base import client_tls
 from .client import Admin, Message, Producer, PullConsumer
 from .errors import PymqError
@@ -103,8 +105,10 @@ def _cmd_topics(admin: Admin, a: argparse.Namespace) -> None:
 
 
 def _cmd_create(admin: Admin, a: argparse.Namespace) -> None:
-    cfg = admin.create_topic(a.topic, a.queues, dedup_window_ms=a.dedup_window_ms)
-    print(f"topic {cfg.topic_name}: {cfg.read_queue_nums} read / {cfg.write_queue_nums} write queues")
+    cfg = admin.create_topic(a.topic, a.queues, dedup_window_ms=a.dedup_window_ms,
+                             message_type=a.message_type)
+    print(f"topic {cfg.topic_name}: {cfg.read_queue_nums} read / {cfg.write_queue_nums} write queues, "
+          f"{cfg.message_type} messages")
 
 
 def _cmd_delete(admin: Admin, a: argparse.Namespace) -> None:
@@ -278,6 +282,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("topic")
     sp.add_argument("--queues", type=int, default=4)
     sp.add_argument("--dedup-window-ms", type=int, default=0)
+    sp.add_argument("--message-type", type=str.upper, choices=TOPIC_MESSAGE_TYPES,
+                    help="RocketMQ 5's TopicMessageType, what the official clients may send "
+                         "(default: NORMAL for a new topic, unchanged for an existing one)")
     add("delete-topic", _cmd_delete, "delete a topic").add_argument("topic")
     add("topic-stats", _cmd_stats, "per-queue offsets of a topic").add_argument("topic")
     sp = add("progress", _cmd_progress, "a consumer group's progress and lag")

@@ -1,4 +1,5 @@
-"""The topic names broker and clients agree on: a consumer group's retry and dead-letter topics.
+"""The topic names broker and clients agree on: a consumer group's retry and dead-letter topics;
+and the message types a topic may be (RocketMQ 5's TopicMessageType).
 
 RocketMQ's (MixAll): a message a consumer of group G sends back is stored in
 ``%RETRY%G``; past its maximum reconsume times it goes to ``%DLQ%G`` instead.
@@ -10,6 +11,7 @@ from __future__ import annotations
 __all__ = [
     "DLQ_GROUP_TOPIC_PREFIX",
     "RETRY_GROUP_TOPIC_PREFIX",
+    "TOPIC_MESSAGE_TYPES",
     "get_dlq_topic",
     "get_retry_topic",
     "is_dlq_topic",
@@ -18,6 +20,8 @@ __all__ = [
 
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
+# RocketMQ 5's TopicMessageType (the topic attribute +message.type); a topic without one is NORMAL
+TOPIC_MESSAGE_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED")
 
 
 def get_retry_topic(group: str) -> str:

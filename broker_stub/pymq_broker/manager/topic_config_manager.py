@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pymq_proto.topics import get_dlq_topic, get_retry_topic
+from pymq_proto.topics import TOPIC_MESSAGE_TYPES, get_dlq_topic, get_retry_topic
 from pymq_proto.v1 import pymq_pb2
 
 from ..common.broker_exception import BrokerException
@@ -19,7 +19,11 @@ MAX_QUEUE_NUMS = 1024
 
 @dataclass
 class TopicConfig:
-    """RocketMQ's TopicConfig, plus pymq's UNIQ_KEY de-duplication window."""
+    """RocketMQ's TopicConfig, plus pymq's UNIQ_KEY de-duplication window.
+
+    ``message_type`` is RocketMQ 5's TopicMessageType (one of :data:`TOPIC_MESSAGE_TYPES`):
+    the messages apache.rocketmq.v2 may send to the topic (MIXED: any).
+    """
 
     topic_name: str
     read_queue_nums: int = 4
@@ -27,6 +31,7 @@ class TopicConfig:
     perm: int = PERM_READ | PERM_WRITE
     dedup_window_ms: int = 0
     order: bool = False
+    message_type: str = "NORMAL"
 
     def to_proto(self) -> pymq_pb2.TopicConfig:
         return pymq_pb2.TopicConfig(
@@ -36,6 +41,7 @@ class TopicConfig:
             perm=self.perm,
             dedup_window_ms=self.dedup_window_ms,
             order=self.order,
+            message_type=self.message_type,
         )
 
 
@@ -86,6 +92,12 @@ class TopicConfigManager(ConfigManager):
                 pymq_pb2.ILLEGAL_ARGUMENT,
                 f"perm {config.perm} for topic {config.topic_name!r} must include read (4) "
                 "and/or write (2)",
+            )
+        if config.message_type not in TOPIC_MESSAGE_TYPES:
+            raise BrokerException(
+                pymq_pb2.ILLEGAL_ARGUMENT,
+                f"message type {config.message_type!r} for topic {config.topic_name!r} is not one of "
+                f"{', '.join(TOPIC_MESSAGE_TYPES)}",
             )
         if config.dedup_window_ms < 0:
             raise BrokerException(

@@ -56,9 +56,13 @@ class AdminBrokerProcessor:
 
     def create_topic(self, req: pymq_pb2.CreateTopicRequest) -> pymq_pb2.CreateTopicResponse:
         c = req.config
-        cfg, created = self.ctx.topic_config_manager.create_topic(
+        manager = self.ctx.topic_config_manager
+        old = manager.select_topic_config(c.topic_name)
+        # no type named: a new topic is NORMAL (RocketMQ's default), an existing one keeps its type
+        message_type = c.message_type.upper() or (old.message_type if old is not None else "NORMAL")
+        cfg, created = manager.create_topic(
             TopicConfig(c.topic_name, c.read_queue_nums, c.write_queue_nums, c.perm,
-                        c.dedup_window_ms, c.order),
+                        c.dedup_window_ms, c.order, message_type),
             update_if_exists=req.update_if_exists,
         )
         return pymq_pb2.CreateTopicResponse(config=cfg.to_proto(), created=created)

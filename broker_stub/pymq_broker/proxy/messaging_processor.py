@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from pymq_proto.record import tag_hash
+from pymq_proto.record import decode_properties, tag_hash
 from pymq_proto.rocketmq_v2 import definition_pb2 as v2
 from pymq_proto.rocketmq_v2 import service_pb2 as sv
 from pymq_proto.v1 import pymq_pb2
@@ -37,7 +37,7 @@ from ..processor.pull_request_hold_service import PullRequestHoldService
 from ..processor.send_back_processor import SendBackProcessor
 from ..processor.send_message_processor import SendMessageProcessor
 from ..processor.subscription import parse_subscription
-from .message_converter import check_topic, parse_record, to_message_to_send, to_v2_message
+from .message_converter import check_topic, message_type_of, parse_record, to_message_to_send, to_v2_message
 from .pop_message_manager import DeliveryAttempts, InFlight, PopMessageManager, Popped
 from .proxy_config import ProxyConfig
 from .status import ProxyException, status
@@ -45,6 +45,13 @@ from .status import ProxyException, status
 log = logging.getLogger(__name__)
 
 ACCEPT_MESSAGE_TYPES = (v2.NORMAL, v2.FIFO, v2.DELAY, v2.TRANSACTION)  # a MIXED topic
+
+
+def accept_message_types(cfg: TopicConfig) -> tuple[v2.MessageType.ValueType, ...]:
+    """What a topic's queues accept: its TopicMessageType, or every type for MIXED."""
+    if cfg.message_type == "MIXED":
+        return ACCEPT_MESSAGE_TYPES
+    return (v2.MessageType.Value(cfg.message_type),)
 CONSUMER_TYPES = (v2.PUSH_CONSUMER, v2.SIMPLE_CONSUMER, v2.PULL_CONSUMER)
 DUE_CHECK_S = 0.2  # how often a long-polling receive looks for messages due again
 DEFAULT_REQUEST_TIMEOUT_MS = 3_000  # the official clients' default request timeout
@@ -130,7 +137,7 @@ class MessagingProcessor:
                 perm &= ~2
             out.message_queues.add(
                 topic=req.topic, id=queue_id, permission=self._permission(perm), broker=broker,
-                accept_message_types=ACCEPT_MESSAGE_TYPES,
+                accept_message_types=accept_message_types(cfg),
             )
         return out
 
@@ -149,7 +156,7 @@ class MessagingProcessor:
         out = sv.QueryAssignmentResponse(status=status())
         out.assignments.add().message_queue.CopyFrom(v2.MessageQueue(
             topic=req.topic, id=-1, permission=self._permission(cfg.perm), broker=self._broker(req.endpoints),
-            accept_message_types=ACCEPT_MESSAGE_TYPES,
+            accept_message_types=accept_message_types(cfg),
         ))
         return out
 
@@ -181,6 +188,7 @@ class MessagingProcessor:
                 msg, config=self.config, max_body_size=store_config.max_message_size,
                 delay_levels_ms=store_config.delay_levels_ms, producer_group=cfg.topic_name,
             )
+            self._check_message_type(cfg, m.properties)
             queue_id = msg.system_properties.queue_id
             if not 0 <= queue_id < cfg.write_queue_nums:
                 queue_id = -1
@@ -207,6 +215,21 @@ class MessagingProcessor:
         except ProxyException as err:
             return sv.SendResultEntry(status=status(err.code, err.message),
                                       message_id=msg.system_properties.message_id)
+
+    def _check_message_type(self, cfg: TopicConfig, properties: bytes) -> None:
+        """The proxy's TopicMessageTypeValidator: a message of the topic's type (a MIXED topic: any)."""
+        expected = cfg.message_type
+        if not self.config.enable_topic_message_type_check or expected == "MIXED":
+            return
+        actual = v2.MessageType.Name(message_type_of(decode_properties(properties)))
+        if actual != expected:
+            raise ProxyException(
+                v2.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+                f"TopicMessageType validate failed, the expected type is {expected}, but actual type is "
+                f"{actual}: topic {cfg.topic_name!r} takes {expected} messages (create it with "
+                f"message_type={actual!r} or 'MIXED': Admin.create_topic, pymq-admin create-topic "
+                "--message-type)",
+            )
 
     async def end_transaction_message(self, req: sv.EndTransactionRequest) -> sv.EndTransactionResponse:
         """COMMIT stores the half message in its topic, ROLLBACK drops it (by message id)."""

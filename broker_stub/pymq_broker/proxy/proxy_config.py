@@ -24,6 +24,8 @@ class ProxyConfig:
     ``long_polling_reserve_time_in_millis``: how much sooner than the call's
     deadline a long-polling receive answers.
     ``receive_batch_size``: the most messages one receive may ask for (32).
+    ``enable_topic_message_type_check``: a message must be of its topic's
+    TopicMessageType (MIXED takes any), else MESSAGE_PROPERTY_CONFLICT_WITH_TYPE.
     """
 
     min_invisible_time_mills_for_recv: int = 10_000
@@ -38,3 +40,4 @@ class ProxyConfig:
     max_long_polling_timeout_mills: int = 20_000
     long_polling_reserve_time_in_millis: int = 100
     receive_batch_size: int = 32
+    enable_topic_message_type_check: bool = True

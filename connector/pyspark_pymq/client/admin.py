@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pymq_proto.record import MessageConst, parse_offset_msg_id
+from pymq_proto.topics import TOPIC_MESSAGE_TYPES
 from pymq_proto.v1 import pymq_pb2
 
 from ..backend.base import client_tls
@@ -34,18 +35,21 @@ DLQ_RESEND_GROUP = "PYMQ_DLQ_RESEND"
 
 @dataclass(frozen=True, slots=True)
 class TopicConfig:
-    """A topic's configuration on the broker (RocketMQ's TopicConfig)."""
+    """A topic's configuration on the broker (RocketMQ's TopicConfig; ``message_type`` its
+    TopicMessageType: NORMAL, FIFO, DELAY, TRANSACTION or MIXED)."""
 
     topic_name: str
     read_queue_nums: int
     write_queue_nums: int
     perm: int
     dedup_window_ms: int = 0
+    message_type: str = "NORMAL"
 
     @staticmethod
     def from_proto(c: pymq_pb2.TopicConfig) -> TopicConfig:
         return TopicConfig(
-            c.topic_name, c.read_queue_nums, c.write_queue_nums, c.perm, c.dedup_window_ms
+            c.topic_name, c.read_queue_nums, c.write_queue_nums, c.perm, c.dedup_window_ms,
+            c.message_type or "NORMAL",
         )
 
 
@@ -119,20 +123,31 @@ class Admin:
         perm: int = PERM_READ | PERM_WRITE,
         dedup_window_ms: int = 0,
         update_if_exists: bool = True,
+        message_type: str | None = None,
     ) -> TopicConfig:
         """Create ``name`` (or update it) with ``queues`` read and write queues.
 
         ``dedup_window_ms`` > 0 makes the broker drop a message whose UNIQ_KEY it
         stored on this topic within that window (idempotent retries).
+        ``message_type`` (RocketMQ 5's TopicMessageType): NORMAL, FIFO, DELAY,
+        TRANSACTION or MIXED, what RocketMQ 5's official clients may send to the topic
+        (as ``mqadmin updateTopic -a +message.type=FIFO``); None: NORMAL for a new
+        topic, unchanged for an existing one.
         """
         if not isinstance(queues, int) or queues < 1:
             raise ValueError(f"queues must be an int >= 1, got {queues!r}")
+        if message_type is not None and message_type.upper() not in TOPIC_MESSAGE_TYPES:
+            raise ValueError(
+                f"message_type must be one of {', '.join(TOPIC_MESSAGE_TYPES)} (or None), "
+                f"got {message_type!r}"
+            )
         config = pymq_pb2.TopicConfig(
             topic_name=name,
             read_queue_nums=queues if read_queues is None else read_queues,
             write_queue_nums=queues if write_queues is None else write_queues,
             perm=perm,
             dedup_window_ms=dedup_window_ms,
+            message_type=(message_type or "").upper(),
         )
         resp = self._client.create_topic(
             pymq_pb2.CreateTopicRequest(config=config, update_if_exists=update_if_exists)

@@ -946,6 +946,7 @@ class TopicConfig(_message.Message):
     DEDUP_WINDOW_MS_FIELD_NUMBER: _builtins.int
     TOPIC_FILTER_TYPE_FIELD_NUMBER: _builtins.int
     ORDER_FIELD_NUMBER: _builtins.int
+    MESSAGE_TYPE_FIELD_NUMBER: _builtins.int
     topic_name: _builtins.str
     read_queue_nums: _builtins.int
     write_queue_nums: _builtins.int
@@ -954,6 +955,11 @@ class TopicConfig(_message.Message):
     """0: no UNIQ_KEY de-duplication"""
     topic_filter_type: _builtins.str
     order: _builtins.bool
+    message_type: _builtins.str
+    """RocketMQ 5's TopicMessageType (attribute +message.type): NORMAL, FIFO, DELAY, TRANSACTION or
+    MIXED; what apache.rocketmq.v2 sends may carry. "" in a CreateTopicRequest: NORMAL for a new
+    topic, unchanged for an existing one.
+    """
     def __init__(
         self,
         *,
@@ -964,10 +970,11 @@ class TopicConfig(_message.Message):
         dedup_window_ms: _builtins.int = ...,
         topic_filter_type: _builtins.str = ...,
         order: _builtins.bool = ...,
+        message_type: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dedup_window_ms", b"dedup_window_ms", "order", b"order", "perm", b"perm", "read_queue_nums", b"read_queue_nums", "topic_filter_type", b"topic_filter_type", "topic_name", b"topic_name", "write_queue_nums", b"write_queue_nums"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dedup_window_ms", b"dedup_window_ms", "message_type", b"message_type", "order", b"order", "perm", b"perm", "read_queue_nums", b"read_queue_nums", "topic_filter_type", b"topic_filter_type", "topic_name", b"topic_name", "write_queue_nums", b"write_queue_nums"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
