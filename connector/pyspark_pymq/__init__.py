@@ -19,6 +19,7 @@ with contextlib.suppress(ImportError):  # before anything loads grpc: see pymq_p
 __all__ = [
     "Admin",
     "DefaultSource",
+    "GroupConfig",
     "LocalTransactionState",
     "Message",
     "MessageExt",

@@ -111,6 +111,13 @@ def _cmd_create(admin: Admin, a: argparse.Namespace) -> None:
           f"{cfg.message_type} messages")
 
 
+def _cmd_update_group(admin: Admin, a: argparse.Namespace) -> None:
+    cfg = admin.update_group(a.group, retry_max_times=a.retry_max_times, retry_queue_nums=a.retry_queue_nums,
+                             consume_message_orderly=a.orderly)
+    print(f"group {cfg.group_name}: retry_max_times {cfg.retry_max_times}, retry_queue_nums "
+          f"{cfg.retry_queue_nums}, {'orderly (FIFO)' if cfg.consume_message_orderly else 'concurrently'}")
+
+
 def _cmd_delete(admin: Admin, a: argparse.Namespace) -> None:
     admin.delete_topic(a.topic)
     print(f"topic {a.topic} deleted")
@@ -286,6 +293,12 @@ def parser() -> argparse.ArgumentParser:
                     help="RocketMQ 5's TopicMessageType, what the official clients may send "
                          "(default: NORMAL for a new topic, unchanged for an existing one)")
     add("delete-topic", _cmd_delete, "delete a topic").add_argument("topic")
+    sp = add("update-group", _cmd_update_group, "change a consumer group's settings (mqadmin updateSubGroup)")
+    sp.add_argument("group")
+    sp.add_argument("--retry-max-times", type=int)
+    sp.add_argument("--retry-queue-nums", type=int)
+    sp.add_argument("--orderly", action=argparse.BooleanOptionalAction, default=None,
+                    help="consumeMessageOrderly: a FIFO group for RocketMQ 5's clients")
     add("topic-stats", _cmd_stats, "per-queue offsets of a topic").add_argument("topic")
     sp = add("progress", _cmd_progress, "a consumer group's progress and lag")
     sp.add_argument("group")

@@ -17,7 +17,11 @@ CONSUME_FROM_WHERE = ("CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_FIRST_OFFSET", "
 
 @dataclass
 class SubscriptionGroupConfig:
-    """retryQueueNums 1, retryMaxTimes 16, consume from the last offset: RocketMQ's defaults."""
+    """retryQueueNums 1, retryMaxTimes 16, consume from the last offset: RocketMQ's defaults.
+
+    ``consume_message_orderly`` (RocketMQ's consumeMessageOrderly): a FIFO group for
+    RocketMQ 5's clients (the settings say ``fifo``; a queue is held until its messages are acked).
+    """
 
     group_name: str
     retry_queue_nums: int = 1
@@ -25,6 +29,7 @@ class SubscriptionGroupConfig:
     consume_from_where: str = "CONSUME_FROM_LAST_OFFSET"
     consume_enable: bool = True
     consume_broadcast_enable: bool = True
+    consume_message_orderly: bool = False
 
     def to_proto(self) -> pymq_pb2.SubscriptionGroupConfig:
         return pymq_pb2.SubscriptionGroupConfig(**asdict(self))

@@ -149,7 +149,7 @@ class AdminBrokerProcessor:
             SubscriptionGroupConfig(
                 c.group_name, c.retry_queue_nums or 1, c.retry_max_times,
                 c.consume_from_where or "CONSUME_FROM_LAST_OFFSET", c.consume_enable,
-                c.consume_broadcast_enable,
+                c.consume_broadcast_enable, c.consume_message_orderly,
             )
         )
         return pymq_pb2.SubscriptionGroupResponse(config=cfg.to_proto())

@@ -331,7 +331,8 @@ class MessagingProcessor:
         deadline = time.monotonic() + polling_ms / 1000.0
         while True:
             popped = await self._pop(group, cfg, req.batch_size, invisible_ms, max_attempts,
-                                     tag_hashes, tags, prop_filter, client_id if req.auto_renew else "")
+                                     tag_hashes, tags, prop_filter, client_id if req.auto_renew else "",
+                                     sub.consume_message_orderly)
             left = deadline - time.monotonic()
             if popped or left <= 0:
                 break
@@ -353,10 +354,11 @@ class MessagingProcessor:
     async def _pop(
         self, group: str, cfg: TopicConfig, batch: int, invisible_ms: int, max_attempts: int,
         tag_hashes: frozenset[int] | None, tags: frozenset[str] | None,
-        prop_filter: Callable[[bytes], bool] | None, owner: str,
+        prop_filter: Callable[[bytes], bool] | None, owner: str, fifo: bool = False,
     ) -> list[Popped]:
         """Due messages first (dead-lettered past ``max_attempts``), then new ones; ``owner``:
-        the client id of an auto-renewing receive."""
+        the client id of an auto-renewing receive; ``fifo``: a queue with messages in flight
+        gives none new (a FIFO group's queue is held until they are acked)."""
         topic = cfg.topic_name
         now = _now_ms()
         out: list[Popped] = []
@@ -384,7 +386,7 @@ class MessagingProcessor:
             queue_id = (start + i) % queues
             out.extend(self.pop.pop_new(
                 group, topic, queue_id, batch - len(out), invisible_ms, now, tag_hashes, tags, prop_filter,
-                owner,
+                owner, fifo,
             ))
         return out
 
@@ -505,7 +507,7 @@ class MessagingProcessor:
             for ms in _retry_delays_ms(self.ctx.store.config.delay_levels_ms):
                 policy.customized_backoff.next.add().FromMilliseconds(ms)
             s = out.subscription
-            s.fifo = False
+            s.fifo = sub.consume_message_orderly
             s.receive_batch_size = self.config.receive_batch_size
             if not s.HasField("long_polling_timeout"):
                 s.long_polling_timeout.FromMilliseconds(self.config.max_long_polling_timeout_mills)

@@ -27,6 +27,12 @@ Receipt handles are opaque strings valid in this broker run; a handle that is
 unknown, already acked, replaced (by a change of invisible duration or a
 redelivery) or past its invisible time is refused with INVALID_RECEIPT_HANDLE.
 
+FIFO groups (``consumeMessageOrderly``, RocketMQ's orderly pop): a queue with a
+message in flight for the group is held: nothing new is popped from it until every
+message handed out from it is acked or dead-lettered, and a message whose invisible
+time passes is delivered again before anything after it. pymq sends a FIFO message
+group to one queue, so each message group is consumed in order.
+
 Auto renew (a push consumer's receive): the message stays invisible while the
 client that received it is connected (``renewable``), as the proxy renews its
 receipt handles, up to ``max_renew_ms`` after the delivery; a client gone
@@ -185,15 +191,18 @@ class PopMessageManager:
     def pop_new(
         self, group: str, topic: str, queue_id: int, max_nums: int, invisible_ms: int, now_ms: int,
         tag_hashes: frozenset[int] | None = None, tags: frozenset[str] | None = None,
-        property_filter: Callable[[bytes], bool] | None = None, owner: str = "",
+        property_filter: Callable[[bytes], bool] | None = None, owner: str = "", fifo: bool = False,
     ) -> list[Popped]:
         """Up to ``max_nums`` messages of one queue never handed out, now invisible.
 
         Messages the filter skips are consumed as they are passed (RocketMQ's
         pop acks them too); ``tags`` re-checks what the tag hash let through.
-        ``owner``: the client id of an auto-renewing receive.
+        ``owner``: the client id of an auto-renewing receive. ``fifo``: none while
+        a message of the queue is in flight for the group (the queue is held).
         """
         state = self._state(group, topic, queue_id)
+        if fifo and state.pending:
+            return []
         min_offset = self.store.get_min_offset_in_queue(topic, queue_id)
         if state.next_offset < min_offset:  # expired from the store meanwhile
             state.next_offset = min_offset

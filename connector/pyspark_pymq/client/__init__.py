@@ -1,7 +1,7 @@
 """The pymq client: Producer, PullConsumer, Admin and their value objects."""
 
 from ..errors import PymqError
-from .admin import Admin, TopicConfig
+from .admin import Admin, GroupConfig, TopicConfig
 from .consumer import PullConsumer, SendBackColumns, SendBackResult
 from .message import (
     Message,
@@ -17,6 +17,7 @@ from .transaction import LocalTransactionState, TransactionProducer, Transaction
 
 __all__ = [
     "Admin",
+    "GroupConfig",
     "LocalTransactionState",
     "Message",
     "MessageExt",

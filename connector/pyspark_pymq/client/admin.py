@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["Admin", "TopicConfig"]
+__all__ = ["Admin", "GroupConfig", "TopicConfig"]
 
 DLQ_BROWSER_GROUP = "PYMQ_DLQ_BROWSER"
 DLQ_RESEND_GROUP = "PYMQ_DLQ_RESEND"
@@ -51,6 +51,26 @@ class TopicConfig:
             c.topic_name, c.read_queue_nums, c.write_queue_nums, c.perm, c.dedup_window_ms,
             c.message_type or "NORMAL",
         )
+
+
+@dataclass(frozen=True, slots=True)
+class GroupConfig:
+    """A consumer group's settings on the broker (RocketMQ's SubscriptionGroupConfig).
+
+    ``consume_message_orderly``: a FIFO group for RocketMQ 5's clients (each queue
+    delivered in order, held until its messages are acked).
+    """
+
+    group_name: str
+    retry_max_times: int
+    retry_queue_nums: int
+    consume_from_where: str
+    consume_message_orderly: bool = False
+
+    @staticmethod
+    def from_proto(c: pymq_pb2.SubscriptionGroupConfig) -> GroupConfig:
+        return GroupConfig(c.group_name, c.retry_max_times, c.retry_queue_nums, c.consume_from_where,
+                           c.consume_message_orderly)
 
 
 def _origin_msg_id(m: MessageExt) -> str:
@@ -206,6 +226,35 @@ class Admin:
             for g in resp.groups
         ]
         return _frame(rows, ["group", "retry_max_times", "retry_queue_nums", "consume_from_where"])
+
+    def group_config(self, group: str) -> GroupConfig:
+        """The settings of ``group`` (RocketMQ's defaults for a group the broker has not met)."""
+        resp = self._client.get_subscription_group(pymq_pb2.GetSubscriptionGroupRequest(group_name=group))
+        return GroupConfig.from_proto(resp.config)
+
+    def update_group(
+        self, group: str, *, retry_max_times: int | None = None, retry_queue_nums: int | None = None,
+        consume_message_orderly: bool | None = None,
+    ) -> GroupConfig:
+        """Change the settings given (None: unchanged) of ``group``, as ``mqadmin updateSubGroup``.
+
+        ``retry_max_times``: sends back before %DLQ% (v2 clients: delivery attempts - 1);
+        ``consume_message_orderly``: a FIFO group for RocketMQ 5's clients.
+        """
+        for name, value, least in (("retry_max_times", retry_max_times, 0),
+                                   ("retry_queue_nums", retry_queue_nums, 1)):
+            if value is not None and (not isinstance(value, int) or value < least):
+                raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+        current = self._client.get_subscription_group(
+            pymq_pb2.GetSubscriptionGroupRequest(group_name=group)).config
+        if retry_max_times is not None:
+            current.retry_max_times = retry_max_times
+        if retry_queue_nums is not None:
+            current.retry_queue_nums = retry_queue_nums
+        if consume_message_orderly is not None:
+            current.consume_message_orderly = bool(consume_message_orderly)
+        resp = self._client.update_subscription_group(pymq_pb2.UpdateSubscriptionGroupRequest(config=current))
+        return GroupConfig.from_proto(resp.config)
 
     def topic_stats(self, name: str) -> pd.DataFrame:
         """One row per queue of ``name``: min/max offset, message count, last store time."""

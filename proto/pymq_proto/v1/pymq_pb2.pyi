@@ -1288,12 +1288,17 @@ class SubscriptionGroupConfig(_message.Message):
     CONSUME_FROM_WHERE_FIELD_NUMBER: _builtins.int
     CONSUME_ENABLE_FIELD_NUMBER: _builtins.int
     CONSUME_BROADCAST_ENABLE_FIELD_NUMBER: _builtins.int
+    CONSUME_MESSAGE_ORDERLY_FIELD_NUMBER: _builtins.int
     group_name: _builtins.str
     retry_queue_nums: _builtins.int
     retry_max_times: _builtins.int
     consume_from_where: _builtins.str
     consume_enable: _builtins.bool
     consume_broadcast_enable: _builtins.bool
+    consume_message_orderly: _builtins.bool
+    """RocketMQ's consumeMessageOrderly: apache.rocketmq.v2 consumers of the group receive each queue in
+    order (FIFO), one batch at a time, the next only once it is acked or dead-lettered
+    """
     def __init__(
         self,
         *,
@@ -1303,10 +1308,11 @@ class SubscriptionGroupConfig(_message.Message):
         consume_from_where: _builtins.str = ...,
         consume_enable: _builtins.bool = ...,
         consume_broadcast_enable: _builtins.bool = ...,
+        consume_message_orderly: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["consume_broadcast_enable", b"consume_broadcast_enable", "consume_enable", b"consume_enable", "consume_from_where", b"consume_from_where", "group_name", b"group_name", "retry_max_times", b"retry_max_times", "retry_queue_nums", b"retry_queue_nums"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["consume_broadcast_enable", b"consume_broadcast_enable", "consume_enable", b"consume_enable", "consume_from_where", b"consume_from_where", "consume_message_orderly", b"consume_message_orderly", "group_name", b"group_name", "retry_max_times", b"retry_max_times", "retry_queue_nums", b"retry_queue_nums"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,132 @@
+"""FIFO consumption for RocketMQ 5's official clients: a group with consumeMessageOrderly receives each
+queue in order, held until its messages are acked; a message not acked in time comes back before
+anything after it; past the group's delivery attempts it is dead-lettered and the queue moves on."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+from broker_process import BrokerProcess
+from pymq_proto.rocketmq_v2 import definition_pb2 as v2
+from pymq_proto.rocketmq_v2 import service_pb2 as sv
+from pymq_proto.rocketmq_v2 import service_pb2_grpc
+from pyspark_pymq.admin_cli import main as admin_main
+from pyspark_pymq.client import Admin
+from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, SimpleConsumer
+from rocketmq import Producer as V2Producer
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    with BrokerProcess(tmp_path_factory.mktemp("v2-fifo"),
+                       ["--min-invisible-time-mills-for-recv", "1000"]) as proc:
+        yield proc
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:8]}"
+
+
+class _Fifo:
+    """A FIFO topic of one queue, an orderly group, the official producer and simple consumer."""
+
+    def __init__(self, endpoint: str, orderly: bool = True, retry_max_times: int = 16) -> None:
+        self.topic, self.group = _name("fifoT"), _name("fifoG")
+        admin = Admin(endpoint)
+        admin.create_topic(self.topic, 1, message_type="FIFO")
+        admin.update_group(self.group, consume_message_orderly=orderly, retry_max_times=retry_max_times)
+        config = ClientConfiguration(endpoint, Credentials(), request_timeout=8)
+        self.producer = V2Producer(config, (self.topic,))
+        self.producer.startup()
+        self.consumer = SimpleConsumer(config, self.group, {self.topic: FilterExpression("*")},
+                                       await_duration=1)
+        self.consumer.startup()
+
+    def send(self, *bodies: str, group: str = "order-1") -> None:
+        for body in bodies:
+            m = Message()
+            m.topic, m.body, m.message_group = self.topic, body.encode(), group
+            self.producer.send(m)
+
+    def receive(self, invisible_s: int) -> list[Any]:
+        return list(self.consumer.receive(16, invisible_s))
+
+    def close(self) -> None:
+        self.consumer.shutdown()
+        self.producer.shutdown()
+
+
+def _bodies(messages: list[Any]) -> list[str]:
+    return [m.body.decode() for m in messages]
+
+
+def test_an_orderly_group_holds_the_queue_until_its_messages_are_acked(broker: BrokerProcess) -> None:
+    fifo = _Fifo(broker.endpoint)
+    try:
+        fifo.send("a1", "a2", "a3")
+        first = fifo.receive(30)
+        assert _bodies(first) == ["a1", "a2", "a3"]
+        fifo.send("a4")
+        assert fifo.receive(30) == []  # a1..a3 in flight: the queue is held
+        for m in first:
+            fifo.consumer.ack(m)
+        assert _bodies(fifo.receive(30)) == ["a4"]
+    finally:
+        fifo.close()
+
+
+def test_a_group_that_is_not_orderly_is_not_held(broker: BrokerProcess) -> None:
+    plain = _Fifo(broker.endpoint, orderly=False)
+    try:
+        plain.send("b1")
+        assert _bodies(plain.receive(30)) == ["b1"]
+        plain.send("b2")
+        assert _bodies(plain.receive(30)) == ["b2"]  # delivered while b1 is in flight
+    finally:
+        plain.close()
+
+
+def test_unacked_messages_come_back_first_then_the_dlq_and_the_next(broker: BrokerProcess) -> None:
+    fifo = _Fifo(broker.endpoint, retry_max_times=1)  # two delivery attempts
+    try:
+        fifo.send("c1", "c2")
+        assert [(m.body, m.delivery_attempt) for m in fifo.receive(1)] == [(b"c1", 1), (b"c2", 1)]
+        fifo.send("c3")
+        time.sleep(1.3)  # invisible time over, not acked
+        again = fifo.receive(1)
+        assert [(m.body, m.delivery_attempt) for m in again] == [(b"c1", 2), (b"c2", 2)]  # before c3
+        time.sleep(1.3)  # not acked again: two attempts spent
+        deadline = time.monotonic() + 20
+        got: list[Any] = []
+        while not got and time.monotonic() < deadline:
+            got = fifo.receive(30)
+        assert _bodies(got) == ["c3"]  # c1, c2 dead-lettered, the queue moves on
+        dead = Admin(broker.endpoint).dead_letter_messages(fifo.group)
+        assert sorted(d.body for d in dead) == [b"c1", b"c2"]
+    finally:
+        fifo.close()
+
+
+def test_settings_say_fifo_and_the_cli_sets_it(
+        broker: BrokerProcess, capsys: pytest.CaptureFixture[str]) -> None:
+    group = _name("cliG")
+    args = ["-e", broker.endpoint, "update-group", group, "--orderly", "--retry-max-times", "3"]
+    assert admin_main(args) == 0
+    assert "orderly (FIFO)" in capsys.readouterr().out
+    config = Admin(broker.endpoint).group_config(group)
+    assert (config.consume_message_orderly, config.retry_max_times) == (True, 3)
+    stub = service_pb2_grpc.MessagingServiceStub(grpc.insecure_channel(broker.endpoint))
+    settings = v2.Settings(client_type=v2.SIMPLE_CONSUMER,
+                           subscription=v2.Subscription(group=v2.Resource(name=group)))
+    answers = stub.Telemetry(iter([sv.TelemetryCommand(settings=settings)]),
+                             metadata=(("x-mq-client-id", "fifo-test"),), timeout=10)
+    first = next(iter(answers))
+    assert first.settings.subscription.fifo is True
+    assert first.settings.backoff_policy.max_attempts == 4
+    Admin(broker.endpoint).update_group(group, consume_message_orderly=False)
+    assert Admin(broker.endpoint).group_config(group).consume_message_orderly is False
