@@ -1,9 +1,10 @@
 """RocketMQ 5's official Java client (rocketmq-client-java, from Maven Central) against the embedded broker.
 
 ``make rocketmq-client-java`` fetches the jar into ``.venv/``; javac compiles
-``tests/rocketmq/client-java/V2ClientCheck.java``, which sends with a Producer,
+``tests/rocketmq/client-java/*.java``: ``V2ClientCheck`` sends with a Producer,
 receives and acks with a SimpleConsumer, and runs a PushConsumer whose listener
-fails one message on every attempt until the broker dead-letters it.
+fails one message on every attempt until the broker dead-letters it;
+``V2TransactionCheck`` commits, rolls back and leaves a transaction to the check-back.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pyspark_pymq.client import Admin, PullConsumer
 ROOT = Path(__file__).resolve().parent.parent
 CLIENT_VERSION = "5.1.0"  # tests/rocketmq/client-java/pom.xml, the Makefile's RMQ_CLIENT_JAVA_VERSION
 LIB = ROOT / ".venv" / f"rocketmq-client-java-{CLIENT_VERSION}" / "lib"
-SOURCE = ROOT / "tests" / "rocketmq" / "client-java" / "V2ClientCheck.java"
+SOURCES = sorted((ROOT / "tests" / "rocketmq" / "client-java").glob("*.java"))
 
 
 def _compile(out: Path) -> str:
@@ -28,9 +29,9 @@ def _compile(out: Path) -> str:
         f"rocketmq-client-java {CLIENT_VERSION} not found in {LIB}: run `make rocketmq-client-java`"
     )
     classpath = f"{LIB}/*"
-    done = subprocess.run(["javac", "-nowarn", "-cp", classpath, "-d", str(out), str(SOURCE)],
+    done = subprocess.run(["javac", "-nowarn", "-cp", classpath, "-d", str(out), *map(str, SOURCES)],
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, f"javac {SOURCE} failed:\n{done.stdout}{done.stderr}"
+    assert done.returncode == 0, f"javac {SOURCES} failed:\n{done.stdout}{done.stderr}"
     return f"{classpath}:{out}"
 
 
@@ -68,3 +69,19 @@ def test_java_client_sends_receives_and_dead_letters(tmp_path: Path) -> None:
             m = stored[msg_id]
             expected = (f"java-{i}".encode(), "J", (f"k{i}",), {"lang": "java"})
             assert (m.body, m.tags, m.keys, m.user_properties) == expected
+
+
+def test_java_client_transactions_commit_roll_back_and_are_checked_back(tmp_path: Path) -> None:
+    classpath = _compile(tmp_path / "classes")
+    args = ["--min-invisible-time-mills-for-recv", "1000", "--transaction-timeout", "500",
+            "--transaction-check-interval", "500"]
+    topic, group = (f"{p}{uuid.uuid4().hex[:8]}" for p in ("javaTx", "javaTxG"))
+    with BrokerProcess(tmp_path / "broker", extra_args=args) as broker:
+        Admin(broker.endpoint).create_topic(topic, 2, message_type="TRANSACTION")
+        command = ["java", "-cp", classpath, "V2TransactionCheck", broker.endpoint, topic, group]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        lines = done.stdout.splitlines()
+        assert "RECEIVED [checked-commit, commit-me]" in lines, done.stdout  # never the rolled-back one
+        checked = {line.split()[1] for line in lines if line.startswith("CHECKED ")}
+        assert checked == {"checked-commit"}, done.stdout  # ended transactions are not checked back
