@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from pymq_broker.manager.consumer_offset_manager import ConsumerOffsetManager
 from pymq_broker.proxy.message_converter import (
-    delay_level_for,
+    check_delivery_time,
     parse_record,
     split_records,
     to_message_to_send,
@@ -34,7 +34,6 @@ from pymq_proto.rocketmq_v2 import definition_pb2 as v2
 from pymq_proto.rocketmq_v2.generate import stale_files
 
 ROOT = Path(__file__).resolve().parent.parent
-LEVELS = [1000, 5000, 10000]
 
 
 def test_generated_code_is_fresh() -> None:
@@ -113,7 +112,7 @@ def _message(**system: object) -> v2.Message:
 
 
 def _send(m: v2.Message, now_ms: int = 1_000_000) -> dict[str, str]:
-    sent = to_message_to_send(m, config=ProxyConfig(), max_body_size=100, delay_levels_ms=LEVELS,
+    sent = to_message_to_send(m, config=ProxyConfig(), max_body_size=100,
                               now_ms=now_ms)
     return decode_properties(sent.properties)
 
@@ -124,19 +123,18 @@ def test_v2_system_properties_become_rocketmqs_properties() -> None:
                      "__SHARDINGKEY": "g7"}
 
 
-def test_delivery_timestamp_rounds_up_to_a_delay_level() -> None:
-    config = ProxyConfig()
-    assert delay_level_for(1_000_000, LEVELS, config, now_ms=1_000_000) == 0
-    assert delay_level_for(1_000_500, LEVELS, config, now_ms=1_000_000) == 1
-    assert delay_level_for(1_001_001, LEVELS, config, now_ms=1_000_000) == 2
-    assert delay_level_for(1_010_000, LEVELS, config, now_ms=1_000_000) == 3
+def test_delivery_timestamp_is_kept_exactly_up_to_max_delay_time() -> None:
+    config = ProxyConfig(max_delay_time_mills=10_000)
+    check_delivery_time(1_000_000, config, now_ms=1_000_000)
+    check_delivery_time(1_010_000, config, now_ms=1_000_000)
     with pytest.raises(ProxyException) as err:
-        delay_level_for(1_010_001, LEVELS, config, now_ms=1_000_000)
-    assert err.value.code == v2.ILLEGAL_DELIVERY_TIME
+        check_delivery_time(1_010_001, config, now_ms=1_000_000)
+    assert err.value.code == v2.ILLEGAL_DELIVERY_TIME and "maxDelayTimeMills 10000" in err.value.message
     m = _message(message_type=v2.DELAY)
-    m.system_properties.delivery_timestamp.FromMilliseconds(1_004_000)
-    assert _send(m)["DELAY"] == "2"
-    assert _send(m)["TIMER_DELIVER_MS"] == "1004000"
+    m.system_properties.delivery_timestamp.FromMilliseconds(1_004_321)
+    props = _send(m)  # at 1_000_000
+    assert props["TIMER_DELIVER_MS"] == "1004321"
+    assert "DELAY" not in props  # the timer delivers it, not a delay level
 
 
 @pytest.mark.parametrize(("fields", "code"), [

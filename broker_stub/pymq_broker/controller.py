@@ -39,6 +39,7 @@ from .remoting.grpc_service import BrokerGrpcService
 from .store.config import MessageStoreConfig
 from .store.message_store import DefaultMessageStore
 from .store.schedule_message_service import ScheduleMessageService
+from .store.timer_message_store import TimerMessageStore
 from .transaction.transactional_message_service import (
     TransactionalMessageService,
     TransactionConfig,
@@ -97,10 +98,12 @@ class BrokerController:
         self.users = AuthenticationMetadataProvider(cfg_dir / "users.json")
         self.acls = AuthorizationMetadataProvider(cfg_dir / "acls.json")
         self.schedule_path = cfg_dir / "delayOffset.json"
+        self.timer_path = cfg_dir / "timerCheckpoint.json"
         self.server: grpc.aio.Server | None = None
         self.endpoint = ""
         self._tasks: list[asyncio.Task[None]] = []
         self.schedule_message_service: ScheduleMessageService | None = None
+        self.timer_message_store: TimerMessageStore | None = None
         self.messaging: MessagingProcessor | None = None  # apache.rocketmq.v2, once served
 
     async def start(self) -> str:
@@ -150,6 +153,8 @@ class BrokerController:
             **auth,
         )
         pymq_pb2_grpc.add_BrokerServicer_to_server(service, server)
+        self.timer_message_store = TimerMessageStore(store, self.timer_path)
+        self.timer_message_store.load()
         self._serve_rocketmq_v2(server, ctx, send, hold)
         self.schedule_message_service = ScheduleMessageService(store, self.schedule_path)
         self.schedule_message_service.load()
@@ -202,6 +207,7 @@ class BrokerController:
             EndTransactionProcessor(ctx, self.transactions, self.producers),
             hold, attempts_path=self.store_config.store_path_root_dir / "config" / "popDeliveryAttempts.json",
         )
+        processor.timer = self.timer_message_store
         self.messaging = processor
         service_pb2_grpc.add_MessagingServiceServicer_to_server(
             GrpcMessagingService(processor, PullOffsetProcessor(ctx, hold, processor), self.producers,
@@ -210,11 +216,12 @@ class BrokerController:
         )
 
     async def _schedule_loop(self) -> None:
-        sms = self.schedule_message_service
-        assert sms is not None
+        """Delayed messages (ScheduleMessageService) and timers (TimerMessageStore) when due."""
+        sms, timer = self.schedule_message_service, self.timer_message_store
+        assert sms is not None and timer is not None
         while True:
             try:
-                wait = sms.deliver_due()
+                wait = min(sms.deliver_due(), timer.deliver_due())
             except Exception:
                 log.exception("schedule message service failed; retrying")
                 wait = 1.0
@@ -269,6 +276,8 @@ class BrokerController:
         self._tasks = []
         if self.schedule_message_service is not None:
             self.schedule_message_service.persist()
+        if self.timer_message_store is not None:
+            self.timer_message_store.persist()
         self.consumer_offset_manager.persist()
         if self.messaging is not None:
             self.messaging.pop.attempts.flush()

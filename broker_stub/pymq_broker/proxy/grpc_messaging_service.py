@@ -122,7 +122,7 @@ class GrpcMessagingService(service_pb2_grpc.MessagingServiceServicer):
     UpdateOffset = _unary("UpdateOffset", "update_offset", sv.UpdateOffsetResponse, "pull_offsets")
     GetOffset = _unary("GetOffset", "get_offset", sv.GetOffsetResponse, "pull_offsets")
     QueryOffset = _unary("QueryOffset", "query_offset", sv.QueryOffsetResponse, "pull_offsets")
-    RecallMessage = _not_implemented("RecallMessage", sv.RecallMessageResponse)
+    RecallMessage = _unary("RecallMessage", "recall_message", sv.RecallMessageResponse)
     SyncLiteSubscription = _not_implemented("SyncLiteSubscription", sv.SyncLiteSubscriptionResponse)
 
     async def NotifyClientTermination(

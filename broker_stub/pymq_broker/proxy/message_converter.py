@@ -12,7 +12,7 @@ tag                        TAGS
 keys                       KEYS (joined with a space)
 message_id                 UNIQ_KEY
 message_group              __SHARDINGKEY (FIFO)
-delivery_timestamp         TIMER_DELIVER_MS, and the delay level DELAY
+delivery_timestamp         TIMER_DELIVER_MS (the broker's timer delivers it then)
 message_type TRANSACTION   TRAN_MSG=true, PGROUP
 trace_context              TRACE_CONTEXT
 born_timestamp             the record's born timestamp
@@ -22,18 +22,17 @@ User properties are stored as they are; a user property that names one of
 the broker's own properties is refused (ILLEGAL_MESSAGE_PROPERTY_KEY). Read
 back, every property that is not the broker's is a user property again.
 
-Delays: pymq's store delays by RocketMQ's delay levels (no timer wheel), so a
-delivery timestamp becomes the shortest level that does not deliver early;
-the timestamp itself is kept in TIMER_DELIVER_MS and read back as the
-message's delivery timestamp.
+Delays: a delivery timestamp is kept in TIMER_DELIVER_MS; the store's
+TimerMessageStore delivers the message at that time (RocketMQ 5's timer), at most
+``max_delay_time_mills`` ahead, and it reads back as the message's delivery timestamp.
 """
 
 from __future__ import annotations
 
+import base64
 import gzip
 import time
 import zlib
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -86,7 +85,7 @@ def check_topic(name: str) -> None:
 
 
 def to_message_to_send(
-    msg: v2.Message, *, config: ProxyConfig, max_body_size: int, delay_levels_ms: Sequence[int],
+    msg: v2.Message, *, config: ProxyConfig, max_body_size: int,
     producer_group: str = "", now_ms: int | None = None,
 ) -> MessageToSend:
     """The checks of RocketMQ's proxy (``validateMessage``), then the stored properties."""
@@ -145,10 +144,8 @@ def to_message_to_send(
         props[MC.PROPERTY_SHARDING_KEY] = group
     if sp.HasField("delivery_timestamp"):
         deliver_ms = timestamp_ms(sp.delivery_timestamp)
-        level = delay_level_for(deliver_ms, delay_levels_ms, config, now_ms)
+        check_delivery_time(deliver_ms, config, now_ms)
         props[PROPERTY_TIMER_DELIVER_MS] = str(deliver_ms)
-        if level:
-            props[MC.PROPERTY_DELAY_TIME_LEVEL] = str(level)
     if sp.HasField("trace_context") and sp.trace_context:
         props[PROPERTY_TRACE_CONTEXT] = sp.trace_context
     if kind == v2.TRANSACTION:
@@ -185,21 +182,36 @@ def _check_type_properties(kind: int, group: str, delayed: bool, message_id: str
         )
 
 
-def delay_level_for(
-    deliver_ms: int, delay_levels_ms: Sequence[int], config: ProxyConfig, now_ms: int | None = None
-) -> int:
-    """The delay level that delivers at ``deliver_ms`` or soon after (0: now); else ILLEGAL_DELIVERY_TIME."""
+_RECALL_V1 = "v1"
+
+
+def recall_handle(topic: str, broker_name: str, deliver_ms: int, message_id: str) -> str:
+    """RocketMQ 5.3's RecallMessageHandle (v1): base64url of "v1 topic brokerName timestamp messageId"."""
+    raw = " ".join((_RECALL_V1, topic, broker_name, str(deliver_ms), message_id))
+    return base64.urlsafe_b64encode(raw.encode()).decode()
+
+
+def parse_recall_handle(handle: str) -> tuple[str, str, str]:
+    """(topic, broker name, message id) of a recall handle; BAD_REQUEST naming it if it is not one."""
+    try:
+        parts = base64.urlsafe_b64decode(handle.encode()).decode().split(" ")
+    except (ValueError, UnicodeError):
+        parts = []
+    if len(parts) != 5 or parts[0] != _RECALL_V1 or not all(parts):
+        raise ProxyException(v2.BAD_REQUEST, f"recall handle {handle[:64]!r} is not one this broker gave")
+    return parts[1], parts[2], parts[4]
+
+
+def check_delivery_time(deliver_ms: int, config: ProxyConfig, now_ms: int | None = None) -> None:
+    """ILLEGAL_DELIVERY_TIME for a delivery time further ahead than ``max_delay_time_mills`` (the
+    proxy's check); a time already past delivers at once."""
     wait = deliver_ms - (_now_ms() if now_ms is None else now_ms)
-    if wait <= 0:
-        return 0
-    longest = min(config.max_delay_time_mills, delay_levels_ms[-1] if delay_levels_ms else 0)
-    if wait > longest:
+    if wait > config.max_delay_time_mills:
         raise ProxyException(
             v2.ILLEGAL_DELIVERY_TIME,
-            f"delivery timestamp {deliver_ms} is {wait} ms ahead, over the longest delay of {longest} ms "
-            "(the broker's longest delay level)",
+            f"delivery timestamp {deliver_ms} is {wait} ms ahead, over maxDelayTimeMills "
+            f"{config.max_delay_time_mills} ms",
         )
-    return next(i + 1 for i, d in enumerate(delay_levels_ms) if d >= wait)
 
 
 def _decoded_body(msg: v2.Message) -> bytes:

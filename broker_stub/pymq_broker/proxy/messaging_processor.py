@@ -37,7 +37,16 @@ from ..processor.pull_request_hold_service import PullRequestHoldService
 from ..processor.send_back_processor import SendBackProcessor
 from ..processor.send_message_processor import SendMessageProcessor
 from ..processor.subscription import parse_subscription
-from .message_converter import check_topic, message_type_of, parse_record, to_message_to_send, to_v2_message
+from ..store.timer_message_store import TimerMessageStore
+from .message_converter import (
+    check_topic,
+    message_type_of,
+    parse_recall_handle,
+    parse_record,
+    recall_handle,
+    to_message_to_send,
+    to_v2_message,
+)
 from .pop_message_manager import DeliveryAttempts, InFlight, PopMessageManager, Popped
 from .proxy_config import ProxyConfig
 from .status import ProxyException, status
@@ -81,6 +90,7 @@ class MessagingProcessor:
         attempts.load()
         self.pop = PopMessageManager(ctx.store, ctx.consumer_offset_manager, self.connected,
                                      self.config.renew_max_time_millis, attempts)
+        self.timer: TimerMessageStore | None = None  # the controller's, for RecallMessage
         self.clients: dict[str, v2.Settings] = {}  # client id -> its settings (Telemetry)
         self._streams: dict[str, int] = {}  # client id -> its open Telemetry streams
         self._rotation = itertools.count()
@@ -186,7 +196,7 @@ class MessagingProcessor:
             store_config = self.ctx.store.config
             m = to_message_to_send(
                 msg, config=self.config, max_body_size=store_config.max_message_size,
-                delay_levels_ms=store_config.delay_levels_ms, producer_group=cfg.topic_name,
+                producer_group=cfg.topic_name,
             )
             self._check_message_type(cfg, m.properties)
             queue_id = msg.system_properties.queue_id
@@ -208,13 +218,35 @@ class MessagingProcessor:
                     v2.MASTER_PERSISTENCE_TIMEOUT, "stored, but not flushed within syncFlushTimeout"
                 )
             transaction_id = m.message_id if m.message_type == v2.TRANSACTION else ""
+            deliver_ms = msg.system_properties.delivery_timestamp.ToMilliseconds() \
+                if msg.system_properties.HasField("delivery_timestamp") else 0
             return sv.SendResultEntry(
                 status=status(), message_id=m.message_id, transaction_id=transaction_id,
                 offset=max(resp.queue_offset, 0),
+                recall_handle=recall_handle(cfg.topic_name, self.ctx.broker_name, deliver_ms,
+                                            m.message_id) if deliver_ms > _now_ms() else "",
             )
         except ProxyException as err:
             return sv.SendResultEntry(status=status(err.code, err.message),
                                       message_id=msg.system_properties.message_id)
+
+    def recall_message(self, req: sv.RecallMessageRequest) -> sv.RecallMessageResponse:
+        """RocketMQ 5.3's recall: a timer message not delivered yet is never delivered."""
+        cfg = self.topic_config(req.topic)
+        topic, broker_name, message_id = parse_recall_handle(req.recall_handle)
+        if topic != cfg.topic_name or broker_name != self.ctx.broker_name:
+            raise ProxyException(
+                v2.BAD_REQUEST,
+                f"recall handle is for topic {topic!r} on broker {broker_name!r}, not {cfg.topic_name!r} "
+                f"on {self.ctx.broker_name!r}",
+            )
+        if self.timer is None or not self.timer.recall(message_id):
+            raise ProxyException(
+                v2.MESSAGE_NOT_FOUND,
+                f"message {message_id!r} of {topic!r} is not waiting for its delivery time: delivered or "
+                "recalled already",
+            )
+        return sv.RecallMessageResponse(status=status(), message_id=message_id)
 
     def _check_message_type(self, cfg: TopicConfig, properties: bytes) -> None:
         """The proxy's TopicMessageTypeValidator: a message of the topic's type (a MIXED topic: any)."""

@@ -29,7 +29,7 @@ from pymq_proto.record import (
     tag_hash,
 )
 
-from ..common.mix_all import SCHEDULE_TOPIC
+from ..common.mix_all import SCHEDULE_TOPIC, TIMER_TOPIC
 from .allocate_mapped_file_service import AllocateMappedFileService
 from .commit_log import AppendMessageResult, CommitLog, MessageToStore
 from .config import SYNC_FLUSH, MessageStoreConfig
@@ -45,6 +45,7 @@ _KEYS = MessageConst.PROPERTY_KEYS.encode()
 _TAGS = MessageConst.PROPERTY_TAGS.encode()
 _UNIQ = MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX.encode()
 _DELAY = MessageConst.PROPERTY_DELAY_TIME_LEVEL.encode()
+_TIMER_DELIVER_MS = b"TIMER_DELIVER_MS"  # RocketMQ 5 MessageConst.PROPERTY_TIMER_DELIVER_MS
 _KEYS_KEY = property_key(MessageConst.PROPERTY_KEYS)
 _TAGS_KEY = property_key(MessageConst.PROPERTY_TAGS)
 
@@ -289,8 +290,13 @@ class DefaultMessageStore:
         Only a single message can be delayed (batches cannot). Callers that
         group many delayed messages by their schedule queue call this first.
         """
-        if len(messages) != 1 or topic == SCHEDULE_TOPIC:
+        if len(messages) != 1 or topic in (SCHEDULE_TOPIC, TIMER_TOPIC):
             return topic, queue_id, messages
+        deliver_ms = find_property(messages[0].properties, _TIMER_DELIVER_MS)
+        # an exact delivery time still ahead: the timer (RocketMQ 5); one already past (a delivered
+        # timer message sent back, say) is not a timer message any more
+        if deliver_ms and deliver_ms.isdigit() and int(deliver_ms) > time.time() * 1000:
+            return self._to_timer(topic, queue_id, messages[0])
         level = find_property(messages[0].properties, _DELAY)
         if level and level.isdigit() and int(level) > 0:
             return self._to_schedule(topic, queue_id, messages[0], int(level))
@@ -308,6 +314,16 @@ class DefaultMessageStore:
         )
         return SCHEDULE_TOPIC, schedule_queue, [scheduled]
 
+    @staticmethod
+    def _to_timer(topic: str, queue_id: int, msg: MessageToStore) -> tuple[str, int, list[MessageToStore]]:
+        """To rmq_sys_wheel_timer (one queue) with REAL_TOPIC / REAL_QID, as RocketMQ's timer does."""
+        props = decode_properties(msg.properties)
+        props[MessageConst.PROPERTY_REAL_TOPIC] = topic
+        props[MessageConst.PROPERTY_REAL_QUEUE_ID] = str(queue_id)
+        timed = MessageToStore(msg.body, msg.flag, encode_properties(props), msg.born_timestamp,
+                               msg.reconsume_times, msg.sys_flag)
+        return TIMER_TOPIC, 0, [timed]
+
     def schedule_properties(self, topic: str, queue_id: int, level: int) -> tuple[dict[str, str], int]:
         """The properties delaying a message for ``topic``/``queue_id`` by ``level``; its schedule queue.
 
@@ -324,6 +340,9 @@ class DefaultMessageStore:
         if topic == SCHEDULE_TOPIC:  # the delivery time, as RocketMQ: queue L-1 holds level L
             level_index = min(max(queue_id, 0), self.config.max_delay_level - 1)
             return store_ts + self.config.delay_levels_ms[level_index]
+        if topic == TIMER_TOPIC:  # the delivery time, so that the timer finds what is due
+            deliver_ms = find_property(props, _TIMER_DELIVER_MS)
+            return int(deliver_ms) if deliver_ms and deliver_ms.isdigit() else store_ts
         return tag_hash(find_property(props, _TAGS))
 
     def _dispatch(
@@ -334,7 +353,7 @@ class DefaultMessageStore:
         props: list[bytes] | None = None
         if topic == SCHEDULE_TOPIC:
             tags: list[int] | np.ndarray = np.full(len(records), self._tag_code(topic, queue_id, b"", ts))
-        elif records.contains(_TAGS_KEY):
+        elif topic == TIMER_TOPIC or records.contains(_TAGS_KEY):
             props = records.all_properties()
             tags = [self._tag_code(topic, queue_id, p, ts) for p in props]
         else:  # no record has tags (a hit in a body only costs the slow path)

@@ -90,46 +90,48 @@ class ScheduleMessageService(ConfigManager):
         due = int(not_due[0]) if len(not_due) else len(entries)
         if due:
             records = self.store.read_records(entries["phy"][:due], entries["size"][:due])
-            self._message_timeup(records)
+            message_timeup(self.store, records)
             self.offset_table[level] = offset + due
             self.delivered += due
         if due < len(entries):
             return due, int(tags[due])
         return due, (now_ms if len(entries) == DELIVER_BATCH else None)
 
-    def _message_timeup(self, records: bytes) -> None:
-        """Write each record again to its real topic and queue (its properties kept)."""
-        pos = 0
-        run: list[MessageToStore] = []
-        run_key: tuple[str, int] | None = None
-        run_bytes = 0
-        while pos < len(records):
-            h = HEADER.unpack_from(records, pos)
-            total, flag, born, reconsume, sys_flag, body_len = h[0], h[4], h[8], h[11], h[7], h[13]
-            _t0, _t1, p0, p1 = split_tail(records, pos, total, body_len)
-            props = records[p0:p1]
-            real_topic = (find_property(props, _REAL_TOPIC) or b"").decode()
-            real_qid = int(find_property(props, _REAL_QID) or 0)
-            body = records[pos + HEADER_SIZE : pos + HEADER_SIZE + body_len]
-            key = (real_topic, real_qid)
-            if run and (key != run_key or run_bytes + body_len > RUN_MAX_BYTES):
-                self._put(run_key, run)
-                run, run_bytes = [], 0
-            run_bytes += body_len
-            run_key = key
-            run.append(MessageToStore(body, flag, props, born, reconsume, sys_flag))
-            pos += total
-        if run:
-            self._put(run_key, run)
 
-    def _put(self, key: tuple[str, int] | None, run: list[MessageToStore]) -> None:
-        assert key is not None
-        topic, qid = key
-        if not topic:
-            log.error("delayed message without REAL_TOPIC dropped")
-            return
-        # consecutive messages for one queue share a write; put_records, as the DELAY they
-        # keep must not send them back to SCHEDULE_TOPIC_XXXX
-        result = self.store.put_records(topic, qid, EncodedRecords.from_messages(topic, run))
-        if not result.ok:
-            log.error("delivering %d delayed message(s) to %s failed: %s", len(run), topic, result.remark)
+def message_timeup(store: DefaultMessageStore, records: bytes) -> None:
+    """Write each record again to its REAL_TOPIC / REAL_QID, its properties kept (delayed and timer
+    messages alike; consecutive ones for one queue share a write)."""
+    pos = 0
+    run: list[MessageToStore] = []
+    run_key: tuple[str, int] | None = None
+    run_bytes = 0
+    while pos < len(records):
+        h = HEADER.unpack_from(records, pos)
+        total, flag, born, reconsume, sys_flag, body_len = h[0], h[4], h[8], h[11], h[7], h[13]
+        _t0, _t1, p0, p1 = split_tail(records, pos, total, body_len)
+        props = records[p0:p1]
+        real_topic = (find_property(props, _REAL_TOPIC) or b"").decode()
+        real_qid = int(find_property(props, _REAL_QID) or 0)
+        body = records[pos + HEADER_SIZE : pos + HEADER_SIZE + body_len]
+        key = (real_topic, real_qid)
+        if run and (key != run_key or run_bytes + body_len > RUN_MAX_BYTES):
+            _put(store, run_key, run)
+            run, run_bytes = [], 0
+        run_bytes += body_len
+        run_key = key
+        run.append(MessageToStore(body, flag, props, born, reconsume, sys_flag))
+        pos += total
+    if run:
+        _put(store, run_key, run)
+
+
+def _put(store: DefaultMessageStore, key: tuple[str, int] | None, run: list[MessageToStore]) -> None:
+    assert key is not None
+    topic, qid = key
+    if not topic:
+        log.error("delayed message without REAL_TOPIC dropped")
+        return
+    # put_records: the DELAY or TIMER_DELIVER_MS they keep must not delay them again
+    result = store.put_records(topic, qid, EncodedRecords.from_messages(topic, run))
+    if not result.ok:
+        log.error("delivering %d delayed message(s) to %s failed: %s", len(run), topic, result.remark)
