@@ -23,6 +23,8 @@ class BrokerConfig:
     transaction_check_max: int = 15
     # apache.rocketmq.v2 (RocketMQ 5 clients): shortest invisible duration of a receive (proxy's default)
     min_invisible_time_mills_for_recv: int = 10_000
+    # bytes of pull answers one connection may leave unread before its pulls are answered SYSTEM_BUSY
+    max_pull_bytes_in_flight_per_client: int = 256 * 1024 * 1024
     # ACL 2.0 (RocketMQ 5's authenticationEnabled / authorizationEnabled / initAuthenticationUser)
     authentication_enabled: bool = False
     authorization_enabled: bool = False

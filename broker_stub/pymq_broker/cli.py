@@ -81,6 +81,9 @@ def parser() -> argparse.ArgumentParser:
                    help="PEM CA certificates: clients must present a certificate they signed (mutual TLS)")
     p.add_argument("--min-invisible-time-mills-for-recv", type=int, default=10_000,
                    help="RocketMQ 5 clients: shortest invisible duration of a receive, ms (default 10000)")
+    p.add_argument("--max-pull-bytes-in-flight-per-client", type=int, default=256 * 1024 * 1024,
+                   help="bytes of pull answers one connection may leave unread before its pulls are "
+                        "answered SYSTEM_BUSY (default 256 MiB)")
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -105,6 +108,7 @@ async def _serve(args: argparse.Namespace) -> int:
         transaction_check_interval=args.transaction_check_interval,
         transaction_check_max=args.transaction_check_max,
         min_invisible_time_mills_for_recv=args.min_invisible_time_mills_for_recv,
+        max_pull_bytes_in_flight_per_client=args.max_pull_bytes_in_flight_per_client,
         authentication_enabled=args.authentication_enabled,
         authorization_enabled=args.authorization_enabled,
         init_authentication_user=args.init_authentication_user,

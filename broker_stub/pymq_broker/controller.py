@@ -36,6 +36,7 @@ from .proxy.grpc_messaging_service import GrpcMessagingService
 from .proxy.messaging_processor import MessagingProcessor
 from .proxy.pull_offset_processor import PullOffsetProcessor
 from .remoting.grpc_service import BrokerGrpcService
+from .remoting.pull_answer_budget import PullAnswerBudget
 from .store.config import MessageStoreConfig
 from .store.message_store import DefaultMessageStore
 from .store.schedule_message_service import ScheduleMessageService
@@ -144,6 +145,7 @@ class BrokerController:
                    for c in self.topic_config_manager.topic_config_table.values() if c.dedup_window_ms > 0]
         send.dedup.recover(store, windows)
         service = BrokerGrpcService(
+            pull_budget=PullAnswerBudget(bc.max_pull_bytes_in_flight_per_client),
             send=send,
             pull=PullMessageProcessor(ctx, hold),
             send_back=SendBackProcessor(ctx),

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from pymq_proto.v1 import pymq_pb2, pymq_pb2_grpc
 
 from ..auth.auth_service import AuthService
 from ..common.broker_exception import BrokerException, bounded_remark
+from .pull_answer_budget import PullAnswerBudget
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,9 @@ class BrokerGrpcService(pymq_pb2_grpc.BrokerServicer):
     """Maps each RPC of ``pymq_proto.v1.Broker`` to its processor method."""
 
     def __init__(self, send: Any, pull: Any, send_back: Any, consumer_manage: Any, admin: Any,
-                 end_transaction: Any, auth_admin: Any = None, auth: AuthService | None = None) -> None:
+                 end_transaction: Any, auth_admin: Any = None, auth: AuthService | None = None,
+                 pull_budget: PullAnswerBudget | None = None) -> None:
+        self.pull_budget = pull_budget or PullAnswerBudget()
         self.end_transaction = end_transaction
         self.auth_admin = auth_admin
         self.auth = auth  # None: authentication is off, every request is served
@@ -83,7 +86,23 @@ class BrokerGrpcService(pymq_pb2_grpc.BrokerServicer):
         self.admin = admin
 
     SendMessage = _rpc("send_message", "send")
-    PullMessage = _rpc("pull_message", "pull")
+    _pull_message = _rpc("pull_message", "pull")
+
+    async def PullMessage(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        """PULL_MESSAGE, within the connection's budget of answers it has not read (PullAnswerBudget)."""
+        peer, budget = context.peer(), self.pull_budget
+        try:
+            budget.check(peer)
+        except BrokerException as err:
+            context.set_trailing_metadata(((CODE_METADATA_KEY, err.code_name),))
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, err.remark)
+        response = await self._pull_message(request, context)
+        size = len(response.records)
+        if size:
+            budget.hold(peer, size)
+            # (grpc-stubs types the callback as a class of its own; any callable is taken)
+            context.add_done_callback(cast(Any, lambda _ctx: budget.release(peer, size)))
+        return response
     ConsumerSendMsgBack = _rpc("consumer_send_msg_back", "send_back")
     ConsumerSendMsgBackBatch = _rpc("consumer_send_msg_back_batch", "send_back")
     QueryOffset = _rpc("query_offset", "consumer_manage")
