@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 from pymq_proto.record import (
     BLANK_MAGIC_CODE,
     HEADER,
@@ -35,7 +36,6 @@ _BLANK = struct.Struct("<ii")
 RECOVER_READ_CHUNK = 8 * 1024 * 1024
 BULK_READ_SPAN = 1024 * 1024  # get_messages: offsets this close are read together
 BULK_READ_AHEAD = 4096  # ...plus this much past the last one, usually its whole record
-_AR_HEADER = np.arange(HEADER_SIZE, dtype=np.int64)
 
 
 @dataclass(slots=True)
@@ -135,8 +135,10 @@ class CommitLog:
             h["store_ts"] = now
             h["host"] = self.store_host
             h["prepared_tx"] = 0
-            arr = np.frombuffer(buf, dtype=np.uint8)
-            arr[offsets[:, None] + _AR_HEADER] = h.view(np.uint8).reshape(n, HEADER_SIZE)
+            # one HEADER_SIZE-byte row per record start: numpy copies rows, not n x 80 indexed bytes
+            sliding_window_view(np.frombuffer(buf, dtype=np.uint8), HEADER_SIZE, writeable=True)[offsets] = (
+                h.view(np.uint8).reshape(n, HEADER_SIZE)
+            )
             phys = (offsets + first_phy).tolist()
         wrote = mf.append(buf)
         if self.allocate_mapped_file_service is not None:
