@@ -138,9 +138,12 @@ class KafkaBroker:
             "",
         ]))
         java = ["java", "-cp", self._classpath()]
-        # Kafka's UUIDs are URL-safe base64 without padding. With static voters the storage is
-        # formatted without --standalone.
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        # Kafka's UUIDs are URL-safe base64 without padding, and (as Kafka's Uuid.randomUuid) never
+        # begin with "-", which the tool's argument parser would take for an option. With static
+        # voters the storage is formatted without --standalone.
+        cluster_id = "-"
+        while cluster_id.startswith("-"):
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
         fmt = subprocess.run([*java, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props)],
                              capture_output=True, text=True, check=False)
         if fmt.returncode != 0:

@@ -15,8 +15,11 @@ def test_setup_cfg_lists_every_package_of_the_tree() -> None:
     roots = dict(
         line.split("=", 1) for line in cfg["options"]["package_dir"].strip().splitlines()
     )
+    # The root ("" = connector) holds top-level modules only (py_modules), every package has its own line.
+    modules = {f"{m}.py" for m in cfg["options"]["py_modules"].split()}
+    assert modules <= {p.name for p in (ROOT / "connector").glob("*.py")}
     found = set()
-    for name, where in ((n.strip(), w.strip()) for n, w in roots.items()):
+    for name, where in ((n.strip(), w.strip()) for n, w in roots.items() if n.strip()):
         base = ROOT / where
         for init in base.rglob("__init__.py"):
             rel = init.parent.relative_to(base)
