@@ -4,9 +4,10 @@
 On 10,000 rows (``--rows``), each figure is one call as a user makes it, timed from the call to
 its end: ``spark.read ... .count()``, a ``readStream`` -> ``noop`` query with
 ``Trigger.AvailableNow`` (from ``start()`` to its end), and a ``df.write`` into pymq. On so few
-rows the time is almost all fixed cost: Spark plans the query, and for a Python data source
-it starts a fresh Python process for each planning step (the data source's schema, the batch
-read's partitions, the streaming source's runner, the write's commit).
+rows the time is almost all fixed cost: Spark plans the query and runs the Python data source's
+planning steps (the schema, the batch read's partitions, the write's commit) in Python
+processes, most forked from its worker daemon; a streaming query starts its source runner as a
+fresh process.
 
 The comparison: those processes importing pip's pyspark with its bytecode (what pymq's
 ``pyspark_pymq-pyspark-path.pth`` arranges, see ``_pyspark_pymq_path``) against the same

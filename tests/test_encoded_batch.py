@@ -409,3 +409,46 @@ def test_scalar_and_vector_puts_store_the_same_bytes(tmp_path: Path, monkeypatch
     assert "over the limit" in files[0][1][-3] and "message 2 of the batch" in files[0][1][-2]
     assert "split it" in files[0][1][-1]
     assert any(b"TAGS\x01x" in v for v in files[0][0].values())
+
+
+@pytest.mark.parametrize("width", [1, 2, 7, 16, 31, 32, 48])
+def test_crc32_of_equal_width_slices_is_zlibs(width: int) -> None:
+    import random
+    import zlib
+
+    import numpy as np
+    from pymq_broker.store.crc32_vector import crc32_equal_width
+
+    rng = random.Random(width)
+    buf = bytes(rng.randrange(256) for _ in range(4096))
+    starts = np.array(sorted(rng.sample(range(len(buf) - width + 1), 300)), dtype=np.int64)
+    seed = rng.randrange(1 << 32)
+    got = crc32_equal_width(np.frombuffer(buf, dtype=np.uint8), starts, width, seed)
+    assert got.tolist() == [zlib.crc32(buf[s : s + width], seed) for s in starts.tolist()]
+    with pytest.raises(ValueError, match=r"width 49 is outside 1\.\.48"):
+        crc32_equal_width(np.frombuffer(buf, dtype=np.uint8), starts, 49)
+
+
+def test_uniq_hashes_of_a_large_batch_are_the_index_key_hashes() -> None:
+    from pymq_broker.store.index_service import key_hash, key_seed
+
+    n = encoded_batch.SCALAR_MAX_RECORDS * 3
+    one_width, mixed = [f"{i:032X}" for i in range(n)], [f"{'k' * (i % 5)}{i}" for i in range(n)]
+    for keys in (one_width, mixed):
+        props = [b"UNIQ_KEY\x01" + k.encode() + b"\x02" for k in keys]
+        records, sizes = encode_records("topic-a", [b"b"] * n, props)
+        parsed = parse_encoded(records, sizes.tobytes(), "topic-a")
+        assert parsed.uniq_hashes(key_seed("topic-a")) == [key_hash("topic-a", k) for k in keys]
+
+
+def test_a_large_batch_is_found_by_each_uniq_key(broker: BrokerProcess) -> None:
+    topic = unique("enc-index")
+    Admin(broker.endpoint).create_topic(topic, queues=1)
+    n = encoded_batch.SCALAR_MAX_RECORDS * 4
+    keys = [f"{7 * i + 1:032X}" for i in range(n)]
+    props = [b"UNIQ_KEY\x01" + k.encode() + b"\x02" for k in keys]
+    with Producer(broker.endpoint) as producer:
+        producer.send_encoded(topic, [b"m%d" % i for i in range(n)], props, keys, queue_id=0)
+    admin = Admin(broker.endpoint)
+    for i in (0, 1, n // 2, n - 1):
+        assert [m.body for m in admin.query_message(topic, keys[i])] == [b"m%d" % i]

@@ -29,6 +29,8 @@ from pymq_proto.record import (
     property_key,
 )
 
+from .crc32_vector import MAX_WIDTH, crc32_equal_width
+
 if TYPE_CHECKING:
     from .commit_log import MessageToStore
 
@@ -83,8 +85,18 @@ class EncodedRecords:
         return not self.plain and needle in self.buf
 
     def uniq_hashes(self, seed: int) -> list[int]:
-        """The index's key hash of each UNIQ_KEY (no key object made); needs the located keys."""
+        """The index's key hash of each UNIQ_KEY (no key object made); needs the located keys.
+
+        Many keys of one width (the usual batch) are hashed together: :mod:`.crc32_vector`.
+        """
         assert self.uniq_start is not None and self.uniq_end is not None
+        width = int(self.uniq_end[0] - self.uniq_start[0])
+        if not use_scalar(len(self), None) and width <= MAX_WIDTH and (
+            (self.uniq_end - self.uniq_start) == width
+        ).all():
+            arr = np.frombuffer(self.buf, dtype=np.uint8)
+            hashes: list[int] = (crc32_equal_width(arr, self.uniq_start, width, seed) & 0x7FFFFFFF).tolist()
+            return hashes
         mv = memoryview(self.buf)
         crc = zlib.crc32
         try:
