@@ -452,3 +452,13 @@ def test_a_large_batch_is_found_by_each_uniq_key(broker: BrokerProcess) -> None:
     admin = Admin(broker.endpoint)
     for i in (0, 1, n // 2, n - 1):
         assert [m.body for m in admin.query_message(topic, keys[i])] == [b"m%d" % i]
+
+
+def test_a_large_batch_locates_uniq_keys_followed_by_other_properties() -> None:
+    n = encoded_batch.SCALAR_MAX_RECORDS * 3
+    keys = [f"{i:032X}" for i in range(n)]
+    for extra, plain in ((b"", True), (b"TAGS\x01a\x02", False), (b"TAGS\x01" + b"t" * 40 + b"\x02", False)):
+        props = [b"UNIQ_KEY\x01" + k.encode() + b"\x02" + extra for k in keys]
+        records, sizes = encode_records("topic-a", [b"b\x02" * 3] * n, props)
+        parsed = parse_encoded(records, sizes.tobytes(), "topic-a")
+        assert parsed.uniq_keys() == [k.encode() for k in keys] and parsed.plain is plain

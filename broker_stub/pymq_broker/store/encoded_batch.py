@@ -253,10 +253,17 @@ n x 129 bytes. A 4 MiB parse, scan against windows (``benchmarks/bench_parse.py`
 """
 
 
-def _uniq_ends(arr: npt.NDArray[np.uint8], uniq_start: I64) -> I64:
+def _uniq_ends(arr: npt.NDArray[np.uint8], uniq_start: I64, ends: I64) -> I64:
     """The first 0x02 at or after each of ``uniq_start``; where none is within
     :data:`MAX_UNIQ_KEY` bytes, a position the caller's bounds check refuses."""
     n = len(uniq_start)
+    last = ends - 1
+    width = int(last[0] - uniq_start[0])
+    # The usual batch (a bulk writer's): properties are the UNIQ_KEY alone, keys of one width.
+    # Then only the keys' bytes need a look, not every body byte.
+    if (0 < width <= MAX_UNIQ_KEY and bool(((last - uniq_start) == width).all())
+            and bool((arr[last] == 2).all()) and not (_gather(arr, uniq_start, width) == 2).any()):
+        return last
     if len(arr) < _UNIQ_WINDOW or len(arr) < n * SCAN_BELOW_RECORD_BYTES:
         stops = np.flatnonzero(arr == 2)
         if not len(stops):
@@ -422,7 +429,7 @@ def _parse_vector(buf: bytearray, sizes: I64, topic: str, min_size: int) -> Enco
     prefix = _gather(arr, props_start, len(UNIQ_PREFIX))
     fail((prefix != np.frombuffer(UNIQ_PREFIX, dtype=np.uint8)).any(axis=1), _NO_UNIQ_FIRST)
     uniq_start = props_start + len(UNIQ_PREFIX)
-    uniq_end = _uniq_ends(arr, uniq_start)
+    uniq_end = _uniq_ends(arr, uniq_start, ends)
     fail((uniq_end < uniq_start) | (uniq_end >= np.minimum(uniq_start + MAX_UNIQ_KEY + 1, ends)),
          _UNIQ_NOT_ENDED)
     fail(uniq_end == uniq_start, _UNIQ_EMPTY)
