@@ -462,3 +462,14 @@ def test_a_large_batch_locates_uniq_keys_followed_by_other_properties() -> None:
         records, sizes = encode_records("topic-a", [b"b\x02" * 3] * n, props)
         parsed = parse_encoded(records, sizes.tobytes(), "topic-a")
         assert parsed.uniq_keys() == [k.encode() for k in keys] and parsed.plain is plain
+
+
+@pytest.mark.parametrize(("digits", "start"), [(16, 0xFEDCBA9876543210 - 50), (8, 0xFFFFFF00), (5, 0xABC00)])
+def test_uniq_property_matrix_rows_are_the_row_keys(digits: int, start: int) -> None:
+    from pyspark_pymq.client.codec import uniq_property_matrix
+    from pyspark_pymq.client.message import RowKeys
+
+    keys = RowKeys("0A1B2C", start, start + 40, digits)
+    matrix = uniq_property_matrix(keys)
+    assert [bytes(row) for row in matrix] == [b"UNIQ_KEY\x01" + k.encode() + b"\x02" for k in keys]
+    assert len(keys[0]) == 6 + digits

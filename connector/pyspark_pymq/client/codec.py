@@ -114,18 +114,23 @@ def encode_records(
     return b"".join(parts), sizes
 
 
-_HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
+_HEX_PAIRS = np.array([list(b"%02X" % b) for b in range(256)], dtype=np.uint8)  # byte -> 2 hex digits
 
 
 def uniq_property_matrix(keys: RowKeys) -> npt.NDArray[np.uint8]:
-    """Row i is the property ``UNIQ_KEY\x01<keys[i]>\x02`` (all the same width), made with numpy."""
+    """Row i is the property ``UNIQ_KEY\x01<keys[i]>\x02`` (all the same width), made with numpy.
+
+    The row numbers' big-endian bytes index a table of two hex digits each (one gather,
+    not a shift per digit).
+    """
     head = UNIQ_PREFIX + keys.prefix.encode()
     n, digits = len(keys), keys.digits
-    rows = np.arange(keys.start, keys.start + n, dtype=np.uint64)
-    shifts = np.arange(4 * (digits - 1), -4, -4, dtype=np.uint64)
+    nbytes = (digits + 1) // 2
+    rows = np.arange(keys.start, keys.start + n, dtype=">u8").view(np.uint8).reshape(n, 8)
+    hexed = _HEX_PAIRS[rows[:, 8 - nbytes :]].reshape(n, 2 * nbytes)
     out = np.empty((n, len(head) + digits + 1), dtype=np.uint8)
     out[:, : len(head)] = np.frombuffer(head, dtype=np.uint8)
-    out[:, len(head) : -1] = _HEX[((rows[:, None] >> shifts) & np.uint64(15)).astype(np.intp)]
+    out[:, len(head) : -1] = hexed[:, 2 * nbytes - digits :]
     out[:, -1] = 2
     return out
 
