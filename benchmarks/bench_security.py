@@ -18,10 +18,17 @@ messages sent, ``--max-nums`` per pull, ``--duration`` seconds), in msgs/s, with
 per message of the client and of the broker. ``--batch 1`` measures one message per request,
 where a per-request cost shows most.
 
+``--spark ROWS``: the same four configurations as a user meets them, through the Spark
+connector (options ``tls``/``tlsCaFile``, ``accessKey``/``secretKey``): the async sink, a
+``readStream`` -> ``noop`` and a ``spark.read`` -> ``noop`` of ``ROWS`` rows (4 queues), the
+four brokers taking turns for ``--repeats`` rounds after a warm-up (``side_by_side.py``'s
+rounds, with the CPU µs per row of every process).
+
 Usage::
 
     python benchmarks/bench_security.py             # 3 rounds of 4 s sends (~2 min)
     python benchmarks/bench_security.py --quick     # 1 round of 1 s (~20 s)
+    python benchmarks/bench_security.py --spark 1000000 --configs plain,tls   # Spark (~6 min)
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-for _sub in ("proto", "broker_stub", "connector", "tests"):
+for _sub in ("proto", "broker_stub", "connector", "tests", "benchmarks"):
     if str(ROOT / _sub) not in sys.path:
         sys.path.insert(0, str(ROOT / _sub))
 
@@ -115,6 +122,72 @@ def run_one(proc: BrokerProcess, config: str, certs: Any, topic: str,
     }
 
 
+def _name(config: str) -> str:
+    """The configuration as a name that may be part of a topic name ("tls+auth" -> "tls-auth")."""
+    return config.replace("+", "-")
+
+
+def spark_rounds(certs: Any, work: Path, configs: list[str], rows: int, runs: int) -> None:
+    """The Spark connector on a broker of each configuration, taking turns; prints the table."""
+    import contextlib
+
+    import side_by_side as sbs
+    from pyspark.sql import SparkSession
+    from pyspark_pymq.backend import BackendConfig
+    from pyspark_pymq.tls import TlsConfig
+
+    sbs.use_repository()
+    spark = (SparkSession.builder.master("local[2]").appName("pymq-bench-security")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.driver.memory", "4g").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    sbs.SPARK_JVM[0] = spark.sparkContext._gateway.proc.pid
+    df = spark.range(rows, numPartitions=2).selectExpr("CAST(repeat('x', 200) AS BINARY) AS body").cache()
+    df.count()
+    try:
+        with contextlib.ExitStack() as brokers:
+            targets = []
+            for config in configs:
+                proc = brokers.enter_context(
+                    BrokerProcess(work / f"spark-{config}", broker_args(config, certs)))
+                root = Admin(proc.endpoint, **client_kwargs(config, certs, ROOT_USER, ROOT_PW))
+                kw = client_kwargs(config, certs)
+                options: dict[str, str] = {}
+                if "auth" in config:
+                    root.create_user(USER, USER_PW)
+                    # spark.read without consumerGroup pulls as PYMQ_SPARK_READER
+                    resources = ["Topic:bench-*", "Group:bench-*", "Group:PYMQ_SPARK_READER"]
+                    root.create_acl(f"User:{USER}", resources, ["Pub", "Sub", "Get"])
+                    options.update(accessKey=USER, secretKey=USER_PW)
+                if "tls" in config:
+                    options.update(tls="true", tlsCaFile=certs.ca)
+                backend = BackendConfig(proc.endpoint, access_key=kw.get("access_key"),
+                                        secret_key=kw.get("secret_key"),
+                                        tls=TlsConfig(ca_file=certs.ca) if "tls" in config else None)
+
+                def make_topic(topic: str, root: Admin = root) -> None:
+                    root.create_topic(topic, 4)
+
+                targets.append(sbs.PymqTarget(_name(config), "endpoint", proc.endpoint, {proc.pid},
+                                              make_topic, df, options=options, backend_config=backend))
+            results = sbs.run_rounds(spark, targets, rows, work, runs=runs, warmups=1, wait_quiet_s=0)
+    finally:
+        spark.stop()
+    print(f"\nThe Spark connector, {rows:,} rows of 200 B, 4 queues; medians of {runs} rounds: rows/s, the "
+          f"change against {configs[0]}, CPU µs per row of all processes\n")
+    print("| figure | " + " | ".join(configs) + " |")
+    print("|---|" + "---|" * len(configs))
+    for figure in sbs.FIGURES:
+        base = results.median(figure, _name(configs[0])) or 0.0
+        cells = []
+        for config in configs:
+            rate = results.median(figure, _name(config)) or 0.0
+            cpu_s = (results.cpu_median(figure, _name(config)) or {}).get("all", 0.0)
+            vs = f", **{rate / base - 1:+.1%}**" if config != configs[0] and base else ""
+            cells.append(f"{sbs.kilo(rate)}{vs}; {cpu_s * 1e6 / rows:.2f} µs")
+        print(f"| {sbs.FIGURE_NAMES[figure]} | " + " | ".join(cells) + " |")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="1 round of 1 s sends")
@@ -124,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--max-nums", type=int, default=1000)
     ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--spark", type=int, default=0, metavar="ROWS",
+                    help="the Spark connector's sink and reads of ROWS rows instead of the client loops")
     a = ap.parse_args(argv)
     if a.quick:
         a.repeats, a.duration = 1, 1.0
@@ -134,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[dict[str, float]]] = {c: [] for c in configs}
     with tempfile.TemporaryDirectory(prefix="pymq-bench-security-") as tmp:
         certs = make_certificates(Path(tmp))
+        if a.spark:
+            spark_rounds(certs, Path(tmp), configs, a.spark, a.repeats)
+            return 0
         for r in range(a.repeats):
             for config in configs:
                 topic = f"bench-sec-{r}"

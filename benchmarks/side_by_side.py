@@ -232,14 +232,18 @@ class PymqTarget:
     df: Any  # the rows to write: one binary column "body"
     send_timeout_ms: int = 3000
     send_retries: int = 0
+    options: dict[str, str] = field(default_factory=dict)  # e.g. tls, tlsCaFile, accessKey, secretKey
+    backend_config: Any = None  # the BackendConfig of those options (queue_bounds), None: address only
 
     def write(self, topic: str) -> None:
         (self.df.write.format("pymq").option(self.option, self.address).option("topic", topic)
+         .options(**self.options)
          .option("sendMode", "async").option("sendMsgTimeoutMs", self.send_timeout_ms)
          .option("retryTimesWhenSendAsyncFailed", self.send_retries).mode("append").save())
 
     def read(self, builder: Any, topic: str, group: str) -> Any:
-        reader = builder.format("pymq").option(self.option, self.address).option("topic", topic)
+        reader = (builder.format("pymq").option(self.option, self.address).option("topic", topic)
+                  .options(**self.options))
         if group:
             reader = reader.option("startingOffsets", "earliest").option("consumerGroup", group)
         return reader.load()
@@ -247,8 +251,8 @@ class PymqTarget:
     def queue_bounds(self, topic: str) -> dict[Any, Any] | None:
         from pyspark_pymq.backend import BackendConfig, cached_backend
 
-        config = BackendConfig(None, self.address) if self.option == "namesrvAddr" \
-            else BackendConfig(self.address, None)
+        config = self.backend_config or (BackendConfig(None, self.address) if self.option == "namesrvAddr"
+                                         else BackendConfig(self.address, None))
         return cached_backend(config).queue_bounds(topic)
 
     def wait_for(self, topic: str, rows: int) -> list[int]:
