@@ -473,3 +473,19 @@ def test_uniq_property_matrix_rows_are_the_row_keys(digits: int, start: int) -> 
     matrix = uniq_property_matrix(keys)
     assert [bytes(row) for row in matrix] == [b"UNIQ_KEY\x01" + k.encode() + b"\x02" for k in keys]
     assert len(keys[0]) == 6 + digits
+
+
+def test_byte_windows_are_the_slices_and_write_through() -> None:
+    import numpy as np
+    from pymq_broker.store.byte_windows import byte_windows
+
+    buf = bytearray(range(20))
+    arr = np.frombuffer(buf, dtype=np.uint8)
+    rows = byte_windows(arr, 4)
+    assert rows.shape == (17, 4) and [bytes(rows[i]) for i in (0, 7, 16)] == [buf[0:4], buf[7:11], buf[16:20]]
+    rows[np.array([2, 10])] = np.array([[9, 9, 9, 9], [8, 8, 8, 8]], dtype=np.uint8)
+    assert buf[2:6] == b"\x09" * 4 and buf[10:14] == b"\x08" * 4
+    read_only = byte_windows(np.frombuffer(bytes(20), dtype=np.uint8), 4)
+    assert not read_only.flags.writeable
+    with pytest.raises(ValueError, match="window width 21 does not fit a buffer of 20 bytes"):
+        byte_windows(arr, 21)

@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 from pymq_proto.record import (
     BLANK_MAGIC_CODE,
     HEADER,
@@ -25,6 +24,7 @@ from pymq_proto.record import (
 )
 
 from .allocate_mapped_file_service import AllocateMappedFileService
+from .byte_windows import byte_windows
 from .config import MessageStoreConfig
 from .encoded_batch import EncodedRecords, use_scalar
 from .mapped_file import MappedFile, MappedFileQueue
@@ -136,8 +136,8 @@ class CommitLog:
             h["host"] = self.store_host
             h["prepared_tx"] = 0
             # one HEADER_SIZE-byte row per record start: numpy copies rows, not n x 80 indexed bytes
-            sliding_window_view(np.frombuffer(buf, dtype=np.uint8), HEADER_SIZE, writeable=True)[offsets] = (
-                h.view(np.uint8).reshape(n, HEADER_SIZE)
+            byte_windows(np.frombuffer(buf, dtype=np.uint8), HEADER_SIZE)[offsets] = h.view(np.uint8).reshape(
+                n, HEADER_SIZE
             )
             phys = (offsets + first_phy).tolist()
         wrote = mf.append(buf)

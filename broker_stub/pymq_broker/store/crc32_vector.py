@@ -17,7 +17,8 @@ import zlib
 
 import numpy as np
 import numpy.typing as npt
-from numpy.lib.stride_tricks import sliding_window_view
+
+from .byte_windows import byte_windows
 
 __all__ = ["MAX_WIDTH", "crc32_equal_width"]
 
@@ -52,7 +53,7 @@ def crc32_equal_width(
     if not 1 <= width <= MAX_WIDTH:
         raise ValueError(f"width {width} is outside 1..{MAX_WIDTH}")
     flat, offsets = _pair_tables(width)
-    keys = sliding_window_view(buf, width)[starts]
+    keys = byte_windows(buf, width)[starts]
     if width % 2:
         keys = np.concatenate([keys, np.zeros((len(starts), 1), dtype=np.uint8)], axis=1)
     else:

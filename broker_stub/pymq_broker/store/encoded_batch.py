@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
-from numpy.lib.stride_tricks import sliding_window_view
 from pymq_proto.record import HEADER as _HEADER
 from pymq_proto.record import (
     HEADER_DTYPE,
@@ -29,6 +28,7 @@ from pymq_proto.record import (
     property_key,
 )
 
+from .byte_windows import byte_windows
 from .crc32_vector import MAX_WIDTH, crc32_equal_width
 
 if TYPE_CHECKING:
@@ -233,7 +233,7 @@ class EncodedRecords:
 
 def _gather(arr: npt.NDArray[np.uint8], starts: I64, width: int) -> npt.NDArray[np.uint8]:
     """``width`` bytes from each of ``starts``, as rows (no index array of n x width positions)."""
-    out: npt.NDArray[np.uint8] = sliding_window_view(arr, width)[starts]
+    out: npt.NDArray[np.uint8] = byte_windows(arr, width)[starts]
     return out
 
 
