@@ -28,6 +28,7 @@ site-packages); the broker is the embedded one, a process on loopback.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -71,7 +72,7 @@ def child(rows: int, repeats: int, out: Path) -> None:
             fill_topic(ep, "start", rows, 200, 4)
             Admin(ep).create_topic("start-out", queues=4)
             data = spark.range(rows).selectExpr("cast(id as string) as body")
-            counter = iter(range(1_000_000))
+            counter = itertools.count()
 
             def read() -> None:
                 n = (spark.read.format("pymq").option("endpoint", ep).option("topic", "start")

@@ -133,8 +133,6 @@ def spark_rounds(certs: Any, work: Path, configs: list[str], rows: int, runs: in
 
     import side_by_side as sbs
     from pyspark.sql import SparkSession
-    from pyspark_pymq.backend import BackendConfig
-    from pyspark_pymq.tls import TlsConfig
 
     sbs.use_repository()
     spark = (SparkSession.builder.master("local[2]").appName("pymq-bench-security")
@@ -151,7 +149,6 @@ def spark_rounds(certs: Any, work: Path, configs: list[str], rows: int, runs: in
                 proc = brokers.enter_context(
                     BrokerProcess(work / f"spark-{config}", broker_args(config, certs)))
                 root = Admin(proc.endpoint, **client_kwargs(config, certs, ROOT_USER, ROOT_PW))
-                kw = client_kwargs(config, certs)
                 options: dict[str, str] = {}
                 if "auth" in config:
                     root.create_user(USER, USER_PW)
@@ -161,15 +158,12 @@ def spark_rounds(certs: Any, work: Path, configs: list[str], rows: int, runs: in
                     options.update(accessKey=USER, secretKey=USER_PW)
                 if "tls" in config:
                     options.update(tls="true", tlsCaFile=certs.ca)
-                backend = BackendConfig(proc.endpoint, access_key=kw.get("access_key"),
-                                        secret_key=kw.get("secret_key"),
-                                        tls=TlsConfig(ca_file=certs.ca) if "tls" in config else None)
 
                 def make_topic(topic: str, root: Admin = root) -> None:
                     root.create_topic(topic, 4)
 
                 targets.append(sbs.PymqTarget(_name(config), "endpoint", proc.endpoint, {proc.pid},
-                                              make_topic, df, options=options, backend_config=backend))
+                                              make_topic, df, options=options))
             results = sbs.run_rounds(spark, targets, rows, work, runs=runs, warmups=1, wait_quiet_s=0)
     finally:
         spark.stop()

@@ -233,7 +233,6 @@ class PymqTarget:
     send_timeout_ms: int = 3000
     send_retries: int = 0
     options: dict[str, str] = field(default_factory=dict)  # e.g. tls, tlsCaFile, accessKey, secretKey
-    backend_config: Any = None  # the BackendConfig of those options (queue_bounds), None: address only
 
     def write(self, topic: str) -> None:
         (self.df.write.format("pymq").option(self.option, self.address).option("topic", topic)
@@ -249,11 +248,11 @@ class PymqTarget:
         return reader.load()
 
     def queue_bounds(self, topic: str) -> dict[Any, Any] | None:
-        from pyspark_pymq.backend import BackendConfig, cached_backend
+        from pyspark_pymq.backend import cached_backend
+        from pyspark_pymq.backend.base import parse_backend_options
 
-        config = self.backend_config or (BackendConfig(None, self.address) if self.option == "namesrvAddr"
-                                         else BackendConfig(self.address, None))
-        return cached_backend(config).queue_bounds(topic)
+        options = {self.option: self.address, **self.options}  # read as the connector reads them
+        return cached_backend(parse_backend_options(options.get, "pymq option")).queue_bounds(topic)
 
     def wait_for(self, topic: str, rows: int) -> list[int]:
         """RocketMQ's consume queues lag the send acknowledgement a little: wait for all ``rows``."""

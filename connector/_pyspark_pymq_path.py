@@ -10,7 +10,7 @@ daemon and pay this once, but every streaming query starts its Python source run
 notebook user waits ~0.5 s for it on each ``readStream ... start()`` (``benchmarks/
 bench_query_start.py``: a 10,000-row ``availableNow`` query 1.70 -> 1.13 s).
 
-The ``pyspark_pymq-pyspark-path.pth`` file installed with pymq calls
+The ``pyspark_pymq-pyspark-path.pth`` file installed with pymq (written by ``_pyspark_pymq_build``) calls
 :func:`prefer_installed_pyspark` at interpreter start, only when ``sys.path`` holds a
 ``pyspark.zip``. It moves the zip to the end of ``sys.path`` when, and only when, the zip is
 the ``python/lib/pyspark.zip`` of a pyspark package that is itself importable from a
@@ -41,8 +41,9 @@ def prefer_installed_pyspark(path: list[str] | None = None) -> bool:
         return False
     entries = sys.path if path is None else path
     try:
-        roots = {os.path.realpath(entry) for entry in entries if entry and not entry.endswith(".zip")}
-        moved = [entry for entry in entries if _is_zip_of_installed_pyspark(entry, roots)]
+        names = [entry for entry in entries if isinstance(entry, str)]  # sys.path may hold other objects
+        roots = {os.path.realpath(entry) for entry in names if entry and not entry.endswith(".zip")}
+        moved = [entry for entry in names if _is_zip_of_installed_pyspark(entry, roots)]
     except (OSError, ValueError):
         return False
     for entry in moved:

@@ -53,11 +53,9 @@ def crc32_equal_width(
     if not 1 <= width <= MAX_WIDTH:
         raise ValueError(f"width {width} is outside 1..{MAX_WIDTH}")
     flat, offsets = _pair_tables(width)
-    keys = byte_windows(buf, width)[starts]
+    keys = byte_windows(buf, width)[starts]  # a contiguous copy, one row per slice
     if width % 2:
         keys = np.concatenate([keys, np.zeros((len(starts), 1), dtype=np.uint8)], axis=1)
-    else:
-        keys = np.ascontiguousarray(keys)
     pairs = keys.view("<u2")
     crcs: npt.NDArray[np.uint32] = np.bitwise_xor.reduce(flat[pairs + offsets], axis=1)
     crcs ^= np.uint32(zlib.crc32(bytes(width), seed))
