@@ -346,3 +346,43 @@ def test_allocate_mapped_file_service_warms_ahead_and_never_changes_a_record(tmp
         assert off.commit_log.allocate_mapped_file_service is None
     finally:
         off.shutdown()
+
+
+def test_a_put_left_for_the_reput_is_seen_by_every_reader_and_survives_a_crash(tmp_path: Path) -> None:
+    """put_records(reput_later=True) answers before the consume queue and index are written
+    (RocketMQ's ReputMessageService): every read dispatches what is queued first, the
+    checkpoint never passes an undispatched record, and a crash before the reput loses nothing."""
+    from pymq_broker.store.encoded_batch import EncodedRecords
+
+    store = DefaultMessageStore(MessageStoreConfig(store_path_root_dir=tmp_path), HOST)
+    store.load()  # not started: nothing flushes behind the test's back
+
+    def put(i: int) -> None:
+        batch = EncodedRecords.from_messages("t", [msg(b"m%d" % i, KEYS=f"k{i}")])
+        assert store.put_records("t", 0, batch, reput_later=True).ok
+        assert store.dispatched_offset == pos[i]  # answered, not yet dispatched
+
+    pos = [0]
+    put(0)
+    assert store.get_max_offset_in_queue("t", 0) == 1
+    pos.append(store.dispatched_offset)
+    put(1)
+    now = int(time.time() * 1000) + 1000
+    assert [r[3] for r in records(b"".join(store.query_message("t", "k1", 5, 0, now)))] == [b"m1"]
+    pos.append(store.dispatched_offset)
+    put(2)
+    got = store.get_message("t", 0, 0, 10)
+    assert [r[3] for r in records(got.records)] == [b"m0", b"m1", b"m2"]
+    pos.append(store.dispatched_offset)
+    put(3)
+    store.checkpoint_now()  # the flush thread's checkpoint: it must not claim record 3 dispatched
+    assert store.checkpoint.logics_msg_offset == pos[3]
+    # the process dies here, before the reput of record 3
+    again = make_store(tmp_path)
+    try:
+        got = again.get_message("t", 0, 0, 10)
+        assert [r[3] for r in records(got.records)] == [b"m0", b"m1", b"m2", b"m3"]
+        hits = again.query_message("t", "k3", 5, 0, now)
+        assert [r[3] for r in records(b"".join(hits))] == [b"m3"]
+    finally:
+        again.shutdown()

@@ -3,6 +3,12 @@
 Single-writer by design: every put and every dispatch happens on the caller's
 thread (the broker's event loop); the flush services only fsync. Reads go
 through pread, so memory stays flat however much is stored.
+
+A put appends to the commit log and queues the dispatch (consume queue, index,
+the long-polling wake-up), as RocketMQ's ReputMessageService does: a sender may
+be answered first and the dispatch run right after (:meth:`do_reput`). Every
+read of a consume queue or the index runs what is queued first, so nothing
+read on the broker's thread ever misses an acknowledged put.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import logging
 import os
 import shutil
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 
@@ -97,6 +104,7 @@ class DefaultMessageStore:
         )
         self.checkpoint = StoreCheckpoint(config.store_checkpoint)
         self.dispatched_offset = 0  # every record before it is in its consume queue
+        self._reput_queue: deque[tuple[str, int, EncodedRecords, AppendMessageResult]] = deque()
         self.message_arriving_listener: MessageArrivingListener | None = None
         self._group_commit: GroupCommitService | None = None
         self._services: list[ServiceThread] = []
@@ -118,7 +126,7 @@ class DefaultMessageStore:
             for topic_dir in sorted(root.iterdir()):
                 for qdir in sorted(topic_dir.iterdir()):
                     if qdir.name.isdigit():
-                        cq = self.find_consume_queue(topic_dir.name, int(qdir.name))
+                        cq = self._consume_queue_for_put(topic_dir.name, int(qdir.name))
                         cq.load()
                         cq.recover()
         self.index_service.load(crashed=not self.last_exit_ok)
@@ -164,7 +172,7 @@ class DefaultMessageStore:
         t0, t1, p0, p1 = split_tail(chunk, pos, total, body_len)
         topic = chunk[t0:t1].decode()
         props = chunk[p0:p1]
-        cq = self.find_consume_queue(topic, queue_id)
+        cq = self._consume_queue_for_put(topic, queue_id)
         key = f"{topic}-{queue_id}"
         if queue_offset >= cq.max_offset_in_queue:
             tag = self._tag_code(topic, queue_id, props, store_ts)
@@ -195,6 +203,7 @@ class DefaultMessageStore:
         """Flush everything and write the checkpoint (a clean stop recovers instantly)."""
         if not self._running:
             return
+        self.do_reput()
         self._running = False
         for s in self._services:
             s.shutdown()
@@ -231,10 +240,15 @@ class DefaultMessageStore:
             topic, queue_id, messages = self.resolve_delay(topic, queue_id, messages)
         return self.put_records(topic, queue_id, EncodedRecords.from_messages(topic, messages))
 
-    def put_records(self, topic: str, queue_id: int, records: EncodedRecords) -> PutMessageResult:
+    def put_records(
+        self, topic: str, queue_id: int, records: EncodedRecords, *, reput_later: bool = False,
+    ) -> PutMessageResult:
         """Store records already laid out (a pre-encoded batch, or :meth:`put_messages`).
 
         No delay handling here: a pre-encoded batch holds no delayed message.
+        ``reput_later``: leave the dispatch queued for the caller's next
+        :meth:`do_reput` (or the next read), e.g. after answering the sender;
+        otherwise it runs before this returns.
         """
         if not self._running and self._services:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, remark="store is shut down")
@@ -245,7 +259,9 @@ class DefaultMessageStore:
         if problem is not None:
             return problem
         appended = self.commit_log.put_records(topic, queue_id, records)
-        self._dispatch(topic, queue_id, records, appended)
+        self._reput_queue.append((topic, queue_id, records, appended))
+        if not reput_later:
+            self.do_reput()
         return PutMessageResult(
             PutMessageStatus.PUT_OK,
             topic=topic,
@@ -345,10 +361,20 @@ class DefaultMessageStore:
             return int(deliver_ms) if deliver_ms and deliver_ms.isdigit() else store_ts
         return tag_hash(find_property(props, _TAGS))
 
+    def do_reput(self) -> None:
+        """Dispatch every put still queued, in commit-log order (ReputMessageService.doReput).
+
+        A crash before it loses nothing: recovery dispatches again from the
+        checkpoint, which never passes :attr:`dispatched_offset`.
+        """
+        queue = self._reput_queue
+        while queue:
+            self._dispatch(*queue.popleft())
+
     def _dispatch(
         self, topic: str, queue_id: int, records: EncodedRecords, appended: AppendMessageResult,
     ) -> None:
-        cq = self.find_consume_queue(topic, queue_id)
+        cq = self._consume_queue_for_put(topic, queue_id)
         ts = appended.store_timestamp
         props: list[bytes] | None = None
         if topic == SCHEDULE_TOPIC:
@@ -404,7 +430,12 @@ class DefaultMessageStore:
 
     # -- queues -----------------------------------------------------------------
 
-    def find_consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+    def consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        """The queue's ConsumeQueue if it exists, with every queued put dispatched."""
+        self.do_reput()
+        return self.consume_queue_table.get(topic, {}).get(queue_id)
+
+    def _consume_queue_for_put(self, topic: str, queue_id: int) -> ConsumeQueue:
         queues = self.consume_queue_table.setdefault(topic, {})
         cq = queues.get(queue_id)
         if cq is None:
@@ -415,18 +446,16 @@ class DefaultMessageStore:
             queues[queue_id] = cq
         return cq
 
-    def _existing_queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
-        return self.consume_queue_table.get(topic, {}).get(queue_id)
 
     def _all_consume_queues(self) -> list[ConsumeQueue]:
         return [cq for queues in list(self.consume_queue_table.values()) for cq in list(queues.values())]
 
     def get_min_offset_in_queue(self, topic: str, queue_id: int) -> int:
-        cq = self._existing_queue(topic, queue_id)
+        cq = self.consume_queue(topic, queue_id)
         return cq.min_offset_in_queue if cq else 0
 
     def get_max_offset_in_queue(self, topic: str, queue_id: int) -> int:
-        cq = self._existing_queue(topic, queue_id)
+        cq = self.consume_queue(topic, queue_id)
         return cq.max_offset_in_queue if cq else 0
 
     def check_in_mem_by_consume_offset(self, topic: str, queue_id: int, offset: int) -> bool:
@@ -437,7 +466,7 @@ class DefaultMessageStore:
         newest ``accessMessageInMemoryMaxRatio`` percent of physical memory of the commit
         log. False when the queue has no message at ``offset`` (never written, or expired).
         """
-        cq = self._existing_queue(topic, queue_id)
+        cq = self.consume_queue(topic, queue_id)
         if cq is None or not cq.min_offset_in_queue <= offset < cq.max_offset_in_queue:
             return False
         entry = cq.get_entries(offset, 1)
@@ -450,7 +479,7 @@ class DefaultMessageStore:
         return self.commit_log.max_offset - phy <= memory
 
     def get_last_store_timestamp(self, topic: str, queue_id: int) -> int:
-        cq = self._existing_queue(topic, queue_id)
+        cq = self.consume_queue(topic, queue_id)
         if cq is None or cq.max_offset_in_queue <= cq.min_offset_in_queue:
             return 0
         if not cq.last_store_timestamp:
@@ -466,7 +495,7 @@ class DefaultMessageStore:
 
     def get_offset_in_queue_by_time(self, topic: str, queue_id: int, timestamp: int) -> int:
         """The first offset stored at or after ``timestamp`` (max offset if none)."""
-        cq = self._existing_queue(topic, queue_id)
+        cq = self.consume_queue(topic, queue_id)
         if cq is None:
             return 0
         lo, hi = cq.min_offset_in_queue, cq.max_offset_in_queue
@@ -480,6 +509,7 @@ class DefaultMessageStore:
 
     def delete_topic(self, topic: str) -> None:
         """Drop the topic's consume queues (its records expire with the commit log)."""
+        self.do_reput()
         queues = self.consume_queue_table.pop(topic, {})
         for qid, cq in queues.items():
             cq.destroy()
@@ -504,7 +534,7 @@ class DefaultMessageStore:
         ``property_filter(properties)`` by each record's encoded properties
         (SQL92), which means reading the candidates first.
         """
-        cq = self._existing_queue(topic, queue_id)
+        cq = self.consume_queue(topic, queue_id)
         if cq is None:
             return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, 0, 0, 0)
         min_off, max_off = cq.min_offset_in_queue, cq.max_offset_in_queue
@@ -616,6 +646,7 @@ class DefaultMessageStore:
         self, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int
     ) -> list[bytes]:
         """Records of ``topic`` whose UNIQ_KEY or KEYS holds ``key`` (newest first)."""
+        self.do_reput()
         out: list[bytes] = []
         seen: set[int] = set()
         for phy in self.index_service.query_offsets(topic, key, max_num * 4, begin_ms, end_ms):
@@ -643,6 +674,7 @@ class DefaultMessageStore:
 
     def clean_expired_files(self, now: float | None = None) -> int:
         """Delete commit-log segments older than fileReservedTime, then what pointed at them."""
+        self.do_reput()
         deleted = self.commit_log.delete_expired_files(self.config.file_reserved_time * 3600, now)
         if deleted:
             phy_min = self.commit_log.min_offset

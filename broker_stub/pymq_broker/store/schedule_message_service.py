@@ -78,7 +78,7 @@ class ScheduleMessageService(ConfigManager):
 
     def _deliver_level(self, level: int, now_ms: int) -> tuple[int, int | None]:
         """Deliver the due head of one level: (delivered, next due time or None if drained)."""
-        cq = self.store.consume_queue_table.get(SCHEDULE_TOPIC, {}).get(level - 1)
+        cq = self.store.consume_queue(SCHEDULE_TOPIC, level - 1)
         if cq is None:
             return 0, None
         offset = max(self.offset_table.get(level, 0), cq.min_offset_in_queue)

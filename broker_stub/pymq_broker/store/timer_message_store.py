@@ -67,7 +67,7 @@ class TimerMessageStore(ConfigManager):
 
     def _scan(self) -> None:
         """Read timers written since the last scan into the heap."""
-        cq = self.store.consume_queue_table.get(TIMER_TOPIC, {}).get(0)
+        cq = self.store.consume_queue(TIMER_TOPIC, 0)
         if cq is None:
             return
         offset = max(self.low_water if self._scanned < 0 else self._scanned, cq.min_offset_in_queue)
@@ -103,7 +103,8 @@ class TimerMessageStore(ConfigManager):
             if at not in self.done:
                 due.append(at)
         if due:
-            cq = self.store.consume_queue_table[TIMER_TOPIC][0]
+            cq = self.store.consume_queue(TIMER_TOPIC, 0)
+            assert cq is not None  # its entries were read when they were scheduled
             for at in sorted(due):
                 entry = cq.get_entries(at, 1)
                 if len(entry):

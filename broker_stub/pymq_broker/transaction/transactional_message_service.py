@@ -112,7 +112,7 @@ class TransactionalMessageService(ConfigManager):
     def load(self) -> None:
         """Rebuild pending transactions from the half and op queues."""
         super().load()
-        op = self.store.consume_queue_table.get(TRANS_OP_HALF_TOPIC, {}).get(0)
+        op = self.store.consume_queue(TRANS_OP_HALF_TOPIC, 0)
         if op is not None:
             for _phy, rec in self._records(TRANS_OP_HALF_TOPIC, op.min_offset_in_queue):
                 body_len = HEADER.unpack_from(rec)[13]
@@ -131,7 +131,7 @@ class TransactionalMessageService(ConfigManager):
     # -- records ----------------------------------------------------------------
 
     def _records(self, topic: str, start: int) -> list[tuple[int, bytes]]:
-        cq = self.store.consume_queue_table.get(topic, {}).get(0)
+        cq = self.store.consume_queue(topic, 0)
         if cq is None:
             return []
         entries = cq.get_entries(max(start, cq.min_offset_in_queue), cq.max_offset_in_queue)
@@ -303,7 +303,7 @@ class TransactionalMessageService(ConfigManager):
             self.done.discard(self.check_offset)
             self.check_offset += 1
             moved = True
-        cq = self.store.consume_queue_table.get(TRANS_HALF_TOPIC, {}).get(0)
+        cq = self.store.consume_queue(TRANS_HALF_TOPIC, 0)
         if not self.pending and cq is not None and self.check_offset < cq.max_offset_in_queue:
             self.check_offset = cq.max_offset_in_queue
             self.done.clear()
