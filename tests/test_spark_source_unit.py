@@ -540,3 +540,27 @@ def test_stream_offsets_available_now_target_and_data_loss() -> None:
     # offsets of a topic the query no longer reads are dropped, not reported
     assert ends(strict.latestOffset({"t": {"b:0": 5}, "old": {"b:0": 3}},
                                     ReadAllAvailable())) == {T0: 50}
+
+
+def test_the_stream_driver_imports_no_producer_admin_or_transactions() -> None:
+    """Spark starts a fresh Python process for every streaming query's source (the
+    runner): what it imports delays the first batch. It plans offsets; the producer,
+    the admin client and transactions are not its business (~0.1 s of imports)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import pyspark_pymq.spark.data_source, pyspark_pymq.spark.micro_batch_stream\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('pyspark_pymq.client.'))\n"
+        "for m in ('producer', 'admin', 'transaction', 'consumer'):\n"
+        "    assert 'pyspark_pymq.client.' + m not in sys.modules, loaded\n"
+        # the package's names still load on first use, whichever comes first
+        "from pyspark_pymq.client import Admin, Producer, TransactionProducer\n"
+        "import pyspark_pymq.client as c\n"
+        "assert c.Producer is Producer and Admin.__module__ == 'pyspark_pymq.client.admin'\n"
+        "assert sorted(dir(c)) == sorted(c.__all__)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    for first in ("pyspark_pymq.backend", "pyspark_pymq.client.producer", "pyspark_pymq.client.admin"):
+        subprocess.run([sys.executable, "-c", f"import {first}; from pyspark_pymq import Producer"], check=True)

@@ -27,6 +27,8 @@ __all__ = [
 ]
 
 MAX_DELAY_LEVEL_HINT = 18
+SEND_MODES: tuple[str, ...] = ("sync", "async", "oneway")
+DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024  # RocketMQ's maxMessageSize
 
 
 @dataclass(frozen=True, order=True, slots=True)

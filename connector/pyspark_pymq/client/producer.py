@@ -26,6 +26,8 @@ from ..errors import (
 from ..tls import TlsConfig
 from .codec import UNIQ_PREFIX, fixed_width, uniq_first, uniq_property_matrix
 from .message import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    SEND_MODES,
     Message,
     MessageQueue,
     RowKeys,
@@ -39,8 +41,6 @@ from .route import PERM_READ, PERM_WRITE
 __all__ = ["DEFAULT_MAX_MESSAGE_SIZE", "Producer", "SendMode"]
 
 SendMode = Literal["sync", "async", "oneway"]
-SEND_MODES: tuple[str, ...] = ("sync", "async", "oneway")
-DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
 _COLUMNS_MIN = 64  # send_batch: from this many messages, plain ones are framed as columns
 
 

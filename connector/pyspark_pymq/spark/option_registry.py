@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..client.producer import DEFAULT_MAX_MESSAGE_SIZE, SEND_MODES
+from ..client.message import DEFAULT_MAX_MESSAGE_SIZE, SEND_MODES
 
 __all__ = [
     "ACTIONS",

@@ -32,7 +32,6 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from ..backend.base import BackendConfig, parse_backend_options
-from ..client.admin import Admin
 from .option_registry import VIEW_OPTIONS
 from .options import OptionValues, _parse_group
 
@@ -87,6 +86,8 @@ def _ts(ms: Any) -> datetime | None:
 
 
 def _rows(opts: ViewOptions) -> list[dict[str, Any]]:
+    from ..client.admin import Admin  # on an executor only: the stream's driver never needs it
+
     cfg = opts.backend
     admin = (Admin(namesrv_addr=cfg.namesrv_addr, access_key=cfg.access_key, secret_key=cfg.secret_key)
              if cfg.namesrv_addr
