@@ -41,8 +41,10 @@ import struct
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "BLANK_MAGIC_CODE",
@@ -83,13 +85,25 @@ PREPAREDTXOFFSET, BODYLEN = 12, 13
 RecordHeader = tuple[int, int, int, int, int, int, int, int, int, int, bytes, int, int, int]
 
 # HEADER as a numpy record, for the code that reads or completes many headers at once
-HEADER_DTYPE = np.dtype([
-    ("total", "<i4"), ("magic", "<i4"), ("crc", "<u4"), ("queue_id", "<i4"), ("flag", "<i4"),
-    ("queue_offset", "<i8"), ("phy", "<i8"), ("sys_flag", "<i4"), ("born", "<i8"),
-    ("store_ts", "<i8"), ("host", "S8"), ("reconsume", "<i4"), ("prepared_tx", "<i8"),
-    ("body_len", "<i4"),
-])
-assert HEADER_DTYPE.itemsize == HEADER_SIZE
+HEADER_DTYPE: np.dtype[np.void]
+
+
+def __getattr__(name: str) -> Any:
+    # numpy (~60 ms to import) loads with the first user of HEADER_DTYPE: Spark's short-lived
+    # Python processes that only parse options or build a schema import this module too
+    if name == "HEADER_DTYPE":
+        import numpy
+
+        dtype = numpy.dtype([
+            ("total", "<i4"), ("magic", "<i4"), ("crc", "<u4"), ("queue_id", "<i4"), ("flag", "<i4"),
+            ("queue_offset", "<i8"), ("phy", "<i8"), ("sys_flag", "<i4"), ("born", "<i8"),
+            ("store_ts", "<i8"), ("host", "S8"), ("reconsume", "<i4"), ("prepared_tx", "<i8"),
+            ("body_len", "<i4"),
+        ])
+        assert dtype.itemsize == HEADER_SIZE
+        globals()[name] = dtype
+        return dtype
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"

@@ -27,14 +27,14 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-import numpy as np
-import numpy.typing as npt
 from pymq_proto.malloc import tune_malloc_once
 
 from ..client.message import MessageExt, MessageQueue, PullStatus, SendBackColumns, SendResult
 from ..tls import TlsConfig
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # numpy and pyarrow load with a backend, not with the options (see spark.options)
+    import numpy as np
+    import numpy.typing as npt
     import pyarrow as pa
 
     from ..client.route import TopicRoute
