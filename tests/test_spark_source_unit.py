@@ -554,6 +554,8 @@ def test_the_stream_driver_imports_no_producer_admin_or_transactions() -> None:
     code = (
         "import sys\n"
         "import pyspark_pymq.spark.data_source\n"
+        "from pyspark_pymq.spark.options import parse_source_options\n"
+        "parse_source_options({'endpoint': '127.0.0.1:1', 'topic': 't', 'consumerGroup': 'g'}, stream=True)\n"
         "for m in ('numpy', 'ssl', 'grpc', 'pyarrow', 'pyspark_pymq.client.transport'):\n"
         "    assert m not in sys.modules, m\n"
         "import pyspark_pymq.spark.data_source, pyspark_pymq.spark.micro_batch_stream\n"

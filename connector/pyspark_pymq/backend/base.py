@@ -48,6 +48,7 @@ __all__ = [
     "SendRequest",
     "backend_config",
     "cached_backend",
+    "check_endpoint",
     "check_namesrv_addr",
     "check_subscription",
     "client_tls",
@@ -407,6 +408,19 @@ def check_namesrv_addr(value: object) -> str:
     return ";".join(addrs)
 
 
+def check_endpoint(endpoint: object) -> str:
+    """``endpoint`` as ``host:port``, or a ValueError naming the value."""
+    if not isinstance(endpoint, str) or not endpoint.strip():
+        raise ValueError(f"endpoint must be 'host:port', got {endpoint!r}")
+    host, sep, port = endpoint.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(
+            f"endpoint {endpoint!r} is not 'host:port' with a port in 1..65535 "
+            "(e.g. '127.0.0.1:8081')"
+        )
+    return endpoint.strip()
+
+
 def parse_backend_options(get: Callable[[str], str | None], prefix: str) -> BackendConfig:
     """The backend named by Spark options ``endpoint`` / ``namesrvAddr`` (+ ``accessKey``, ``secretKey``,
     ``tls``, ``tlsCaFile``, ``tlsCertFile``, ``tlsKeyFile``: both backends sign and encrypt).
@@ -414,8 +428,6 @@ def parse_backend_options(get: Callable[[str], str | None], prefix: str) -> Back
     Exactly one of ``endpoint`` and ``namesrvAddr``; errors name the option and
     the value (never the secret key's).
     """
-    from ..client.transport import check_endpoint
-
     endpoint, namesrv = get("endpoint") or None, get("namesrvAddr") or None
     if endpoint and namesrv:
         raise ValueError(

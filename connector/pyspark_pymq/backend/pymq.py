@@ -36,9 +36,17 @@ from ..client.message import (
     SendStatus,
 )
 from ..client.route import RouteCache, TopicRoute
-from ..client.transport import BrokerClient, UnaryRpc, check_endpoint
+from ..client.transport import BrokerClient, UnaryRpc
 from ..errors import AccessDeniedError, AuthenticationError, PymqError, TopicNotExistError
-from .base import Backend, BackendConfig, PullBatch, QueueBounds, SendBackOutcome, SendRequest
+from .base import (
+    Backend,
+    BackendConfig,
+    PullBatch,
+    QueueBounds,
+    SendBackOutcome,
+    SendRequest,
+    check_endpoint,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa

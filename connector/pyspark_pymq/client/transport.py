@@ -45,6 +45,7 @@ from google.protobuf.message import Message as ProtoMessage
 from pymq_proto.v1 import pymq_pb2, pymq_pb2_grpc
 from pymq_proto.wire import SerializedRequest, serialize_request
 
+from ..backend.base import check_endpoint
 from ..errors import (
     BrokerUnavailableError,
     PymqError,
@@ -60,7 +61,6 @@ __all__ = [
     "ResponseStream",
     "StreamRpc",
     "UnaryRpc",
-    "check_endpoint",
     "map_rpc_error",
     "sign_metadata",
 ]
@@ -81,19 +81,6 @@ _channels_lock = threading.Lock()
 Req = TypeVar("Req")  # a message, or (the sends) a pymq_proto.wire.SerializedRequest
 Resp = TypeVar("Resp", bound=ProtoMessage)
 T = TypeVar("T")
-
-
-def check_endpoint(endpoint: object) -> str:
-    """``endpoint`` as ``host:port``, or a ValueError naming the value."""
-    if not isinstance(endpoint, str) or not endpoint.strip():
-        raise ValueError(f"endpoint must be 'host:port', got {endpoint!r}")
-    host, sep, port = endpoint.strip().rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(
-            f"endpoint {endpoint!r} is not 'host:port' with a port in 1..65535 "
-            "(e.g. '127.0.0.1:8081')"
-        )
-    return endpoint.strip()
 
 
 def _channel(endpoint: str, tls: TlsConfig | None = None) -> grpc.Channel:
