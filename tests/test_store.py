@@ -386,3 +386,37 @@ def test_a_put_left_for_the_reput_is_seen_by_every_reader_and_survives_a_crash(t
         assert [r[3] for r in records(b"".join(hits))] == [b"m3"]
     finally:
         again.shutdown()
+
+
+def test_a_failed_reput_stays_first_in_line_and_loses_nothing(tmp_path: Path) -> None:
+    """A dispatch that fails (say the index's disk is full) must not drop the put's consume
+    queue entries nor let a later put's entries skip ahead: it is retried, in order, by the
+    next reader, which sees the error until the dispatch succeeds."""
+    from pymq_broker.store.encoded_batch import EncodedRecords
+
+    store = DefaultMessageStore(MessageStoreConfig(store_path_root_dir=tmp_path), HOST)
+    store.load()
+    real = store.index_service.build_index
+    fail = [True]
+
+    def full_disk(*args: object, **kwargs: object) -> None:
+        if fail[0]:
+            raise OSError(28, "No space left on device")
+        real(*args, **kwargs)  # type: ignore[arg-type]
+
+    store.index_service.build_index = full_disk  # type: ignore[method-assign]
+    for i in range(2):
+        batch = EncodedRecords.from_messages("t", [msg(b"m%d" % i, KEYS=f"k{i}")])
+        assert store.put_records("t", 0, batch, reput_later=True).ok
+    with pytest.raises(OSError, match="No space left"):
+        store.get_max_offset_in_queue("t", 0)
+    with pytest.raises(OSError, match="No space left"):
+        store.get_message("t", 0, 0, 10)
+    fail[0] = False
+    got = store.get_message("t", 0, 0, 10)
+    assert [r[3] for r in records(got.records)] == [b"m0", b"m1"]
+    now = int(time.time() * 1000) + 1000
+    for i in range(2):
+        hits = store.query_message("t", f"k{i}", 5, 0, now)
+        assert [r[3] for r in records(b"".join(hits))] == [b"m%d" % i]
+    store.shutdown()

@@ -365,11 +365,15 @@ class DefaultMessageStore:
         """Dispatch every put still queued, in commit-log order (ReputMessageService.doReput).
 
         A crash before it loses nothing: recovery dispatches again from the
-        checkpoint, which never passes :attr:`dispatched_offset`.
+        checkpoint, which never passes :attr:`dispatched_offset`. A dispatch that
+        fails (a full disk) stays first in line and raises to whoever reads next,
+        until it succeeds: a later put never skips ahead of it (the consume queue
+        refuses gaps, and takes the entries it already has again without change).
         """
         queue = self._reput_queue
         while queue:
-            self._dispatch(*queue.popleft())
+            self._dispatch(*queue[0])
+            queue.popleft()
 
     def _dispatch(
         self, topic: str, queue_id: int, records: EncodedRecords, appended: AppendMessageResult,
