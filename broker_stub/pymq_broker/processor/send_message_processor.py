@@ -343,7 +343,7 @@ class SendMessageProcessor:
             if dropped:
                 records = records.select(keep)
         # the consume queue and index are written on the loop's next turn, while the answer
-        # travels (RocketMQ's reput is asynchronous too): a sync sender waits ~15% less
+        # travels (RocketMQ's reput is asynchronous too): a sync sender stops waiting for them
         result = ctx.store.put_records(topic, queue_id, records, reput_later=True)
         asyncio.get_running_loop().call_soon(ctx.store.do_reput)
         status = await wait_store_ok(ctx, result)

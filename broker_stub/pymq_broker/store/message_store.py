@@ -126,7 +126,7 @@ class DefaultMessageStore:
             for topic_dir in sorted(root.iterdir()):
                 for qdir in sorted(topic_dir.iterdir()):
                     if qdir.name.isdigit():
-                        cq = self._consume_queue_for_put(topic_dir.name, int(qdir.name))
+                        cq = self._find_or_create_consume_queue(topic_dir.name, int(qdir.name))
                         cq.load()
                         cq.recover()
         self.index_service.load(crashed=not self.last_exit_ok)
@@ -172,7 +172,7 @@ class DefaultMessageStore:
         t0, t1, p0, p1 = split_tail(chunk, pos, total, body_len)
         topic = chunk[t0:t1].decode()
         props = chunk[p0:p1]
-        cq = self._consume_queue_for_put(topic, queue_id)
+        cq = self._find_or_create_consume_queue(topic, queue_id)
         key = f"{topic}-{queue_id}"
         if queue_offset >= cq.max_offset_in_queue:
             tag = self._tag_code(topic, queue_id, props, store_ts)
@@ -378,7 +378,7 @@ class DefaultMessageStore:
     def _dispatch(
         self, topic: str, queue_id: int, records: EncodedRecords, appended: AppendMessageResult,
     ) -> None:
-        cq = self._consume_queue_for_put(topic, queue_id)
+        cq = self._find_or_create_consume_queue(topic, queue_id)
         ts = appended.store_timestamp
         props: list[bytes] | None = None
         if topic == SCHEDULE_TOPIC:
@@ -439,7 +439,7 @@ class DefaultMessageStore:
         self.do_reput()
         return self.consume_queue_table.get(topic, {}).get(queue_id)
 
-    def _consume_queue_for_put(self, topic: str, queue_id: int) -> ConsumeQueue:
+    def _find_or_create_consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
         queues = self.consume_queue_table.setdefault(topic, {})
         cq = queues.get(queue_id)
         if cq is None:
