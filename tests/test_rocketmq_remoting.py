@@ -13,12 +13,15 @@ Two parts:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import queue
 import random
 import select
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -38,6 +41,7 @@ from pyspark_pymq.errors import (
 )
 from pyspark_pymq.rocketmq.api import ConsumerData, MQClientAPI, java_string_hash
 from pyspark_pymq.rocketmq.protocol import (
+    FLAG_ONEWAY,
     SERIALIZE_ROCKETMQ,
     FrameTemplate,
     RemotingCommand,
@@ -54,6 +58,8 @@ from pyspark_pymq.rocketmq.remoting import (
     sign_request,
 )
 from pyspark_pymq.rocketmq.route import NameServerClient, RouteCache, TopicRouteData, parse_namesrv_addr
+from pyspark_pymq.tls import TlsConfig
+from tls_certs import Certificates, make_certificates
 
 # ---------------------------------------------------------------------------------------------
 # a fake server on loopback, driven step by step by the test
@@ -470,6 +476,104 @@ def test_forked_child_opens_its_own_connection(server: FakeServer, client: Remot
     again = client.invoke_async(server.addr, RemotingCommand.request(30), 5)
     parent_conn.sendall(_answer(server.read_frame(parent_conn), offset="7"))
     assert again.result(5).ext_fields == {"offset": "7"}
+
+
+class _TlsServer:
+    """A TLS remoting server on loopback (asyncio, one thread): answers every request with its
+    opaque and a 3000-byte body, and pushes a oneway broker request every half millisecond."""
+
+    def __init__(self, certs: Certificates) -> None:
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.load_cert_chain(certs.server_cert, certs.server_key)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.addr = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.errors: list[str] = []
+        self.loop = asyncio.new_event_loop()
+        started = threading.Event()
+        threading.Thread(target=self._run, args=(started,), daemon=True).start()
+        assert started.wait(5)
+
+    def _run(self, started: threading.Event) -> None:
+        async def main() -> None:
+            await asyncio.start_server(self._serve, sock=self.listener, ssl=self.context)
+            started.set()
+            await asyncio.Event().wait()
+
+        with contextlib.suppress(RuntimeError):  # the loop stopped by close()
+            self.loop.run_until_complete(main())
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        async def push() -> None:
+            notify = RemotingCommand.request(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, {"group": "g" * 100})
+            notify.flag |= FLAG_ONEWAY
+            while True:
+                writer.write(notify.encode())
+                await asyncio.sleep(0.0005)
+
+        pusher = asyncio.ensure_future(push())
+        try:
+            while True:
+                head = await reader.readexactly(4)
+                (length,) = struct.unpack(">i", head)
+                request = RemotingCommand.decode(head + await reader.readexactly(length))
+                writer.write(RemotingCommand.response(0, request.opaque, body=b"z" * 3000).encode())
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        except Exception as err:  # a record that does not decrypt: what the client got wrong
+            self.errors.append(repr(err))
+        finally:
+            pusher.cancel()
+            writer.close()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.listener.close()
+
+
+def test_a_tls_connection_serves_many_threads_while_the_server_pushes(tmp_path: Any) -> None:
+    # One SSL object must never be in SSL_read (the reader thread) and SSL_write (a caller) at
+    # once: with an ssl.SSLSocket shared that way, a few rounds in ten lost their connection
+    # ("EOF occurred in violation of protocol", "bad record mac" on the server) or their answers.
+    certs = make_certificates(tmp_path)
+    server = _TlsServer(certs)
+    try:
+        for round_ in range(12):
+            client = RemotingClient(tls=TlsConfig(certs.ca))
+            failures: list[str] = []
+
+            def ask(client: RemotingClient = client, failures: list[str] = failures) -> None:
+                try:
+                    for _ in range(30):
+                        answer = client.invoke_sync(
+                            server.addr, RemotingCommand.request(105, {"topic": "T"}, body=b"b" * 2000), 5
+                        )
+                        assert answer.code == 0 and answer.body == b"z" * 3000
+                except Exception as err:
+                    failures.append(repr(err))
+
+            callers = [threading.Thread(target=ask) for _ in range(6)]
+            for t in callers:
+                t.start()
+            for t in callers:
+                t.join()
+            client.close()
+            assert not failures, f"round {round_}: {failures[0]}"
+        assert not server.errors, server.errors[0]
+    finally:
+        server.close()
+
+
+def test_a_tls_handshake_without_answer_fails_within_the_connect_time_out(
+    server: FakeServer, tmp_path: Any
+) -> None:
+    certs = make_certificates(tmp_path)
+    t0 = time.monotonic()
+    expected = r"TLS handshake with .* failed: no answer to the TLS handshake within 0\.5 s"
+    with (RemotingClient(tls=TlsConfig(certs.ca), connect_timeout_s=0.5) as tls_client,
+          pytest.raises(BrokerUnavailableError, match=expected) as err):
+        tls_client.invoke_sync(server.addr, RemotingCommand.request(105), 5)
+    assert server.addr in str(err.value)
+    assert time.monotonic() - t0 < 3
 
 
 def test_name_servers_are_asked_in_turn_within_the_time_out(

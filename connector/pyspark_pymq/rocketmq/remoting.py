@@ -99,6 +99,8 @@ DIRECT_BODY = 64 * 1024
 MIN_READ_SPACE = 64 * 1024
 # Concatenating a small body to its header costs less than a second write.
 JOIN_BODY_BELOW = 16 * 1024
+# Ciphertext taken from the socket per recv when TLS is on (several 16 KiB TLS records).
+TLS_READ_BUFFER = 256 * 1024
 # How often the sweeper fails asynchronous requests that outlived their time-out.
 SWEEP_INTERVAL_S = 0.05
 DEFAULT_CONNECT_TIMEOUT_S = 3.0
@@ -192,13 +194,109 @@ class _ConnectionClosed(Exception):
     pass
 
 
+class _TlsSession:
+    """TLS over a connected socket through memory BIOs: the SSL object is never in two threads at once.
+
+    An ``ssl.SSLSocket`` would have the reader thread inside ``SSL_read`` while writers are in
+    ``SSL_write`` on the same SSL object; OpenSSL does not allow that (seen under load: writes
+    failing with "EOF occurred in violation of protocol", requests never answered, heap
+    corruption). Here the reader takes ciphertext off the socket itself and only decrypts under
+    ``lock``; a writer encrypts under ``lock`` and sends what the outgoing BIO holds under
+    ``wire_lock``, which keeps the records on the wire in the order they were sealed.
+    """
+
+    def __init__(self, sock: socket.socket, ssl_object: ssl.SSLObject, incoming: ssl.MemoryBIO,
+                 outgoing: ssl.MemoryBIO) -> None:
+        self.sock = sock
+        self.ssl_object = ssl_object
+        self.incoming = incoming
+        self.outgoing = outgoing
+        self.lock = threading.Lock()  # the SSL object and both BIOs
+        self.wire_lock = threading.Lock()  # taken before ``lock``: ciphertext leaves in order
+        self._raw = memoryview(bytearray(TLS_READ_BUFFER))
+
+    @classmethod
+    def handshake(cls, context: ssl.SSLContext, sock: socket.socket, host: str,
+                  timeout_s: float) -> _TlsSession:
+        """Run the client handshake within ``timeout_s``; ssl.SSLError or OSError when it fails."""
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        ssl_object = context.wrap_bio(incoming, outgoing, server_hostname=host)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                ssl_object.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                pass
+            if outgoing.pending:
+                sock.sendall(outgoing.read())
+            remaining = deadline - time.monotonic()
+            try:
+                if remaining <= 0:
+                    raise TimeoutError
+                sock.settimeout(remaining)
+                data = sock.recv(TLS_READ_BUFFER)
+            except TimeoutError:
+                raise TimeoutError(f"no answer to the TLS handshake within {timeout_s:g} s") from None
+            if not data:
+                raise ConnectionResetError("the server closed the connection during the TLS handshake")
+            incoming.write(data)
+        if outgoing.pending:  # the client's Finished message
+            sock.sendall(outgoing.read())
+        return cls(sock, ssl_object, incoming, outgoing)
+
+    def send(self, parts: Sequence[bytes | bytearray]) -> None:
+        with self.wire_lock:
+            with self.lock:
+                for part in parts:
+                    self.ssl_object.write(part)
+                sealed = self.outgoing.read()
+            self.sock.sendall(sealed)
+
+    def recv_into(self, buffer: memoryview) -> int:
+        """Plaintext into ``buffer``, as ``socket.recv_into``: 0 once the peer closed."""
+        while True:
+            with self.lock:
+                got: int
+                try:
+                    # with a buffer, read returns a count (typeshed says bytes)
+                    got = self.ssl_object.read(len(buffer), buffer)  # type: ignore[assignment]
+                except ssl.SSLWantReadError:
+                    got = -1
+                except (ssl.SSLZeroReturnError, ssl.SSLEOFError):  # close_notify, or a bare close
+                    got = 0
+                answer = self.outgoing.pending  # what reading produced (a KeyUpdate's answer)
+            if answer:
+                self._send_pending()
+            if got >= 0:
+                return got
+            n = self.sock.recv_into(self._raw)
+            with self.lock:
+                if n:
+                    self.incoming.write(self._raw[:n])
+                else:
+                    self.incoming.write_eof()
+            if not n:
+                return 0
+
+    def _send_pending(self) -> None:
+        with self.wire_lock:
+            with self.lock:
+                sealed = self.outgoing.read()
+            if sealed:
+                self.sock.sendall(sealed)
+
+
 class _Connection:
     """One socket, its reader thread, and the requests waiting for an answer on it."""
 
-    def __init__(self, client: RemotingClient, addr: str, sock: socket.socket) -> None:
+    def __init__(self, client: RemotingClient, addr: str, sock: socket.socket,
+                 tls: _TlsSession | None = None) -> None:
         self.client = client
         self.addr = addr
         self.sock = sock
+        self.tls = tls
+        self.recv_into: Callable[[memoryview], int] = sock.recv_into if tls is None else tls.recv_into
         self.pid = os.getpid()
         # opaque -> (future, monotonic deadline, request code, time-out)
         self.pending: dict[int, tuple[Future[RemotingCommand], float, int, float]] = {}
@@ -219,13 +317,12 @@ class _Connection:
         with self.send_lock:
             if self.closed:
                 raise OSError(f"connection closed ({self.close_reason})")
-            if not body:
+            if self.tls is not None:
+                self.tls.send((head, body) if body else (head,))
+            elif not body:
                 self.sock.sendall(head)
             elif len(body) < JOIN_BODY_BELOW:
                 self.sock.sendall(head + body)
-            elif isinstance(self.sock, ssl.SSLSocket):  # no sendmsg: two TLS records
-                self.sock.sendall(head)
-                self.sock.sendall(body)
             else:
                 _send_parts(self.sock, (head, body))
 
@@ -246,7 +343,7 @@ class _Connection:
         self.close(reason)
 
     def _read_frames(self) -> None:
-        sock = self.sock
+        recv_into = self.recv_into
         buf = bytearray(READ_BUFFER)
         view = memoryview(buf)
         start = end = 0
@@ -274,7 +371,7 @@ class _Connection:
                     body = bytearray(body_len)
                     have = end - b0
                     body[:have] = view[b0:end]
-                    _recv_exactly(sock, memoryview(body)[have:])
+                    _recv_exactly(recv_into, memoryview(body)[have:])
                     start = end = 0
                     dispatch(header, type_len >> 24, body)
                     continue
@@ -293,7 +390,7 @@ class _Connection:
                 else:
                     buf[:n] = buf[start:end]
                 start, end = 0, n
-            got = sock.recv_into(view[end:])
+            got = recv_into(view[end:])
             if not got:
                 raise _ConnectionClosed()
             self.received = True
@@ -355,9 +452,9 @@ class _Connection:
                 )
 
 
-def _recv_exactly(sock: socket.socket, mv: memoryview) -> None:
+def _recv_exactly(recv_into: Callable[[memoryview], int], mv: memoryview) -> None:
     while mv:
-        got = sock.recv_into(mv)
+        got = recv_into(mv)
         if not got:
             raise _ConnectionClosed()
         mv = mv[got:]
@@ -607,15 +704,14 @@ class RemotingClient:
                 ) from None
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            if self.tls is not None:
-                sock = self._handshake(addr, host, sock, timeout)
+            tls = None if self.tls is None else self._handshake(addr, host, sock, timeout)
             sock.settimeout(None)
-            conn = _Connection(self, addr, sock)
+            conn = _Connection(self, addr, sock, tls)
             self._conns[key] = conn
             conn.reader.start()
             return conn
 
-    def _handshake(self, addr: str, host: str, sock: socket.socket, timeout: float) -> socket.socket:
+    def _handshake(self, addr: str, host: str, sock: socket.socket, timeout: float) -> _TlsSession:
         """The TLS handshake within the connect time-out; errors name the address and the cause."""
         assert self.tls is not None
         if self._ssl_context is None:
@@ -624,9 +720,8 @@ class RemotingClient:
             except (OSError, ssl.SSLError) as err:
                 sock.close()
                 raise BrokerUnavailableError(f"cannot set up TLS for {addr}: {err}") from None
-        sock.settimeout(timeout)
         try:
-            return self._ssl_context.wrap_socket(sock, server_hostname=host)
+            return _TlsSession.handshake(self._ssl_context, sock, host, timeout)
         except ssl.SSLCertVerificationError as err:
             sock.close()
             raise BrokerUnavailableError(
