@@ -979,47 +979,32 @@ def _properties(
     )
     if not _is_utf8(values, size):
         raise _Fallback  # Java and the reference put U+FFFD for malformed bytes
-    # one pass over the bytes for both separators (\x00 is rare in properties)
-    low = np.flatnonzero(flat < 3)
-    low_bytes = flat[low]
-    seps = low[low_bytes == 2]
-    name_seps = low[low_bytes == 1]
-    # Records whose properties do not end with \x02 end their last entry at their end.
+    seps = np.flatnonzero(flat == 2)
+    name_seps = np.flatnonzero(flat == 1)
     lengths = offsets[1:] - offsets[:-1]
+    # Records whose properties do not end with \x02 end their last entry at their end.
     is_open = (
         (lengths > 0) & (flat[np.maximum(offsets[1:] - 1, 0)] != 2) if size else np.zeros(n, dtype=bool)
     )
-    open_end = offsets[1:][is_open]
-    if len(open_end):
-        # an open end ends its entry before a \x02 at the same place starts the next record's
-        ends = np.concatenate([seps, open_end])
-        nexts = np.concatenate([seps + 1, open_end])
-        order = np.argsort(np.concatenate([seps * 2 + 1, open_end * 2]), kind="stable")
-        ends, nexts = ends[order], nexts[order]
-    else:
-        ends, nexts = seps, seps + 1
+    per_record = np.diff(np.searchsorted(seps, offsets, side="left"))
+    ends = seps
     begins = np.empty(len(ends), dtype=np.int64)
     if len(ends):
         begins[0] = 0
-        begins[1:] = nexts[:-1]
-    # In that order, entries come record by record: count each record's entry ends.
-    per_record = np.diff(np.searchsorted(seps, offsets, side="left")) + is_open
-    entry_record = np.repeat(np.arange(n, dtype=np.int64), per_record)
-    # The first \x01 at or after each entry's start (anywhere, as Java's indexOf). When
-    # every entry holds exactly one, as encoders write them, that is simply each \x01.
-    if len(name_seps) == len(begins) and bool(np.all(name_seps >= begins)) and bool(np.all(name_seps < ends)):
+        begins[1:] = seps[:-1] + 1
+    if (len(name_seps) == len(seps) and not is_open.any()
+            and bool(np.all(name_seps > begins)) and bool(np.all(name_seps < ends - 1))):
+        # As every encoder writes them: each entry closed by \x02, one \x01 in it, a name and a
+        # value. Entries are then exactly the \x02-terminated runs, each split at its \x01.
         kv = name_seps
-    elif len(name_seps):
-        at = np.searchsorted(name_seps, begins, side="left")
-        kv = np.where(at < len(name_seps), name_seps[np.minimum(at, len(name_seps) - 1)], -1)
+        entry_record = np.repeat(np.arange(n, dtype=np.int64), per_record)
+        per_map = per_record
     else:
-        kv = np.full(len(begins), -1, dtype=np.int64)
-    good = (kv > begins) & (kv < ends - 1)
-    if not bool(good.all()):
-        begins, kv, ends, entry_record = begins[good], kv[good], ends[good], entry_record[good]
+        begins, kv, ends, entry_record = _java_entries(flat, offsets, seps, name_seps, is_open, per_record, n)
+        per_map = np.bincount(entry_record, minlength=n)
     entries = len(begins)
     map_offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(np.bincount(entry_record, minlength=n), out=map_offsets[1:])
+    np.cumsum(per_map, out=map_offsets[1:])
     map_type = schema.field("properties").type
     if entries == 0:
         empty = pa.array([], pa.string())
@@ -1044,6 +1029,46 @@ def _properties(
         pa.array(map_offsets, pa.int32()), entry_names, entry_values, type=map_type
     )
     return properties, codes, entry_values, entry_record, {name: i for i, name in enumerate(names)}
+
+
+def _java_entries(
+    flat: npt.NDArray[np.uint8], offsets: npt.NDArray[np.int64], seps: npt.NDArray[np.int64],
+    name_seps: npt.NDArray[np.int64], is_open: npt.NDArray[np.bool_], per_record: npt.NDArray[np.int64],
+    n: int,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """(begin, first \x01, end, record) of every entry ``string2messageProperties`` keeps.
+
+    For any bytes: an open last entry, an entry without \x01 or with several, empty
+    names or values (dropped, as Java drops them).
+    """
+    open_end = offsets[1:][is_open]
+    if len(open_end):
+        # an open end ends its entry before a \x02 at the same place starts the next record's
+        ends = np.concatenate([seps, open_end])
+        nexts = np.concatenate([seps + 1, open_end])
+        order = np.argsort(np.concatenate([seps * 2 + 1, open_end * 2]), kind="stable")
+        ends, nexts = ends[order], nexts[order]
+    else:
+        ends, nexts = seps, seps + 1
+    begins = np.empty(len(ends), dtype=np.int64)
+    if len(ends):
+        begins[0] = 0
+        begins[1:] = nexts[:-1]
+    # In that order, entries come record by record: count each record's entry ends.
+    entry_record = np.repeat(np.arange(n, dtype=np.int64), per_record + is_open)
+    # The first \x01 at or after each entry's start (anywhere, as Java's indexOf). When
+    # every entry holds exactly one, as encoders write them, that is simply each \x01.
+    if len(name_seps) == len(begins) and bool(np.all(name_seps >= begins)) and bool(np.all(name_seps < ends)):
+        kv = name_seps
+    elif len(name_seps):
+        at = np.searchsorted(name_seps, begins, side="left")
+        kv = np.where(at < len(name_seps), name_seps[np.minimum(at, len(name_seps) - 1)], -1)
+    else:
+        kv = np.full(len(begins), -1, dtype=np.int64)
+    good = (kv > begins) & (kv < ends - 1)
+    if not bool(good.all()):
+        return begins[good], kv[good], ends[good], entry_record[good]
+    return begins, kv, ends, entry_record
 
 
 def _has_repeats(entry_record: npt.NDArray[np.int64], codes: npt.NDArray[np.int32], distinct: int,
