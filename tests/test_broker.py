@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import struct
 import threading
 import time
 from concurrent.futures import Future
+from pathlib import Path
 
 import grpc
 import pytest
@@ -52,6 +54,32 @@ def test_send_pull_commit_round_trip(endpoint: str) -> None:
     progress = Admin(endpoint).group_progress("g1")
     assert progress["lag"].sum() == 0 and progress["consumer_offset"].sum() == 20
 
+
+
+def test_a_pull_says_the_size_of_each_record(tmp_path: Path) -> None:
+    # what lets a reader find the records without following them one by one, plain and filtered
+    with BrokerProcess(tmp_path / "b", ["--enable-property-filter"]) as broker:
+        _check_record_sizes(broker.endpoint)
+
+
+def _check_record_sizes(endpoint: str) -> None:
+    Admin(endpoint).create_topic("sized", queues=1)
+    with Producer(endpoint) as producer:
+        for i in range(30):
+            producer.send(Message("sized", b"x" * (i * 7), tags="even" if i % 2 == 0 else "odd",
+                                  properties={"n": str(i)}))
+    consumer = PullConsumer(endpoint, "g-sized")
+    mq = MessageQueue("sized", "broker-a", 0)
+    for kw in ({}, {"subscription": "even"}, {"subscription": "n > 20", "expression_type": "SQL92"}):
+        pulled = consumer.pull_raw(mq, 0, 100, **kw)
+        sizes = [s for (s,) in struct.iter_unpack("<i", pulled.record_sizes)]
+        assert len(sizes) == pulled.message_count > 0, kw
+        at = 0
+        for size in sizes:  # each record's own TOTALSIZE, back to back
+            assert struct.unpack_from("<i", pulled.records, at)[0] == size
+            at += size
+        assert at == len(pulled.records)
+    assert len(consumer.pull_raw(mq, 0, 100, subscription="even").record_sizes) == 15 * 4
 
 def test_batch_lands_in_one_queue_in_order_and_large_lists_split(endpoint: str) -> None:
     Admin(endpoint).create_topic("batch", queues=2)

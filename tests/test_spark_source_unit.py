@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import random
+import struct
 from typing import Any
 
 import pyarrow as pa
@@ -18,6 +19,7 @@ import pytest
 from pymq_proto.record import encode_properties, encode_record, store_host_bytes
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+from pyspark_pymq.backend import pymq_arrow
 from pyspark_pymq.backend.pymq_arrow import (
     decode_to_arrow,
     empty_batch,
@@ -396,6 +398,31 @@ def test_record_starts_fast_path_and_fallback() -> None:
     assert find_record_starts(mixed).tolist() == [0, 200, 400, 660]
     with pytest.raises(ValueError, match="truncated"):
         find_record_starts(mixed[:-1])
+
+
+def test_record_starts_from_the_sizes_the_broker_sent(monkeypatch: pytest.MonkeyPatch) -> None:
+    def rec(body_size: int) -> bytes:
+        return encode_record(
+            topic=b"t", queue_id=0, flag=0, body=b"b" * body_size, properties=b"",
+            queue_offset=0, physical_offset=0, sys_flag=0, born_timestamp=0,
+            store_timestamp=0, store_host=HOST, reconsume_times=0,
+        )
+
+    mixed = rec(115) + rec(175) + rec(55) + rec(300)
+    sizes = struct.pack("<4i", 200, 260, 140, 385)
+    expected = [0, 200, 460, 600]
+    assert find_record_starts(mixed, sizes).tolist() == expected
+    # sizes that disagree with the records (a short list, a wrong size, a wrong sum) are not
+    # trusted: the records' own sizes are followed instead
+    for wrong in (sizes[:8], struct.pack("<4i", 200, 200, 200, 385), struct.pack("<4i", 200, 260, 140, 384),
+                  struct.pack("<4i", 260, 200, 140, 385),
+                  struct.pack("<4i", 460, -260, 400, 385), b"\x01\x02\x03"):
+        assert find_record_starts(mixed, wrong).tolist() == expected
+    # with the right sizes no record is visited one by one
+    monkeypatch.setattr(pymq_arrow, "_TOTAL_SIZE", None)
+    assert find_record_starts(mixed, sizes).tolist() == expected
+    rows = decode_to_arrow(mixed, topic="t", broker_name="b", retry=False, sizes=sizes)
+    assert rows.column("body").to_pylist() == [b"b" * n for n in (115, 175, 55, 300)]
 
 
 def test_vectorised_decoder_on_random_messages() -> None:

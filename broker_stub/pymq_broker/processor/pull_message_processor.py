@@ -93,4 +93,5 @@ class PullMessageProcessor:
             message_count=r.message_count,
             records=r.records,
             store_host=self.ctx.endpoint,
+            record_sizes=r.sizes,
         )

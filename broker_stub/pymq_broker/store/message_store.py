@@ -577,8 +577,10 @@ class DefaultMessageStore:
         nxt = offset + scanned
         if not len(matched):
             return GetMessageResult(GetMessageStatus.NO_MATCHED_MESSAGE, nxt, min_off, max_off)
-        records = self.read_records(entries["phy"][matched], entries["size"][matched])
-        return GetMessageResult(GetMessageStatus.FOUND, nxt, min_off, max_off, records, len(matched))
+        sizes = entries["size"][matched]
+        records = self.read_records(entries["phy"][matched], sizes)
+        return GetMessageResult(GetMessageStatus.FOUND, nxt, min_off, max_off, records, len(matched),
+                                sizes.astype("<i4").tobytes())
 
     def _get_filtered(
         self, entries: np.ndarray, mask: np.ndarray, offset: int, want: int, max_bytes: int,
@@ -597,6 +599,7 @@ class DefaultMessageStore:
         cand = cand[:fits]
         scanned = len(entries) if fits >= len(mask.nonzero()[0]) else int(cand[-1]) + 1
         out: list[bytes] = []
+        kept: list[int] = []
         if len(cand):
             raw = self.read_records(entries["phy"][cand], entries["size"][cand])
             pos = 0
@@ -610,6 +613,7 @@ class DefaultMessageStore:
                 _t0, _t1, p0, p1 = split_tail(raw, pos, total, h[13])
                 if keep(raw[p0:p1]):
                     out.append(raw[pos : pos + total])
+                    kept.append(total)
                     if len(out) == want:
                         scanned = int(cand[j]) + 1
                         break
@@ -617,7 +621,8 @@ class DefaultMessageStore:
         nxt = offset + scanned
         if not out:
             return GetMessageResult(GetMessageStatus.NO_MATCHED_MESSAGE, nxt, min_off, max_off)
-        return GetMessageResult(GetMessageStatus.FOUND, nxt, min_off, max_off, b"".join(out), len(out))
+        return GetMessageResult(GetMessageStatus.FOUND, nxt, min_off, max_off, b"".join(out), len(out),
+                                np.array(kept, dtype="<i4").tobytes())
 
     def read_records(self, phys: np.ndarray, sizes: np.ndarray) -> bytes:
         """The records at ``phys``: one pread per contiguous run in one segment."""

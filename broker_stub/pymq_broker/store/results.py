@@ -49,3 +49,4 @@ class GetMessageResult:
     max_offset: int
     records: bytes = b""
     message_count: int = 0
+    sizes: bytes = b""  # each record's size, little-endian int32 (the consume queue's entries)

@@ -115,7 +115,9 @@ class PullBatch:
     ``first_queue_offset`` is the queue offset of the first record (-1 when
     there is none): a value above the offset asked for means messages expired.
     ``message_count`` may be an estimate where the wire does not say (it only
-    sizes Arrow batches).
+    sizes Arrow batches). ``record_sizes`` is each record's size as little-endian
+    int32s where the broker says (the pymq broker does, from its consume queue),
+    else empty: a decoder then follows the records' own sizes one by one.
     """
 
     status: PullStatus
@@ -125,6 +127,7 @@ class PullBatch:
     records: bytes = b""
     message_count: int = 0
     first_queue_offset: int = -1
+    record_sizes: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)

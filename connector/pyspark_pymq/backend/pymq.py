@@ -199,7 +199,7 @@ class PymqBackend(Backend):
         first = _QUEUE_OFFSET.unpack_from(records, _QUEUE_OFFSET_AT)[0] if records else -1
         return PullBatch(
             _PULL_STATUS[resp.status], resp.next_begin_offset, resp.min_offset, resp.max_offset,
-            records, resp.message_count, first,
+            records, resp.message_count, first, resp.record_sizes,
         )
 
     def decode_arrow(
@@ -216,7 +216,8 @@ class PymqBackend(Backend):
         from .pymq_arrow import decode_to_arrow
 
         return decode_to_arrow(
-            pulled.records, topic=mq.topic, broker_name=mq.broker_name, retry=retry, end_offset=end_offset
+            pulled.records, topic=mq.topic, broker_name=mq.broker_name, retry=retry, end_offset=end_offset,
+            sizes=pulled.record_sizes,
         )
 
     def decode_messages(

@@ -57,25 +57,33 @@ _UNIQ_KEY = MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
 _RETRY_TOPIC = MessageConst.PROPERTY_RETRY_TOPIC
 
 
-def find_record_starts(records: bytes) -> np.ndarray:
+def find_record_starts(records: bytes, sizes: bytes = b"") -> np.ndarray:
     """Where each record of ``records`` starts (int64 array).
 
     Records follow each other, so each start depends on the previous record's
-    size. When all records have the same size (fixed-size bodies and
-    properties, common for telemetry) one vectorised check proves it: if every
-    multiple of the first size holds that same size, the chain from 0 is
-    exactly those multiples. Otherwise a tight Python loop follows the sizes.
+    size. The broker says each size (``sizes``, little-endian int32s, from its
+    consume queue): their running sum gives every start, and one vectorised
+    check that each record's own TOTALSIZE agrees proves it is the chain. Without
+    them, when all records have the same size (fixed-size bodies and properties,
+    common for telemetry) the same check on the multiples of the first size
+    proves the chain. Otherwise a tight Python loop follows the sizes.
     """
     end = len(records)
     if end < HEADER_SIZE:
         if end:
             raise ValueError("a pull answered with a truncated record")
         return np.zeros(0, dtype=np.int64)
+    if sizes and len(sizes) % 4 == 0:
+        told = np.frombuffer(sizes, dtype="<i4").astype(np.int64)
+        starts = np.zeros(len(told), dtype=np.int64)
+        np.cumsum(told[:-1], out=starts[1:])
+        if (int(starts[-1]) + int(told[-1]) == end and bool(np.all(told >= HEADER_SIZE + 4))
+                and _sizes_at(records, starts, told)):
+            return starts
     (first,) = _TOTAL_SIZE.unpack_from(records, 0)
     if first >= HEADER_SIZE + 4 and end % first == 0:
         starts = np.arange(0, end, first, dtype=np.int64)
-        sizes = np.frombuffer(records, dtype=np.uint8)[starts[:, None] + _SIZE_BYTES]
-        if bool(np.all(sizes.view("<i4").reshape(-1) == first)):
+        if _sizes_at(records, starts, first):
             return starts
     out: list[int] = []
     append = out.append
@@ -90,6 +98,12 @@ def find_record_starts(records: bytes) -> np.ndarray:
     if pos > end:
         raise ValueError("a pull answered with a truncated record")
     return np.asarray(out, dtype=np.int64)
+
+
+def _sizes_at(records: bytes, starts: np.ndarray, expected: np.ndarray | int) -> bool:
+    """Whether the TOTALSIZE at each of ``starts`` (all within ``records``) is ``expected``."""
+    sizes = np.frombuffer(records, dtype=np.uint8)[starts[:, None] + _SIZE_BYTES]
+    return bool(np.all(sizes.view("<i4").reshape(-1) == expected))
 
 
 def _headers(records: bytes, starts: np.ndarray) -> np.ndarray:
@@ -154,6 +168,7 @@ def decode_to_arrow(
     broker_name: str,
     retry: bool,
     end_offset: int | None = None,
+    sizes: bytes = b"",
 ) -> pa.RecordBatch:
     """The rows of a pull's ``records`` (all from one queue of ``topic``).
 
@@ -166,12 +181,14 @@ def decode_to_arrow(
             the retry topic.
         end_offset: rows at or beyond this queue offset are left out (a filtered
             pull may scan past the range it was asked for).
+        sizes: each record's size as the broker said it (``PullBatch.record_sizes``),
+            checked against the records; empty: found by following the records.
     """
     schema = arrow_schema()
     if not records:
         return empty_batch()
     buf = np.frombuffer(records, dtype=np.uint8)
-    starts = find_record_starts(records)
+    starts = find_record_starts(records, sizes)
     header = _headers(records, starts)
     fields = header.view(_HEADER_DTYPE).reshape(-1)
     queue_offset = np.ascontiguousarray(fields["queue_offset"])

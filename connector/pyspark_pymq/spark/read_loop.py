@@ -147,6 +147,7 @@ def read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator[p
             pulled = chunks[0] if len(chunks) == 1 else PullBatch(
                 PullStatus.FOUND, chunks[-1].next_begin_offset, chunks[-1].min_offset, chunks[-1].max_offset,
                 b"".join(c.records for c in chunks), chunk_rows, chunks[0].first_queue_offset,
+                b"".join(c.record_sizes for c in chunks) if all(c.record_sizes for c in chunks) else b"",
             )
             chunks, chunk_rows, chunk_bytes = [], 0, 0
             batch = backend.decode_arrow(

@@ -394,6 +394,7 @@ class PullMessageResponse(_message.Message):
     MESSAGE_COUNT_FIELD_NUMBER: _builtins.int
     RECORDS_FIELD_NUMBER: _builtins.int
     STORE_HOST_FIELD_NUMBER: _builtins.int
+    RECORD_SIZES_FIELD_NUMBER: _builtins.int
     status: Global___PullStatus.ValueType
     next_begin_offset: _builtins.int
     min_offset: _builtins.int
@@ -402,6 +403,10 @@ class PullMessageResponse(_message.Message):
     records: _builtins.bytes
     """stored commit-log records, back to back"""
     store_host: _builtins.str
+    record_sizes: _builtins.bytes
+    """TOTALSIZE of each record, little-endian int32 (from the consume queue): a reader finds
+    where each record starts without following the chain; empty when the broker does not say
+    """
     def __init__(
         self,
         *,
@@ -412,10 +417,11 @@ class PullMessageResponse(_message.Message):
         message_count: _builtins.int = ...,
         records: _builtins.bytes = ...,
         store_host: _builtins.str = ...,
+        record_sizes: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_offset", b"max_offset", "message_count", b"message_count", "min_offset", b"min_offset", "next_begin_offset", b"next_begin_offset", "records", b"records", "status", b"status", "store_host", b"store_host"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_offset", b"max_offset", "message_count", b"message_count", "min_offset", b"min_offset", "next_begin_offset", b"next_begin_offset", "record_sizes", b"record_sizes", "records", b"records", "status", b"status", "store_host", b"store_host"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
