@@ -5,9 +5,11 @@ This is the source's hot path: every message read goes through
 (layout in ``pymq_proto.record``: an 80-byte little-endian header, the body,
 ``u16`` topic length + topic, ``u16`` properties length + properties). Decoding
 them one ``MessageExt`` at a time costs several microseconds per message;
-here the only per-record Python work is following ``TOTALSIZE`` to find where
-each record starts. Everything else is vectorised:
+here nothing is done per record in Python:
 
+- where each record starts comes from the sizes the broker sends with the pull
+  (``record_sizes``, checked against each record's ``TOTALSIZE``); without them,
+  a tight loop follows ``TOTALSIZE`` from record to record;
 - the 80-byte headers are gathered into one ``(n, 80)`` array and viewed with a
   structured dtype (queue id, offsets, timestamps, store host ...);
 - bodies and properties are cut out of the pulled buffer with one Arrow
