@@ -420,3 +420,44 @@ def test_a_failed_reput_stays_first_in_line_and_loses_nothing(tmp_path: Path) ->
         hits = store.query_message("t", f"k{i}", 5, 0, now)
         assert [r[3] for r in records(b"".join(hits))] == [b"m%d" % i]
     store.shutdown()
+
+
+def test_a_failing_dispatch_fails_no_put_retention_or_shutdown(tmp_path: Path) -> None:
+    """Once stored, a message is not answered as a failed put (the producer would send it again),
+    retention still frees old segments, and a shutdown still stops the services and leaves the
+    abort file, so that the next start dispatches again what was left."""
+    from pymq_broker.store.encoded_batch import EncodedRecords
+
+    cfg = MessageStoreConfig(store_path_root_dir=tmp_path, mapped_file_size_commit_log=4096,
+                             max_message_size=1024)
+    store = DefaultMessageStore(cfg, HOST)
+    store.load()
+    store.start()
+    for _ in range(40):  # several commit-log segments
+        assert store.put_messages("old", 0, [msg(b"x" * 200)]).ok
+    segments = len(store.commit_log.mapped_file_queue.files)
+    real = store.index_service.build_index
+    fail = [True]
+
+    def full_disk(*args: object, **kwargs: object) -> None:
+        if fail[0]:
+            raise OSError(28, "No space left on device")
+        real(*args, **kwargs)  # type: ignore[arg-type]
+
+    store.index_service.build_index = full_disk  # type: ignore[method-assign]
+    put = store.put_records("t", 0, EncodedRecords.from_messages("t", [msg(b"a", KEYS="k")]))
+    assert put.ok  # stored, its dispatch waits
+    assert store.put_messages("other", 0, [msg(b"b")]).ok
+    assert store.clean_expired_files(now=time.time() + 10 * 24 * 3600) > 0
+    assert len(store.commit_log.mapped_file_queue.files) < segments
+    store.shutdown()
+    assert not any(s._thread.is_alive() for s in store._services)
+    assert (tmp_path / "abort").exists()
+
+    fail[0] = False
+    again = DefaultMessageStore(cfg, HOST)
+    again.load()
+    again.start()
+    assert [r[3] for r in records(again.get_message("t", 0, 0, 10).records)] == [b"a"]
+    assert [r[3] for r in records(again.get_message("other", 0, 0, 10).records)] == [b"b"]
+    again.shutdown()

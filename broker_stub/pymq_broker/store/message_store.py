@@ -203,7 +203,7 @@ class DefaultMessageStore:
         """Flush everything and write the checkpoint (a clean stop recovers instantly)."""
         if not self._running:
             return
-        self.do_reput()
+        dispatched = self._reput_quietly("shutdown")
         self._running = False
         for s in self._services:
             s.shutdown()
@@ -213,7 +213,8 @@ class DefaultMessageStore:
             cq.shutdown()
         self.index_service.shutdown()
         self.checkpoint.close()
-        (self.config.store_path_root_dir / "abort").unlink(missing_ok=True)
+        if dispatched:  # else the abort file stays: the next start re-dispatches from the checkpoint
+            (self.config.store_path_root_dir / "abort").unlink(missing_ok=True)
 
     def checkpoint_now(self) -> None:
         """Flush queues, index and log, then record how far all of them are durable."""
@@ -261,7 +262,10 @@ class DefaultMessageStore:
         appended = self.commit_log.put_records(topic, queue_id, records)
         self._reput_queue.append((topic, queue_id, records, appended))
         if not reput_later:
-            self.do_reput()
+            # Stored is stored: a dispatch that fails (ours, or one queued before it) is
+            # retried by the next reader, never answered as a failed put the producer would
+            # send again (a duplicate).
+            self._reput_quietly(f"a put to {topic}/{queue_id}")
         return PutMessageResult(
             PutMessageStatus.PUT_OK,
             topic=topic,
@@ -374,6 +378,16 @@ class DefaultMessageStore:
         while queue:
             self._dispatch(*queue[0])
             queue.popleft()
+
+    def _reput_quietly(self, during: str) -> bool:
+        """:meth:`do_reput`, logging instead of raising a failure (OSError); whether all ran."""
+        try:
+            self.do_reput()
+        except OSError as err:
+            log.error("dispatching stored messages failed during %s (retried by the next read): %s",
+                      during, err)
+            return False
+        return True
 
     def _dispatch(
         self, topic: str, queue_id: int, records: EncodedRecords, appended: AppendMessageResult,
@@ -682,8 +696,12 @@ class DefaultMessageStore:
     # -- retention --------------------------------------------------------------
 
     def clean_expired_files(self, now: float | None = None) -> int:
-        """Delete commit-log segments older than fileReservedTime, then what pointed at them."""
-        self.do_reput()
+        """Delete commit-log segments older than fileReservedTime, then what pointed at them.
+
+        Runs even when a queued dispatch fails (a full disk): those records sit in the newest
+        segment, which is never expired, and freeing old ones may be what lets it succeed.
+        """
+        self._reput_quietly("retention")
         deleted = self.commit_log.delete_expired_files(self.config.file_reserved_time * 3600, now)
         if deleted:
             phy_min = self.commit_log.min_offset
