@@ -26,6 +26,7 @@ import struct
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
@@ -516,7 +517,9 @@ class _TlsServer:
                 head = await reader.readexactly(4)
                 (length,) = struct.unpack(">i", head)
                 request = RemotingCommand.decode(head + await reader.readexactly(length))
-                writer.write(RemotingCommand.response(0, request.opaque, body=b"z" * 3000).encode())
+                got = {"len": str(len(request.body)), "crc": str(zlib.crc32(request.body))}
+                answer = RemotingCommand.response(0, request.opaque, ext_fields=got, body=b"z" * 3000)
+                writer.write(answer.encode())
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except Exception as err:  # a record that does not decrypt: what the client got wrong
@@ -556,6 +559,9 @@ def test_a_tls_connection_serves_many_threads_while_the_server_pushes(tmp_path: 
                 t.start()
             for t in callers:
                 t.join()
+            big = os.urandom(3 * 1024 * 1024 + 17)  # encrypted and sent in slices
+            answer = client.invoke_sync(server.addr, RemotingCommand.request(310, body=big), 10)
+            assert answer.ext_fields == {"len": str(len(big)), "crc": str(zlib.crc32(big))}
             client.close()
             assert not failures, f"round {round_}: {failures[0]}"
         assert not server.errors, server.errors[0]

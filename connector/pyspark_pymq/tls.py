@@ -81,6 +81,8 @@ class TlsConfig:
 
         ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.ca_file)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        # renegotiation would need a read inside a write; RocketMQ's and pymq's servers never ask
+        ctx.options |= ssl.OP_NO_RENEGOTIATION
         if self.cert_file is not None:
             ctx.load_cert_chain(self.cert_file, self.key_file)
         return ctx

@@ -101,6 +101,8 @@ MIN_READ_SPACE = 64 * 1024
 JOIN_BODY_BELOW = 16 * 1024
 # Ciphertext taken from the socket per recv when TLS is on (several 16 KiB TLS records).
 TLS_READ_BUFFER = 256 * 1024
+# Plaintext encrypted and sent at a time (several TLS records).
+TLS_WRITE_SLICE = 256 * 1024
 # How often the sweeper fails asynchronous requests that outlived their time-out.
 SWEEP_INTERVAL_S = 0.05
 DEFAULT_CONNECT_TIMEOUT_S = 3.0
@@ -228,6 +230,11 @@ class _TlsSession:
                 break
             except ssl.SSLWantReadError:
                 pass
+            except ssl.SSLError:
+                # the alert OpenSSL wrote (unknown CA, bad certificate...) tells the server why
+                with contextlib.suppress(OSError):
+                    sock.sendall(outgoing.read())
+                raise
             if outgoing.pending:
                 sock.sendall(outgoing.read())
             remaining = deadline - time.monotonic()
@@ -246,12 +253,16 @@ class _TlsSession:
         return cls(sock, ssl_object, incoming, outgoing)
 
     def send(self, parts: Sequence[bytes | bytearray]) -> None:
+        # In slices: the outgoing BIO (which never shrinks) stays small, and the reader waits
+        # for ``lock`` one slice's encryption at a time, not a 4 MiB body's.
         with self.wire_lock:
-            with self.lock:
-                for part in parts:
-                    self.ssl_object.write(part)
-                sealed = self.outgoing.read()
-            self.sock.sendall(sealed)
+            for part in parts:
+                view = memoryview(part)
+                for at in range(0, len(view), TLS_WRITE_SLICE):
+                    with self.lock:
+                        self.ssl_object.write(view[at : at + TLS_WRITE_SLICE])
+                        sealed = self.outgoing.read()
+                    self.sock.sendall(sealed)
 
     def recv_into(self, buffer: memoryview) -> int:
         """Plaintext into ``buffer``, as ``socket.recv_into``: 0 once the peer closed."""
