@@ -388,14 +388,8 @@ def test_a_put_left_for_the_reput_is_seen_by_every_reader_and_survives_a_crash(t
         again.shutdown()
 
 
-def test_a_failed_reput_stays_first_in_line_and_loses_nothing(tmp_path: Path) -> None:
-    """A dispatch that fails (say the index's disk is full) must not drop the put's consume
-    queue entries nor let a later put's entries skip ahead: it is retried, in order, by the
-    next reader, which sees the error until the dispatch succeeds."""
-    from pymq_broker.store.encoded_batch import EncodedRecords
-
-    store = DefaultMessageStore(MessageStoreConfig(store_path_root_dir=tmp_path), HOST)
-    store.load()
+def _fill_the_index_disk(store: DefaultMessageStore) -> list[bool]:
+    """Make index writes fail as on a full disk while the returned flag's [0] is True."""
     real = store.index_service.build_index
     fail = [True]
 
@@ -405,6 +399,18 @@ def test_a_failed_reput_stays_first_in_line_and_loses_nothing(tmp_path: Path) ->
         real(*args, **kwargs)  # type: ignore[arg-type]
 
     store.index_service.build_index = full_disk  # type: ignore[method-assign]
+    return fail
+
+
+def test_a_failed_reput_stays_first_in_line_and_loses_nothing(tmp_path: Path) -> None:
+    """A dispatch that fails (say the index's disk is full) must not drop the put's consume
+    queue entries nor let a later put's entries skip ahead: it is retried, in order, by the
+    next reader, which sees the error until the dispatch succeeds."""
+    from pymq_broker.store.encoded_batch import EncodedRecords
+
+    store = DefaultMessageStore(MessageStoreConfig(store_path_root_dir=tmp_path), HOST)
+    store.load()
+    fail = _fill_the_index_disk(store)
     for i in range(2):
         batch = EncodedRecords.from_messages("t", [msg(b"m%d" % i, KEYS=f"k{i}")])
         assert store.put_records("t", 0, batch, reput_later=True).ok
@@ -436,15 +442,7 @@ def test_a_failing_dispatch_fails_no_put_retention_or_shutdown(tmp_path: Path) -
     for _ in range(40):  # several commit-log segments
         assert store.put_messages("old", 0, [msg(b"x" * 200)]).ok
     segments = len(store.commit_log.mapped_file_queue.files)
-    real = store.index_service.build_index
-    fail = [True]
-
-    def full_disk(*args: object, **kwargs: object) -> None:
-        if fail[0]:
-            raise OSError(28, "No space left on device")
-        real(*args, **kwargs)  # type: ignore[arg-type]
-
-    store.index_service.build_index = full_disk  # type: ignore[method-assign]
+    fail = _fill_the_index_disk(store)
     put = store.put_records("t", 0, EncodedRecords.from_messages("t", [msg(b"a", KEYS="k")]))
     assert put.ok  # stored, its dispatch waits
     assert store.put_messages("other", 0, [msg(b"b")]).ok
