@@ -265,7 +265,7 @@ class DefaultMessageStore:
             # Stored is stored: a dispatch that fails (ours, or one queued before it) is
             # retried by the next reader, never answered as a failed put the producer would
             # send again (a duplicate).
-            self._reput_quietly(f"a put to {topic}/{queue_id}")
+            self._reput_quietly("a put to %s/%d", topic, queue_id)
         return PutMessageResult(
             PutMessageStatus.PUT_OK,
             topic=topic,
@@ -379,13 +379,16 @@ class DefaultMessageStore:
             self._dispatch(*queue[0])
             queue.popleft()
 
-    def _reput_quietly(self, during: str) -> bool:
-        """:meth:`do_reput`, logging instead of raising a failure (OSError); whether all ran."""
+    def _reput_quietly(self, during: str, *args: object) -> bool:
+        """:meth:`do_reput`, logging instead of raising a failure (OSError); whether all ran.
+
+        ``during`` and ``args`` say where, %-formatted only when it fails (puts call this).
+        """
         try:
             self.do_reput()
         except OSError as err:
-            log.error("dispatching stored messages failed during %s (retried by the next read): %s",
-                      during, err)
+            log.error("dispatching stored messages failed during " + during
+                      + " (retried by the next read): %s", *args, err)
             return False
         return True
 
@@ -594,7 +597,7 @@ class DefaultMessageStore:
         sizes = entries["size"][matched]
         records = self.read_records(entries["phy"][matched], sizes)
         return GetMessageResult(GetMessageStatus.FOUND, nxt, min_off, max_off, records, len(matched),
-                                sizes.astype("<i4").tobytes())
+                                sizes.tobytes())  # CQ_ENTRY's size is already <i4
 
     def _get_filtered(
         self, entries: np.ndarray, mask: np.ndarray, offset: int, want: int, max_bytes: int,
