@@ -403,6 +403,55 @@ def test_closed_connection_fails_pending_requests_and_reconnects(
     assert again.result(5).ext_fields == {"offset": "5"}
 
 
+def _stalled_request(server: FakeServer) -> RemotingCommand:
+    """A request larger than loopback's socket buffers, to a server that reads nothing of it."""
+    request = RemotingCommand.request(RequestCode.SEND_MESSAGE, {"topic": "T"})
+    request.body = bytes(48 * 1024 * 1024)
+    return request
+
+
+@pytest.mark.timeout(30)  # a write that waits for the stalled peer hangs: fail, not hang
+def test_a_broker_that_stops_reading_fails_the_write_within_the_time_out(
+    server: FakeServer, client: RemotingClient
+) -> None:
+    t0 = time.monotonic()
+    stalled = client.invoke_async(server.addr, _stalled_request(server), 0.5)
+    conn = server.accept()  # accepted, never read
+    # whichever comes first: the time-out of the answer, or the write's own
+    with pytest.raises((RequestTimeoutError, BrokerUnavailableError), match=rf"{server.addr}.*SEND_MESSAGE"):
+        stalled.result(5)
+    assert time.monotonic() - t0 < 3
+    # the half-written connection was closed; the next request gets a new one
+    again = client.invoke_async(server.addr, RemotingCommand.request(30), 5)
+    conn2 = server.accept()
+    conn2.sendall(_answer(server.read_frame(conn2), offset="7"))
+    assert again.result(5).ext_fields == {"offset": "7"}
+    conn.close()
+
+
+@pytest.mark.timeout(30)  # a write that waits for the stalled peer hangs: fail, not hang
+def test_requests_behind_a_stalled_write_time_out_and_close_does_not_wait_for_it(
+    server: FakeServer, client: RemotingClient
+) -> None:
+    writer = threading.Thread(
+        target=lambda: client.invoke_async(server.addr, _stalled_request(server), 60), daemon=True
+    )
+    writer.start()
+    server.accept()
+    time.sleep(0.3)  # the writer is inside its write, holding the connection
+    t0 = time.monotonic()
+    with pytest.raises(RequestTimeoutError, match=r"could not send GET_MAX_OFFSET .* within 0\.3 s"):
+        client.invoke_sync(server.addr, RemotingCommand.request(RequestCode.GET_MAX_OFFSET), 0.3)
+    with pytest.raises(RequestTimeoutError, match="PULL_MESSAGE"):
+        client.invoke_oneway(server.addr, RemotingCommand.request(RequestCode.PULL_MESSAGE), 0.3)
+    assert time.monotonic() - t0 < 2
+    t1 = time.monotonic()
+    client.close()  # fails the stuck write instead of waiting a minute for it
+    writer.join(5)
+    assert not writer.is_alive()
+    assert time.monotonic() - t1 < 2
+
+
 def test_refused_connection_names_the_address(client: RemotingClient) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -108,6 +108,7 @@ SWEEP_INTERVAL_S = 0.05
 DEFAULT_CONNECT_TIMEOUT_S = 3.0
 
 _INT2 = struct.Struct(">ii")
+_TIMEVAL = struct.Struct("@ll")  # struct timeval: seconds, microseconds
 # The top-level numbers of a JSON header (ext field values are quoted strings, so they never match).
 _JSON_OPAQUE = re.compile(rb'"opaque":(-?[0-9]+)')
 _JSON_FLAG = re.compile(rb'"flag":([0-9]+)')
@@ -196,6 +197,10 @@ class _ConnectionClosed(Exception):
     pass
 
 
+class _WriteBusy(Exception):
+    """Other writers held the connection past a request's time-out: nothing of it was written."""
+
+
 class _TlsSession:
     """TLS over a connected socket through memory BIOs: the SSL object is never in two threads at once.
 
@@ -219,11 +224,11 @@ class _TlsSession:
 
     @classmethod
     def handshake(cls, context: ssl.SSLContext, sock: socket.socket, host: str,
-                  timeout_s: float) -> _TlsSession:
-        """Run the client handshake within ``timeout_s``; ssl.SSLError or OSError when it fails."""
+                  deadline: float, timeout_s: float) -> _TlsSession:
+        """Run the client handshake by the monotonic ``deadline`` (the end of a connect time-out
+        of ``timeout_s``, which errors name); ssl.SSLError or OSError when it fails."""
         incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
         ssl_object = context.wrap_bio(incoming, outgoing, server_hostname=host)
-        deadline = time.monotonic() + timeout_s
         while True:
             try:
                 ssl_object.do_handshake()
@@ -314,6 +319,8 @@ class _Connection:
         # the same for requests of send_frames, answered to a ResponseWaiter
         self.waiting: dict[int, tuple[ResponseWaiter, float, int, float]] = {}
         self.send_lock = threading.Lock()
+        self._send_timeout = 0.0  # the socket's SO_SNDTIMEO, 0 = none
+        self._close_lock = threading.Lock()
         self.closed = False
         self.close_reason = ""
         self.received = False  # any bytes from the peer yet
@@ -323,19 +330,44 @@ class _Connection:
 
     # writing
 
-    def send(self, head: bytes, body: bytes | bytearray) -> None:
-        """Write one frame; OSError if the socket fails."""
-        with self.send_lock:
+    def send(self, head: bytes, body: bytes | bytearray, timeout_s: float) -> None:
+        """Write one frame, waiting at most ``timeout_s`` for the socket to take more of it.
+
+        Raises :class:`_WriteBusy` when other writers hold the connection for ``timeout_s``
+        (nothing was written: the connection is fine), and OSError when the socket fails or
+        takes nothing for ``timeout_s`` (the peer stopped reading); the caller closes the
+        connection then, as a frame may be half written.
+        """
+        if not self.send_lock.acquire(timeout=max(timeout_s, 0.001)):
+            raise _WriteBusy()
+        try:
             if self.closed:
                 raise OSError(f"connection closed ({self.close_reason})")
-            if self.tls is not None:
-                self.tls.send((head, body) if body else (head,))
-            elif not body:
-                self.sock.sendall(head)
-            elif len(body) < JOIN_BODY_BELOW:
-                self.sock.sendall(head + body)
-            else:
-                _send_parts(self.sock, (head, body))
+            self._set_send_timeout(timeout_s)
+            try:
+                if self.tls is not None:
+                    self.tls.send((head, body) if body else (head,))
+                elif not body:
+                    self.sock.sendall(head)
+                elif len(body) < JOIN_BODY_BELOW:
+                    self.sock.sendall(head + body)
+                else:
+                    _send_parts(self.sock, (head, body))
+            except BlockingIOError:  # SO_SNDTIMEO passed without the socket taking a byte
+                raise TimeoutError(
+                    f"{self.addr} took none of the request's bytes for {timeout_s:g} s (it stopped reading)"
+                ) from None
+        finally:
+            self.send_lock.release()
+
+    def _set_send_timeout(self, timeout_s: float) -> None:
+        # SO_SNDTIMEO bounds each blocking write and leaves the reader thread's recv unbounded,
+        # which socket.settimeout (one time-out for both directions) would not.
+        micros = max(1000, round(timeout_s * 1e6))
+        if micros != self._send_timeout:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                                 _TIMEVAL.pack(micros // 1_000_000, micros % 1_000_000))
+            self._send_timeout = micros
 
     # reading
 
@@ -438,16 +470,20 @@ class _Connection:
     # closing
 
     def close(self, reason: str) -> None:
-        """Close the socket and fail every pending request (idempotent)."""
-        with self.send_lock:
+        """Close the socket and fail every pending request (idempotent; never waits for a
+        writer that is stuck: the shutdown fails its write first)."""
+        with self._close_lock:
             if self.closed:
                 return
             self.closed = True
             self.close_reason = reason
         if self.pid == os.getpid():
             with contextlib.suppress(OSError):
-                self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
+                self.sock.shutdown(socket.SHUT_RDWR)  # wakes a blocked writer and the reader
+            with self.send_lock:  # no writer is inside a system call on the descriptor it closes
+                self.sock.close()
+        else:
+            self.sock.close()
         self.client._forget(self)
         for table in (self.pending, self.waiting):
             while table:
@@ -588,7 +624,9 @@ class RemotingClient:
         if self.rpc_hook is not None:
             self.rpc_hook.do_before_request(addr, request)
         try:
-            conn.send(request.encode_head(), request.body)
+            conn.send(request.encode_head(), request.body, timeout)
+        except _WriteBusy:
+            raise self._busy_error(addr, request.code, timeout) from None
         except OSError as err:
             conn.close(f"write failed: {err}")
             raise self._write_error(addr, request.code, err) from None
@@ -613,7 +651,10 @@ class RemotingClient:
         if self._sweeper is None:
             self._start_sweeper()
         try:
-            conn.send(head, request.body)
+            conn.send(head, request.body, timeout_s)
+        except _WriteBusy:
+            if conn.pending.pop(opaque, None) is not None:
+                fut.set_exception(self._busy_error(addr, request.code, timeout_s))
         except OSError as err:
             if conn.pending.pop(opaque, None) is not None:
                 fut.set_exception(self._write_error(addr, request.code, err))
@@ -657,10 +698,12 @@ class RemotingClient:
         if self._sweeper is None:
             self._start_sweeper()
         try:
-            conn.send(b"".join([frame for _, frame in frames]), b"")
-        except OSError as err:
+            conn.send(b"".join([frame for _, frame in frames]), b"", timeout_s)
+        except (_WriteBusy, OSError) as err:
             for opaque, _ in frames:
                 waiting.pop(opaque, None)
+            if isinstance(err, _WriteBusy):
+                raise self._busy_error(addr, code, timeout_s) from None
             conn.close(f"write failed: {err}")
             raise self._write_error(addr, code, err) from None
 
@@ -675,6 +718,13 @@ class RemotingClient:
     def _timeout_error(addr: str, code: int, opaque: int, timeout_s: float) -> RequestTimeoutError:
         return RequestTimeoutError(
             f"{addr} did not answer {request_code_name(code)} (opaque {opaque}) within {timeout_s:g} s"
+        )
+
+    @staticmethod
+    def _busy_error(addr: str, code: int, timeout_s: float) -> RequestTimeoutError:
+        return RequestTimeoutError(
+            f"could not send {request_code_name(code)} to {addr} within {timeout_s:g} s: earlier "
+            "requests on the connection were still being written (the broker reads slowly)"
         )
 
     @staticmethod
@@ -701,6 +751,7 @@ class RemotingClient:
                 return conn
             host, port = parse_address(addr)
             timeout = max(0.001, min(self.connect_timeout_s, timeout_s))
+            deadline = time.monotonic() + timeout  # for the TCP connect and the TLS handshake together
             try:
                 sock = socket.create_connection((host, port), timeout=timeout)
             except TimeoutError:
@@ -715,14 +766,16 @@ class RemotingClient:
                 ) from None
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            tls = None if self.tls is None else self._handshake(addr, host, sock, timeout)
+            tls = None if self.tls is None else self._handshake(addr, host, sock, deadline, timeout)
             sock.settimeout(None)
             conn = _Connection(self, addr, sock, tls)
             self._conns[key] = conn
             conn.reader.start()
             return conn
 
-    def _handshake(self, addr: str, host: str, sock: socket.socket, timeout: float) -> _TlsSession:
+    def _handshake(
+        self, addr: str, host: str, sock: socket.socket, deadline: float, timeout: float
+    ) -> _TlsSession:
         """The TLS handshake within the connect time-out; errors name the address and the cause."""
         assert self.tls is not None
         if self._ssl_context is None:
@@ -732,7 +785,7 @@ class RemotingClient:
                 sock.close()
                 raise BrokerUnavailableError(f"cannot set up TLS for {addr}: {err}") from None
         try:
-            return _TlsSession.handshake(self._ssl_context, sock, host, timeout)
+            return _TlsSession.handshake(self._ssl_context, sock, host, deadline, timeout)
         except ssl.SSLCertVerificationError as err:
             sock.close()
             raise BrokerUnavailableError(
@@ -842,7 +895,9 @@ class RemotingClient:
         response.opaque = request.opaque
         response.flag |= FLAG_RESPONSE
         try:
-            conn.send(response.encode_head(), response.body)
+            conn.send(response.encode_head(), response.body, self.connect_timeout_s)
+        except _WriteBusy:  # the broker stops waiting for this answer on its own time-out
+            pass
         except OSError as err:
             conn.close(f"write failed: {err}")
 
