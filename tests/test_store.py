@@ -316,9 +316,9 @@ def test_keys_stored_after_the_last_index_flush_are_found_after_a_crash(
         again.shutdown()
 
 
-def test_allocate_mapped_file_service_warms_ahead_and_never_changes_a_record(tmp_path: Path) -> None:
-    """The region after the write position is read into the page cache while appends go on; every
-    record reads back as written (the warming thread only reads), and it follows the writer's size."""
+def test_allocate_mapped_file_service_allocates_ahead_and_never_changes_a_record(tmp_path: Path) -> None:
+    """Disk blocks after the write position are allocated while appends go on; every record reads
+    back as written (allocating writes nothing), and how far ahead follows the writer's size."""
     store = make_store(tmp_path / "warm", mapped_file_size_commit_log=64 * MiB)
     warm = store.commit_log.allocate_mapped_file_service
     assert warm is not None and warm.warmed_bytes == 0
@@ -330,8 +330,13 @@ def test_allocate_mapped_file_service_warms_ahead_and_never_changes_a_record(tmp
         deadline = time.monotonic() + 10
         while warm.warmed_bytes < 1 * MiB and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert warm.warmed_bytes >= 1 * MiB, "nothing was warmed ahead of the writer"
+        assert warm.warmed_bytes >= 1 * MiB, "nothing was allocated ahead of the writer"
         assert warm.warmed_bytes <= 64 * MiB - written  # never behind the writer, never past the segment
+        segment = store.commit_log.mapped_file_queue.last_mapped_file()
+        assert segment is not None
+        on_disk = os.fstat(segment.fd).st_blocks * 512  # a sparse file holds only what was written
+        assert on_disk >= written + 1 * MiB
+        assert os.fstat(segment.fd).st_size == 64 * MiB
         got = [r[3] for r in records(store.get_message("t", 0, 0, 1000).records)]
         assert got == bodies
     finally:
@@ -346,6 +351,34 @@ def test_allocate_mapped_file_service_warms_ahead_and_never_changes_a_record(tmp
         assert off.commit_log.allocate_mapped_file_service is None
     finally:
         off.shutdown()
+
+
+def test_a_file_system_that_cannot_allocate_ahead_only_loses_the_speed_up(tmp_path: Path) -> None:
+    import errno
+
+    from pymq_broker.store.allocate_mapped_file_service import AllocateMappedFileService
+    from pymq_broker.store.mapped_file import MappedFile
+
+    calls: list[tuple[int, int]] = []
+
+    def refusing(fd: int, offset: int, length: int) -> None:
+        calls.append((offset, length))
+        raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+
+    mf = MappedFile(tmp_path / "00000000000000000000", 0, 8 * MiB)
+    try:
+        service = AllocateMappedFileService(fallocate=refusing)
+        mf.append(b"x" * 1000)
+        service.appended(mf, 1000)
+        service.run_once()
+        assert calls == [(1000, 1 * MiB)]  # one chunk ahead of a small append
+        mf.append(b"y" * 100_000)
+        service.appended(mf, 100_000)
+        service.run_once()
+        assert len(calls) == 1 and service.warmed_bytes == 0  # refused once: never asked again
+        assert mf.read(0, 101_000) == b"x" * 1000 + b"y" * 100_000
+    finally:
+        mf.close()
 
 
 def test_a_put_left_for_the_reput_is_seen_by_every_reader_and_survives_a_crash(tmp_path: Path) -> None:

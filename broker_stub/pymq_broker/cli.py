@@ -50,7 +50,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--mapped-file-size-commit-log", type=int, default=256 * 1024 * 1024,
                    help="bytes per commit log segment (default 256 MiB)")
     p.add_argument("--warm-mapped-file-enable", action=argparse.BooleanOptionalAction, default=True,
-                   help="warm the page cache ahead of the commit log's writer in a service thread "
+                   help="allocate the commit log's disk blocks ahead of its writer in a service thread "
                         "(faster appends; default on)")
     p.add_argument("--clean-resource-interval", type=int, default=10_000,
                    help="ms between retention checks (default 10000)")

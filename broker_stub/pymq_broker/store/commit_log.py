@@ -76,7 +76,7 @@ class CommitLog:
         )
         # "topic-queueId" -> next queue offset (RocketMQ's topicQueueTable)
         self.topic_queue_table: dict[str, int] = {}
-        # set by the store when it starts (warmMapedFileEnable): warms the segment ahead of appends
+        # set by the store when it starts (warmMapedFileEnable): allocates the segment ahead of appends
         self.allocate_mapped_file_service: AllocateMappedFileService | None = None
 
     def load(self) -> None:

@@ -54,8 +54,8 @@ class MessageStoreConfig:
     # RocketMQ's accessMessageInMemoryMaxRatio: the newest this percentage of physical memory
     # of the commit log counts as "in memory" (QUERY_CONSUMER_OFFSET's setZeroIfNotFound)
     access_message_in_memory_max_ratio: int = 40
-    # RocketMQ's warmMapedFileEnable (there off by default): read the commit log's segment
-    # ahead of the writer so that appends find their pages in the page cache
+    # RocketMQ's warmMapedFileEnable (there off by default): allocate the commit log's disk
+    # blocks ahead of the writer so that appends do not wait for the file system
     # (AllocateMappedFileService); off only costs speed
     warm_mapped_file_enable: bool = True
 
