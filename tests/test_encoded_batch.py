@@ -438,7 +438,7 @@ def test_uniq_hashes_of_a_large_batch_are_the_index_key_hashes() -> None:
         props = [b"UNIQ_KEY\x01" + k.encode() + b"\x02" for k in keys]
         records, sizes = encode_records("topic-a", [b"b"] * n, props)
         parsed = parse_encoded(records, sizes.tobytes(), "topic-a")
-        assert parsed.uniq_hashes(key_seed("topic-a")) == [key_hash("topic-a", k) for k in keys]
+        assert list(parsed.uniq_hashes(key_seed("topic-a"))) == [key_hash("topic-a", k) for k in keys]
 
 
 def test_a_large_batch_is_found_by_each_uniq_key(broker: BrokerProcess) -> None:

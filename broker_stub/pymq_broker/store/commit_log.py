@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 from pymq_proto.record import (
     BLANK_MAGIC_CODE,
     HEADER,
@@ -52,17 +53,21 @@ class MessageToStore:
 
 @dataclass(slots=True)
 class AppendMessageResult:
-    """Where a put landed: physical offset and size of each record, first queue offset."""
+    """Where a put landed: physical offset and size of each record, first queue offset.
+
+    Arrays, as the dispatch writes them into consume-queue and index entries (a list's
+    round trip through numpy cost ~0.1 µs a record there).
+    """
 
     wrote_offset: int
-    physical_offsets: list[int]
-    sizes: list[int]
+    physical_offsets: npt.NDArray[np.int64]
+    sizes: npt.NDArray[np.int64]
     queue_offset: int
     store_timestamp: int
 
     @property
     def end_offset(self) -> int:
-        return self.physical_offsets[-1] + self.sizes[-1]
+        return int(self.physical_offsets[-1] + self.sizes[-1])
 
 
 class CommitLog:
@@ -119,32 +124,29 @@ class CommitLog:
         crcs = [crc32(mv[a + HEADER_SIZE : a + s]) for a, s in zip(offs, size_list, strict=True)]
         mv.release()
         h = records.headers
+        phys = records.offsets + first_phy
         if use_scalar(n, scalar):
             pack_into, host = HEADER.pack_into, self.store_host
             for i, (a, f) in enumerate(zip(offs, h.tolist(), strict=True)):
                 pack_into(buf, a, f[0], MESSAGE_MAGIC_CODE, crcs[i], queue_id, f[4], first_queue_offset + i,
                           first_phy + a, f[7], f[8], now, host, f[11], 0, f[13])
-            phys = [first_phy + a for a in offs]
         else:
-            offsets = records.offsets
             h["magic"] = MESSAGE_MAGIC_CODE
             h["crc"] = crcs
             h["queue_id"] = queue_id
             h["queue_offset"] = np.arange(first_queue_offset, first_queue_offset + n, dtype=np.int64)
-            h["phy"] = offsets + first_phy
+            h["phy"] = phys
             h["store_ts"] = now
             h["host"] = self.store_host
             h["prepared_tx"] = 0
             # one HEADER_SIZE-byte row per record start: numpy copies rows, not n x 80 indexed bytes
-            byte_windows(np.frombuffer(buf, dtype=np.uint8), HEADER_SIZE)[offsets] = h.view(np.uint8).reshape(
-                n, HEADER_SIZE
-            )
-            phys = (offsets + first_phy).tolist()
+            rows = byte_windows(np.frombuffer(buf, dtype=np.uint8), HEADER_SIZE)
+            rows[records.offsets] = h.view(np.uint8).reshape(n, HEADER_SIZE)
         wrote = mf.append(buf)
         if self.allocate_mapped_file_service is not None:
             self.allocate_mapped_file_service.appended(mf, len(buf))
         self.topic_queue_table[key] = first_queue_offset + n
-        return AppendMessageResult(wrote, phys, size_list, first_queue_offset, now)
+        return AppendMessageResult(wrote, phys, records.sizes, first_queue_offset, now)
 
     def _mapped_file_for(self, size: int) -> MappedFile:
         mfq = self.mapped_file_queue

@@ -22,7 +22,8 @@ EntryArray = npt.NDArray[np.void]
 
 
 def pack_entries(
-    phys: list[int], sizes: list[int], tags: list[int] | npt.NDArray[np.int64]
+    phys: list[int] | npt.NDArray[np.int64], sizes: list[int] | npt.NDArray[np.int64],
+    tags: list[int] | npt.NDArray[np.int64],
 ) -> bytes:
     arr = np.empty(len(phys), dtype=CQ_ENTRY)
     arr["phy"] = phys

@@ -84,7 +84,7 @@ class EncodedRecords:
         """Whether ``needle`` may occur in some record's properties (bodies may cause false hits)."""
         return not self.plain and needle in self.buf
 
-    def uniq_hashes(self, seed: int) -> list[int]:
+    def uniq_hashes(self, seed: int) -> npt.NDArray[np.uint32] | list[int]:
         """The index's key hash of each UNIQ_KEY (no key object made); needs the located keys.
 
         Many keys of one width (the usual batch) are hashed together: :mod:`.crc32_vector`.
@@ -95,8 +95,7 @@ class EncodedRecords:
             (self.uniq_end - self.uniq_start) == width
         ).all():
             arr = np.frombuffer(self.buf, dtype=np.uint8)
-            hashes: list[int] = (crc32_equal_width(arr, self.uniq_start, width, seed) & 0x7FFFFFFF).tolist()
-            return hashes
+            return crc32_equal_width(arr, self.uniq_start, width, seed) & np.uint32(0x7FFFFFFF)
         mv = memoryview(self.buf)
         crc = zlib.crc32
         try:

@@ -20,6 +20,7 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,13 @@ SLOT = struct.Struct("<i")
 INDEX_ENTRY_DTYPE = np.dtype([("hash", "<i4"), ("phy", "<i8"), ("diff", "<i4"), ("prev", "<i4")])
 assert INDEX_ENTRY_DTYPE.itemsize == INDEX_ENTRY.size
 SCALAR_MAX_KEYS = 32  # puts of at most this many keys are chained key by key (numpy costs more)
+
+IntColumn = list[int] | npt.NDArray[np.int64] | npt.NDArray[np.uint32]
+"""Hashes or offsets of a put: arrays from a batch's columns, lists from the per-key paths."""
+
+
+def _as_list(column: IntColumn) -> list[int]:
+    return column if isinstance(column, list) else column.tolist()
 
 
 def key_seed(topic: str) -> int:
@@ -91,19 +99,19 @@ class IndexFile:
     def room(self) -> int:
         return self.max_index - self.index_count
 
-    def put_keys(self, hashes: list[int], phys: list[int], store_ts: int) -> None:
+    def put_keys(self, hashes: IntColumn, phys: IntColumn, store_ts: int) -> None:
         """Index ``hashes[i]`` at physical offset ``phys[i]``: one write for all."""
         slots = self.slots
         assert slots is not None
         if self.begin_ts == 0:
-            self.begin_ts, self.begin_phy = store_ts, phys[0]
+            self.begin_ts, self.begin_phy = store_ts, int(phys[0])
         diff = max(0, (store_ts - self.begin_ts) // 1000)
         first = self.index_count
         count = len(hashes)
         if count <= SCALAR_MAX_KEYS:  # the same chaining, key by key (numpy costs more for a few)
             pack, nslots = INDEX_ENTRY.pack, self.slots_num
             parts = []
-            for i, (h, phy) in enumerate(zip(hashes, phys, strict=True)):
+            for i, (h, phy) in enumerate(zip(_as_list(hashes), _as_list(phys), strict=True)):
                 s = h % nslots
                 parts.append(pack(h, phy, diff, slots[s]))
                 slots[s] = first + i
@@ -112,9 +120,9 @@ class IndexFile:
             raw = self._entries(hashes, phys, diff, first)
         os.pwrite(self.fd, raw, self.entries_pos + first * INDEX_ENTRY.size)
         self.index_count = first + count
-        self.end_ts, self.end_phy = store_ts, phys[-1]
+        self.end_ts, self.end_phy = store_ts, int(phys[-1])
 
-    def _entries(self, hashes: list[int], phys: list[int], diff: int, first: int) -> bytes:
+    def _entries(self, hashes: IntColumn, phys: IntColumn, diff: int, first: int) -> bytes:
         """The entries of many keys at once, chained into (and updating) the slots with numpy."""
         slots = self.slots
         assert slots is not None
@@ -231,7 +239,7 @@ class IndexService:
         seed = key_seed(topic)
         self.build_index_hashes([crc(k.encode(), seed) & 0x7FFFFFFF for k in keys], phys, store_ts)
 
-    def build_index_hashes(self, hashes: list[int], phys: list[int], store_ts: int) -> None:
+    def build_index_hashes(self, hashes: IntColumn, phys: IntColumn, store_ts: int) -> None:
         """:meth:`build_index` with the keys' hashes (:func:`key_hash`) already computed."""
         start = 0
         while start < len(hashes):

@@ -271,7 +271,7 @@ class DefaultMessageStore:
             topic=topic,
             queue_id=queue_id,
             queue_offset=appended.queue_offset,
-            physical_offsets=appended.physical_offsets,
+            physical_offsets=appended.physical_offsets.tolist(),
             end_offset=appended.end_offset,
             store_timestamp=appended.store_timestamp,
         )
@@ -419,7 +419,7 @@ class DefaultMessageStore:
                 )
             else:
                 props = records.all_properties() if props is None else props
-                self._index(topic, props, appended.physical_offsets, ts)
+                self._index(topic, props, appended.physical_offsets.tolist(), ts)
         self.dispatched_offset = appended.end_offset
         listener = self.message_arriving_listener
         if listener is not None:
