@@ -55,6 +55,7 @@ from pyspark_pymq.rocketmq.remoting import (
     AclClientRPCHook,
     RemotingClient,
     SessionCredentials,
+    _Connection,
     parse_address,
     sign_request,
 )
@@ -440,7 +441,8 @@ def test_requests_behind_a_stalled_write_time_out_and_close_does_not_wait_for_it
     server.accept()
     time.sleep(0.3)  # the writer is inside its write, holding the connection
     t0 = time.monotonic()
-    with pytest.raises(RequestTimeoutError, match=r"could not send GET_MAX_OFFSET .* within 0\.3 s"):
+    # "could not send ... within" (or the sweeper's "did not answer ... within", whichever is first)
+    with pytest.raises(RequestTimeoutError, match=r"GET_MAX_OFFSET .*within 0\.3 s"):
         client.invoke_sync(server.addr, RemotingCommand.request(RequestCode.GET_MAX_OFFSET), 0.3)
     with pytest.raises(RequestTimeoutError, match="PULL_MESSAGE"):
         client.invoke_oneway(server.addr, RemotingCommand.request(RequestCode.PULL_MESSAGE), 0.3)
@@ -450,6 +452,76 @@ def test_requests_behind_a_stalled_write_time_out_and_close_does_not_wait_for_it
     writer.join(5)
     assert not writer.is_alive()
     assert time.monotonic() - t1 < 2
+
+
+@pytest.mark.timeout(30)
+def test_a_peer_reading_a_little_at_a_time_cannot_stretch_a_write_past_its_time_out(
+    server: FakeServer, client: RemotingClient
+) -> None:
+    stop = threading.Event()
+
+    def trickle(conn: socket.socket) -> None:  # 64 KiB every 50 ms: ~1.3 MB/s
+        with contextlib.suppress(OSError):
+            while not stop.is_set() and conn.recv(64 * 1024):
+                time.sleep(0.05)
+
+    t0 = time.monotonic()
+    stalled = client.invoke_async(server.addr, _stalled_request(server), 0.5)
+    threading.Thread(target=trickle, args=(server.accept(),), daemon=True).start()
+    with pytest.raises((RequestTimeoutError, BrokerUnavailableError), match="SEND_MESSAGE"):
+        stalled.result(5)
+    stop.set()
+    assert time.monotonic() - t0 < 1.5  # the write alone took ~36 s before
+
+
+@pytest.mark.timeout(30)
+def test_no_request_is_written_after_a_half_written_one(
+    server: FakeServer, client: RemotingClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write that times out half-way marks the connection before it lets go of it: a request
+    waiting to write behind it is refused, never appended to the broken frame (which the peer
+    would take as the rest of the first request's body)."""
+    closing = _Connection.close
+
+    def descheduled_close(conn: _Connection, reason: str) -> None:
+        time.sleep(1.0)  # the thread that should close is held up: others run meanwhile
+        closing(conn, reason)
+
+    monkeypatch.setattr(_Connection, "close", descheduled_close)
+    first: list[Future[RemotingCommand]] = []
+    second: list[Future[RemotingCommand]] = []
+    second_request = RemotingCommand.request(RequestCode.GET_MAX_OFFSET, {"marker": "SECOND-REQUEST"})
+    writers = [
+        threading.Thread(target=lambda: first.append(
+            client.invoke_async(server.addr, _stalled_request(server), 0.5)), daemon=True),
+        threading.Thread(target=lambda: second.append(
+            client.invoke_async(server.addr, second_request, 10)), daemon=True),
+    ]
+    received = bytearray()
+
+    def drain(conn: socket.socket) -> None:
+        conn.settimeout(5)
+        with contextlib.suppress(OSError):
+            while chunk := conn.recv(1 << 20):
+                received.extend(chunk)
+
+    t0 = time.monotonic()
+    writers[0].start()
+    conn = server.accept()
+    time.sleep(0.2)  # the first is inside its write
+    writers[1].start()  # waits for the connection behind it
+    time.sleep(max(0.0, t0 + 0.8 - time.monotonic()))  # the first timed out; its close is held up
+    drainer = threading.Thread(target=drain, args=(conn,), daemon=True)
+    drainer.start()  # the peer reads again: whatever is written now reaches it
+    for w in writers:
+        w.join(10)
+    drainer.join(10)
+    with pytest.raises((RequestTimeoutError, BrokerUnavailableError), match="SEND_MESSAGE"):
+        first[0].result(5)
+    with pytest.raises(BrokerUnavailableError, match="GET_MAX_OFFSET"):
+        second[0].result(5)
+    assert 0 < len(received) < len(_stalled_request(server).encode())  # the first, in part
+    assert b"SECOND-REQUEST" not in received
 
 
 def test_refused_connection_names_the_address(client: RemotingClient) -> None:

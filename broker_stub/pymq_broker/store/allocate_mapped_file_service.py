@@ -49,8 +49,14 @@ def _load_fallocate() -> Fallocate | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        fn = ctypes.CDLL(None, use_errno=True).fallocate64
-    except (OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+    # glibc names the 64-bit-offset call fallocate64; musl has only fallocate (64-bit off_t)
+    fn = getattr(libc, "fallocate64", None)
+    if fn is None and ctypes.sizeof(ctypes.c_long) == 8:
+        fn = getattr(libc, "fallocate", None)
+    if fn is None:
         return None
     fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
     fn.restype = ctypes.c_int

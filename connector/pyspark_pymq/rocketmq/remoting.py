@@ -52,11 +52,13 @@ import contextlib
 import hashlib
 import hmac
 import itertools
+import math
 import os
 import re
 import socket
 import ssl
 import struct
+import sys
 import threading
 import time
 import weakref
@@ -103,6 +105,10 @@ JOIN_BODY_BELOW = 16 * 1024
 TLS_READ_BUFFER = 256 * 1024
 # Plaintext encrypted and sent at a time (several TLS records).
 TLS_WRITE_SLICE = 256 * 1024
+# How long the reader thread may wait to send what TLS itself has to answer (a KeyUpdate).
+TLS_CONTROL_TIMEOUT_S = 10.0
+# SO_SNDTIMEO's ceiling for writes whose time-out is "forever".
+MAX_SEND_TIMEOUT_S = 86_400.0
 # How often the sweeper fails asynchronous requests that outlived their time-out.
 SWEEP_INTERVAL_S = 0.05
 DEFAULT_CONNECT_TIMEOUT_S = 3.0
@@ -197,8 +203,67 @@ class _ConnectionClosed(Exception):
     pass
 
 
-class _WriteBusy(Exception):
-    """Other writers held the connection past a request's time-out: nothing of it was written."""
+class _NotWritten(Exception):
+    """Nothing of a request was written by its deadline; the connection is fine."""
+
+
+class _SendTimeout(TimeoutError):
+    """The peer took ``sent`` of ``total`` bytes by the deadline."""
+
+    def __init__(self, sent: int, total: int) -> None:
+        super().__init__(f"{sent} of {total} bytes written")
+        self.sent = sent
+        self.total = total
+
+
+class _Wire:
+    """The sending side of a socket: every write done by a deadline, or :class:`_SendTimeout`.
+
+    ``SO_SNDTIMEO`` bounds each blocking system call and leaves the reader thread's ``recv``
+    unbounded, which ``socket.settimeout`` (one time-out for both directions) would not; it
+    is lowered to what is left before each call, so a peer that reads a little at a time
+    cannot stretch a write past its deadline. Callers serialize their writes.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._timeout = -1.0  # what SO_SNDTIMEO is set to, in seconds
+
+    def send_all(self, parts: Sequence[bytes | bytearray | memoryview], deadline: float) -> None:
+        views = [memoryview(p) for p in parts if len(p)]
+        total = sum(len(v) for v in views)
+        sent = 0
+        while views:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _SendTimeout(sent, total)
+            self._set_timeout(left)
+            try:
+                # sendmsg gathers header and body in one system call without joining them
+                n = self.sock.send(views[0]) if len(views) == 1 else self.sock.sendmsg(views)
+            except BlockingIOError:  # what was left of the time passed with nothing taken
+                raise _SendTimeout(sent, total) from None
+            sent += n
+            while n and views:
+                if n >= len(views[0]):
+                    n -= len(views.pop(0))
+                else:
+                    views[0] = views[0][n:]
+                    n = 0
+
+    def _set_timeout(self, left: float) -> None:
+        # A system call per frame costs more than it buys: keep a value between half of what
+        # is left and what is left (a hair over is a few ms past the deadline at worst).
+        if left / 2 <= self._timeout <= left + 0.005:
+            return
+        seconds = min(max(left, 0.001), MAX_SEND_TIMEOUT_S)
+        if sys.platform == "win32":  # a DWORD of milliseconds there
+            value = struct.pack("<I", math.ceil(seconds * 1000))
+        else:
+            micros = math.ceil(seconds * 1e6)
+            value = _TIMEVAL.pack(micros // 1_000_000, micros % 1_000_000)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+        self._timeout = seconds
 
 
 class _TlsSession:
@@ -220,6 +285,7 @@ class _TlsSession:
         self.outgoing = outgoing
         self.lock = threading.Lock()  # the SSL object and both BIOs
         self.wire_lock = threading.Lock()  # taken before ``lock``: ciphertext leaves in order
+        self.wire = _Wire(sock)  # used under ``wire_lock``
         self._raw = memoryview(bytearray(TLS_READ_BUFFER))
 
     @classmethod
@@ -257,7 +323,9 @@ class _TlsSession:
             sock.sendall(outgoing.read())
         return cls(sock, ssl_object, incoming, outgoing)
 
-    def send(self, parts: Sequence[bytes | bytearray]) -> None:
+    def send(self, parts: Sequence[bytes | bytearray], deadline: float) -> None:
+        """Encrypt and send ``parts`` by ``deadline`` (:class:`_SendTimeout`: the session is
+        then unusable, the records' sequence numbers being spent)."""
         # In slices: the outgoing BIO (which never shrinks) stays small, and the reader waits
         # for ``lock`` one slice's encryption at a time, not a 4 MiB body's.
         with self.wire_lock:
@@ -267,7 +335,7 @@ class _TlsSession:
                     with self.lock:
                         self.ssl_object.write(view[at : at + TLS_WRITE_SLICE])
                         sealed = self.outgoing.read()
-                    self.sock.sendall(sealed)
+                    self.wire.send_all((sealed,), deadline)
 
     def recv_into(self, buffer: memoryview) -> int:
         """Plaintext into ``buffer``, as ``socket.recv_into``: 0 once the peer closed."""
@@ -300,7 +368,7 @@ class _TlsSession:
             with self.lock:
                 sealed = self.outgoing.read()
             if sealed:
-                self.sock.sendall(sealed)
+                self.wire.send_all((sealed,), time.monotonic() + TLS_CONTROL_TIMEOUT_S)
 
 
 class _Connection:
@@ -319,7 +387,8 @@ class _Connection:
         # the same for requests of send_frames, answered to a ResponseWaiter
         self.waiting: dict[int, tuple[ResponseWaiter, float, int, float]] = {}
         self.send_lock = threading.Lock()
-        self._send_timeout = 0.0  # the socket's SO_SNDTIMEO, 0 = none
+        self.wire = _Wire(sock)  # plaintext writes, under ``send_lock``
+        self.broken = ""  # why a failed write left the stream unusable (set under ``send_lock``)
         self._close_lock = threading.Lock()
         self.closed = False
         self.close_reason = ""
@@ -330,44 +399,40 @@ class _Connection:
 
     # writing
 
-    def send(self, head: bytes, body: bytes | bytearray, timeout_s: float) -> None:
-        """Write one frame, waiting at most ``timeout_s`` for the socket to take more of it.
+    def send(self, head: bytes, body: bytes | bytearray, deadline: float) -> None:
+        """Write one frame by the monotonic ``deadline``.
 
-        Raises :class:`_WriteBusy` when other writers hold the connection for ``timeout_s``
-        (nothing was written: the connection is fine), and OSError when the socket fails or
-        takes nothing for ``timeout_s`` (the peer stopped reading); the caller closes the
-        connection then, as a frame may be half written.
+        Raises :class:`_NotWritten` when nothing of it was written (other writers held the
+        connection, or the peer took none of it): the connection is fine. Raises OSError
+        when the socket failed or took only part of the frame: the connection is marked
+        broken before any other writer can add to the stream, and the caller closes it.
         """
-        if not self.send_lock.acquire(timeout=max(timeout_s, 0.001)):
-            raise _WriteBusy()
+        wait = min(max(deadline - time.monotonic(), 0.001), threading.TIMEOUT_MAX)
+        if not self.send_lock.acquire(timeout=wait):
+            raise _NotWritten("earlier requests on the connection were still being written "
+                              "(the peer reads slowly)")
         try:
-            if self.closed:
-                raise OSError(f"connection closed ({self.close_reason})")
-            self._set_send_timeout(timeout_s)
+            if self.closed or self.broken:
+                raise OSError(f"connection closed ({self.close_reason or self.broken})")
             try:
                 if self.tls is not None:
-                    self.tls.send((head, body) if body else (head,))
-                elif not body:
-                    self.sock.sendall(head)
+                    self.tls.send((head, body) if body else (head,), deadline)
                 elif len(body) < JOIN_BODY_BELOW:
-                    self.sock.sendall(head + body)
+                    self.wire.send_all((head + body if body else head,), deadline)
                 else:
-                    _send_parts(self.sock, (head, body))
-            except BlockingIOError:  # SO_SNDTIMEO passed without the socket taking a byte
-                raise TimeoutError(
-                    f"{self.addr} took none of the request's bytes for {timeout_s:g} s (it stopped reading)"
-                ) from None
+                    self.wire.send_all((head, body), deadline)
+            except _SendTimeout as err:
+                if err.sent == 0 and self.tls is None:
+                    raise _NotWritten("the peer took none of it (it reads slowly or stopped reading)") \
+                        from None
+                self.broken = (f"{self.addr} stopped reading: a request was written only in part "
+                               "by its time-out")
+                raise TimeoutError(self.broken) from None
+            except OSError as err:
+                self.broken = f"write failed: {err}"
+                raise
         finally:
             self.send_lock.release()
-
-    def _set_send_timeout(self, timeout_s: float) -> None:
-        # SO_SNDTIMEO bounds each blocking write and leaves the reader thread's recv unbounded,
-        # which socket.settimeout (one time-out for both directions) would not.
-        micros = max(1000, round(timeout_s * 1e6))
-        if micros != self._send_timeout:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
-                                 _TIMEVAL.pack(micros // 1_000_000, micros % 1_000_000))
-            self._send_timeout = micros
 
     # reading
 
@@ -480,7 +545,8 @@ class _Connection:
         if self.pid == os.getpid():
             with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_RDWR)  # wakes a blocked writer and the reader
-            with self.send_lock:  # no writer is inside a system call on the descriptor it closes
+            # no writer is inside a system call on the descriptor it closes
+            with self.send_lock, self.tls.wire_lock if self.tls is not None else contextlib.nullcontext():
                 self.sock.close()
         else:
             self.sock.close()
@@ -505,20 +571,6 @@ def _recv_exactly(recv_into: Callable[[memoryview], int], mv: memoryview) -> Non
         if not got:
             raise _ConnectionClosed()
         mv = mv[got:]
-
-
-def _send_parts(sock: socket.socket, parts: Sequence[bytes | bytearray]) -> None:
-    # sendmsg gathers header and body in one system call without joining them in memory.
-    total = sum(len(p) for p in parts)
-    sent = sock.sendmsg(parts)
-    if sent == total:
-        return
-    for p in parts:
-        if sent >= len(p):
-            sent -= len(p)
-            continue
-        sock.sendall(memoryview(p)[sent:])
-        sent = 0
 
 
 # -- the client ------------------------------------------------------------------------------
@@ -614,8 +666,10 @@ class RemotingClient:
     def invoke_oneway(self, addr: str, request: RemotingCommand, timeout_s: float | None = None) -> None:
         """Send ``request`` marked one-way: the broker does not answer it.
 
-        Raises :class:`BrokerUnavailableError` if it cannot be written; that it was
-        written says nothing about whether the broker processed it.
+        Raises :class:`BrokerUnavailableError` if it cannot be written (or was written in part:
+        the connection is closed then), :class:`RequestTimeoutError` if nothing of it could be
+        written within ``timeout_s``; that it was written says nothing about whether the broker
+        processed it.
         """
         request.flag = (request.flag | FLAG_ONEWAY) & ~FLAG_RESPONSE
         request.opaque = self._next_opaque()
@@ -624,9 +678,9 @@ class RemotingClient:
         if self.rpc_hook is not None:
             self.rpc_hook.do_before_request(addr, request)
         try:
-            conn.send(request.encode_head(), request.body, timeout)
-        except _WriteBusy:
-            raise self._busy_error(addr, request.code, timeout) from None
+            conn.send(request.encode_head(), request.body, time.monotonic() + timeout)
+        except _NotWritten as err:
+            raise self._unsent_error(addr, request.code, timeout, err) from None
         except OSError as err:
             conn.close(f"write failed: {err}")
             raise self._write_error(addr, request.code, err) from None
@@ -647,14 +701,15 @@ class RemotingClient:
         if self.rpc_hook is not None:
             self.rpc_hook.do_before_request(addr, request)
         head = request.encode_head()
-        conn.pending[opaque] = (fut, time.monotonic() + timeout_s, request.code, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        conn.pending[opaque] = (fut, deadline, request.code, timeout_s)
         if self._sweeper is None:
             self._start_sweeper()
         try:
-            conn.send(head, request.body, timeout_s)
-        except _WriteBusy:
+            conn.send(head, request.body, deadline)
+        except _NotWritten as err:
             if conn.pending.pop(opaque, None) is not None:
-                fut.set_exception(self._busy_error(addr, request.code, timeout_s))
+                fut.set_exception(self._unsent_error(addr, request.code, timeout_s, err))
         except OSError as err:
             if conn.pending.pop(opaque, None) is not None:
                 fut.set_exception(self._write_error(addr, request.code, err))
@@ -691,19 +746,20 @@ class RemotingClient:
         made, or the write fails (the connection is closed then: its requests fail too).
         """
         conn = self._connection(addr, timeout_s)
-        entry = (waiter, time.monotonic() + timeout_s, code, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        entry = (waiter, deadline, code, timeout_s)
         waiting = conn.waiting
         for opaque, _ in frames:
             waiting[opaque] = entry
         if self._sweeper is None:
             self._start_sweeper()
         try:
-            conn.send(b"".join([frame for _, frame in frames]), b"", timeout_s)
-        except (_WriteBusy, OSError) as err:
+            conn.send(b"".join([frame for _, frame in frames]), b"", deadline)
+        except (_NotWritten, OSError) as err:
             for opaque, _ in frames:
                 waiting.pop(opaque, None)
-            if isinstance(err, _WriteBusy):
-                raise self._busy_error(addr, code, timeout_s) from None
+            if isinstance(err, _NotWritten):
+                raise self._unsent_error(addr, code, timeout_s, err) from None
             conn.close(f"write failed: {err}")
             raise self._write_error(addr, code, err) from None
 
@@ -721,18 +777,17 @@ class RemotingClient:
         )
 
     @staticmethod
-    def _busy_error(addr: str, code: int, timeout_s: float) -> RequestTimeoutError:
+    def _unsent_error(addr: str, code: int, timeout_s: float, why: _NotWritten) -> RequestTimeoutError:
         return RequestTimeoutError(
-            f"could not send {request_code_name(code)} to {addr} within {timeout_s:g} s: earlier "
-            "requests on the connection were still being written (the broker reads slowly)"
+            f"could not send {request_code_name(code)} to {addr} within {timeout_s:g} s: {why}"
         )
 
     @staticmethod
     def _write_error(addr: str, code: int, err: OSError) -> BrokerUnavailableError:
-        return BrokerUnavailableError(
-            f"could not send {request_code_name(code)} to {addr}: {err}. "
-            "The broker or name server closed the connection or went away."
-        )
+        why = ("The connection was closed: the rest of a half-written request cannot follow."
+               if isinstance(err, TimeoutError)
+               else "The broker or name server closed the connection or went away.")
+        return BrokerUnavailableError(f"could not send {request_code_name(code)} to {addr}: {err}. {why}")
 
     # -- connections ------------------------------------------------------------------------
 
@@ -895,8 +950,8 @@ class RemotingClient:
         response.opaque = request.opaque
         response.flag |= FLAG_RESPONSE
         try:
-            conn.send(response.encode_head(), response.body, self.connect_timeout_s)
-        except _WriteBusy:  # the broker stops waiting for this answer on its own time-out
+            conn.send(response.encode_head(), response.body, time.monotonic() + self.connect_timeout_s)
+        except _NotWritten:  # the broker stops waiting for this answer on its own time-out
             pass
         except OSError as err:
             conn.close(f"write failed: {err}")
