@@ -489,3 +489,40 @@ def test_byte_windows_are_the_slices_and_write_through() -> None:
     assert not read_only.flags.writeable
     with pytest.raises(ValueError, match="window width 21 does not fit a buffer of 20 bytes"):
         byte_windows(arr, 21)
+
+
+def test_tag_codes_of_a_batch_match_find_property_record_by_record() -> None:
+    """The dispatch's vectorized TAGS look-up (every record at once over the properties alone)
+    gives each record what find_property gives it: the first TAGS entry, not a name ending in
+    TAGS, not text in a value or a body, an empty value, TAGS first, last or missing."""
+    import random
+    import zlib
+
+    from pymq_broker.store.message_store import _tag_codes
+    from pymq_proto.record import find_property, tag_hash
+
+    rnd = random.Random(7)
+    pool = [b"TAGS\x01TagA", b"TAGS\x01", b"TAGS\x01TagB||TagC", b"MYTAGS\x01NotATag", b"KEYS\x01k1 k2",
+            b"a\x01TAGS", b"TAGSX\x01y", b"b\x01xTAGS", b"TAGS\x01" + bytes(range(3, 40))]
+    for n in (1, 3, 40, 300):
+        props, bodies = [], []
+        for i in range(n):
+            extra = b"\x02".join(rnd.sample(pool, rnd.randint(0, 4)))
+            props.append(b"UNIQ_KEY\x01" + f"{i:032X}".encode() + b"\x02" + extra)
+            bodies.append(rnd.choice([b"plain", b"\x02TAGS\x01in-a-body\x02", b"x" * rnd.randint(0, 50)]))
+        raw, sizes = encode_records("topic-a", bodies, props)
+        parsed = parse_encoded(raw, _pack(list(sizes)), "topic-a")
+        expected = [tag_hash(find_property(p, b"TAGS")) for p in parsed.all_properties()]
+        assert _tag_codes(parsed).tolist() == expected, n
+        assert any(expected) and zlib.crc32(b"TagA") in expected or n < 40
+        only_in_bodies = [b"\x02TAGS\x01body" if i % 2 else b"y" for i in range(n)]
+        raw2, sizes2 = encode_records("topic-a", only_in_bodies, [p[:42] for p in props])
+        parsed2 = parse_encoded(raw2, _pack(list(sizes2)), "topic-a")
+        assert not parsed2.contains(b"TAGS\x01")  # bodies are not searched
+        assert _tag_codes(parsed2).tolist() == [0] * n
+    for tags in (b"TagA", b"", b"T" * 48, b"T" * 49):  # one tag for the batch: hashed together
+        props = [b"UNIQ_KEY\x01" + f"{i:032X}".encode() + b"\x02TAGS\x01" + tags + b"\x02k\x01v"
+                 for i in range(100)]
+        raw, sizes = encode_records("topic-a", [b"b"] * 100, props)
+        parsed = parse_encoded(raw, _pack(list(sizes)), "topic-a")
+        assert _tag_codes(parsed).tolist() == [tag_hash(tags)] * 100
