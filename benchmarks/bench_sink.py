@@ -103,6 +103,7 @@ def main() -> None:
     ap.add_argument("--modes", default="sync,async,oneway", help="send modes to measure")
     ap.add_argument("--repeats", type=int, default=1, help="runs per figure; the fastest is shown")
     ap.add_argument("--no-send-back", action="store_true", help="skip action=reconsumeLater")
+    ap.add_argument("--tag", default="", help="a tags column of this value on every row (TAGS)")
     ap.add_argument("--max-in-flight", default="",
                     help="maxInFlight values to measure each mode with (default: the sink's default)")
     args = ap.parse_args()
@@ -113,7 +114,10 @@ def main() -> None:
     spark = (SparkSession.builder.master("local[2]").appName("bench-sink")
              .config("spark.ui.enabled", "false").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
-    df = spark.range(n, numPartitions=2).selectExpr(f"CAST(repeat('x', {args.body}) AS BINARY) AS body")
+    columns = [f"CAST(repeat('x', {args.body}) AS BINARY) AS body"]
+    if args.tag:
+        columns.append(f"'{args.tag}' AS tags")
+    df = spark.range(n, numPartitions=2).selectExpr(*columns)
     df = df.cache()
     df.count()
     results: list[tuple[str, tuple[float, float, float, float]]] = []
