@@ -114,10 +114,11 @@ def main() -> None:
     spark = (SparkSession.builder.master("local[2]").appName("bench-sink")
              .config("spark.ui.enabled", "false").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
-    columns = [f"CAST(repeat('x', {args.body}) AS BINARY) AS body"]
-    if args.tag:
-        columns.append(f"'{args.tag}' AS tags")
-    df = spark.range(n, numPartitions=2).selectExpr(*columns)
+    df = spark.range(n, numPartitions=2).selectExpr(f"CAST(repeat('x', {args.body}) AS BINARY) AS body")
+    if args.tag:  # a literal, not SQL text: any tag value works
+        from pyspark.sql.functions import lit
+
+        df = df.withColumn("tags", lit(args.tag))
     df = df.cache()
     df.count()
     results: list[tuple[str, tuple[float, float, float, float]]] = []

@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from .byte_windows import byte_windows
 
-__all__ = ["MAX_WIDTH", "crc32_equal_width"]
+__all__ = ["MAX_WIDTH", "crc32_equal_width", "crc32_slices"]
 
 MAX_WIDTH = 48
 """Wider slices are left to the caller's loop: tables grow with the width (6 MiB at 48)."""
@@ -60,3 +60,20 @@ def crc32_equal_width(
     crcs: npt.NDArray[np.uint32] = np.bitwise_xor.reduce(flat[pairs + offsets], axis=1)
     crcs ^= np.uint32(zlib.crc32(bytes(width), seed))
     return crcs
+
+
+def crc32_slices(
+    buf: bytes | bytearray, starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64], seed: int = 0
+) -> npt.NDArray[np.uint32]:
+    """``zlib.crc32(buf[s:e], seed)`` of each slice: hashed together when there are many of one
+    width up to :data:`MAX_WIDTH` (UNIQ_KEYs, one tag for a batch), else one call each."""
+    widths = ends - starts
+    if len(starts) > 8 and 1 <= widths[0] <= MAX_WIDTH and (widths == widths[0]).all():
+        return crc32_equal_width(np.frombuffer(buf, dtype=np.uint8), starts, int(widths[0]), seed)
+    mv = memoryview(buf)
+    crc = zlib.crc32
+    try:
+        return np.array([crc(mv[a:b], seed) for a, b in zip(starts.tolist(), ends.tolist(), strict=True)],
+                        dtype=np.uint32)
+    finally:
+        mv.release()

@@ -10,7 +10,6 @@ so both reach the commit log and the dispatch as one :class:`EncodedRecords`.
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -29,7 +28,7 @@ from pymq_proto.record import (
 )
 
 from .byte_windows import byte_windows
-from .crc32_vector import MAX_WIDTH, crc32_equal_width
+from .crc32_vector import crc32_slices
 
 if TYPE_CHECKING:
     from .commit_log import MessageToStore
@@ -137,25 +136,13 @@ class EncodedRecords:
         stop = twos[np.searchsorted(twos, starts)]
         return rec, starts, np.minimum(stop, ends[rec]), blob
 
-    def uniq_hashes(self, seed: int) -> npt.NDArray[np.uint32] | list[int]:
+    def uniq_hashes(self, seed: int) -> npt.NDArray[np.uint32]:
         """The index's key hash of each UNIQ_KEY (no key object made); needs the located keys.
 
         Many keys of one width (the usual batch) are hashed together: :mod:`.crc32_vector`.
         """
         assert self.uniq_start is not None and self.uniq_end is not None
-        width = int(self.uniq_end[0] - self.uniq_start[0])
-        if not use_scalar(len(self), None) and width <= MAX_WIDTH and (
-            (self.uniq_end - self.uniq_start) == width
-        ).all():
-            arr = np.frombuffer(self.buf, dtype=np.uint8)
-            return crc32_equal_width(arr, self.uniq_start, width, seed) & np.uint32(0x7FFFFFFF)
-        mv = memoryview(self.buf)
-        crc = zlib.crc32
-        try:
-            return [crc(mv[a:b], seed) & 0x7FFFFFFF
-                    for a, b in zip(self.uniq_start.tolist(), self.uniq_end.tolist(), strict=True)]
-        finally:
-            mv.release()
+        return crc32_slices(self.buf, self.uniq_start, self.uniq_end, seed) & np.uint32(0x7FFFFFFF)
 
     def uniq_keys(self) -> list[bytes | None]:
         """Each record's UNIQ_KEY (None when it has none)."""

@@ -18,7 +18,6 @@ import logging
 import os
 import shutil
 import time
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
@@ -43,7 +42,7 @@ from .allocate_mapped_file_service import AllocateMappedFileService
 from .commit_log import AppendMessageResult, CommitLog, MessageToStore
 from .config import SYNC_FLUSH, MessageStoreConfig
 from .consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue, pack_entries
-from .crc32_vector import MAX_WIDTH, crc32_equal_width
+from .crc32_vector import crc32_slices
 from .encoded_batch import EncodedRecords, use_scalar
 from .flush import FlushRealTimeService, GroupCommitService, ServiceThread, StoreCheckpoint
 from .index_service import IndexService, key_seed
@@ -96,15 +95,8 @@ def _tag_codes(records: EncodedRecords) -> npt.NDArray[np.int64]:
     0 without), for all records at once."""
     codes = np.zeros(len(records), dtype=np.int64)
     rec, starts, ends, blob = records.property_values(_TAGS_KEY)
-    widths = ends - starts
-    if len(rec) > 8 and 1 <= widths[0] <= MAX_WIDTH and (widths == widths[0]).all():
-        # tags of one width (one tag for a whole batch, the usual): hashed together
-        codes[rec] = crc32_equal_width(np.frombuffer(blob, dtype=np.uint8), starts, int(widths[0]))
-    elif len(rec):
-        mv = memoryview(blob)
-        crc32 = zlib.crc32  # tag_hash's: the CRC of no bytes is its 0 too
-        codes[rec] = [crc32(mv[a:b]) for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
-        mv.release()
+    if len(rec):  # tag_hash's CRC: the CRC of no bytes is its 0 too
+        codes[rec] = crc32_slices(blob, starts, ends)
     return codes
 
 
