@@ -40,6 +40,11 @@ FIGURE_NAMES = {
     "batch": "`spark.read` → noop",
 }
 
+# pymq's source columns for what Kafka's source returns (key, value, topic, partition, offset,
+# timestamp), for reads with .schema(...) (Python data sources get no column pruning)
+KAFKA_LIKE_COLUMNS = ("keys array<string>, body binary, topic string, queue_id int, queue_offset bigint, "
+                      "store_timestamp timestamp")
+
 
 def use_repository() -> None:
     """This tree's packages (and tests/, for broker_process and rocketmq_cluster) on ``sys.path`` and
@@ -233,6 +238,7 @@ class PymqTarget:
     send_timeout_ms: int = 3000
     send_retries: int = 0
     options: dict[str, str] = field(default_factory=dict)  # e.g. tls, tlsCaFile, accessKey, secretKey
+    schema: str = ""  # reads: the columns to keep (a DDL of source columns); "": all of them
 
     def write(self, topic: str) -> None:
         (self.df.write.format("pymq").option(self.option, self.address).option("topic", topic)
@@ -243,6 +249,8 @@ class PymqTarget:
     def read(self, builder: Any, topic: str, group: str) -> Any:
         reader = (builder.format("pymq").option(self.option, self.address).option("topic", topic)
                   .options(**self.options))
+        if self.schema:
+            reader = reader.schema(self.schema)
         if group:
             reader = reader.option("startingOffsets", "earliest").option("consumerGroup", group)
         return reader.load()

@@ -30,6 +30,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from column_subsets import SUBSETS
 from pyspark_pymq.client.message import MessageExt
 from pyspark_pymq.rocketmq import codec
 from pyspark_pymq.rocketmq.codec import (
@@ -48,7 +49,7 @@ from pyspark_pymq.rocketmq.codec import (
     string_to_message_properties,
 )
 from pyspark_pymq.spark.rows import messages_to_batch
-from pyspark_pymq.spark.schema import arrow_schema
+from pyspark_pymq.spark.schema import arrow_schema, project
 
 V1 = -626843481  # MessageDecoder.MESSAGE_MAGIC_CODE
 V2 = -626843477  # MessageDecoder.MESSAGE_MAGIC_CODE_V2
@@ -770,6 +771,10 @@ def test_decoders_give_the_expected_messages(name: str, monkeypatch: pytest.Monk
     for end_offset in (100, 101, 100 + len(recs) // 2, 100 + len(recs), 10**12, -1):
         cut = decode_to_arrow(data, topic=topic, broker_name=BROKER, retry=retry, end_offset=end_offset)
         assert cut.equals(expected_rows([m for m in expected if m.queue_offset < end_offset], topic, retry))
+    # a .schema(...) of some columns: those columns as in the whole schema
+    for columns in SUBSETS:
+        kept = decode_to_arrow(data, topic=topic, broker_name=BROKER, retry=retry, columns=columns)
+        assert project(kept, columns).equals(project(batch, columns)), columns
 
 
 @pytest.mark.parametrize("name", list(FALLBACK_CASES))
@@ -785,6 +790,25 @@ def test_fallback_cases(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     assert batch.equals(expected_rows(expected, topic, retry))
     cut = decode_to_arrow(data, topic=topic, broker_name=BROKER, retry=retry, end_offset=101)
     assert cut.equals(expected_rows(expected[:1], topic, retry))
+
+
+def test_columns_that_need_no_properties_do_not_parse_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    recs = with_offsets(FALLBACK_CASES["invalid_utf8_properties"][0] + [plain(1)])
+    data = encode_case(recs)
+    no_fallback(monkeypatch)  # the properties that are not UTF-8 are never looked at
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("properties parsed")
+
+    monkeypatch.setattr(codec, "_properties", refuse)
+    columns = ("body", "queue_offset", "topic", "offset_msg_id")
+    got = decode_to_arrow(data, topic="TopicTest", broker_name=BROKER, retry=False, columns=columns)
+    assert got.column("body").to_pylist() == [m.body for m in expected_messages("", recs)]
+    assert got.column("queue_offset").to_pylist() == [100, 101]
+    assert got.column("offset_msg_id").to_pylist() == [expected_offset_msg_id(r) for r in recs]
+    for needs_them in ("tags", "keys", "msg_id", "properties"):
+        with pytest.raises(AssertionError, match="properties parsed"):
+            decode_to_arrow(data, topic="TopicTest", broker_name=BROKER, retry=False, columns=(needs_them,))
 
 
 def test_ipv4_mapped_store_host_gives_javas_56_digit_id() -> None:

@@ -519,6 +519,29 @@ def test_bad_options_fail_with_their_message(spark: Any, ep: str, tmp_path: Path
     with pytest.raises(Exception, match="maxMessagesPerTrigger"):
         (spark.read.format("pymq").option("endpoint", ep).option("topic", "t")
          .option("maxMessagesPerTrigger", 5).load().collect())
-    with pytest.raises(Exception, match="fixed schema"):
+    with pytest.raises(Exception, match="names column 'a', which the source does not have"):
         (spark.read.format("pymq").schema("a int").option("endpoint", ep).option("topic", "t")
          .load().collect())
+    with pytest.raises(Exception, match="declare 'queue_offset bigint'"):
+        (spark.readStream.format("pymq").schema("body binary, queue_offset int").option("endpoint", ep)
+         .option("topic", "t").option("consumerGroup", "g").load().writeStream.format("noop").start()
+         .awaitTermination(60))
+
+
+def test_a_schema_of_some_columns_reads_only_those(spark: Any, ep: str, tmp_path: Path) -> None:
+    topic = create(ep, unique("cols"))
+    ids = produce(ep, topic, 40)
+    whole = spark.read.format("pymq").option("endpoint", ep).option("topic", topic).load()
+    expected = sorted(tuple(r) for r in whole.select("queue_offset", "tags", "body", "msg_id").collect())
+    some = (spark.read.format("pymq").schema("queue_offset bigint, tags string, body binary, msg_id string")
+            .option("endpoint", ep).option("topic", topic).load())
+    assert some.columns == ["queue_offset", "tags", "body", "msg_id"]
+    assert sorted(tuple(r) for r in some.collect()) == expected
+    assert len(expected) == 40 and {r[3] for r in expected} == set(ids)
+    # a stream of the body alone, into files: every message once, and nothing else in them
+    df = (spark.readStream.format("pymq").schema("body binary").option("endpoint", ep).option("topic", topic)
+          .option("consumerGroup", unique("g")).option("startingOffsets", "earliest").load())
+    run_available_now(df, tmp_path / "out", tmp_path / "chk")
+    table = ds.dataset(str(tmp_path / "out"), format="parquet").to_table()
+    assert table.column_names == ["body"]
+    assert Counter(table.column("body").to_pylist()) == Counter(r[2] for r in expected)

@@ -16,9 +16,11 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from column_subsets import SUBSETS
 from pymq_proto.record import encode_properties, encode_record, store_host_bytes
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+from pyspark.sql.types import BinaryType, IntegerType, MapType, StringType, StructField, StructType
 from pyspark_pymq.backend import pymq_arrow
 from pyspark_pymq.backend.pymq_arrow import (
     decode_to_arrow,
@@ -43,7 +45,14 @@ from pyspark_pymq.spark.options import (
     StartKind,
     parse_source_options,
 )
-from pyspark_pymq.spark.schema import COLUMNS, SOURCE_DDL, arrow_schema, source_schema
+from pyspark_pymq.spark.schema import (
+    COLUMNS,
+    SOURCE_DDL,
+    arrow_schema,
+    project,
+    select_columns,
+    source_schema,
+)
 from pyspark_pymq.spark.source_offset import (
     FROM_KEY,
     INITIAL,
@@ -444,6 +453,81 @@ def test_vectorised_decoder_on_random_messages() -> None:
     for retry in (False, True):
         batch = decode_to_arrow(raw, topic="%RETRY%g", broker_name="broker-a", retry=retry)
         assert_same(batch, raw, "%RETRY%g", retry)
+
+
+def fields(*spec: tuple[str, Any] | str) -> StructType:
+    """A user's schema: source columns by name, or (name, type) pairs (no session needed)."""
+    return StructType([source_schema()[f] if isinstance(f, str) else StructField(f[0], f[1]) for f in spec])
+
+
+def test_a_schema_of_some_columns_keeps_them_in_its_order() -> None:
+    assert select_columns(None) is None
+    assert select_columns(source_schema()) is None
+    assert select_columns(fields("body", "queue_offset")) == ("body", "queue_offset")
+    for columns in SUBSETS:
+        user = fields(*columns)
+        assert select_columns(user) == columns
+        # what Spark checks the first batch of each partition against
+        assert project(empty_batch(), columns).schema.equals(to_arrow_schema(user, timezone="UTC"))
+
+
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        (fields("body", ("payload", BinaryType())),
+         r"names column 'payload', which the source does not have; keep any of its columns: topic string, "
+         r"queue_id int"),
+        (fields(("queue_offset", IntegerType())),
+         r"declares column 'queue_offset' as int, but the source reads it as bigint: declare 'queue_offset "
+         r"bigint' and cast after load\(\)"),
+        (fields(("properties", MapType(StringType(), IntegerType()))),
+         r"declare 'properties map<string,string>'"),
+        (fields("body", "body"), r"names column 'body' twice"),
+        (StructType([StructField("body", BinaryType(), nullable=False)]), r"declares column 'body' NOT NULL"),
+    ],
+)
+def test_a_schema_the_source_cannot_read_is_named(schema: StructType, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        select_columns(schema)
+
+
+def test_an_empty_schema_is_refused() -> None:
+    with pytest.raises(ValueError, match="keeps no column; name at least one of: topic string"):
+        select_columns(StructType([]))
+
+
+@pytest.mark.parametrize("retry", [False, True])
+def test_kept_columns_decode_as_in_the_whole_schema(retry: bool) -> None:
+    rng = random.Random(11)
+    props = [{"TAGS": "A", "KEYS": "k1 k2", "UNIQ_KEY": "U1", "RETRY_TOPIC": "orders"}, {},
+             {"TAGS": "B", "x": "\u00e9"}, {"UNIQ_KEY": "U2", "RETRY_TOPIC": "other"}]
+    raw = b"".join(records(1, topic="%RETRY%g", props=[props[i % 4]], first_offset=i,
+                           body_size=rng.randint(0, 50)) for i in range(23))
+    whole = decode_to_arrow(raw, topic="%RETRY%g", broker_name="broker-a", retry=retry)
+    for columns in SUBSETS:
+        got = project(decode_to_arrow(raw, topic="%RETRY%g", broker_name="broker-a", retry=retry,
+                                      columns=columns, end_offset=20), columns)
+        assert got.schema.names == list(columns)
+        for name in columns:
+            assert got.column(name).equals(whole.column(name).slice(0, 20)), (columns, name)
+
+
+def test_columns_that_need_no_properties_do_not_parse_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = records(9)
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("properties parsed")
+
+    monkeypatch.setattr(pymq_arrow, "_properties", refuse)
+    columns = ("queue_offset", "body", "offset_msg_id", "topic", "store_timestamp")
+    got = decode_to_arrow(raw, topic="orders", broker_name="broker-a", retry=False, columns=columns)
+    assert got.column("queue_offset").to_pylist() == list(range(9))
+    assert got.column("body").to_pylist() == [m.body for m in decode_messages(raw, "broker-a")]
+    for needs_them in ("tags", "keys", "msg_id", "properties"):
+        with pytest.raises(AssertionError, match="properties parsed"):
+            decode_to_arrow(raw, topic="orders", broker_name="broker-a", retry=False, columns=(needs_them,))
+    with pytest.raises(AssertionError, match="properties parsed"):  # RETRY_TOPIC
+        decode_to_arrow(raw, topic="%RETRY%g", broker_name="broker-a", retry=True, columns=("topic",))
 
 
 # -- the stream reader's offset logic, against a fake broker --------------------------------

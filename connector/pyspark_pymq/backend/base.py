@@ -288,11 +288,14 @@ class Backend(ABC):
         end_offset: int | None = None,
         subscription: str = "*",
         expression_type: str = "TAG",
+        columns: tuple[str, ...] | None = None,
     ) -> pa.RecordBatch:
         """The rows of a pull, in the source schema (rows at ``end_offset`` or beyond left out).
 
         ``subscription`` is applied again where the broker filters only
         approximately (RocketMQ filters tags by hash code on the broker).
+        ``columns``: the source columns the caller keeps (None: all); the others
+        may be left null, so that nothing is decoded for them.
         """
 
     @abstractmethod

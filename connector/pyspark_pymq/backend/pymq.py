@@ -211,13 +211,14 @@ class PymqBackend(Backend):
         end_offset: int | None = None,
         subscription: str = "*",
         expression_type: str = "TAG",
+        columns: tuple[str, ...] | None = None,
     ) -> pa.RecordBatch:
         # the pymq broker filters tags and SQL92 exactly: nothing to filter again
         from .pymq_arrow import decode_to_arrow
 
         return decode_to_arrow(
             pulled.records, topic=mq.topic, broker_name=mq.broker_name, retry=retry, end_offset=end_offset,
-            sizes=pulled.record_sizes,
+            sizes=pulled.record_sizes, columns=columns,
         )
 
     def decode_messages(

@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 from pymq_proto.record import HEADER_DTYPE, HEADER_SIZE, MessageConst
 
 from ..spark.rows import empty_batch, messages_to_batch
-from ..spark.schema import arrow_schema
+from ..spark.schema import arrow_schema, wants
 
 __all__ = ["decode_to_arrow", "empty_batch", "find_record_starts", "messages_to_batch"]
 
@@ -171,6 +171,7 @@ def decode_to_arrow(
     retry: bool,
     end_offset: int | None = None,
     sizes: bytes = b"",
+    columns: tuple[str, ...] | None = None,
 ) -> pa.RecordBatch:
     """The rows of a pull's ``records`` (all from one queue of ``topic``).
 
@@ -185,6 +186,8 @@ def decode_to_arrow(
             pull may scan past the range it was asked for).
         sizes: each record's size as the broker said it (``PullBatch.record_sizes``),
             checked against the records; empty: found by following the records.
+        columns: the columns the caller keeps (None: all); the others are left null
+            (no properties are parsed when none of the kept columns comes from them).
     """
     schema = arrow_schema()
     if not records:
@@ -202,28 +205,99 @@ def decode_to_arrow(
     if n == 0:
         return empty_batch()
 
-    body_start = starts + HEADER_SIZE
-    body_end = body_start + fields["body_len"].astype(np.int64)
-    topic_len = buf[body_end].astype(np.int64) | (buf[body_end + 1].astype(np.int64) << 8)
-    props_len_at = body_end + 2 + topic_len
-    props_len = buf[props_len_at].astype(np.int64) | (buf[props_len_at + 1].astype(np.int64) << 8)
-    props_start = props_len_at + 2
-    props_end = props_start + props_len
+    want_props = wants(columns, "properties", "tags", "keys", "msg_id") or (retry and wants(columns, "topic"))
+    picks = tuple(k for k, wanted in ((0, wants(columns, "body")), (2, want_props)) if wanted)
+    spans: dict[int, pa.Array] = {}
+    if picks:
+        body_start = starts + HEADER_SIZE
+        body_end = body_start + fields["body_len"].astype(np.int64)
+        topic_len = buf[body_end].astype(np.int64) | (buf[body_end + 1].astype(np.int64) << 8)
+        props_len_at = body_end + 2 + topic_len
+        props_len = buf[props_len_at].astype(np.int64) | (buf[props_len_at + 1].astype(np.int64) << 8)
+        props_start = props_len_at + 2
+        props_end = props_start + props_len
 
-    # One binary view over the whole pull: spans body_i, gap, props_i, gap ...
-    bounds = np.empty(4 * n, dtype=np.int64)
-    bounds[0::4] = body_start
-    bounds[1::4] = body_end
-    bounds[2::4] = props_start
-    bounds[3::4] = props_end
-    if bounds[-1] > np.iinfo(np.int32).max:
-        raise ValueError("a pull answered with more than 2 GiB of records")
-    data = pa.py_buffer(records)
-    body, props = _spans(
-        data, bounds.astype(np.int32), n, 4, (0, 2), pa.binary()
-    )
+        # One binary view over the whole pull: spans body_i, gap, props_i, gap ...
+        bounds = np.empty(4 * n, dtype=np.int64)
+        bounds[0::4] = body_start
+        bounds[1::4] = body_end
+        bounds[2::4] = props_start
+        bounds[3::4] = props_end
+        if bounds[-1] > np.iinfo(np.int32).max:
+            raise ValueError("a pull answered with more than 2 GiB of records")
+        cut = _spans(pa.py_buffer(records), bounds.astype(np.int32), n, 4, picks, pa.binary())
+        spans = dict(zip(picks, cut, strict=True))
+    body = spans.get(0, pa.nulls(n, pa.binary()))
 
-    # Properties: name \x01 value \x02, repeated; split on the separators.
+    map_type = schema.field("properties").type
+    string = pa.string()
+    properties: pa.Array = pa.nulls(n, map_type)
+    tags: pa.Array = pa.nulls(n, string)
+    keys: pa.Array = pa.nulls(n, schema.field("keys").type)
+    uniq: pa.Array | None = None  # UNIQ_KEY, null where absent
+    all_uniq = False
+    original: pa.Array | None = None  # RETRY_TOPIC
+    if want_props:
+        parsed = _properties(spans[2], n, map_type)
+        if parsed is None:
+            return _fallback(records, topic, broker_name, retry, end_offset)
+        properties, keys_arr, values_arr, entry_record = parsed
+        tags, _ = _lookup(keys_arr, values_arr, entry_record, n, _TAGS)
+        uniq, has_uniq = _lookup(keys_arr, values_arr, entry_record, n, _UNIQ_KEY)
+        all_uniq = bool(has_uniq.all())
+        keys = _keys_column(keys_arr, values_arr, entry_record, n, schema.field("keys").type)
+        if retry:
+            original, _ = _lookup(keys_arr, values_arr, entry_record, n, _RETRY_TOPIC)
+
+    offset_msg_id: pa.Array = pa.nulls(n, string)
+    if wants(columns, "offset_msg_id") or (uniq is not None and not all_uniq):
+        # offset_msg_id: store host (8 bytes) + physical offset big-endian, in hex.
+        raw_id = np.empty((n, 16), dtype=np.uint8)
+        raw_id[:, :8] = header[:, _STORE_HOST]
+        raw_id[:, 8:] = header[:, _PHY_BYTES][:, ::-1]
+        offset_msg_id = pa.StringArray.from_buffers(
+            n, pa.py_buffer(np.arange(0, 32 * (n + 1), 32, dtype=np.int32)),
+            pa.py_buffer(binascii.hexlify(raw_id.data).upper()),
+        )
+    msg_id: pa.Array = pa.nulls(n, string)
+    if uniq is not None:
+        msg_id = uniq if all_uniq else pc.coalesce(uniq, offset_msg_id)
+
+    topic_col = _constant_strings(topic, n)
+    if retry:
+        retry_col = topic_col
+        if original is not None:
+            topic_col = pc.coalesce(original, topic_col)
+    else:
+        retry_col = pa.nulls(n, string)
+
+    ts_type = schema.field("born_timestamp").type
+    out: list[Any] = [
+        topic_col,
+        pa.array(np.ascontiguousarray(fields["queue_id"]), pa.int32()),
+        _constant_strings(broker_name, n),
+        pa.array(queue_offset, pa.int64()),
+        msg_id,
+        offset_msg_id,
+        pa.array(np.ascontiguousarray(fields["phy"]), pa.int64()),
+        tags,
+        keys,
+        body,
+        properties,
+        pa.array(fields["born"] * 1000, ts_type),
+        pa.array(fields["store_ts"] * 1000, ts_type),
+        pa.array(np.ascontiguousarray(fields["reconsume"]), pa.int32()),
+        retry_col,
+    ]
+    return pa.RecordBatch.from_arrays(out, schema=schema)
+
+
+def _properties(
+    props: pa.Array, n: int, map_type: pa.DataType
+) -> tuple[pa.Array, pa.Array, pa.Array, np.ndarray] | None:
+    """The ``properties`` map column of ``props`` (``name\\x01value\\x02`` ..., one per record),
+    with each entry's key, value and record for look-ups; None if they are not well formed
+    or not UTF-8 (the caller's per-message decoder copes with both)."""
     props_data = props.buffers()[2]
     props_offsets = np.frombuffer(props.buffers()[1], dtype=np.int32, count=n + 1)
     flat = (
@@ -255,7 +329,7 @@ def decode_to_arrow(
         )
     )
     if not well_formed:
-        return _fallback(records, topic, broker_name, retry, end_offset)
+        return None
 
     map_offsets = np.searchsorted(sep_entry, props_offsets, side="left").astype(np.int32)
     if entries:
@@ -271,58 +345,15 @@ def decode_to_arrow(
         if int(flat.max()) >= 0x80 and not _utf8(keys_arr, values_arr):
             # bytes that are not UTF-8 (stored before the broker refused them): an Arrow string
             # column must be UTF-8, so these rows take the decoder that replaces them (U+FFFD)
-            return _fallback(records, topic, broker_name, retry, end_offset)
+            return None
     else:
         keys_arr = pa.array([], pa.string())
         values_arr = pa.array([], pa.string())
-    map_type = schema.field("properties").type
     properties = pa.MapArray.from_arrays(
         pa.array(map_offsets, pa.int32()), keys_arr, values_arr, type=map_type
     )
     entry_record = np.repeat(np.arange(n, dtype=np.int64), np.diff(map_offsets))
-
-    tags, _ = _lookup(keys_arr, values_arr, entry_record, n, _TAGS)
-    uniq, has_uniq = _lookup(keys_arr, values_arr, entry_record, n, _UNIQ_KEY)
-
-    # offset_msg_id: store host (8 bytes) + physical offset big-endian, in hex.
-    raw_id = np.empty((n, 16), dtype=np.uint8)
-    raw_id[:, :8] = header[:, _STORE_HOST]
-    raw_id[:, 8:] = header[:, _PHY_BYTES][:, ::-1]
-    offset_msg_id = pa.StringArray.from_buffers(
-        n, pa.py_buffer(np.arange(0, 32 * (n + 1), 32, dtype=np.int32)),
-        pa.py_buffer(binascii.hexlify(raw_id.data).upper()),
-    )
-    msg_id = uniq if has_uniq.all() else pc.coalesce(uniq, offset_msg_id)
-
-    keys = _keys_column(keys_arr, values_arr, entry_record, n, schema.field("keys").type)
-
-    if retry:
-        original, _ = _lookup(keys_arr, values_arr, entry_record, n, _RETRY_TOPIC)
-        topic_col = pc.coalesce(original, _constant_strings(topic, n))
-        retry_col = _constant_strings(topic, n)
-    else:
-        topic_col = _constant_strings(topic, n)
-        retry_col = pa.nulls(n, pa.string())
-
-    ts_type = schema.field("born_timestamp").type
-    columns: list[Any] = [
-        topic_col,
-        pa.array(np.ascontiguousarray(fields["queue_id"]), pa.int32()),
-        _constant_strings(broker_name, n),
-        pa.array(queue_offset, pa.int64()),
-        msg_id,
-        offset_msg_id,
-        pa.array(np.ascontiguousarray(fields["phy"]), pa.int64()),
-        tags,
-        keys,
-        body,
-        properties,
-        pa.array(fields["born"] * 1000, ts_type),
-        pa.array(fields["store_ts"] * 1000, ts_type),
-        pa.array(np.ascontiguousarray(fields["reconsume"]), pa.int32()),
-        retry_col,
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
+    return properties, keys_arr, values_arr, entry_record
 
 
 def _utf8(*arrays: pa.Array) -> bool:

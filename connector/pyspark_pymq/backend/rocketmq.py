@@ -264,11 +264,15 @@ class RocketMQBackend(Backend):
         end_offset: int | None = None,
         subscription: str = "*",
         expression_type: str = "TAG",
+        columns: tuple[str, ...] | None = None,
     ) -> pa.RecordBatch:
-        batch = codec.decode_to_arrow(
-            pulled.records, topic=mq.topic, broker_name=mq.broker_name, retry=retry, end_offset=end_offset
-        )
         tags = _tags(subscription, expression_type)
+        if tags and columns is not None and "tags" not in columns:
+            columns = (*columns, "tags")  # the filter below reads them
+        batch = codec.decode_to_arrow(
+            pulled.records, topic=mq.topic, broker_name=mq.broker_name, retry=retry, end_offset=end_offset,
+            columns=columns,
+        )
         return codec.filter_batch_by_tags(batch, tags) if tags else batch
 
     def decode_messages(

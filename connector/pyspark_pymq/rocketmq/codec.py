@@ -78,7 +78,7 @@ import pyarrow.compute as pc
 
 from ..client.message import MessageExt
 from ..spark.rows import empty_batch, messages_to_batch
-from ..spark.schema import arrow_schema
+from ..spark.schema import arrow_schema, wants
 
 __all__ = [
     "BLANK_MAGIC_CODE",
@@ -758,6 +758,7 @@ def decode_to_arrow(
     broker_name: str,
     retry: bool,
     end_offset: int | None = None,
+    columns: tuple[str, ...] | None = None,
 ) -> pa.RecordBatch:
     """The source's rows of a PULL_MESSAGE answer's body (all from one queue of ``topic``).
 
@@ -776,6 +777,8 @@ def decode_to_arrow(
             column holds each message's original topic (RETRY_TOPIC) and
             ``retry_topic`` the retry topic.
         end_offset: rows at or beyond this queue offset are left out.
+        columns: the columns the caller keeps (None: all); the others are left null
+            (bodies are not inflated, properties not parsed, unless a kept column needs them).
     """
     if not data:
         return empty_batch()
@@ -783,7 +786,7 @@ def decode_to_arrow(
         raise ValueError("a pull answered with more than 2 GiB of records")
     data = bytes(data)
     try:
-        return _fast(data, topic, broker_name, retry, end_offset)
+        return _fast(data, topic, broker_name, retry, end_offset, columns)
     except _Fallback:
         messages = decode_messages(data, broker_name)
         if end_offset is not None:
@@ -792,7 +795,7 @@ def decode_to_arrow(
 
 
 def _fast(data: bytes, topic: str, broker_name: str, retry: bool,
-          end_offset: int | None) -> pa.RecordBatch:
+          end_offset: int | None, columns: tuple[str, ...] | None) -> pa.RecordBatch:
     schema = arrow_schema()
     buf = np.frombuffer(data, dtype=np.uint8)
     buffer = pa.py_buffer(data)
@@ -876,6 +879,9 @@ def _fast(data: bytes, topic: str, broker_name: str, retry: bool,
             topic_start, topic_end = topic_start[sel], topic_end[sel]
             props_start, props_end = props_start[sel], props_end[sel]
 
+    want_body = wants(columns, "body")
+    want_topic = wants(columns, "topic")
+    want_props = wants(columns, "properties", "tags", "keys", "msg_id") or (retry and want_topic)
     # One binary view over the whole pull: body_i, gap, topic_i, gap, props_i, gap ...
     bounds = np.empty(6 * n, dtype=np.int64)
     bounds[0::6] = body_start
@@ -884,9 +890,12 @@ def _fast(data: bytes, topic: str, broker_name: str, retry: bool,
     bounds[3::6] = topic_end
     bounds[4::6] = props_start
     bounds[5::6] = props_end
-    body, topics, props = _spans(buffer, bounds, n, 6, (0, 2, 4), pa.binary())
+    picks = tuple(k for k, wanted in ((0, want_body), (2, want_topic), (4, want_props)) if wanted)
+    spans = dict(zip(picks, _spans(buffer, bounds, n, 6, picks, pa.binary()), strict=True))
 
-    compressed = np.flatnonzero((sys_flag & _COMPRESSED != 0) & (body_len > 0))
+    string = pa.string()
+    body = spans.get(0, pa.nulls(n, pa.binary()))
+    compressed = np.flatnonzero((sys_flag & _COMPRESSED != 0) & (body_len > 0) & want_body)
     if len(compressed):
         raw_bodies = body.take(pa.array(compressed)).to_pylist()
         inflated = [
@@ -897,38 +906,45 @@ def _fast(data: bytes, topic: str, broker_name: str, retry: bool,
         mask[compressed] = True
         body = pc.replace_with_mask(body, pa.array(mask), pa.array(inflated, pa.binary()))
 
-    topic_col = _topic_column(topics, topic, n)
-    properties, entry_keys, entry_values, entry_record, key_codes = _properties(props, n, schema)
+    topic_col = _topic_column(spans[2], topic, n) if want_topic else pa.nulls(n, string)
+    properties: pa.Array = pa.nulls(n, schema.field("properties").type)
+    tags: pa.Array = pa.nulls(n, string)
+    keys: pa.Array = pa.nulls(n, schema.field("keys").type)
+    msg_id: pa.Array = pa.nulls(n, string)
+    uniq: pa.Array | None = None  # UNIQ_KEY, null where absent
+    all_uniq = False
+    if want_props:
+        properties, entry_keys, entry_values, entry_record, key_codes = _properties(spans[4], n, schema)
 
-    def lookup(name: str) -> tuple[pa.Array, npt.NDArray[np.bool_]]:
-        """Per record, the value of property ``name`` (null if absent), and a presence mask."""
-        code = key_codes.get(name)
-        if code is None:
-            return pa.nulls(n, pa.string()), np.zeros(n, dtype=bool)
-        hits = np.flatnonzero(entry_keys == code)
-        index = np.full(n, -1, dtype=np.int64)
-        index[entry_record[hits]] = hits
-        present = index >= 0
-        taken = entry_values.take(pa.array(index, mask=None if present.all() else ~present))
-        return taken, present
+        def lookup(name: str) -> tuple[pa.Array, npt.NDArray[np.bool_]]:
+            """Per record, the value of property ``name`` (null if absent), and a presence mask."""
+            code = key_codes.get(name)
+            if code is None:
+                return pa.nulls(n, string), np.zeros(n, dtype=bool)
+            hits = np.flatnonzero(entry_keys == code)
+            index = np.full(n, -1, dtype=np.int64)
+            index[entry_record[hits]] = hits
+            present = index >= 0
+            taken = entry_values.take(pa.array(index, mask=None if present.all() else ~present))
+            return taken, present
 
-    tags, _ = lookup(_TAGS)
-    uniq, has_uniq = lookup(_UNIQ_KEY)
-    offset_msg_id = _offset_msg_ids(store_host, hosts, head[:, 28:36], n)
-    msg_id = uniq if has_uniq.all() else pc.coalesce(uniq, offset_msg_id)
-    keys_value, has_keys = lookup(_KEYS)
-    keys = _keys_column(keys_value, has_keys, n, schema.field("keys").type)
-
-    if retry:
-        original, _ = lookup(_RETRY_TOPIC)
-        read_from = _constant_strings(topic, n)
-        topic_col = pc.coalesce(original, topic_col)
-        retry_col = read_from
-    else:
-        retry_col = pa.nulls(n, pa.string())
+        tags, _ = lookup(_TAGS)
+        uniq, has_uniq = lookup(_UNIQ_KEY)
+        all_uniq = bool(has_uniq.all())
+        keys_value, has_keys = lookup(_KEYS)
+        keys = _keys_column(keys_value, has_keys, n, schema.field("keys").type)
+        if retry and want_topic:
+            original, _ = lookup(_RETRY_TOPIC)
+            topic_col = pc.coalesce(original, topic_col)
+    offset_msg_id: pa.Array = pa.nulls(n, string)
+    if wants(columns, "offset_msg_id") or (uniq is not None and not all_uniq):
+        offset_msg_id = _offset_msg_ids(store_host, hosts, head[:, 28:36], n)
+    if uniq is not None:
+        msg_id = uniq if all_uniq else pc.coalesce(uniq, offset_msg_id)
+    retry_col = _constant_strings(topic, n) if retry else pa.nulls(n, string)
 
     ts_type = schema.field("born_timestamp").type
-    columns: list[Any] = [
+    out: list[Any] = [
         topic_col,
         pa.array(prefix["queue_id"].astype(np.int32), pa.int32()),
         _constant_strings(broker_name, n),
@@ -945,7 +961,7 @@ def _fast(data: bytes, topic: str, broker_name: str, retry: bool,
         pa.array(reconsume, pa.int32()),
         retry_col,
     ]
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
+    return pa.RecordBatch.from_arrays(out, schema=schema)
 
 
 def _topic_column(topics: pa.Array, topic: str, n: int) -> pa.Array:

@@ -136,6 +136,8 @@ class SourceOptions:
     connect_timeout_ms: int
     min_partitions: int | None
     max_messages_per_partition: int | None
+    # the columns a user's .schema(...) keeps, in its order; None: all (see spark.schema)
+    columns: tuple[str, ...] | None = None
 
     @property
     def endpoint(self) -> str:

@@ -36,6 +36,7 @@ from ..errors import PymqError, TopicNotExistError
 from .data_loss import report_data_loss
 from .offset_range import OffsetRange
 from .options import SourceOptions
+from .schema import project
 
 __all__ = ["PymqInputPartition", "make_partitions", "read_partition"]
 
@@ -96,7 +97,7 @@ def make_partitions(ranges: list[OffsetRange], opts: SourceOptions) -> list[Pymq
 
 
 def read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-    """All rows of ``partition``, as RecordBatches of the source schema."""
+    """All rows of ``partition``, as RecordBatches of the source schema (or of the columns kept)."""
     if not isinstance(partition, PymqInputPartition):
         return  # Spark's placeholder partition when a batch read plans none
     r = partition.range
@@ -108,6 +109,7 @@ def read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator[p
     retry = is_retry_topic(r.topic)
     filtered = r.subscription.strip() != "*"
     fail = opts.fail_on_data_loss
+    columns = opts.columns
 
     def pull(offset: int) -> PullBatch:
         # A broker that is restarting (or a cluster broker that crashed) holds the range's
@@ -152,10 +154,10 @@ def read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator[p
             chunks, chunk_rows, chunk_bytes = [], 0, 0
             batch = backend.decode_arrow(
                 pulled, mq, retry=retry, end_offset=r.end, subscription=r.subscription,
-                expression_type=r.expression_type,
+                expression_type=r.expression_type, columns=columns,
             )
             if batch.num_rows:
-                yield batch
+                yield project(batch, columns)
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pymq-pull") as pool:
         offset = r.start

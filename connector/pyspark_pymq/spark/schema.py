@@ -18,6 +18,13 @@ broker (``commit_log_offset``, ``msg_id``, ``topic``, ``reconsume_times``).
 For a message read from ``%RETRY%<group>``, ``topic`` is the original topic
 (RocketMQ's ``RETRY_TOPIC`` property) and ``retry_topic`` the retry topic it was
 read from; for any other message ``retry_topic`` is null.
+
+A query may read fewer columns: ``.schema("body binary, queue_offset bigint")``
+names the columns it keeps (any subset, any order, the types above).
+:func:`select_columns` checks such a schema; the executors then decode only what
+those columns need (:func:`wants`) and hand Spark only them (:func:`project`).
+Spark's Python data sources get no column pruning from ``select()``, and every
+column costs the JVM time to convert (the ``properties`` map most of all).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql.types import StructType
 
-__all__ = ["COLUMNS", "SOURCE_DDL", "arrow_schema", "source_schema"]
+__all__ = ["COLUMNS", "SOURCE_DDL", "arrow_schema", "project", "select_columns", "source_schema", "wants"]
 
 #: (name, Spark SQL type, meaning) of every column, in order.
 COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -51,6 +58,8 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 
 SOURCE_DDL = ", ".join(f"{name} {sql_type}" for name, sql_type, _ in COLUMNS)
+
+_INDEX = {name: i for i, (name, _, _) in enumerate(COLUMNS)}
 
 
 @lru_cache(maxsize=1)
@@ -91,3 +100,65 @@ def arrow_schema() -> pa.Schema:
 
     schema: pa.Schema = to_arrow_schema(source_schema(), timezone="UTC")
     return schema
+
+
+def select_columns(schema: StructType | None) -> tuple[str, ...] | None:
+    """The columns a user's ``.schema(...)`` keeps, in its order; None when it is the whole schema.
+
+    Raises ValueError naming the column and what to declare instead when the schema
+    names a column the source does not have, gives one another type, names one twice,
+    marks one not nullable, or is empty.
+    """
+    full = source_schema()
+    if schema is None or schema == full:
+        return None
+    if not schema.fields:
+        raise ValueError(f"pymq source: .schema(...) keeps no column; name at least one of: {SOURCE_DDL}")
+    seen: set[str] = set()
+    for field in schema.fields:
+        name = field.name
+        if name not in _INDEX:
+            raise ValueError(
+                f"pymq source: .schema(...) names column {name!r}, which the source does not have; "
+                f"keep any of its columns: {SOURCE_DDL}"
+            )
+        want = full.fields[_INDEX[name]].dataType
+        if field.dataType != want:
+            raise ValueError(
+                f"pymq source: .schema(...) declares column {name!r} as {field.dataType.simpleString()}, "
+                f"but the source reads it as {want.simpleString()}: declare '{name} "
+                f"{want.simpleString()}' and cast after load()"
+            )
+        if not field.nullable:
+            raise ValueError(
+                f"pymq source: .schema(...) declares column {name!r} NOT NULL; the source's columns are "
+                "all nullable: leave out NOT NULL (nullable=True)"
+            )
+        if name in seen:
+            raise ValueError(f"pymq source: .schema(...) names column {name!r} twice")
+        seen.add(name)
+    return tuple(field.name for field in schema.fields)
+
+
+def wants(columns: tuple[str, ...] | None, *names: str) -> bool:
+    """Whether a query that keeps ``columns`` (None: all) keeps any of ``names``."""
+    return columns is None or any(name in columns for name in names)
+
+
+@lru_cache(maxsize=16)
+def _projected_schema(columns: tuple[str, ...]) -> pa.Schema:
+    import pyarrow as pa
+
+    full = arrow_schema()
+    return pa.schema([full.field(_INDEX[name]) for name in columns])
+
+
+def project(batch: pa.RecordBatch, columns: tuple[str, ...] | None) -> pa.RecordBatch:
+    """The ``columns`` of a batch of the source schema (the batch itself when None)."""
+    if columns is None:
+        return batch
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_arrays(
+        [batch.column(_INDEX[name]) for name in columns], schema=_projected_schema(columns)
+    )

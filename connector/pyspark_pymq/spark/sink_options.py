@@ -197,7 +197,7 @@ def _check_send_back_input(schema: StructType, group: str | None) -> None:
         raise ValueError(
             f"pymq sink action=reconsumeLater needs the pymq source's columns {missing}; "
             "pass rows read with format('pymq') (keep commit_log_offset, msg_id, topic, "
-            "broker_name, reconsume_times)"
+            "broker_name, reconsume_times, also in a .schema(...) of the source)"
         )
     _check_columns(schema, _SEND_BACK_COLUMNS, "reconsumeLater")
 
