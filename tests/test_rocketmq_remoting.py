@@ -418,9 +418,10 @@ def test_a_broker_that_stops_reading_fails_the_write_within_the_time_out(
     t0 = time.monotonic()
     stalled = client.invoke_async(server.addr, _stalled_request(server), 0.5)
     conn = server.accept()  # accepted, never read
-    # whichever comes first: the time-out of the answer, or the write's own
-    with pytest.raises((RequestTimeoutError, BrokerUnavailableError), match=rf"{server.addr}.*SEND_MESSAGE"):
+    # whichever comes first: the time-out of the answer, or the write's own; either names both
+    with pytest.raises((RequestTimeoutError, BrokerUnavailableError)) as info:
         stalled.result(5)
+    assert server.addr in str(info.value) and "SEND_MESSAGE" in str(info.value), info.value
     assert time.monotonic() - t0 < 3
     # the half-written connection was closed; the next request gets a new one
     again = client.invoke_async(server.addr, RemotingCommand.request(30), 5)
