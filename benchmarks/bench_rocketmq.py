@@ -37,6 +37,7 @@ other processes used meanwhile (Linux /proc).
     .venv/bin/python benchmarks/bench_rocketmq.py                  # 1M messages, 3 runs (~6 min)
     .venv/bin/python benchmarks/bench_rocketmq.py --quick          # 100k messages, 1 run
     .venv/bin/python benchmarks/bench_rocketmq.py --backends pymq,rmq --runs 5
+    .venv/bin/python benchmarks/bench_rocketmq.py --schema "body binary"   # reads keep the body alone
 
 Needs java and the RocketMQ jars (``make rocketmq``).
 """
@@ -57,6 +58,7 @@ from typing import Any
 from side_by_side import (
     FIGURE_NAMES,
     FIGURES,
+    KAFKA_LIKE_COLUMNS,
     KINDS,
     SPARK_JVM,
     PymqTarget,
@@ -185,9 +187,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--send-retries", type=int, default=0,
                     help="the sink's retryTimesWhenSendAsyncFailed (0 by default in the sink; a broker on "
                          "a loaded machine answers SYSTEM_BUSY now and then)")
+    ap.add_argument("--schema", default="", metavar="DDL",
+                    help="reads keep only these source columns (.schema(DDL)); 'kafka': the ones "
+                         f"Kafka's source returns ({KAFKA_LIKE_COLUMNS})")
     add_wait_quiet_argument(ap)
     ap.add_argument("--quick", action="store_true", help="100,000 messages, 1 run (CI-scale)")
     args = ap.parse_args(argv)
+    schema = KAFKA_LIKE_COLUMNS if args.schema == "kafka" else args.schema
     if args.quick:
         args.messages, args.runs, args.wait_quiet = 100_000, 1, min(args.wait_quiet, 20.0)
     backends = [b for b in args.backends.split(",") if b]
@@ -221,7 +227,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     clusters: list[BenchCluster] = []
     try:
         targets: dict[str, PymqTarget] = {}
-        sends = {"send_timeout_ms": args.send_timeout_ms, "send_retries": args.send_retries}
+        sends: dict[str, Any] = {"send_timeout_ms": args.send_timeout_ms, "send_retries": args.send_retries,
+                                 "schema": schema}
         started = time.perf_counter()
         if "pymq" in backends:
             broker = BrokerProcess(work / "pymq").start()

@@ -112,6 +112,11 @@ def test_bad_columns_and_options_fail_before_any_row_is_written(spark: Any, shar
                                               topic=topic, sendmod="sync")
     msg = write(spark.createDataFrame([("x",)], "body string"), topic=topic, action="reconsumeLater")
     assert "consumerGroup is required" in msg
+    # rows without body and properties: a row the broker cannot send back would be copied to %RETRY% empty
+    lean = spark.createDataFrame([(1, "m", "t", "b", 0)], "commit_log_offset bigint, msg_id string, "
+                                 "topic string, broker_name string, reconsume_times int")
+    msg = write(lean, topic=topic, action="reconsumeLater", consumerGroup="g")
+    assert "needs the pymq source's columns ['body', 'properties']" in msg
     with pytest.raises(Exception, match=r"mode\('overwrite'\).*append-only.*\.mode\('append'\)"):
         (spark.createDataFrame([("x",)], "body string").write.format("pymq").option("endpoint", ep)
          .option("topic", topic).mode("overwrite").save())
@@ -385,6 +390,9 @@ def test_listener_batches_of_messages_fail_whole_and_none_means_reconsume_later(
 
     listener = MessageListener(ep, group, handle, consume_message_batch_max_size=4, delay_level=1)
     df = spark.read.format("pymq").option("endpoint", ep).option("topic", topic).load()
+    with pytest.raises(ValueError, match=r"lacks \['topic', 'queue_id', .*without \.schema"):
+        listener.process(spark.read.format("pymq").schema("body binary").option("endpoint", ep)
+                         .option("topic", topic).load())
     good = {r["body"].decode() for r in listener.process(df, 7).select("body").collect()}
     calls = [line.split() for line in log.read_text().splitlines()]
     assert all(1 <= len(c) <= 4 for c in calls) and sum(len(c) for c in calls) == 30

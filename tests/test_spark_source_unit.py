@@ -20,7 +20,16 @@ from column_subsets import SUBSETS
 from pymq_proto.record import encode_properties, encode_record, store_host_bytes
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
-from pyspark.sql.types import BinaryType, IntegerType, MapType, StringType, StructField, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+)
 from pyspark_pymq.backend import pymq_arrow
 from pyspark_pymq.backend.pymq_arrow import (
     decode_to_arrow,
@@ -478,11 +487,18 @@ def test_a_schema_of_some_columns_keeps_them_in_its_order() -> None:
          r"names column 'payload', which the source does not have; keep any of its columns: topic string, "
          r"queue_id int"),
         (fields(("queue_offset", IntegerType())),
-         r"declares column 'queue_offset' as int, but the source reads it as bigint: declare 'queue_offset "
-         r"bigint' and cast after load\(\)"),
+         r"declares column 'queue_offset' as int, but the source reads it with type bigint: "
+         r"declare 'queue_offset bigint' and cast after load\(\)"),
         (fields(("properties", MapType(StringType(), IntegerType()))),
          r"declare 'properties map<string,string>'"),
         (fields("body", "body"), r"names column 'body' twice"),
+        (fields(("BODY", BinaryType())), r"names column 'BODY', .* did you mean 'body'\?"),
+        (fields(("keys", ArrayType(StringType(), containsNull=False))),
+         r"declares column 'keys' as array<string> with elements NOT NULL, but the source reads it with "
+         r"elements and map values that may be null: declare 'keys array<string>'"),
+        (fields(("born_timestamp", TimestampNTZType())),  # DDL "timestamp" with spark.sql.timestampType=NTZ
+         r"as timestamp_ntz, but the source reads it with type timestamp_ltz: declare 'born_timestamp "
+         r"timestamp_ltz'"),
         (StructType([StructField("body", BinaryType(), nullable=False)]), r"declares column 'body' NOT NULL"),
     ],
 )

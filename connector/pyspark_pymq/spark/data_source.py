@@ -195,7 +195,11 @@ class PymqDataSource(DataSource):
     columns it names (any of the above, in any order, with the types above) and
     costs Spark much less per row; ``select()`` after ``load()`` does not (Python
     data sources hand Spark every column they declare). A name the source does not
-    have or another type is an error that says what to declare.
+    have or another type is an error that says what to declare, raised when the query
+    runs (Spark does not ask a source about a schema it was given). Sending rows back
+    (``action=reconsumeLater``) needs ``commit_log_offset``, ``msg_id``, ``topic``,
+    ``broker_name``, ``reconsume_times``, ``body`` and ``properties``;
+    :class:`~pyspark_pymq.spark.listener.MessageListener` needs every column.
 
     Progress: Spark calls ``commit`` for a micro-batch after it has planned the
     next one, so the group's progress on the broker lags Spark's checkpoint by

@@ -52,6 +52,7 @@ from ..backend.base import BackendConfig, backend_config, cached_backend, client
 from ..client.consumer import PullConsumer
 from ..client.message import MessageExt
 from .rows import messages_from_batch, send_back_acknowledged
+from .schema import source_schema
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -281,6 +282,12 @@ class MessageListener:
         The work runs exactly once, here (the result is checkpointed locally), so
         writing the returned DataFrame does not run the listener again.
         """
+        missing = [name for name in source_schema().names if name not in df.columns]
+        if missing:  # else the listener would get messages with those fields empty
+            raise ValueError(
+                f"MessageListener.process needs every column of the pymq source (listeners get whole "
+                f"messages); the DataFrame lacks {missing}: read it without .schema(...) or keep them"
+            )
         cfg, listener, bid = self.config, self.listener, str(batch_id)
         sc = df.sparkSession.sparkContext
         counters = {name: sc.accumulator(0) for name in ConsumeStats.__dataclass_fields__}

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql.types import StructType
+    from pyspark.sql.types import DataType, StructType
 
 __all__ = ["COLUMNS", "SOURCE_DDL", "arrow_schema", "project", "select_columns", "source_schema", "wants"]
 
@@ -118,16 +118,20 @@ def select_columns(schema: StructType | None) -> tuple[str, ...] | None:
     for field in schema.fields:
         name = field.name
         if name not in _INDEX:
+            close = [c for c in _INDEX if c.lower() == name.lower()]
+            hint = f" (column names are matched exactly: did you mean {close[0]!r}?)" if close else ""
             raise ValueError(
-                f"pymq source: .schema(...) names column {name!r}, which the source does not have; "
+                f"pymq source: .schema(...) names column {name!r}, which the source does not have{hint}; "
                 f"keep any of its columns: {SOURCE_DDL}"
             )
         want = full.fields[_INDEX[name]].dataType
         if field.dataType != want:
+            got, expected = field.dataType.simpleString(), _ddl_type(want)
+            why = ("elements and map values that may be null" if got == want.simpleString()
+                   else f"type {expected}")
             raise ValueError(
-                f"pymq source: .schema(...) declares column {name!r} as {field.dataType.simpleString()}, "
-                f"but the source reads it as {want.simpleString()}: declare '{name} "
-                f"{want.simpleString()}' and cast after load()"
+                f"pymq source: .schema(...) declares column {name!r} as {got}{_nullability(field.dataType)}, "
+                f"but the source reads it with {why}: declare '{name} {expected}' and cast after load()"
             )
         if not field.nullable:
             raise ValueError(
@@ -138,6 +142,24 @@ def select_columns(schema: StructType | None) -> tuple[str, ...] | None:
             raise ValueError(f"pymq source: .schema(...) names column {name!r} twice")
         seen.add(name)
     return tuple(field.name for field in schema.fields)
+
+
+def _ddl_type(data_type: DataType) -> str:
+    """How to write ``data_type`` in a DDL whatever ``spark.sql.timestampType`` says ("timestamp"
+    means TIMESTAMP_NTZ when it is TIMESTAMP_NTZ)."""
+    text = data_type.simpleString()
+    return "timestamp_ltz" if text == "timestamp" else text
+
+
+def _nullability(data_type: DataType) -> str:
+    """" with elements / values NOT NULL" where a list or map type says so (simpleString does not)."""
+    from pyspark.sql.types import ArrayType, MapType
+
+    if isinstance(data_type, ArrayType) and not data_type.containsNull:
+        return " with elements NOT NULL"
+    if isinstance(data_type, MapType) and not data_type.valueContainsNull:
+        return " with values NOT NULL"
+    return ""
 
 
 def wants(columns: tuple[str, ...] | None, *names: str) -> bool:

@@ -92,7 +92,9 @@ _SEND_COLUMNS: dict[str, tuple[tuple[str, ...], str]] = {
     "sharding_key": (("string",), "string"),
     "queue_id": (("int", "bigint", "smallint", "tinyint"), "an integer type"),
 }
-_SEND_BACK_REQUIRED = ("commit_log_offset", "msg_id", "topic", "broker_name", "reconsume_times")
+# body and properties: a row the broker cannot send back is sent to %RETRY% as a copy made from them
+_SEND_BACK_REQUIRED = ("commit_log_offset", "msg_id", "topic", "broker_name", "reconsume_times", "body",
+                       "properties")
 _SEND_BACK_COLUMNS: dict[str, tuple[tuple[str, ...], str]] = {
     "commit_log_offset": (("bigint",), "bigint"),
     "msg_id": (("string",), "string"),
@@ -196,8 +198,9 @@ def _check_send_back_input(schema: StructType, group: str | None) -> None:
     if missing:
         raise ValueError(
             f"pymq sink action=reconsumeLater needs the pymq source's columns {missing}; "
-            "pass rows read with format('pymq') (keep commit_log_offset, msg_id, topic, "
-            "broker_name, reconsume_times, also in a .schema(...) of the source)"
+            "pass rows read with format('pymq') and keep these columns (also in a .schema(...) of the "
+            "source: a row the broker cannot send back goes to %RETRY% as a copy of its body and "
+            "properties)"
         )
     _check_columns(schema, _SEND_BACK_COLUMNS, "reconsumeLater")
 
