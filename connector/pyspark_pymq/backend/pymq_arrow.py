@@ -242,11 +242,14 @@ def decode_to_arrow(
         if parsed is None:
             return _fallback(records, topic, broker_name, retry, end_offset)
         properties, keys_arr, values_arr, entry_record = parsed
-        tags, _ = _lookup(keys_arr, values_arr, entry_record, n, _TAGS)
-        uniq, has_uniq = _lookup(keys_arr, values_arr, entry_record, n, _UNIQ_KEY)
-        all_uniq = bool(has_uniq.all())
-        keys = _keys_column(keys_arr, values_arr, entry_record, n, schema.field("keys").type)
-        if retry:
+        if wants(columns, "tags"):
+            tags, _ = _lookup(keys_arr, values_arr, entry_record, n, _TAGS)
+        if wants(columns, "msg_id"):
+            uniq, has_uniq = _lookup(keys_arr, values_arr, entry_record, n, _UNIQ_KEY)
+            all_uniq = bool(has_uniq.all())
+        if wants(columns, "keys"):
+            keys = _keys_column(keys_arr, values_arr, entry_record, n, schema.field("keys").type)
+        if retry and wants(columns, "topic"):
             original, _ = _lookup(keys_arr, values_arr, entry_record, n, _RETRY_TOPIC)
 
     offset_msg_id: pa.Array = pa.nulls(n, string)

@@ -928,11 +928,14 @@ def _fast(data: bytes, topic: str, broker_name: str, retry: bool,
             taken = entry_values.take(pa.array(index, mask=None if present.all() else ~present))
             return taken, present
 
-        tags, _ = lookup(_TAGS)
-        uniq, has_uniq = lookup(_UNIQ_KEY)
-        all_uniq = bool(has_uniq.all())
-        keys_value, has_keys = lookup(_KEYS)
-        keys = _keys_column(keys_value, has_keys, n, schema.field("keys").type)
+        if wants(columns, "tags"):
+            tags, _ = lookup(_TAGS)
+        if wants(columns, "msg_id"):
+            uniq, has_uniq = lookup(_UNIQ_KEY)
+            all_uniq = bool(has_uniq.all())
+        if wants(columns, "keys"):
+            keys_value, has_keys = lookup(_KEYS)
+            keys = _keys_column(keys_value, has_keys, n, schema.field("keys").type)
         if retry and want_topic:
             original, _ = lookup(_RETRY_TOPIC)
             topic_col = pc.coalesce(original, topic_col)
