@@ -353,6 +353,17 @@ def test_scalar_parse_accepts_and_refuses_as_the_vector_parse(
     for n in (1, 2, 4):
         buf, sizes = _records("t", n=n, extra=b"TAGS\x01a\x02" if n == 2 else b"")
         outcomes.append((f"{n} good records", bytes(buf), _pack(sizes)))
+    # keys of one width followed by tags (found from the first record's width), and batches
+    # where a later key is longer, shorter or unended (found by a search)
+    for name, last in (("one width", None), ("a longer last key", b"UNIQ_KEY\x01" + b"B" * 40 + b"\x02"),
+                       ("a shorter last key", b"UNIQ_KEY\x01B\x02TAGS\x01tag\x02"),
+                       ("an unended last key", b"UNIQ_KEY\x01" + b"C" * 32 + b"TAGS"),
+                       ("a last key over the limit", b"UNIQ_KEY\x01" + b"D" * 129 + b"\x02TAGS\x01t\x02")):
+        props = [b"UNIQ_KEY\x01" + f"{i:032X}".encode() + b"\x02TAGS\x01tag\x02" for i in range(40)]
+        if last is not None:
+            props[-1] = last
+        raw, tagged = encode_records("t", [b"x" * 200] * 40, props)
+        outcomes.append((f"tagged, {name}", raw, _pack(list(tagged))))
     outcomes += [_binary_records(40), _binary_records(40, b"UNIQ_KEY\x01" + b"A" * 200 + b"\x02"),
                  _binary_records(40, b"UNIQ_KEY\x01" + b"A" * 128 + b"\x02"),
                  _binary_records(40, b"UNIQ_KEY\x01KEY\x02TAGS\x01" + b"t" * 300 + b"\x02")]

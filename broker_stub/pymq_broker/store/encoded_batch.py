@@ -296,13 +296,16 @@ def _uniq_ends(arr: npt.NDArray[np.uint8], uniq_start: I64, ends: I64) -> I64:
     """The first 0x02 at or after each of ``uniq_start``; where none is within
     :data:`MAX_UNIQ_KEY` bytes, a position the caller's bounds check refuses."""
     n = len(uniq_start)
-    last = ends - 1
-    width = int(last[0] - uniq_start[0])
-    # The usual batch (a bulk writer's): properties are the UNIQ_KEY alone, keys of one width.
-    # Then only the keys' bytes need a look, not every body byte.
-    if (0 < width <= MAX_UNIQ_KEY and bool(((last - uniq_start) == width).all())
-            and bool((arr[last] == 2).all()) and not (_gather(arr, uniq_start, width) == 2).any()):
-        return last
+    # The usual batch (a bulk writer's): keys of one width, the UNIQ_KEY alone or followed by
+    # the same other properties (a tags column). Then only the keys' bytes need a look, not
+    # every body byte: the first record's key width, checked for all.
+    s0 = int(uniq_start[0])
+    first = np.flatnonzero(arr[s0 : min(s0 + _UNIQ_WINDOW, int(ends[0]))] == 2)
+    width = int(first[0]) if len(first) else 0
+    stop = uniq_start + width
+    if (0 < width <= MAX_UNIQ_KEY and bool((stop < ends).all()) and bool((arr[stop] == 2).all())
+            and not (_gather(arr, uniq_start, width) == 2).any()):
+        return stop
     if len(arr) < _UNIQ_WINDOW or len(arr) < n * SCAN_BELOW_RECORD_BYTES:
         stops = np.flatnonzero(arr == 2)
         if not len(stops):
