@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 from pymq_proto.record import HEADER_DTYPE, HEADER_SIZE, MessageConst
 
 from ..spark.rows import empty_batch, messages_to_batch
-from ..spark.schema import arrow_schema, wants
+from ..spark.schema import arrow_schema, needs_properties, wants
 
 __all__ = ["decode_to_arrow", "empty_batch", "find_record_starts", "messages_to_batch"]
 
@@ -205,7 +205,7 @@ def decode_to_arrow(
     if n == 0:
         return empty_batch()
 
-    want_props = wants(columns, "properties", "tags", "keys", "msg_id") or (retry and wants(columns, "topic"))
+    want_props = needs_properties(columns, retry=retry)
     picks = tuple(k for k, wanted in ((0, wants(columns, "body")), (2, want_props)) if wanted)
     spans: dict[int, pa.Array] = {}
     if picks:

@@ -78,7 +78,7 @@ import pyarrow.compute as pc
 
 from ..client.message import MessageExt
 from ..spark.rows import empty_batch, messages_to_batch
-from ..spark.schema import arrow_schema, wants
+from ..spark.schema import arrow_schema, needs_properties, wants
 
 __all__ = [
     "BLANK_MAGIC_CODE",
@@ -881,7 +881,7 @@ def _fast(data: bytes, topic: str, broker_name: str, retry: bool,
 
     want_body = wants(columns, "body")
     want_topic = wants(columns, "topic")
-    want_props = wants(columns, "properties", "tags", "keys", "msg_id") or (retry and want_topic)
+    want_props = needs_properties(columns, retry=retry)
     # One binary view over the whole pull: body_i, gap, topic_i, gap, props_i, gap ...
     bounds = np.empty(6 * n, dtype=np.int64)
     bounds[0::6] = body_start

@@ -36,7 +36,10 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql.types import DataType, StructType
 
-__all__ = ["COLUMNS", "SOURCE_DDL", "arrow_schema", "project", "select_columns", "source_schema", "wants"]
+__all__ = [
+    "COLUMNS", "SOURCE_DDL", "arrow_schema", "needs_properties", "project", "select_columns", "source_schema",
+    "wants",
+]
 
 #: (name, Spark SQL type, meaning) of every column, in order.
 COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -165,6 +168,12 @@ def _nullability(data_type: DataType) -> str:
 def wants(columns: tuple[str, ...] | None, *names: str) -> bool:
     """Whether a query that keeps ``columns`` (None: all) keeps any of ``names``."""
     return columns is None or any(name in columns for name in names)
+
+
+def needs_properties(columns: tuple[str, ...] | None, *, retry: bool) -> bool:
+    """Whether a query that keeps ``columns`` needs each message's properties parsed: for the
+    columns read from them (and ``topic`` of a retried message: its RETRY_TOPIC)."""
+    return wants(columns, "properties", "tags", "keys", "msg_id") or (retry and wants(columns, "topic"))
 
 
 @lru_cache(maxsize=16)
