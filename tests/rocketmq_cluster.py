@@ -53,6 +53,7 @@ _PROBLEM = re.compile(r" ERROR |^[\w.$]+(Exception|Error)\b")
 # Ports are drawn below Linux's ephemeral range (32768+) so that outgoing connections of other
 # tests cannot take them between kill_broker() and start_broker().
 _PORT_RANGE = (20000, 32000)
+_ROCKETMQ_DISK_FULL_PERCENT = 90
 _PR_SET_PDEATHSIG = 1
 
 
@@ -204,6 +205,7 @@ class RocketMQCluster:
             raise RuntimeError("this cluster was started before; use start_broker() to restart a broker")
         self._check_install()
         self.base_dir.mkdir(parents=True, exist_ok=True)
+        self._check_disk()
         taken: set[int] = set()
         ns_port = _pick_port(taken, below=0, above=0)
         self.namesrv_addr = f"127.0.0.1:{ns_port}"
@@ -249,6 +251,19 @@ class RocketMQCluster:
     def stop_broker(self, name: str, grace: float = 30.0) -> None:
         """SIGTERM one broker and wait: a clean shutdown (it unregisters from the name server)."""
         _terminate([self._broker(name)], grace)
+
+    def _check_disk(self) -> None:
+        # RocketMQ refuses every send above 90% of its disk used, whatever the broker.conf says
+        # (DefaultMessageStore caps diskSpaceWarningLevelRatio at 0.90): one clear error up front
+        # instead of every test failing on SERVICE_NOT_AVAILABLE.
+        st = os.statvfs(self.base_dir)
+        percent = 100.0 * (st.f_blocks - st.f_bfree) / max(1, st.f_blocks)  # RocketMQ's UtilAll
+        if percent > _ROCKETMQ_DISK_FULL_PERCENT - 1:  # a point of margin for what the tests write
+            raise RuntimeError(
+                f"the disk holding {self.base_dir} is {percent:.1f}% used: Apache RocketMQ refuses "
+                f"sends above {_ROCKETMQ_DISK_FULL_PERCENT}% (diskSpaceWarningLevelRatio, capped there); "
+                "free space on it first"
+            )
 
     def start_broker(self, name: str) -> None:
         """Start a stopped or killed broker again (same store, same ports); wait until registered."""

@@ -52,6 +52,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warm-mapped-file-enable", action=argparse.BooleanOptionalAction, default=True,
                    help="allocate the commit log's disk blocks ahead of its writer in a service thread "
                         "(faster appends; default on)")
+    p.add_argument("--disk-space-warning-level-ratio", type=int, default=90,
+                   help="percent of the store's disk used above which sends are refused "
+                        "(SERVICE_NOT_AVAILABLE, disk full) until there is room; 1..100 (default 90)")
     p.add_argument("--clean-resource-interval", type=int, default=10_000,
                    help="ms between retention checks (default 10000)")
     p.add_argument("--sync-flush-timeout", type=int, default=5_000, help="ms (default 5000)")
@@ -102,6 +105,7 @@ async def _serve(args: argparse.Namespace) -> int:
         mapped_file_size_commit_log=args.mapped_file_size_commit_log,
         warm_mapped_file_enable=args.warm_mapped_file_enable,
         clean_resource_interval=args.clean_resource_interval,
+        disk_space_warning_level_ratio=args.disk_space_warning_level_ratio,
         sync_flush_timeout=args.sync_flush_timeout,
         access_message_in_memory_max_ratio=args.access_message_in_memory_max_ratio,
         transaction_timeout=args.transaction_timeout,

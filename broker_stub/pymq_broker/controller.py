@@ -39,6 +39,7 @@ from .remoting.grpc_service import BrokerGrpcService
 from .remoting.pull_answer_budget import PullAnswerBudget
 from .store.config import MessageStoreConfig
 from .store.message_store import DefaultMessageStore
+from .store.results import PutMessageError
 from .store.schedule_message_service import ScheduleMessageService
 from .store.timer_message_store import TimerMessageStore
 from .transaction.transactional_message_service import (
@@ -221,12 +222,23 @@ class BrokerController:
         """Delayed messages (ScheduleMessageService) and timers (TimerMessageStore) when due."""
         sms, timer = self.schedule_message_service, self.timer_message_store
         assert sms is not None and timer is not None
+        paused = False
         while True:
             try:
                 wait = min(sms.deliver_due(), timer.deliver_due())
+            except PutMessageError as err:  # a full disk: the messages wait, nothing is skipped
+                if not paused:
+                    log.warning("delayed and timer messages wait: %s", err)
+                paused = True
+                await asyncio.sleep(1.0)
+                continue
             except Exception:
                 log.exception("schedule message service failed; retrying")
-                wait = 1.0
+                await asyncio.sleep(1.0)
+                continue
+            if paused:
+                log.info("delayed and timer messages are delivered again")
+                paused = False
             await asyncio.sleep(min(max(wait, 0.005), 0.05))
 
     def _check_transactions(self) -> None:

@@ -58,6 +58,9 @@ class MessageStoreConfig:
     # blocks ahead of the writer so that appends do not wait for the file system
     # (AllocateMappedFileService); off only costs speed
     warm_mapped_file_enable: bool = True
+    # RocketMQ's diskSpaceWarningLevelRatio: above this percentage of its disk used, the store
+    # refuses puts with SERVICE_NOT_AVAILABLE until there is room (store/disk_space.py)
+    disk_space_warning_level_ratio: int = 90
 
     def __post_init__(self) -> None:
         self.store_path_root_dir = Path(self.store_path_root_dir)
@@ -76,6 +79,11 @@ class MessageStoreConfig:
             raise ValueError(
                 "accessMessageInMemoryMaxRatio must be a percentage 0..100, got "
                 f"{self.access_message_in_memory_max_ratio}"
+            )
+        if not 1 <= self.disk_space_warning_level_ratio <= 100:
+            raise ValueError(
+                "diskSpaceWarningLevelRatio must be a percentage 1..100 (100: refuse puts only "
+                f"when the disk is full), got {self.disk_space_warning_level_ratio}"
             )
         if self.file_reserved_time <= 0:
             raise ValueError(f"fileReservedTime must be > 0 hours, got {self.file_reserved_time}")

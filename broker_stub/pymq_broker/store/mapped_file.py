@@ -9,6 +9,7 @@ A segment is named after the offset of its first byte, 20 digits, as in RocketMQ
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import threading
 from pathlib import Path
@@ -43,11 +44,21 @@ class MappedFile:
         """Write ``data`` at the write position; returns the global offset it starts at."""
         pos = self.wrote_position
         n = os.pwrite(self.fd, data, pos)
-        if n != len(data):  # a short write is a full disk: never leave a half record behind
-            raise OSError(f"short write to {self.file_name}: {n} of {len(data)} bytes")
+        if n != len(data):
+            # A short write is a full disk. What did land may hold whole records that were never
+            # acknowledged, which recovery after a crash would find: cut it (the cut part reads
+            # as zeros again, as a hole).
+            self.cut(pos)
+            raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({n} of {len(data)} bytes written)",
+                          str(self.file_name))
         self.wrote_position = pos + n
         self._dirty = True
         return self.file_from_offset + pos
+
+    def cut(self, position: int) -> None:
+        """Everything from ``position`` on reads as zeros again (the file keeps its size)."""
+        os.ftruncate(self.fd, position)
+        os.ftruncate(self.fd, self.file_size)
 
     def read(self, position: int, size: int) -> bytes:
         """``size`` bytes from ``position`` within this file (fewer at its end)."""
@@ -142,8 +153,7 @@ class MappedFileQueue:
                 keep.append(mf)
             elif mf.file_from_offset <= offset:
                 pos = offset - mf.file_from_offset
-                os.ftruncate(mf.fd, pos)
-                os.ftruncate(mf.fd, mf.file_size)  # zeroes the cut part, stays sparse
+                mf.cut(pos)
                 mf.wrote_position = mf.flushed_position = pos
                 keep.append(mf)
             else:

@@ -43,6 +43,7 @@ from .commit_log import AppendMessageResult, CommitLog, MessageToStore
 from .config import SYNC_FLUSH, MessageStoreConfig
 from .consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue, pack_entries
 from .crc32_vector import crc32_slices
+from .disk_space import DiskSpaceService, is_disk_full
 from .encoded_batch import EncodedRecords, use_scalar
 from .flush import FlushRealTimeService, GroupCommitService, ServiceThread, StoreCheckpoint
 from .index_service import IndexService, key_seed
@@ -115,6 +116,11 @@ class DefaultMessageStore:
             config.store_path_index, config.max_hash_slot_num, config.max_index_num
         )
         self.checkpoint = StoreCheckpoint(config.store_checkpoint)
+        self.disk_space = DiskSpaceService(
+            [config.store_path_commit_log, config.store_path_consume_queue],
+            config.disk_space_warning_level_ratio,
+            2 * config.max_message_size,
+        )
         self.dispatched_offset = 0  # every record before it is in its consume queue
         self._reput_queue: deque[tuple[str, int, EncodedRecords, AppendMessageResult]] = deque()
         self.message_arriving_listener: MessageArrivingListener | None = None
@@ -268,10 +274,19 @@ class DefaultMessageStore:
         n = len(records)
         if not n:
             return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, remark="no message to store")
+        disk = self.disk_space
+        if not disk.is_writeable():
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, remark=disk.remark)
         problem = self._check_records(topic, records)
         if problem is not None:
             return problem
-        appended = self.commit_log.put_records(topic, queue_id, records)
+        try:
+            appended = self.commit_log.put_records(topic, queue_id, records)
+        except OSError as err:
+            if not is_disk_full(err):
+                raise
+            disk.mark_full(err)
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, remark=disk.remark)
         self._reput_queue.append((topic, queue_id, records, appended))
         if not reput_later:
             # Stored is stored: a dispatch that fails (ours, or one queued before it) is

@@ -41,6 +41,15 @@ class PutMessageResult:
         return self.status == PutMessageStatus.PUT_OK
 
 
+class PutMessageError(Exception):
+    """A put the store refused (a full disk, say) where the caller must not move on past it:
+    delayed and timer messages wait in their queues until their delivery is written."""
+
+    def __init__(self, result: PutMessageResult, what: str) -> None:
+        super().__init__(f"{what}: {result.status.value}: {result.remark}")
+        self.result = result
+
+
 @dataclass(slots=True)
 class GetMessageResult:
     status: GetMessageStatus

@@ -34,6 +34,7 @@ from .commit_log import MessageToStore
 from .config import SYNC_FLUSH
 from .encoded_batch import EncodedRecords
 from .message_store import DefaultMessageStore
+from .results import PutMessageError
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,11 @@ class ScheduleMessageService(ConfigManager):
 
 def message_timeup(store: DefaultMessageStore, records: bytes) -> None:
     """Write each record again to its REAL_TOPIC / REAL_QID, its properties kept (delayed and timer
-    messages alike; consecutive ones for one queue share a write)."""
+    messages alike; consecutive ones for one queue share a write).
+
+    Raises PutMessageError when the store refuses a write (the records before it are written:
+    the caller delivers all again later, at least once).
+    """
     pos = 0
     run: list[MessageToStore] = []
     run_key: tuple[str, int] | None = None
@@ -133,5 +138,5 @@ def _put(store: DefaultMessageStore, key: tuple[str, int] | None, run: list[Mess
         return
     # put_records: the DELAY or TIMER_DELIVER_MS they keep must not delay them again
     result = store.put_records(topic, qid, EncodedRecords.from_messages(topic, run))
-    if not result.ok:
-        log.error("delivering %d delayed message(s) to %s failed: %s", len(run), topic, result.remark)
+    if not result.ok:  # their queue's progress stays: delivered again on the next round
+        raise PutMessageError(result, f"delivering {len(run)} delayed message(s) to {topic}")

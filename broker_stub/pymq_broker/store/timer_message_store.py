@@ -31,6 +31,7 @@ from ..common.config_manager import ConfigManager
 from ..common.mix_all import TIMER_TOPIC
 from .config import SYNC_FLUSH
 from .message_store import DefaultMessageStore
+from .results import PutMessageError
 from .schedule_message_service import message_timeup
 
 log = logging.getLogger(__name__)
@@ -105,10 +106,17 @@ class TimerMessageStore(ConfigManager):
         if due:
             cq = self.store.consume_queue(TIMER_TOPIC, 0)
             assert cq is not None  # its entries were read when they were scheduled
-            for at in sorted(due):
+            due.sort()
+            for i, at in enumerate(due):
                 entry = cq.get_entries(at, 1)
-                if len(entry):
-                    message_timeup(self.store, self.store.read_records(entry["phy"], entry["size"]))
+                try:
+                    if len(entry):
+                        message_timeup(self.store, self.store.read_records(entry["phy"], entry["size"]))
+                except PutMessageError:
+                    # not delivered (a full disk): they wait in the heap for the next round
+                    for again in due[i:]:
+                        heapq.heappush(self._heap, (now_ms, again))
+                    raise
                 self._finish(at)
             self.delivered += len(due)
             if self.store.config.flush_disk_type == SYNC_FLUSH:

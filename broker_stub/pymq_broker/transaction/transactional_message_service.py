@@ -333,7 +333,8 @@ class TransactionalMessageService(ConfigManager):
             if times >= cfg.transaction_check_max:
                 topic, _qid, real = self._real_message(rec)
                 self.topics.create_system_topic(TRANS_CHECK_MAX_TIME_TOPIC, 1)
-                self.store.put_messages(TRANS_CHECK_MAX_TIME_TOPIC, 0, [real])
+                if not self.store.put_messages(TRANS_CHECK_MAX_TIME_TOPIC, 0, [real]).ok:
+                    continue  # kept (a full disk): given up on the next check
                 log.warning("transaction %s (topic %s) given up after %d checks", msg_id, topic, times)
                 self.pending.pop(msg_id, None)
                 self._mark_done([qoff])

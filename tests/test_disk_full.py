@@ -1,0 +1,224 @@
+"""A full disk: the store refuses puts with SERVICE_NOT_AVAILABLE (RocketMQ's DISK_FULL), names
+why, keeps serving reads, loses nothing, and delayed and timer messages wait instead of being
+skipped."""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from pathlib import Path
+
+import pytest
+from broker_process import BrokerProcess
+from pymq_broker.cli import parser
+from pymq_broker.common.mix_all import SCHEDULE_TOPIC
+from pymq_broker.store import mapped_file
+from pymq_broker.store.config import MessageStoreConfig
+from pymq_broker.store.disk_space import NEAR_BYTES, DiskSpaceService, disk_partition_space
+from pymq_broker.store.message_store import DefaultMessageStore
+from pymq_broker.store.results import PutMessageError, PutMessageStatus
+from pymq_broker.store.schedule_message_service import ScheduleMessageService
+from pymq_broker.store.timer_message_store import TimerMessageStore
+from pyspark_pymq import Admin, Message, MessageQueue, Producer, PullConsumer
+from pyspark_pymq.errors import BrokerUnavailableError
+from test_store import make_store, msg, records
+
+GiB = 1 << 30
+
+
+class FakeDisk:
+    """What the store's partitions look like (percent used, bytes available), and a clock."""
+
+    def __init__(self) -> None:
+        self.percent = 50.0
+        self.available = 100 * GiB
+        self.now = 0.0
+
+    def space(self, _path: Path) -> tuple[float, int]:
+        return self.percent, self.available
+
+    def clock(self) -> float:
+        return self.now
+
+    def later(self) -> None:
+        self.now += 1.5  # past the once-a-second look at the partitions
+
+
+def watch(store: DefaultMessageStore, disk: FakeDisk) -> DefaultMessageStore:
+    ds = store.disk_space
+    store.disk_space = DiskSpaceService(ds.paths, ds.warning_level_ratio, ds.reserve_bytes,
+                                        space=disk.space, clock=disk.clock)
+    return store
+
+
+def bodies(store: DefaultMessageStore, topic: str, queue_id: int = 0) -> list[bytes]:
+    return [r[3] for r in records(store.get_message(topic, queue_id, 0, 100).records)]
+
+
+def test_over_the_warning_level_puts_are_refused_reads_go_on_and_puts_come_back(tmp_path: Path) -> None:
+    disk = FakeDisk()
+    store = watch(make_store(tmp_path), disk)
+    try:
+        assert store.put_messages("t", 0, [msg(b"before")]).ok
+        disk.percent = 91.0
+        assert store.put_messages("t", 0, [msg(b"unseen yet")]).ok  # looked at once a second
+        disk.later()
+        refused = store.put_messages("t", 0, [msg(b"refused")])
+        assert refused.status == PutMessageStatus.SERVICE_NOT_AVAILABLE
+        assert "disk is full" in refused.remark and "91.0% used" in refused.remark
+        assert "diskSpaceWarningLevelRatio 90%" in refused.remark
+        assert bodies(store, "t") == [b"before", b"unseen yet"]  # reads go on
+        disk.percent = 89.0
+        assert store.put_messages("t", 0, [msg(b"refused")]).status == PutMessageStatus.SERVICE_NOT_AVAILABLE
+        disk.later()
+        assert store.put_messages("t", 0, [msg(b"after")]).ok
+        assert bodies(store, "t") == [b"before", b"unseen yet", b"after"]
+    finally:
+        store.shutdown()
+
+
+def test_the_store_keeps_room_for_its_queues_and_looks_at_every_put_when_space_is_short(
+    tmp_path: Path,
+) -> None:
+    disk = FakeDisk()
+    store = watch(make_store(tmp_path, disk_space_warning_level_ratio=100), disk)
+    reserve = 2 * store.config.max_message_size
+    assert store.disk_space.reserve_bytes == reserve
+    try:
+        disk.available = NEAR_BYTES // 2  # near: no more once-a-second grace
+        assert store.put_messages("t", 0, [msg(b"a")]).ok
+        disk.available = reserve - 1
+        refused = store.put_messages("t", 0, [msg(b"b")])
+        assert refused.status == PutMessageStatus.SERVICE_NOT_AVAILABLE
+        assert f"{reserve - 1} bytes free, under the {reserve}" in refused.remark
+        disk.available = reserve
+        assert store.put_messages("t", 0, [msg(b"c")]).ok
+        assert bodies(store, "t") == [b"a", b"c"]
+    finally:
+        store.shutdown()
+
+
+def test_a_write_that_runs_out_of_space_leaves_no_part_of_a_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A short write (the disk filled up between two looks) may have landed whole records that
+    were never acknowledged: after a crash, recovery must not find them."""
+    disk = FakeDisk()
+    store = watch(make_store(tmp_path), disk)
+    assert store.put_messages("t", 0, [msg(b"acked")]).ok
+    end = store.commit_log.max_offset
+    real_pwrite = os.pwrite
+
+    def full_disk(fd: int, data: bytes, pos: int) -> int:
+        return real_pwrite(fd, bytes(data)[: len(data) * 2 // 3], pos)  # two of three records land
+
+    monkeypatch.setattr(mapped_file.os, "pwrite", full_disk)
+    refused = store.put_messages("t", 0, [msg(b"x" * 100), msg(b"y" * 100), msg(b"z" * 100)])
+    monkeypatch.undo()
+    assert refused.status == PutMessageStatus.SERVICE_NOT_AVAILABLE
+    assert os.strerror(errno.ENOSPC) in refused.remark and "commitlog" in refused.remark
+    segment = store.commit_log.mapped_file_queue.files[-1]
+    assert segment.read(end - segment.file_from_offset, 1000) == bytes(1000)  # cut again
+    # refused until the partitions are looked at again and have room
+    assert store.put_messages("t", 0, [msg(b"no")]).status == PutMessageStatus.SERVICE_NOT_AVAILABLE
+    store.shutdown()
+    (tmp_path / "abort").touch()  # as after a crash: recovery walks the commit log's tail
+
+    again = watch(make_store(tmp_path), disk)
+    try:
+        assert bodies(again, "t") == [b"acked"]
+        assert again.put_messages("t", 0, [msg(b"next")]).ok
+        assert bodies(again, "t") == [b"acked", b"next"]
+    finally:
+        again.shutdown()
+
+
+def test_delayed_messages_wait_while_the_disk_is_full(tmp_path: Path) -> None:
+    disk = FakeDisk()
+    store = watch(make_store(tmp_path, message_delay_level="50ms"), disk)
+    sms = ScheduleMessageService(store, tmp_path / "delayOffset.json")
+    try:
+        put = store.put_messages("real", 0, [msg(b"later", DELAY="1")])
+        assert put.topic == SCHEDULE_TOPIC
+        disk.percent = 95.0
+        disk.later()
+        with pytest.raises(PutMessageError, match=r"delayed message.*disk is full"):
+            sms.deliver_due(put.store_timestamp + 100)
+        assert sms.offset_table.get(1, 0) == 0 and bodies(store, "real") == []
+        disk.percent = 50.0
+        disk.later()
+        sms.deliver_due(put.store_timestamp + 100)
+        assert bodies(store, "real") == [b"later"] and sms.offset_table == {1: 1}
+    finally:
+        store.shutdown()
+
+
+def test_timer_messages_wait_while_the_disk_is_full(tmp_path: Path) -> None:
+    disk = FakeDisk()
+    store = watch(make_store(tmp_path), disk)
+    timers = TimerMessageStore(store, tmp_path / "timerProgress.json")
+    try:
+        at = int(time.time() * 1000) + 60_000
+        for body in (b"t1", b"t2"):
+            timer = msg(body, TIMER_DELIVER_MS=str(at), UNIQ_KEY=body.decode())
+            assert store.put_messages("real", 0, [timer]).ok
+        assert timers.pending() == 2
+        disk.percent = 95.0
+        disk.later()
+        with pytest.raises(PutMessageError, match="disk is full"):
+            timers.deliver_due(at + 1)
+        assert timers.pending() == 2 and bodies(store, "real") == []
+        disk.percent = 50.0
+        disk.later()
+        timers.deliver_due(at + 2)
+        assert bodies(store, "real") == [b"t1", b"t2"] and timers.pending() == 0
+    finally:
+        store.shutdown()
+
+
+def test_the_warning_level_is_a_percentage() -> None:
+    with pytest.raises(ValueError, match=r"diskSpaceWarningLevelRatio must be a percentage 1\.\.100.*got 0"):
+        MessageStoreConfig(disk_space_warning_level_ratio=0)
+    with pytest.raises(ValueError, match="got 101"):
+        MessageStoreConfig(disk_space_warning_level_ratio=101)
+    assert MessageStoreConfig().disk_space_warning_level_ratio == 90  # RocketMQ's default
+    args = parser().parse_args(["--data-dir", "d", "--disk-space-warning-level-ratio", "97"])
+    assert args.disk_space_warning_level_ratio == 97
+
+
+@pytest.mark.integration
+def test_a_broker_on_a_full_disk_refuses_sends_serves_reads_and_loses_nothing(tmp_path: Path) -> None:
+    """The real partition, a real broker process: a warning level under what the disk holds now."""
+    used, _ = disk_partition_space(tmp_path)
+    assert used > 1.0, f"this test needs a file system that holds something ({used:.2f}% used)"
+    under = max(1, int(used) - 1)
+    broker = BrokerProcess(tmp_path / "b", ["--disk-space-warning-level-ratio", "100"]).start()
+    try:
+        Admin(broker.endpoint).create_topic("full", queues=1)
+        with Producer(broker.endpoint) as producer:
+            for i in range(10):
+                producer.send(Message("full", b"m%d" % i))
+        broker.stop()
+        broker.extra_args = ["--disk-space-warning-level-ratio", str(under)]
+        broker.start()
+        with Producer(broker.endpoint) as producer, pytest.raises(BrokerUnavailableError) as refused:
+            producer.send(Message("full", b"refused"))
+        text = str(refused.value)
+        assert "SERVICE_NOT_AVAILABLE" in text and "disk is full" in text
+        assert f"diskSpaceWarningLevelRatio {under}%" in text
+        consumer = PullConsumer(broker.endpoint, "reader")
+        mq = MessageQueue("full", "broker-a", 0)
+        assert [m.body for m in consumer.pull(mq, 0, 100).messages] == [b"m%d" % i for i in range(10)]
+        consumer.commit(mq, 10)  # offsets are not messages: still taken
+        assert consumer.committed(mq) == 10
+        assert "the broker's disk is full" in "".join(broker.output)
+        broker.kill()
+        broker.extra_args = []
+        broker.start()
+        with Producer(broker.endpoint) as producer:
+            assert producer.send(Message("full", b"after")).queue_offset == 10
+        assert [m.body for m in PullConsumer(broker.endpoint, "check").pull(mq, 0, 100).messages] == [
+            *(b"m%d" % i for i in range(10)), b"after"]
+    finally:
+        broker.stop()
