@@ -7,6 +7,7 @@ import base64
 import contextlib
 import ctypes
 import json
+import math
 import os
 import random
 import re
@@ -19,6 +20,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+
+from pymq_broker.store.disk_space import disk_partition_space
 
 ROCKETMQ_VERSION = "5.3.3"
 ROOT = Path(__file__).resolve().parent.parent
@@ -256,11 +259,12 @@ class RocketMQCluster:
         # RocketMQ refuses every send above 90% of its disk used, whatever the broker.conf says
         # (DefaultMessageStore caps diskSpaceWarningLevelRatio at 0.90): one clear error up front
         # instead of every test failing on SERVICE_NOT_AVAILABLE.
-        st = os.statvfs(self.base_dir)
-        percent = 100.0 * (st.f_blocks - st.f_bfree) / max(1, st.f_blocks)  # RocketMQ's UtilAll
+        used, available = disk_partition_space(self.base_dir)
+        # RocketMQ's UtilAll.getDiskPartitionSpaceUsedPercent: df's Use%, rounded up
+        percent = math.ceil(100 * used / max(1, used + available))
         if percent > _ROCKETMQ_DISK_FULL_PERCENT - 1:  # a point of margin for what the tests write
             raise RuntimeError(
-                f"the disk holding {self.base_dir} is {percent:.1f}% used: Apache RocketMQ refuses "
+                f"the disk holding {self.base_dir} is {percent}% used: Apache RocketMQ refuses "
                 f"sends above {_ROCKETMQ_DISK_FULL_PERCENT}% (diskSpaceWarningLevelRatio, capped there); "
                 "free space on it first"
             )

@@ -8,23 +8,31 @@ import errno
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from broker_process import BrokerProcess
 from pymq_broker.cli import parser
 from pymq_broker.common.mix_all import SCHEDULE_TOPIC
-from pymq_broker.store import mapped_file
+from pymq_broker.manager.topic_config_manager import TopicConfigManager
+from pymq_broker.store import mapped_file, schedule_message_service
 from pymq_broker.store.config import MessageStoreConfig
-from pymq_broker.store.disk_space import NEAR_BYTES, DiskSpaceService, disk_partition_space
+from pymq_broker.store.disk_space import DiskSpaceService, disk_partition_space
 from pymq_broker.store.message_store import DefaultMessageStore
-from pymq_broker.store.results import PutMessageError, PutMessageStatus
+from pymq_broker.store.results import PutMessageError, PutMessageResult, PutMessageStatus
 from pymq_broker.store.schedule_message_service import ScheduleMessageService
 from pymq_broker.store.timer_message_store import TimerMessageStore
+from pymq_broker.transaction.transactional_message_service import (
+    TRANS_OP_HALF_TOPIC,
+    TransactionalMessageService,
+    TransactionConfig,
+)
 from pyspark_pymq import Admin, Message, MessageQueue, Producer, PullConsumer
 from pyspark_pymq.errors import BrokerUnavailableError
 from test_store import make_store, msg, records
 
 GiB = 1 << 30
+DISK_FULL = PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, remark="the broker's disk is full")
 
 
 class FakeDisk:
@@ -35,8 +43,10 @@ class FakeDisk:
         self.available = 100 * GiB
         self.now = 0.0
 
-    def space(self, _path: Path) -> tuple[float, int]:
-        return self.percent, self.available
+    def space(self, _path: Path) -> tuple[int, int]:
+        if self.percent >= 100:
+            return 100 * GiB, 0
+        return int(self.available * self.percent / (100 - self.percent)), self.available
 
     def clock(self) -> float:
         return self.now
@@ -78,7 +88,7 @@ def test_over_the_warning_level_puts_are_refused_reads_go_on_and_puts_come_back(
         store.shutdown()
 
 
-def test_the_store_keeps_room_for_its_queues_and_looks_at_every_put_when_space_is_short(
+def test_the_store_keeps_room_for_its_queues_and_looks_again_before_its_puts_could_take_it(
     tmp_path: Path,
 ) -> None:
     disk = FakeDisk()
@@ -86,15 +96,26 @@ def test_the_store_keeps_room_for_its_queues_and_looks_at_every_put_when_space_i
     reserve = 2 * store.config.max_message_size
     assert store.disk_space.reserve_bytes == reserve
     try:
-        disk.available = NEAR_BYTES // 2  # near: no more once-a-second grace
-        assert store.put_messages("t", 0, [msg(b"a")]).ok
-        disk.available = reserve - 1
-        refused = store.put_messages("t", 0, [msg(b"b")])
+        disk.available = reserve + 3000  # room for about one put of 1 KB (counted twice) ...
+        assert store.put_messages("t", 0, [msg(b"a" * 1000)]).ok
+        disk.available = reserve - 1  # ... and the next put looks again, within the same second
+        refused = store.put_messages("t", 0, [msg(b"b" * 1000)])
         assert refused.status == PutMessageStatus.SERVICE_NOT_AVAILABLE
         assert f"{reserve - 1} bytes free, under the {reserve}" in refused.remark
-        disk.available = reserve
+        disk.available = reserve + 100 * GiB
+        disk.later()
         assert store.put_messages("t", 0, [msg(b"c")]).ok
-        assert bodies(store, "t") == [b"a", b"c"]
+        assert bodies(store, "t") == [b"a" * 1000, b"c"]
+    finally:
+        store.shutdown()
+
+
+def test_a_file_system_that_does_not_say_how_full_it_is_sets_no_limit(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    ds = store.disk_space
+    store.disk_space = DiskSpaceService(ds.paths, 90, ds.reserve_bytes, space=lambda _p: (0, 0))
+    try:
+        assert store.put_messages("t", 0, [msg(b"a")]).ok
     finally:
         store.shutdown()
 
@@ -154,6 +175,65 @@ def test_delayed_messages_wait_while_the_disk_is_full(tmp_path: Path) -> None:
         store.shutdown()
 
 
+def test_delayed_messages_written_before_a_refusal_are_not_delivered_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round writes runs of messages (one per real queue in a row); when the store refuses the
+    fourth, the three written before it are done."""
+    store = make_store(tmp_path, message_delay_level="50ms")
+    sms = ScheduleMessageService(store, tmp_path / "delayOffset.json")
+    try:
+        last = None
+        for i in range(6):
+            last = store.put_messages("ab"[i % 2], 0, [msg(b"m%d" % i, DELAY="1")])
+        assert last is not None
+        real_put = store.put_records
+        calls = []
+
+        def full_after_three(topic: str, queue_id: int, records: Any, **kw: Any) -> PutMessageResult:
+            calls.append(topic)
+            if len(calls) > 3:
+                return DISK_FULL
+            return real_put(topic, queue_id, records, **kw)
+
+        monkeypatch.setattr(store, "put_records", full_after_three)
+        with pytest.raises(PutMessageError) as refused:
+            sms.deliver_due(last.store_timestamp + 100)
+        assert refused.value.written == 3 and sms.offset_table == {1: 3}
+        monkeypatch.undo()
+        sms.deliver_due(last.store_timestamp + 100)
+        assert bodies(store, "a") == [b"m0", b"m2", b"m4"]
+        assert bodies(store, "b") == [b"m1", b"m3", b"m5"]
+        again = ScheduleMessageService(store, tmp_path / "delayOffset.json")
+        again.load()
+        assert again.offset_table == {1: 6}  # the interrupted round's progress was persisted too
+    finally:
+        store.shutdown()
+
+
+def test_a_message_the_store_can_never_take_does_not_stall_its_delay_level(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = make_store(tmp_path, message_delay_level="50ms")
+    sms = ScheduleMessageService(store, tmp_path / "delayOffset.json")
+    try:
+        first = store.put_messages("a", 0, [msg(b"too big now", DELAY="1")])
+        store.put_messages("a", 0, [msg(b"fine", DELAY="1")])
+        real_put = store.put_records
+
+        def refuse_big(topic: str, queue_id: int, records: Any, **kw: Any) -> PutMessageResult:
+            if b"too big now" in bytes(records.buf):
+                return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, remark="over maxMessageSize")
+            return real_put(topic, queue_id, records, **kw)
+
+        monkeypatch.setattr(store, "put_records", refuse_big)
+        monkeypatch.setattr(schedule_message_service, "RUN_MAX_BYTES", 1)  # one put per message
+        sms.deliver_due(first.store_timestamp + 1000)
+        assert bodies(store, "a") == [b"fine"] and sms.offset_table == {1: 2}
+    finally:
+        store.shutdown()
+
+
 def test_timer_messages_wait_while_the_disk_is_full(tmp_path: Path) -> None:
     disk = FakeDisk()
     store = watch(make_store(tmp_path), disk)
@@ -177,6 +257,38 @@ def test_timer_messages_wait_while_the_disk_is_full(tmp_path: Path) -> None:
         store.shutdown()
 
 
+def test_a_refused_op_record_is_written_later_and_the_commit_stands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ending a transaction writes its real message, then an op record; if the store refuses the
+    op record, the commit is not undone nor answered as failed: the op record is written later."""
+    store = make_store(tmp_path)
+    topics = TopicConfigManager(tmp_path / "topics.json")
+    tx = TransactionalMessageService(store, topics, tmp_path / "tx.json", TransactionConfig())
+    try:
+        half = msg(b"paid", TRAN_MSG="true", PGROUP="pg", UNIQ_KEY="tx-1")
+        assert tx.prepare_messages("orders", 0, [half]).ok
+        real_put = store.put_messages
+
+        def refuse_ops(topic: str, queue_id: int, messages: Any) -> PutMessageResult:
+            if topic == TRANS_OP_HALF_TOPIC:
+                return DISK_FULL
+            return real_put(topic, queue_id, messages)
+
+        monkeypatch.setattr(store, "put_messages", refuse_ops)
+        resolved, results = tx.end_transactions(["tx-1"], commit=True)
+        assert resolved == 1 and all(r.ok for r in results)
+        assert bodies(store, "orders") == [b"paid"]
+        monkeypatch.undo()
+        tx.check()  # the periodic check writes what waits
+        assert store.get_max_offset_in_queue(TRANS_OP_HALF_TOPIC, 0) == 1
+        again = TransactionalMessageService(store, topics, tmp_path / "tx.json", TransactionConfig())
+        again.load()
+        assert again.pending == {}  # a restart would not check it back and commit it twice
+    finally:
+        store.shutdown()
+
+
 def test_the_warning_level_is_a_percentage() -> None:
     with pytest.raises(ValueError, match=r"diskSpaceWarningLevelRatio must be a percentage 1\.\.100.*got 0"):
         MessageStoreConfig(disk_space_warning_level_ratio=0)
@@ -190,18 +302,21 @@ def test_the_warning_level_is_a_percentage() -> None:
 @pytest.mark.integration
 def test_a_broker_on_a_full_disk_refuses_sends_serves_reads_and_loses_nothing(tmp_path: Path) -> None:
     """The real partition, a real broker process: a warning level under what the disk holds now."""
-    used, _ = disk_partition_space(tmp_path)
+    used_bytes, available = disk_partition_space(tmp_path)
+    used = 100 * used_bytes / (used_bytes + available)
     assert used > 1.0, f"this test needs a file system that holds something ({used:.2f}% used)"
     under = max(1, int(used) - 1)
     broker = BrokerProcess(tmp_path / "b", ["--disk-space-warning-level-ratio", "100"]).start()
     try:
-        Admin(broker.endpoint).create_topic("full", queues=1)
+        Admin(broker.endpoint).create_topic("full", queues=1, dedup_window_ms=600_000)
         with Producer(broker.endpoint) as producer:
             for i in range(10):
                 producer.send(Message("full", b"m%d" % i))
         broker.stop()
         broker.extra_args = ["--disk-space-warning-level-ratio", str(under)]
         broker.start()
+        # the producer retries a refused send with the same UNIQ_KEY: under a dedup window the
+        # retry must be refused again, not dropped as a duplicate of what was never stored
         with Producer(broker.endpoint) as producer, pytest.raises(BrokerUnavailableError) as refused:
             producer.send(Message("full", b"refused"))
         text = str(refused.value)

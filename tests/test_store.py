@@ -462,9 +462,10 @@ def test_a_failed_reput_stays_first_in_line_and_loses_nothing(tmp_path: Path) ->
 
 
 def test_a_failing_dispatch_fails_no_put_retention_or_shutdown(tmp_path: Path) -> None:
-    """Once stored, a message is not answered as a failed put (the producer would send it again),
-    retention still frees old segments, and a shutdown still stops the services and leaves the
-    abort file, so that the next start dispatches again what was left."""
+    """Once stored, a message is not answered as a failed put (the producer would send it again);
+    the puts after it are refused as on a full disk (DISK_FULL), retention still frees old
+    segments, and a shutdown still stops the services and leaves the abort file, so that the next
+    start dispatches again what was left."""
     from pymq_broker.store.encoded_batch import EncodedRecords
 
     cfg = MessageStoreConfig(store_path_root_dir=tmp_path, mapped_file_size_commit_log=4096,
@@ -478,7 +479,10 @@ def test_a_failing_dispatch_fails_no_put_retention_or_shutdown(tmp_path: Path) -
     fail = _fill_the_index_disk(store)
     put = store.put_records("t", 0, EncodedRecords.from_messages("t", [msg(b"a", KEYS="k")]))
     assert put.ok  # stored, its dispatch waits
-    assert store.put_messages("other", 0, [msg(b"b")]).ok
+    refused = store.put_messages("other", 0, [msg(b"b")])
+    assert refused.status == PutMessageStatus.SERVICE_NOT_AVAILABLE
+    assert refused.remark == ("the broker's disk is full: writing the store failed: "
+                              "No space left on device; free space there")
     assert store.clean_expired_files(now=time.time() + 10 * 24 * 3600) > 0
     assert len(store.commit_log.mapped_file_queue.files) < segments
     store.shutdown()
@@ -490,5 +494,6 @@ def test_a_failing_dispatch_fails_no_put_retention_or_shutdown(tmp_path: Path) -
     again.load()
     again.start()
     assert [r[3] for r in records(again.get_message("t", 0, 0, 10).records)] == [b"a"]
+    assert again.put_messages("other", 0, [msg(b"b")]).ok
     assert [r[3] for r in records(again.get_message("other", 0, 0, 10).records)] == [b"b"]
     again.shutdown()

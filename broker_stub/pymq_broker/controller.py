@@ -219,27 +219,38 @@ class BrokerController:
         )
 
     async def _schedule_loop(self) -> None:
-        """Delayed messages (ScheduleMessageService) and timers (TimerMessageStore) when due."""
+        """Delayed messages (ScheduleMessageService) and timers (TimerMessageStore) when due.
+
+        Each is asked again within 50 ms (new messages are not announced), or after a second
+        when it failed; one that fails does not hold the other up.
+        """
         sms, timer = self.schedule_message_service, self.timer_message_store
         assert sms is not None and timer is not None
-        paused = False
+        services: list[ScheduleMessageService | TimerMessageStore] = [sms, timer]
+        next_at = [0.0] * len(services)
+        paused = [False] * len(services)
+        loop = asyncio.get_running_loop()
         while True:
-            try:
-                wait = min(sms.deliver_due(), timer.deliver_due())
-            except PutMessageError as err:  # a full disk: the messages wait, nothing is skipped
-                if not paused:
-                    log.warning("delayed and timer messages wait: %s", err)
-                paused = True
-                await asyncio.sleep(1.0)
-                continue
-            except Exception:
-                log.exception("schedule message service failed; retrying")
-                await asyncio.sleep(1.0)
-                continue
-            if paused:
-                log.info("delayed and timer messages are delivered again")
-                paused = False
-            await asyncio.sleep(min(max(wait, 0.005), 0.05))
+            now = loop.time()
+            for i, service in enumerate(services):
+                if now < next_at[i]:
+                    continue
+                name = type(service).__name__
+                try:
+                    wait = min(service.deliver_due(), 0.05)
+                except PutMessageError as err:  # a full disk: the messages wait, nothing is skipped
+                    if not paused[i]:
+                        log.warning("%s: messages wait until the store takes them: %s", name, err)
+                    paused[i], wait = True, 1.0
+                except Exception:
+                    log.exception("%s failed; retrying in a second", name)
+                    wait = 1.0
+                else:
+                    if paused[i]:
+                        log.info("%s delivers again", name)
+                    paused[i] = False
+                next_at[i] = now + wait
+            await asyncio.sleep(max(min(next_at) - loop.time(), 0.005))
 
     def _check_transactions(self) -> None:
         """TransactionalMessageCheckService: ask producers about unresolved transactions."""

@@ -68,6 +68,13 @@ class DedupWindow:
                 log.info("dedup window of %s: %d key(s) recovered", topic, len(table))
         return total
 
+    def forget(self, topic: str, keys: Iterable[bytes]) -> None:
+        """``keys`` were not stored after all (the put was refused): a retry must not be dropped."""
+        table = self._seen.get(topic)
+        if table:
+            for key in keys:
+                table.pop(key, None)
+
     def forget_topic(self, topic: str) -> None:
         self._seen.pop(topic, None)
 

@@ -146,6 +146,19 @@ class SendMessageProcessor:
                 return sent
             items = [_Item(*records.message(i)) for i in range(len(records))]
         messages, dropped = self._messages_to_store(req, cfg, items)
+        try:
+            return await self._store_messages(req, queue_id, messages, dropped, half_batch, items)
+        except BrokerException:
+            if cfg.dedup_window_ms > 0:  # not stored: a retry must not be dropped as a duplicate
+                self.dedup.forget(topic, (u for m in messages if (u := find_property(m.properties, _UNIQ))))
+            raise
+
+    async def _store_messages(
+        self, req: pymq_pb2.SendMessageRequest, queue_id: int, messages: list[MessageToStore], dropped: int,
+        half_batch: bool, items: _Messages,
+    ) -> pymq_pb2.SendMessageResponse:
+        """The per-message path's puts: half messages, a retry bound for the DLQ, or a plain put."""
+        topic = req.topic
         if half_batch:
             self._check_half_batch(items)
         if messages and find_property(messages[0].properties, _TRAN) == b"true" and not (
@@ -333,10 +346,12 @@ class SendMessageProcessor:
         """A pre-encoded batch: header fields set for all records at once, one write."""
         ctx = self.ctx
         dropped = 0
+        remembered: list[bytes] = []
         if dedup_window_ms > 0:
             seen = self.dedup.seen_recently
-            keep = [i for i, u in enumerate(records.uniq_keys())
-                    if not (u and seen(topic, u, dedup_window_ms))]
+            uniq = records.uniq_keys()
+            keep = [i for i, u in enumerate(uniq) if not (u and seen(topic, u, dedup_window_ms))]
+            remembered = [u for i in keep if (u := uniq[i])]
             dropped = len(records) - len(keep)
             if not keep:
                 return self._response(queue_id, pymq_pb2.SEND_OK, None, dropped)
@@ -345,6 +360,8 @@ class SendMessageProcessor:
         # the consume queue and index are written on the loop's next turn, while the answer
         # travels (RocketMQ's reput is asynchronous too): a sync sender stops waiting for them
         result = ctx.store.put_records(topic, queue_id, records, reput_later=True)
+        if not result.ok:  # not stored: a retry must not be dropped as a duplicate
+            self.dedup.forget(topic, remembered)
         asyncio.get_running_loop().call_soon(ctx.store.do_reput)
         status = await wait_store_ok(ctx, result)
         return self._response(queue_id, status, result, dropped)

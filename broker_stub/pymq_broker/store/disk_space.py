@@ -12,10 +12,11 @@ broker that shares a laptop's disk needs:
 - The store also keeps ``reserve_bytes`` free (twice maxMessageSize): the consume queues and
   indexes of what the commit log took must still be written, or acknowledged messages
   would stay invisible, and a broker restarted on a full disk could not recover.
-- The partitions are checked from the put path, once a second while more than
-  :data:`NEAR_BYTES` are free and at every put below that. An append that still runs out
-  of space (another process filled the disk, a quota) marks the disk full at once and is
-  answered the same way, never with a part of a record left behind.
+- The partitions are looked at from the put path: once a second, and as soon as the bytes
+  appended since the last look (counted twice: the consume queues and indexes grow too)
+  could have reached either limit. An append that still runs out of space (another process
+  filled the disk, a quota) marks the disk full at once and is answered the same way, never
+  with a part of a record left behind; so does a consume-queue or index write.
 - RocketMQ also deletes commit-log segments that are not expired yet once the disk is
   above ``diskSpaceCleanForciblyRatio`` (85%, ``cleanFileForciblyEnable``). pymq never
   deletes a message before ``fileReservedTime``: a full disk refuses new messages and
@@ -34,16 +35,14 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 CHECK_INTERVAL_S = 1.0
-NEAR_BYTES = 1 << 30  # less free than this: look at every put (a second of puts could take it)
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
-def disk_partition_space(path: Path) -> tuple[float, int]:
-    """The file system holding ``path``: percent used as ``df`` shows it, and bytes available."""
+def disk_partition_space(path: Path) -> tuple[int, int]:
+    """The file system holding ``path``: bytes used, and bytes available to unprivileged users
+    (``df``'s Used and Avail; its Use% is used / (used + available)). (0, 0): it does not say."""
     st = os.statvfs(_existing(path))
-    used = st.f_blocks - st.f_bfree
-    usable = used + st.f_bavail
-    return (100.0 * used / usable if usable > 0 else 100.0), st.f_bavail * st.f_frsize
+    return (st.f_blocks - st.f_bfree) * st.f_frsize, st.f_bavail * st.f_frsize
 
 
 def is_disk_full(err: OSError) -> bool:
@@ -61,8 +60,8 @@ def _existing(path: Path) -> Path:
 class DiskSpaceService:
     """Whether the store may write: its partitions against ``warning_level_ratio`` and ``reserve_bytes``.
 
-    ``paths``: the store's directories (commit log, consume queues). ``space``: percent used
-    and bytes available on the partition holding a path (tests may pass their own).
+    ``paths``: the store's directories (commit log, consume queues). ``space``: bytes used
+    and available on the partition holding a path (tests may pass their own).
     """
 
     def __init__(
@@ -71,7 +70,7 @@ class DiskSpaceService:
         warning_level_ratio: int,
         reserve_bytes: int,
         *,
-        space: Callable[[Path], tuple[float, int]] = disk_partition_space,
+        space: Callable[[Path], tuple[int, int]] = disk_partition_space,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.paths = list(paths)
@@ -80,48 +79,63 @@ class DiskSpaceService:
         self._space = space
         self._clock = clock
         self._next_check = 0.0
+        self._budget = 0  # bytes the store may append before it must look again
         self.full = False
         self.remark = ""
 
-    def is_writeable(self) -> bool:
-        """False while the disk is full (see the module for how often it is looked at)."""
-        now = self._clock()
-        if now >= self._next_check:
+    def is_writeable(self, size: int) -> bool:
+        """Whether a put of ``size`` bytes may be written (False while the disk is full)."""
+        if (self._budget < 2 * size and not self.full) or self._clock() >= self._next_check:
             self.check()
-        return not self.full
+        if self.full:
+            return False
+        self._budget -= 2 * size
+        return True
 
     def check(self) -> None:
         """Look at the partitions now: mark the disk full or writable again."""
-        now = self._clock()
+        self._next_check = self._clock() + CHECK_INTERVAL_S
         try:
             spaces = [(*self._space(p), p) for p in self.paths]
         except OSError as err:  # the store's directory cannot be looked at: keep what we knew
-            self._next_check = now + CHECK_INTERVAL_S
+            self._budget = 0
             log.warning("cannot read the free space of the store: %s", err)
             return
-        ratio, _, path = max(spaces, key=lambda s: s[0])
-        available, tight = min((a, p) for _r, a, p in spaces)
-        self._next_check = now + (CHECK_INTERVAL_S if available > NEAR_BYTES else 0.0)
-        if ratio > self.warning_level_ratio:
-            self._mark_full(
-                f"{_existing(path)} is {ratio:.1f}% used, over diskSpaceWarningLevelRatio "
-                f"{self.warning_level_ratio}%; free space there or raise diskSpaceWarningLevelRatio "
-                "(up to 100)"
-            )
-        elif available < self.reserve_bytes:
-            self._mark_full(
-                f"{_existing(tight)} has {available} bytes free, under the {self.reserve_bytes} the "
-                "store keeps for its consume queues and indexes (twice maxMessageSize); free space there"
-            )
-        elif self.full:
-            self.full = False
-            self.remark = ""
-            log.info("disk space OK again (%.1f%% used of %s): the store takes messages", ratio, path)
+        spaces = [s for s in spaces if s[0] + s[1] > 0]  # a file system that tells nothing: no limit
+        if not spaces:
+            self._budget = 1 << 62
+            self._mark_ok()
+            return
+        level = self.warning_level_ratio
+        budget = 1 << 62
+        for used, available, path in spaces:
+            ratio = 100.0 * used / (used + available)
+            if ratio > level:
+                self._budget = 0
+                self._mark_full(
+                    f"the disk holding {_existing(path)} is {ratio:.1f}% used, over "
+                    f"diskSpaceWarningLevelRatio {level}%; free space there or raise "
+                    "diskSpaceWarningLevelRatio (up to 100)"
+                )
+                return
+            if available < self.reserve_bytes:
+                self._budget = 0
+                self._mark_full(
+                    f"the disk holding {_existing(path)} has {available} bytes free, under the "
+                    f"{self.reserve_bytes} the store keeps for its consume queues and indexes (twice "
+                    "maxMessageSize); free space there"
+                )
+                return
+            to_level = (used + available) * level // 100 - used
+            budget = min(budget, available - self.reserve_bytes, to_level)
+        self._budget = budget
+        self._mark_ok()
 
     def mark_full(self, err: OSError) -> None:
-        """A write ran out of space (:func:`is_disk_full`): refuse puts until a check finds room."""
+        """A write ran out of space (:func:`is_disk_full`): refuse puts until a look finds room."""
         self._next_check = self._clock() + CHECK_INTERVAL_S
-        where = err.filename or (self.paths[0] if self.paths else "the store")
+        self._budget = 0
+        where = err.filename or "the store"
         self._mark_full(f"writing {where} failed: {err.strerror or err}; free space there")
 
     def _mark_full(self, why: str) -> None:
@@ -129,3 +143,9 @@ class DiskSpaceService:
         if not self.full:
             log.error("%s; puts are refused (SERVICE_NOT_AVAILABLE) until there is room", self.remark)
         self.full = True
+
+    def _mark_ok(self) -> None:
+        if self.full:
+            log.info("there is room on the store's disk again: it takes messages")
+        self.full = False
+        self.remark = ""

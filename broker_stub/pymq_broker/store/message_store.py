@@ -275,7 +275,7 @@ class DefaultMessageStore:
         if not n:
             return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, remark="no message to store")
         disk = self.disk_space
-        if not disk.is_writeable():
+        if not disk.is_writeable(len(records.buf)):
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, remark=disk.remark)
         problem = self._check_records(topic, records)
         if problem is not None:
@@ -414,6 +414,8 @@ class DefaultMessageStore:
         try:
             self.do_reput()
         except OSError as err:
+            if is_disk_full(err):  # the consume queues' or index's disk: no more puts until there is room
+                self.disk_space.mark_full(err)
             log.error("dispatching stored messages failed during " + during
                       + " (retried by the next read): %s", *args, err)
             return False

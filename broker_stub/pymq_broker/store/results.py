@@ -42,12 +42,14 @@ class PutMessageResult:
 
 
 class PutMessageError(Exception):
-    """A put the store refused (a full disk, say) where the caller must not move on past it:
-    delayed and timer messages wait in their queues until their delivery is written."""
+    """A put the store refused for now (SERVICE_NOT_AVAILABLE: a full disk) where the caller must
+    not move on past it: delayed and timer messages wait in their queues until it is written.
+    ``written``: how many of the caller's messages were written before it."""
 
-    def __init__(self, result: PutMessageResult, what: str) -> None:
+    def __init__(self, result: PutMessageResult, what: str, written: int = 0) -> None:
         super().__init__(f"{what}: {result.status.value}: {result.remark}")
         self.result = result
+        self.written = written
 
 
 @dataclass(slots=True)

@@ -34,7 +34,7 @@ from .commit_log import MessageToStore
 from .config import SYNC_FLUSH
 from .encoded_batch import EncodedRecords
 from .message_store import DefaultMessageStore
-from .results import PutMessageError
+from .results import PutMessageError, PutMessageStatus
 
 log = logging.getLogger(__name__)
 
@@ -60,56 +60,69 @@ class ScheduleMessageService(ConfigManager):
         self.offset_table = {int(k): int(v) for k, v in data.get("offsetTable", {}).items()}
 
     def deliver_due(self, now_ms: int | None = None) -> float:
-        """Deliver every due message of every level; seconds until the next one is due."""
+        """Deliver every due message of every level; seconds until the next one is due.
+
+        Raises PutMessageError when the store refuses a delivery for now (its progress, up to
+        the last message written, is kept).
+        """
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         next_due: int | None = None
-        delivered = 0
-        for level in range(1, self.store.config.max_delay_level + 1):
-            count, due = self._deliver_level(level, now_ms)
-            delivered += count
-            if due is not None:
-                next_due = due if next_due is None else min(next_due, due)
-        if delivered:
-            if self.store.config.flush_disk_type == SYNC_FLUSH:
-                self.store.commit_log.flush()
-            self.persist()
+        before = self.delivered
+        try:
+            for level in range(1, self.store.config.max_delay_level + 1):
+                due = self._deliver_level(level, now_ms)
+                if due is not None:
+                    next_due = due if next_due is None else min(next_due, due)
+        finally:
+            if self.delivered != before:
+                if self.store.config.flush_disk_type == SYNC_FLUSH:
+                    self.store.commit_log.flush()
+                self.persist()
         if next_due is None:
             return 0.05
         return max(0.0, (next_due - now_ms) / 1000.0)
 
-    def _deliver_level(self, level: int, now_ms: int) -> tuple[int, int | None]:
-        """Deliver the due head of one level: (delivered, next due time or None if drained)."""
+    def _deliver_level(self, level: int, now_ms: int) -> int | None:
+        """Deliver the due head of one level: the next due time, None if drained."""
         cq = self.store.consume_queue(SCHEDULE_TOPIC, level - 1)
         if cq is None:
-            return 0, None
+            return None
         offset = max(self.offset_table.get(level, 0), cq.min_offset_in_queue)
         if offset >= cq.max_offset_in_queue:
-            return 0, None
+            return None
         entries = cq.get_entries(offset, DELIVER_BATCH)
         tags = entries["tag"]
         not_due = np.flatnonzero(tags > now_ms)
         due = int(not_due[0]) if len(not_due) else len(entries)
         if due:
             records = self.store.read_records(entries["phy"][:due], entries["size"][:due])
-            message_timeup(self.store, records)
-            self.offset_table[level] = offset + due
-            self.delivered += due
+            try:
+                message_timeup(self.store, records)
+            except PutMessageError as err:  # those written are done: never delivered twice
+                self._delivered(level, offset + err.written, err.written)
+                raise
+            self._delivered(level, offset + due, due)
         if due < len(entries):
-            return due, int(tags[due])
-        return due, (now_ms if len(entries) == DELIVER_BATCH else None)
+            return int(tags[due])
+        return now_ms if len(entries) == DELIVER_BATCH else None
+
+    def _delivered(self, level: int, next_offset: int, count: int) -> None:
+        self.offset_table[level] = next_offset
+        self.delivered += count
 
 
 def message_timeup(store: DefaultMessageStore, records: bytes) -> None:
     """Write each record again to its REAL_TOPIC / REAL_QID, its properties kept (delayed and timer
     messages alike; consecutive ones for one queue share a write).
 
-    Raises PutMessageError when the store refuses a write (the records before it are written:
-    the caller delivers all again later, at least once).
+    Raises PutMessageError when the store refuses a write for now; its ``written`` says how many
+    records (a prefix) were written before it.
     """
     pos = 0
     run: list[MessageToStore] = []
     run_key: tuple[str, int] | None = None
     run_bytes = 0
+    written = 0
     while pos < len(records):
         h = HEADER.unpack_from(records, pos)
         total, flag, born, reconsume, sys_flag, body_len = h[0], h[4], h[8], h[11], h[7], h[13]
@@ -120,17 +133,20 @@ def message_timeup(store: DefaultMessageStore, records: bytes) -> None:
         body = records[pos + HEADER_SIZE : pos + HEADER_SIZE + body_len]
         key = (real_topic, real_qid)
         if run and (key != run_key or run_bytes + body_len > RUN_MAX_BYTES):
-            _put(store, run_key, run)
+            _put(store, run_key, run, written)
+            written += len(run)
             run, run_bytes = [], 0
         run_bytes += body_len
         run_key = key
         run.append(MessageToStore(body, flag, props, born, reconsume, sys_flag))
         pos += total
     if run:
-        _put(store, run_key, run)
+        _put(store, run_key, run, written)
 
 
-def _put(store: DefaultMessageStore, key: tuple[str, int] | None, run: list[MessageToStore]) -> None:
+def _put(
+    store: DefaultMessageStore, key: tuple[str, int] | None, run: list[MessageToStore], written: int
+) -> None:
     assert key is not None
     topic, qid = key
     if not topic:
@@ -138,5 +154,8 @@ def _put(store: DefaultMessageStore, key: tuple[str, int] | None, run: list[Mess
         return
     # put_records: the DELAY or TIMER_DELIVER_MS they keep must not delay them again
     result = store.put_records(topic, qid, EncodedRecords.from_messages(topic, run))
-    if not result.ok:  # their queue's progress stays: delivered again on the next round
-        raise PutMessageError(result, f"delivering {len(run)} delayed message(s) to {topic}")
+    if result.status == PutMessageStatus.SERVICE_NOT_AVAILABLE:  # for now (a full disk): they wait
+        raise PutMessageError(result, f"delivering {len(run)} delayed message(s) to {topic}", written)
+    if not result.ok:  # never storable (over a lowered maxMessageSize, say): waiting would stall the level
+        log.error("delivering %d delayed message(s) to %s failed, dropped: %s",
+                  len(run), topic, result.remark)

@@ -31,7 +31,6 @@ from ..common.config_manager import ConfigManager
 from ..common.mix_all import TIMER_TOPIC
 from .config import SYNC_FLUSH
 from .message_store import DefaultMessageStore
-from .results import PutMessageError
 from .schedule_message_service import message_timeup
 
 log = logging.getLogger(__name__)
@@ -107,21 +106,24 @@ class TimerMessageStore(ConfigManager):
             cq = self.store.consume_queue(TIMER_TOPIC, 0)
             assert cq is not None  # its entries were read when they were scheduled
             due.sort()
-            for i, at in enumerate(due):
-                entry = cq.get_entries(at, 1)
-                try:
+            finished = 0
+            try:
+                for at in due:
+                    entry = cq.get_entries(at, 1)
                     if len(entry):
                         message_timeup(self.store, self.store.read_records(entry["phy"], entry["size"]))
-                except PutMessageError:
-                    # not delivered (a full disk): they wait in the heap for the next round
-                    for again in due[i:]:
-                        heapq.heappush(self._heap, (now_ms, again))
-                    raise
-                self._finish(at)
-            self.delivered += len(due)
-            if self.store.config.flush_disk_type == SYNC_FLUSH:
-                self.store.commit_log.flush()
-            self.persist()
+                    self._finish(at)
+                    finished += 1
+            except Exception:  # not delivered (a full disk): they wait in the heap for the next round
+                for again in due[finished:]:
+                    heapq.heappush(self._heap, (now_ms, again))
+                raise
+            finally:
+                if finished:
+                    self.delivered += finished
+                    if self.store.config.flush_disk_type == SYNC_FLUSH:
+                        self.store.commit_log.flush()
+                    self.persist()
         while self._heap and self._heap[0][1] in self.done:
             heapq.heappop(self._heap)
         if not self._heap:

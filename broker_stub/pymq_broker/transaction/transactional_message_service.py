@@ -102,6 +102,8 @@ class TransactionalMessageService(ConfigManager):
         self.check_offset = 0  # every half message before it is resolved
         self.pending: dict[str, tuple[int, int]] = {}  # msg id -> (half queue offset, phy)
         self.done: set[int] = set()  # resolved half queue offsets >= check_offset
+        # resolved half offsets whose op record the store refused (a full disk): written with the next
+        self._ops_to_write: list[int] = []
 
     def encode(self) -> dict[str, Any]:
         return {"checkOffset": self.check_offset}
@@ -250,8 +252,8 @@ class TransactionalMessageService(ConfigManager):
                             self.pending[msg_id] = entry
                             failed.add(entry[0])
             done = [q for q in done if q not in failed]
-        if done:
-            results.append(self._mark_done(done))
+        if done and (op := self._mark_done(done)) is not None:
+            results.append(op)
         return len(entries) - sum(1 for m, _e in entries if m in self.pending), results
 
     def _store_batches(self, items: list[_Commit]) -> Iterator[list[_Commit]]:
@@ -281,18 +283,31 @@ class TransactionalMessageService(ConfigManager):
         body = rec[HEADER_SIZE : HEADER_SIZE + h[13]]
         return topic, qid, MessageToStore(body, h[4], props, h[8], h[11], h[7])
 
-    def _mark_done(self, half_offsets: list[int]) -> PutMessageResult:
+    def _mark_done(self, half_offsets: list[int]) -> PutMessageResult | None:
         """Op records marking half messages resolved (RocketMQ's RMQ_SYS_TRANS_OP_HALF_TOPIC).
 
         As RocketMQ 5 does, one op message carries many half offsets, each followed by a comma.
+        Returns the put to wait for. None: nothing to write, or the store refused it (a full
+        disk): the offsets are resolved in memory, and their op records are written with the
+        next ones (a restart before that checks those transactions back again).
         """
-        self.topics.create_system_topic(TRANS_OP_HALF_TOPIC, 1)
-        now = int(time.time() * 1000)
-        # as RocketMQ's getOpMessage: TAGS=d, WAIT=true (a new Message's), "<offset>," per half message
-        tags = encode_properties({MC.PROPERTY_WAIT_STORE_MSG_OK: "true", MC.PROPERTY_TAGS: "d"})
-        ops = [MessageToStore("".join(f"{q}," for q in half_offsets[i : i + OP_BATCH]).encode(), 0, tags, now)
-               for i in range(0, len(half_offsets), OP_BATCH)]
-        result = self.store.put_messages(TRANS_OP_HALF_TOPIC, 0, ops)
+        offsets = self._ops_to_write + half_offsets
+        result = None
+        if offsets:
+            self.topics.create_system_topic(TRANS_OP_HALF_TOPIC, 1)
+            now = int(time.time() * 1000)
+            # as RocketMQ's getOpMessage: TAGS=d, WAIT=true (a new Message's), "<offset>," per half message
+            tags = encode_properties({MC.PROPERTY_WAIT_STORE_MSG_OK: "true", MC.PROPERTY_TAGS: "d"})
+            ops = [MessageToStore("".join(f"{q}," for q in offsets[i : i + OP_BATCH]).encode(), 0, tags, now)
+                   for i in range(0, len(offsets), OP_BATCH)]
+            result = self.store.put_messages(TRANS_OP_HALF_TOPIC, 0, ops)
+            if not result.ok:
+                if not self._ops_to_write:
+                    log.warning("op records of %d resolved transaction(s) wait: %s",
+                                len(offsets), result.remark)
+                self._ops_to_write, result = offsets, None
+            else:
+                self._ops_to_write = []
         self.done.update(half_offsets)
         self._advance()
         return result
@@ -317,6 +332,8 @@ class TransactionalMessageService(ConfigManager):
         """Half messages due for a check-back; gives up those past transactionCheckMax."""
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         cfg = self.config
+        if self._ops_to_write:
+            self._mark_done([])
         checks = []
         for msg_id, (qoff, phy) in sorted(self.pending.items(), key=lambda kv: kv[1][0]):
             rec = self.store.look_message_by_offset(phy)
