@@ -43,7 +43,10 @@ class MappedFile:
     def append(self, data: bytes | bytearray | memoryview) -> int:
         """Write ``data`` at the write position; returns the global offset it starts at."""
         pos = self.wrote_position
-        n = os.pwrite(self.fd, data, pos)
+        try:
+            n = os.pwrite(self.fd, data, pos)
+        except OSError as err:  # name the file: "No space left on device" alone says not where
+            raise OSError(err.errno, err.strerror, str(self.file_name)) from None
         if n != len(data):
             # A short write is a full disk. What did land may hold whole records that were never
             # acknowledged, which recovery after a crash would find: cut it (the cut part reads
