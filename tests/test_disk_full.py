@@ -17,7 +17,12 @@ from pymq_broker.common.mix_all import SCHEDULE_TOPIC
 from pymq_broker.manager.topic_config_manager import TopicConfigManager
 from pymq_broker.store import mapped_file, schedule_message_service
 from pymq_broker.store.config import MessageStoreConfig
-from pymq_broker.store.disk_space import DiskSpaceService, disk_partition_space
+from pymq_broker.store.disk_space import (
+    DiskSpaceService,
+    disk_partition_space,
+    human_readable_byte_count,
+    used_ratio,
+)
 from pymq_broker.store.message_store import DefaultMessageStore
 from pymq_broker.store.results import PutMessageError, PutMessageResult, PutMessageStatus
 from pymq_broker.store.schedule_message_service import ScheduleMessageService
@@ -289,6 +294,14 @@ def test_a_refused_op_record_is_written_later_and_the_commit_stands(
         store.shutdown()
 
 
+def test_disk_figures_read_as_rocketmq_prints_them() -> None:
+    assert used_ratio(182, 818) == 0.19  # 18.2% used, rounded up as RocketMQ does
+    assert used_ratio(0, 0) == -1.0
+    assert human_readable_byte_count(500) == "500 B"
+    assert human_readable_byte_count(252 * GiB) == "252.0 GiB"
+    assert human_readable_byte_count(3 * 1024 * 1024 + 512 * 1024) == "3.5 MiB"
+
+
 def test_the_warning_level_is_a_percentage() -> None:
     with pytest.raises(ValueError, match=r"diskSpaceWarningLevelRatio must be a percentage 1\.\.100.*got 0"):
         MessageStoreConfig(disk_space_warning_level_ratio=0)
@@ -328,9 +341,15 @@ def test_a_broker_on_a_full_disk_refuses_sends_serves_reads_and_loses_nothing(tm
         consumer.commit(mq, 10)  # offsets are not messages: still taken
         assert consumer.committed(mq) == 10
         assert "the broker's disk is full" in "".join(broker.output)
+        info = Admin(broker.endpoint).broker_info()  # RocketMQ's runtime info keys, and the state
+        assert info["diskFull"] == "true" and f"diskSpaceWarningLevelRatio {under}%" in info["diskFullReason"]
+        assert info["diskSpaceWarningLevelRatio"] == str(under)
+        assert 0 < float(info["commitLogDiskRatio"]) <= 1
+        assert info["commitLogDirCapacity"].startswith("Total : ")
         broker.kill()
         broker.extra_args = []
         broker.start()
+        assert Admin(broker.endpoint).broker_info()["diskFull"] == "false"
         with Producer(broker.endpoint) as producer:
             assert producer.send(Message("full", b"after")).queue_offset == 10
         assert [m.body for m in PullConsumer(broker.endpoint, "check").pull(mq, 0, 100).messages] == [

@@ -282,7 +282,7 @@ def parser() -> argparse.ArgumentParser:
         sp.set_defaults(fn=fn)
         return sp
 
-    add("broker", _cmd_broker, "the broker's runtime info (offsets, flush, pending transactions)")
+    add("broker", _cmd_broker, "the broker's runtime info (offsets, flush, disk, pending transactions)")
     add("topics", _cmd_topics, "list topics").add_argument("--all", action="store_true",
                                                            help="include %%RETRY%%/%%DLQ%%/system topics")
     sp = add("create-topic", _cmd_create, "create or update a topic")

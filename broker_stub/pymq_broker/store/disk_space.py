@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -43,6 +44,21 @@ def disk_partition_space(path: Path) -> tuple[int, int]:
     (``df``'s Used and Avail; its Use% is used / (used + available)). (0, 0): it does not say."""
     st = os.statvfs(_existing(path))
     return (st.f_blocks - st.f_bfree) * st.f_frsize, st.f_bavail * st.f_frsize
+
+
+def used_ratio(used: int, available: int) -> float:
+    """RocketMQ's UtilAll.getDiskPartitionSpaceUsedPercent: df's Use%, rounded up, as a fraction
+    (0.19 for 18.2%); -1.0 for a file system that does not say."""
+    total = used + available
+    return -1.0 if total <= 0 else -(-used * 100 // total) / 100
+
+
+def human_readable_byte_count(n: int) -> str:
+    """RocketMQ's MixAll.humanReadableByteCount (binary units): "252.0 GiB"."""
+    if n < 1024:
+        return f"{n} B"
+    exp = min(int(math.log(n, 1024)), 6)
+    return f"{n / 1024 ** exp:.1f} {'KMGTPE'[exp - 1]}iB"
 
 
 def is_disk_full(err: OSError) -> bool:
@@ -130,6 +146,21 @@ class DiskSpaceService:
             budget = min(budget, available - self.reserve_bytes, to_level)
         self._budget = budget
         self._mark_ok()
+
+    def runtime_info(self) -> dict[str, str]:
+        """RocketMQ's disk figures of BrokerRuntimeInfo (its keys), and whether puts are refused."""
+        (cl_used, cl_free), (cq_used, cq_free) = self._space(self.paths[0]), self._space(self.paths[-1])
+        info = {
+            "commitLogDiskRatio": str(used_ratio(cl_used, cl_free)),
+            "consumeQueueDiskRatio": str(used_ratio(cq_used, cq_free)),
+            "commitLogDirCapacity": (f"Total : {human_readable_byte_count(cl_used + cl_free)}, "
+                                     f"Free : {human_readable_byte_count(cl_free)}."),
+            "diskSpaceWarningLevelRatio": str(self.warning_level_ratio),
+            "diskFull": str(self.full).lower(),
+        }
+        if self.full:
+            info["diskFullReason"] = self.remark
+        return info
 
     def mark_full(self, err: OSError) -> None:
         """A write ran out of space (:func:`is_disk_full`): refuse puts until a look finds room."""

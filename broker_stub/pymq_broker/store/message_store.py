@@ -753,6 +753,7 @@ class DefaultMessageStore:
             "flushDiskType": self.config.flush_disk_type,
             "consumeQueues": str(len(self._all_consume_queues())),
             "storePath": str(self.config.store_path_root_dir),
+            **self.disk_space.runtime_info(),
         }
 
 
