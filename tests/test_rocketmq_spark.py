@@ -251,6 +251,25 @@ def test_failed_rows_go_back_to_real_retry_then_dlq(
         .values.tolist() == [[topic, "broker-b", 0, 3, 2, 1]]
     with pytest.raises(PymqError, match="mqadmin"):
         admin.create_topic("nope")
+    # every Admin method answers on a cluster: a read it makes, or an error naming RocketMQ's tools
+    for change in (lambda: admin.purge_dead_letters(group), lambda: admin.resend_dead_letters(group),
+                   lambda: admin.update_group(group, retry_max_times=3),
+                   lambda: admin.create_user("u", "p"), lambda: admin.delete_acl("User:u")):
+        with pytest.raises(PymqError, match=r"changes an Apache RocketMQ cluster.*mqadmin") as err:
+            change()
+        assert err.value.code == "NOT_SUPPORTED"
+    for read in (lambda: admin.view_message("0" * 32), lambda: admin.query_message(topic, "k"),
+                 admin.list_users, lambda: admin.topic_config(topic)):
+        with pytest.raises(PymqError, match=r"is not read from an Apache RocketMQ cluster.*mqadmin"):
+            read()
+    assert admin.group_config(group).retry_max_times == 16
+    needed = r"broker_name is needed: the cluster at .* has brokers broker-a, broker-b"
+    with pytest.raises(ValueError, match=needed):
+        admin.broker_info()
+    with pytest.raises(ValueError, match="no broker 'broker-c'"):
+        admin.broker_info("broker-c")
+    info = admin.broker_info("broker-b")
+    assert info["endpoint"] == c.broker_addrs["broker-b"] and info["brokerVersionDesc"] == "V5_3_3"
 
 
 def test_bad_options_and_unreachable_name_server_are_named(

@@ -442,8 +442,16 @@ class Admin:
         if topic in self.topic_names(include_system=True):
             self._client.delete_topic(pymq_pb2.DeleteTopicRequest(topic=topic))
 
-    def broker_info(self) -> dict[str, str]:
+    def broker_info(self, broker_name: str | None = None) -> dict[str, str]:
+        """The broker's runtime info (what ``mqadmin brokerStatus`` shows, RocketMQ's keys):
+        ``commitLogMinOffset``, ``commitLogMaxOffset``, ``commitLogDiskRatio``, ``diskFull``, ...
+
+        ``broker_name``: which broker (None: this one; a cluster of several needs it).
+        """
         resp = self._client.broker_runtime_info(pymq_pb2.BrokerRuntimeInfoRequest())
+        if broker_name is not None and broker_name != resp.broker_name:
+            raise ValueError(f"broker_name {broker_name!r}: this Admin talks to broker {resp.broker_name!r} "
+                             f"at {self.endpoint}")
         return {"broker_name": resp.broker_name, "endpoint": resp.endpoint, **dict(resp.info)}
 
     # -- users and ACLs (ACL 2.0; a Super user's business) ------------------------------------

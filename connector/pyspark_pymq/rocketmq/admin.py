@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 from pymq_proto.topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX, is_retry_topic
 
 from ..backend.base import BackendConfig, QueueBounds, open_backend
-from ..client.admin import DLQ_BROWSER_GROUP, Admin, _frame
+from ..client.admin import DLQ_BROWSER_GROUP, Admin, GroupConfig, TopicConfig, _frame
 from ..client.consumer import PullConsumer, dlq_topic
-from ..client.message import MessageQueue
+from ..client.message import MessageExt, MessageQueue
 from ..errors import PymqError, TopicNotExistError
 
 if TYPE_CHECKING:
@@ -80,11 +80,74 @@ class RocketMQAdmin(Admin):
             code="NOT_SUPPORTED",
         )
 
+    def _not_read(self, what: str) -> PymqError:
+        return PymqError(
+            f"{what} is not read from an Apache RocketMQ cluster by pymq's Admin: use RocketMQ's tools "
+            f"(mqadmin, RocketMQ Dashboard) with namesrvAddr {self.endpoint}",
+            code="NOT_SUPPORTED",
+        )
+
     def create_topic(self, name: str, queues: int = 4, **_: Any) -> Any:
         raise self._not_here(f"create_topic({name!r})")
 
     def delete_topic(self, name: str) -> None:
         raise self._not_here(f"delete_topic({name!r})")
+
+    def update_group(self, group: str, *_: Any, **__: Any) -> Any:
+        raise self._not_here(f"update_group({group!r})")
+
+    def resend_dead_letters(self, group: str, *_: Any, **__: Any) -> int:
+        raise self._not_here(f"resend_dead_letters({group!r})")
+
+    def purge_dead_letters(self, group: str) -> None:
+        raise self._not_here(f"purge_dead_letters({group!r})")
+
+    def create_user(self, username: str, *_: Any, **__: Any) -> None:
+        raise self._not_here(f"create_user({username!r})")
+
+    def update_user(self, username: str, *_: Any, **__: Any) -> None:
+        raise self._not_here(f"update_user({username!r})")
+
+    def delete_user(self, username: str) -> None:
+        raise self._not_here(f"delete_user({username!r})")
+
+    def create_acl(self, subject: str, *_: Any, **__: Any) -> None:
+        raise self._not_here(f"create_acl({subject!r})")
+
+    def delete_acl(self, subject: str, *_: Any, **__: Any) -> None:
+        raise self._not_here(f"delete_acl({subject!r})")
+
+    def list_users(self, *_: Any, **__: Any) -> pd.DataFrame:
+        raise self._not_read("list_users()")
+
+    def list_acls(self, *_: Any, **__: Any) -> pd.DataFrame:
+        raise self._not_read("list_acls()")
+
+    def topic_config(self, name: str) -> TopicConfig:
+        raise self._not_read(f"topic_config({name!r})")
+
+    def view_message(self, msg_id: str, topic: str | None = None) -> MessageExt:
+        raise self._not_read(f"view_message({msg_id!r})")
+
+    def query_message(self, topic: str, key: str, *_: Any, **__: Any) -> list[MessageExt]:
+        raise self._not_read(f"query_message({topic!r}, {key!r})")
+
+    # -- brokers ------------------------------------------------------------------------------
+
+    def broker_info(self, broker_name: str | None = None) -> dict[str, str]:
+        """A broker's runtime info, as ``mqadmin brokerStatus`` shows it (GET_BROKER_RUNTIME_INFO):
+        ``commitLogDiskRatio``, ``commitLogMaxOffset``, ``brokerVersionDesc``, ...
+
+        ``broker_name``: which broker; it may be left out when the cluster has one.
+        """
+        addrs = self._namesrv.get_broker_addrs()
+        if broker_name is None and len(addrs) == 1:
+            broker_name = next(iter(addrs))
+        if broker_name not in addrs:
+            what = "broker_name is needed" if broker_name is None else f"no broker {broker_name!r}"
+            raise ValueError(f"{what}: the cluster at {self.endpoint} has brokers {', '.join(sorted(addrs))}")
+        addr = addrs[broker_name]
+        return {"broker_name": broker_name, "endpoint": addr, **self._api.get_broker_runtime_info(addr)}
 
     # -- topics -------------------------------------------------------------------------------
 
@@ -144,6 +207,17 @@ class RocketMQAdmin(Admin):
                              "last_store_timestamp"])
 
     # -- groups -------------------------------------------------------------------------------
+
+    def group_config(self, group: str) -> GroupConfig:
+        """The settings of ``group`` on the first broker that has it (RocketMQ's defaults for a
+        group no broker has met)."""
+        cfg: dict[str, Any] = {}
+        for addr in self._namesrv.get_broker_addrs().values():
+            cfg = self._api.get_all_subscription_groups(addr).get(group) or {}
+            if cfg:
+                break
+        return GroupConfig(group, int(cfg.get("retryMaxTimes", 16)), int(cfg.get("retryQueueNums", 1)),
+                           str(cfg.get("consumeFromWhere", "") or ""), bool(cfg.get("consumeMessageOrderly")))
 
     def groups(self) -> pd.DataFrame:
         """Every consumer group the brokers know, with its retry settings (RocketMQ's own

@@ -1051,6 +1051,15 @@ class MQClientAPI:
             for mq, v in table.items()
         }
 
+    def get_broker_runtime_info(self, addr: str) -> dict[str, str]:
+        """What ``mqadmin brokerStatus`` shows (GET_BROKER_RUNTIME_INFO): offsets, disk, queues."""
+        request = RemotingCommand(RequestCode.GET_BROKER_RUNTIME_INFO)
+        response = self.remoting.invoke_sync(addr, request, self.timeout_s)
+        if response.code != ResponseCode.SUCCESS:
+            raise response_error(response, addr, "GET_BROKER_RUNTIME_INFO")
+        doc: Any = loads_fastjson(response.body) if response.body else {}
+        return {str(k): str(v) for k, v in (doc.get("table") or {}).items()}
+
     def get_all_subscription_groups(self, addr: str) -> dict[str, dict[str, Any]]:
         """Every consumer group's configuration on this broker (GET_ALL_SUBSCRIPTIONGROUP_CONFIG)."""
         request = RemotingCommand(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG)

@@ -101,6 +101,7 @@ class RequestCode:
     GET_MAX_OFFSET: Final = 30
     GET_MIN_OFFSET: Final = 31
     GET_EARLIEST_MSG_STORETIME: Final = 32
+    GET_BROKER_RUNTIME_INFO: Final = 28
     VIEW_MESSAGE_BY_ID: Final = 33
     HEART_BEAT: Final = 34
     UNREGISTER_CLIENT: Final = 35
