@@ -10,14 +10,15 @@ groups, dead-letter re-sends) stays with RocketMQ's own tools.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pymq_proto.topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX, is_retry_topic
 
 from ..backend.base import BackendConfig, QueueBounds, open_backend
-from ..client.admin import DLQ_BROWSER_GROUP, Admin, GroupConfig, TopicConfig, _frame
+from ..client.admin import DLQ_BROWSER_GROUP, Admin, GroupConfig, _frame
 from ..client.consumer import PullConsumer, dlq_topic
-from ..client.message import MessageExt, MessageQueue
+from ..client.message import MessageQueue
 from ..errors import PymqError, TopicNotExistError
 
 if TYPE_CHECKING:
@@ -38,6 +39,17 @@ _SYSTEM_TOPICS = frozenset({
 def is_system_topic(topic: str, cluster_topics: frozenset[str] = frozenset()) -> bool:
     """RocketMQ's own topics (and the topics named after clusters and brokers)."""
     return topic in _SYSTEM_TOPICS or topic in cluster_topics or topic.startswith(_SYSTEM_PREFIXES)
+
+
+def _refused(name: str, *, changes: bool) -> Callable[..., Any]:
+    """An Admin method a cluster does not answer here: it raises NOT_SUPPORTED naming its call."""
+
+    def refused(self: RocketMQAdmin, *args: Any, **_: Any) -> Any:
+        call = f"{name}({', '.join(repr(a) for a in args[:2])})"
+        raise self._not_here(call) if changes else self._not_read(call)
+
+    refused.__name__ = refused.__qualname__ = name
+    return refused
 
 
 class RocketMQAdmin(Admin):
@@ -87,50 +99,23 @@ class RocketMQAdmin(Admin):
             code="NOT_SUPPORTED",
         )
 
-    def create_topic(self, name: str, queues: int = 4, **_: Any) -> Any:
-        raise self._not_here(f"create_topic({name!r})")
-
-    def delete_topic(self, name: str) -> None:
-        raise self._not_here(f"delete_topic({name!r})")
-
-    def update_group(self, group: str, *_: Any, **__: Any) -> Any:
-        raise self._not_here(f"update_group({group!r})")
-
-    def resend_dead_letters(self, group: str, *_: Any, **__: Any) -> int:
-        raise self._not_here(f"resend_dead_letters({group!r})")
-
-    def purge_dead_letters(self, group: str) -> None:
-        raise self._not_here(f"purge_dead_letters({group!r})")
-
-    def create_user(self, username: str, *_: Any, **__: Any) -> None:
-        raise self._not_here(f"create_user({username!r})")
-
-    def update_user(self, username: str, *_: Any, **__: Any) -> None:
-        raise self._not_here(f"update_user({username!r})")
-
-    def delete_user(self, username: str) -> None:
-        raise self._not_here(f"delete_user({username!r})")
-
-    def create_acl(self, subject: str, *_: Any, **__: Any) -> None:
-        raise self._not_here(f"create_acl({subject!r})")
-
-    def delete_acl(self, subject: str, *_: Any, **__: Any) -> None:
-        raise self._not_here(f"delete_acl({subject!r})")
-
-    def list_users(self, *_: Any, **__: Any) -> pd.DataFrame:
-        raise self._not_read("list_users()")
-
-    def list_acls(self, *_: Any, **__: Any) -> pd.DataFrame:
-        raise self._not_read("list_acls()")
-
-    def topic_config(self, name: str) -> TopicConfig:
-        raise self._not_read(f"topic_config({name!r})")
-
-    def view_message(self, msg_id: str, topic: str | None = None) -> MessageExt:
-        raise self._not_read(f"view_message({msg_id!r})")
-
-    def query_message(self, topic: str, key: str, *_: Any, **__: Any) -> list[MessageExt]:
-        raise self._not_read(f"query_message({topic!r}, {key!r})")
+    # What changes the cluster stays with RocketMQ's tools, and the reads pymq does not make of
+    # it say so too (NOT_SUPPORTED, naming the tools), not an AttributeError of the pymq client.
+    create_topic = _refused("create_topic", changes=True)
+    delete_topic = _refused("delete_topic", changes=True)
+    update_group = _refused("update_group", changes=True)
+    resend_dead_letters = _refused("resend_dead_letters", changes=True)
+    purge_dead_letters = _refused("purge_dead_letters", changes=True)
+    create_user = _refused("create_user", changes=True)
+    update_user = _refused("update_user", changes=True)
+    delete_user = _refused("delete_user", changes=True)
+    create_acl = _refused("create_acl", changes=True)
+    delete_acl = _refused("delete_acl", changes=True)
+    list_users = _refused("list_users", changes=False)
+    list_acls = _refused("list_acls", changes=False)
+    topic_config = _refused("topic_config", changes=False)
+    view_message = _refused("view_message", changes=False)
+    query_message = _refused("query_message", changes=False)
 
     # -- brokers ------------------------------------------------------------------------------
 
