@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from helpers import unique
 from pyspark_pymq import Message, Producer, PullConsumer
 from pyspark_pymq.admin_cli import main, render_table
 
@@ -43,3 +46,31 @@ def test_render_table_aligns_columns() -> None:
     lines = text.splitlines()
     assert lines[0].index("bb") == lines[2].index("x") == lines[3].index("yyyy")
     assert render_table([], ["a"]) == "(none)"
+
+
+def test_admin_cli_reads_an_apache_rocketmq_cluster(
+    rocketmq_cluster: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``-n`` as mqadmin takes it: the same tables from a real 2-broker cluster, its changes refused."""
+    ns = rocketmq_cluster.namesrv_addr
+    topic = unique("cli-rmq")
+    rocketmq_cluster.create_topic(topic, 1)
+    assert main(["-n", ns, "send", topic, "--count", "30", "--size", "20", "--batch", "10"]) == 0
+    assert "30 message(s) sent" in capsys.readouterr().out
+    assert main(["-n", ns, "topic-stats", topic]) == 0
+    stats = capsys.readouterr().out
+    assert "broker-a" in stats and "broker-b" in stats
+    assert main(["-n", ns, "tail", topic, "--last", "2"]) == 0
+    assert capsys.readouterr().out.count(f"{topic}@") == 4  # the last two of each broker's queue
+    assert main(["-n", ns, "broker"]) == 0
+    out = capsys.readouterr().out
+    assert "[broker-a]" in out and "[broker-b]" in out and out.count("brokerVersionDesc") == 2
+    assert main(["-n", ns, "broker", "--broker-name", "broker-b"]) == 0
+    info = {k: v for k, _, v in (line.partition(" ") for line in capsys.readouterr().out.splitlines())}
+    assert info["broker_name"].strip() == "broker-b" and info["brokerVersionDesc"].strip() == "V5_3_3"
+    assert main(["-n", ns, "create-topic", "nope"]) == 1
+    assert "changes an Apache RocketMQ cluster" in capsys.readouterr().err
+    assert main(["-n", ns, "-e", "127.0.0.1:1", "topics"]) == 2
+    assert "both are set" in capsys.readouterr().err
+    assert main(["-n", ns, "--tls-ca-file", "ca.pem", "topics"]) == 2
+    assert "not --namesrv-addr" in capsys.readouterr().err

@@ -12,6 +12,10 @@
     pymq-admin -e 127.0.0.1:8081 acl create User:alice --resource Topic:orders --action Pub,Sub
     pymq-admin -e 127.0.0.1:8081 acl list [--subject User:alice] | delete User:alice [--resource R]
 
+An Apache RocketMQ cluster is read with ``-n host:9876`` (``--namesrv-addr``, or PYMQ_NAMESRV_ADDR),
+as ``mqadmin`` takes it: topics, topic-stats, progress, dead-letters, tail, broker (every broker,
+or ``--broker-name``); what changes the cluster stays with ``mqadmin``.
+
 The endpoint can also come from PYMQ_ENDPOINT; a broker with authentication on takes
 ``--access-key`` (or PYMQ_ACCESS_KEY) and the secret key from PYMQ_SECRET_KEY (or
 ``--secret-key``, which other users of the machine can see in the process list); a TLS
@@ -170,7 +174,7 @@ def _cmd_send(admin: Admin, a: argparse.Namespace) -> None:
     body = b"x" * a.size
     bar = ProgressBar(a.count, f"sending to {a.topic}")
     done = 0
-    with Producer(admin.endpoint, **a.security) as producer:
+    with Producer(**a.target, **a.security) as producer:
         while done < a.count:
             n = min(a.batch, a.count - done)
             producer.send_batch([Message(a.topic, body, tags=a.tags) for _ in range(n)])
@@ -181,7 +185,7 @@ def _cmd_send(admin: Admin, a: argparse.Namespace) -> None:
 
 
 def _cmd_tail(admin: Admin, a: argparse.Namespace) -> None:
-    consumer = PullConsumer(admin.endpoint, a.group, **a.security)
+    consumer = PullConsumer(group=a.group, **a.target, **a.security)
     for mq in consumer.queues(a.topic):
         end = consumer.max_offset(mq)
         start = max(consumer.min_offset(mq), end - a.last)
@@ -190,8 +194,12 @@ def _cmd_tail(admin: Admin, a: argparse.Namespace) -> None:
 
 
 def _cmd_broker(admin: Admin, a: argparse.Namespace) -> None:
-    for name, value in sorted(admin.broker_info().items()):
-        print(f"{name:24} {value}")
+    names = [a.broker_name] if a.broker_name else admin.broker_names()
+    for i, broker in enumerate(names):
+        if len(names) > 1:
+            print(("\n" if i else "") + f"[{broker}]")
+        for name, value in sorted(admin.broker_info(broker).items()):
+            print(f"{name:24} {value}")
 
 
 def _split(values: Sequence[str] | None) -> list[str]:
@@ -267,6 +275,9 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pymq-admin", description="Administer a pymq broker.")
     p.add_argument("-e", "--endpoint", default=os.environ.get("PYMQ_ENDPOINT"),
                    help="broker host:port (default: $PYMQ_ENDPOINT)")
+    p.add_argument("-n", "--namesrv-addr", default=os.environ.get("PYMQ_NAMESRV_ADDR"),
+                   help="an Apache RocketMQ cluster's name servers, host:9876[;host2:9876], read only "
+                        "(default: $PYMQ_NAMESRV_ADDR)")
     p.add_argument("--access-key", default=os.environ.get("PYMQ_ACCESS_KEY"),
                    help="user of a broker with authentication (default: $PYMQ_ACCESS_KEY)")
     p.add_argument("--secret-key", default=os.environ.get("PYMQ_SECRET_KEY"),
@@ -282,7 +293,8 @@ def parser() -> argparse.ArgumentParser:
         sp.set_defaults(fn=fn)
         return sp
 
-    add("broker", _cmd_broker, "the broker's runtime info (offsets, flush, disk, pending transactions)")
+    add("broker", _cmd_broker, "the broker's runtime info (offsets, flush, disk, pending transactions)") \
+        .add_argument("--broker-name", help="one broker of a RocketMQ cluster (default: every one)")
     add("topics", _cmd_topics, "list topics").add_argument("--all", action="store_true",
                                                            help="include %%RETRY%%/%%DLQ%%/system topics")
     sp = add("create-topic", _cmd_create, "create or update a topic")
@@ -332,15 +344,23 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if not args.endpoint:
-        print("pymq-admin: give --endpoint host:port (or set PYMQ_ENDPOINT)", file=sys.stderr)
+    if bool(args.endpoint) == bool(args.namesrv_addr):
+        print("pymq-admin: give --endpoint host:port of a pymq broker (or set PYMQ_ENDPOINT), or "
+              "--namesrv-addr host:9876 of an Apache RocketMQ cluster (or PYMQ_NAMESRV_ADDR); "
+              f"{'both are' if args.endpoint else 'neither is'} set", file=sys.stderr)
+        return 2
+    if args.namesrv_addr and (args.tls_ca_file or args.tls_cert_file or args.tls_key_file):
+        print("pymq-admin: the --tls-* options are for a pymq broker (--endpoint), not --namesrv-addr",
+              file=sys.stderr)
         return 2
     try:
-        args.security = {
-            "access_key": args.access_key, "secret_key": args.secret_key,
-            "tls": client_tls(None, args.tls_ca_file, args.tls_cert_file, args.tls_key_file),
-        }
-        args.fn(Admin(args.endpoint, **args.security), args)
+        args.security = {"access_key": args.access_key, "secret_key": args.secret_key}
+        if args.namesrv_addr:
+            args.target = {"namesrv_addr": args.namesrv_addr}
+        else:
+            args.target = {"endpoint": args.endpoint}
+            args.security["tls"] = client_tls(None, args.tls_ca_file, args.tls_cert_file, args.tls_key_file)
+        args.fn(Admin(**args.target, **args.security), args)
     except (PymqError, ValueError, TypeError) as err:
         print(f"pymq-admin: {err}", file=sys.stderr)
         return 1

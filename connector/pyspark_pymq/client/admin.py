@@ -442,6 +442,10 @@ class Admin:
         if topic in self.topic_names(include_system=True):
             self._client.delete_topic(pymq_pb2.DeleteTopicRequest(topic=topic))
 
+    def broker_names(self) -> list[str]:
+        """The brokers this Admin reads (one for a pymq broker)."""
+        return [self._broker_name()]
+
     def broker_info(self, broker_name: str | None = None) -> dict[str, str]:
         """The broker's runtime info (what ``mqadmin brokerStatus`` shows, RocketMQ's keys):
         ``commitLogMinOffset``, ``commitLogMaxOffset``, ``commitLogDiskRatio``, ``diskFull``, ...

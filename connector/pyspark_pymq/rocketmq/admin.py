@@ -119,6 +119,10 @@ class RocketMQAdmin(Admin):
 
     # -- brokers ------------------------------------------------------------------------------
 
+    def broker_names(self) -> list[str]:
+        """The cluster's brokers, as its name servers list them now."""
+        return sorted(self._namesrv.get_broker_addrs())
+
     def broker_info(self, broker_name: str | None = None) -> dict[str, str]:
         """A broker's runtime info, as ``mqadmin brokerStatus`` shows it (GET_BROKER_RUNTIME_INFO):
         ``commitLogDiskRatio``, ``commitLogMaxOffset``, ``brokerVersionDesc``, ...
