@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from helpers import unique
-from pyspark_pymq import Message, Producer, PullConsumer
+from pyspark_pymq import Admin, Message, Producer, PullConsumer
 from pyspark_pymq.admin_cli import main, render_table
 
 
@@ -70,7 +70,27 @@ def test_admin_cli_reads_an_apache_rocketmq_cluster(
     assert info["broker_name"].strip() == "broker-b" and info["brokerVersionDesc"].strip() == "V5_3_3"
     assert main(["-n", ns, "create-topic", "nope"]) == 1
     assert "changes an Apache RocketMQ cluster" in capsys.readouterr().err
+    assert main(["-n", ns, "user", "create", "alice", "--password", "S3cr3t!"]) == 1
+    err = capsys.readouterr().err
+    assert "create_user('alice')" in err and "S3cr3t!" not in err  # a password is never echoed
     assert main(["-n", ns, "-e", "127.0.0.1:1", "topics"]) == 2
-    assert "both are set" in capsys.readouterr().err
+    assert "not both" in capsys.readouterr().err
     assert main(["-n", ns, "--tls-ca-file", "ca.pem", "topics"]) == 2
     assert "not --namesrv-addr" in capsys.readouterr().err
+    # a group's settings as the broker keeps them (mqadmin updateSubGroup), not the defaults
+    group = unique("cli-group")
+    rocketmq_cluster.mqadmin("updateSubGroup", "-c", rocketmq_cluster.cluster_name, "-g", group, "-r", "5")
+    assert Admin(namesrv_addr=ns).group_config(group).retry_max_times == 5
+    assert repr(Admin(namesrv_addr=ns)) == f"RocketMQAdmin(namesrv_addr={ns!r})"
+
+
+def test_a_flag_wins_over_the_other_targets_environment_variable(
+    endpoint: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PYMQ_NAMESRV_ADDR", "127.0.0.1:1")
+    assert main(["-e", endpoint, "topics"]) == 0  # -e: PYMQ_NAMESRV_ADDR (for Spark jobs, say) left alone
+    monkeypatch.setenv("PYMQ_ENDPOINT", endpoint)
+    assert main(["topics"]) == 2
+    assert "PYMQ_ENDPOINT and PYMQ_NAMESRV_ADDR are both set" in capsys.readouterr().err
+    monkeypatch.delenv("PYMQ_NAMESRV_ADDR")
+    assert main(["topics"]) == 0

@@ -14,7 +14,10 @@
 
 An Apache RocketMQ cluster is read with ``-n host:9876`` (``--namesrv-addr``, or PYMQ_NAMESRV_ADDR),
 as ``mqadmin`` takes it: topics, topic-stats, progress, dead-letters, tail, broker (every broker,
-or ``--broker-name``); what changes the cluster stays with ``mqadmin``.
+or ``--broker-name``), and send writes test messages; what changes the cluster stays with
+``mqadmin``. (tail and dead-letters pull as the groups PYMQ_ADMIN_TAIL and PYMQ_DLQ_BROWSER, which
+a broker with autoCreateSubscriptionGroup=true, RocketMQ's default, then knows.) A flag wins
+over the other one's environment variable.
 
 The endpoint can also come from PYMQ_ENDPOINT; a broker with authentication on takes
 ``--access-key`` (or PYMQ_ACCESS_KEY) and the secret key from PYMQ_SECRET_KEY (or
@@ -195,11 +198,22 @@ def _cmd_tail(admin: Admin, a: argparse.Namespace) -> None:
 
 def _cmd_broker(admin: Admin, a: argparse.Namespace) -> None:
     names = [a.broker_name] if a.broker_name else admin.broker_names()
+    if not names:
+        raise ValueError(f"no broker is registered with the name servers at {admin.endpoint}")
+    failed = []
     for i, broker in enumerate(names):
         if len(names) > 1:
             print(("\n" if i else "") + f"[{broker}]")
-        for name, value in sorted(admin.broker_info(broker).items()):
+        try:  # as mqadmin brokerStatus: a broker that does not answer does not hide the others
+            info = admin.broker_info(broker)
+        except PymqError as err:
+            print(f"pymq-admin: {err}", file=sys.stderr)
+            failed.append(broker)
+            continue
+        for name, value in sorted(info.items()):
             print(f"{name:24} {value}")
+    if failed:
+        raise PymqError(f"broker(s) {', '.join(failed)} did not answer", code="BROKER_UNAVAILABLE")
 
 
 def _split(values: Sequence[str] | None) -> list[str]:
@@ -273,11 +287,10 @@ def _add_user_and_acl(sub: Any) -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pymq-admin", description="Administer a pymq broker.")
-    p.add_argument("-e", "--endpoint", default=os.environ.get("PYMQ_ENDPOINT"),
-                   help="broker host:port (default: $PYMQ_ENDPOINT)")
-    p.add_argument("-n", "--namesrv-addr", default=os.environ.get("PYMQ_NAMESRV_ADDR"),
-                   help="an Apache RocketMQ cluster's name servers, host:9876[;host2:9876], read only "
-                        "(default: $PYMQ_NAMESRV_ADDR)")
+    p.add_argument("-e", "--endpoint", help="broker host:port (default: $PYMQ_ENDPOINT)")
+    p.add_argument("-n", "--namesrv-addr",
+                   help="an Apache RocketMQ cluster's name servers, host:9876[;host2:9876]: the commands "
+                        "that read it, send and tail (default: $PYMQ_NAMESRV_ADDR)")
     p.add_argument("--access-key", default=os.environ.get("PYMQ_ACCESS_KEY"),
                    help="user of a broker with authentication (default: $PYMQ_ACCESS_KEY)")
     p.add_argument("--secret-key", default=os.environ.get("PYMQ_SECRET_KEY"),
@@ -342,12 +355,28 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _pick_target(args: argparse.Namespace) -> str | None:
+    """A pymq broker (``-e``) or a RocketMQ cluster (``-n``): a flag wins over the other's
+    environment variable. What is wrong, or None."""
+    if args.endpoint and args.namesrv_addr:
+        return "give --endpoint (a pymq broker) or --namesrv-addr (an Apache RocketMQ cluster), not both"
+    if not args.endpoint and not args.namesrv_addr:
+        env_endpoint, env_namesrv = os.environ.get("PYMQ_ENDPOINT"), os.environ.get("PYMQ_NAMESRV_ADDR")
+        if env_endpoint and env_namesrv:
+            return ("PYMQ_ENDPOINT and PYMQ_NAMESRV_ADDR are both set: say which with --endpoint or "
+                    "--namesrv-addr")
+        args.endpoint, args.namesrv_addr = env_endpoint, env_namesrv
+    if not args.endpoint and not args.namesrv_addr:
+        return ("give --endpoint host:port of a pymq broker (or set PYMQ_ENDPOINT), or --namesrv-addr "
+                "host:9876 of an Apache RocketMQ cluster (or PYMQ_NAMESRV_ADDR)")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if bool(args.endpoint) == bool(args.namesrv_addr):
-        print("pymq-admin: give --endpoint host:port of a pymq broker (or set PYMQ_ENDPOINT), or "
-              "--namesrv-addr host:9876 of an Apache RocketMQ cluster (or PYMQ_NAMESRV_ADDR); "
-              f"{'both are' if args.endpoint else 'neither is'} set", file=sys.stderr)
+    problem = _pick_target(args)
+    if problem:
+        print(f"pymq-admin: {problem}", file=sys.stderr)
         return 2
     if args.namesrv_addr and (args.tls_ca_file or args.tls_cert_file or args.tls_key_file):
         print("pymq-admin: the --tls-* options are for a pymq broker (--endpoint), not --namesrv-addr",

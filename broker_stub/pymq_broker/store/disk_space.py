@@ -31,6 +31,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -54,11 +55,12 @@ def used_ratio(used: int, available: int) -> float:
 
 
 def human_readable_byte_count(n: int) -> str:
-    """RocketMQ's MixAll.humanReadableByteCount (binary units): "252.0 GiB"."""
+    """RocketMQ's MixAll.humanReadableByteCount (binary units, Java's half-up rounding): "252.0 GiB"."""
     if n < 1024:
         return f"{n} B"
     exp = min(int(math.log(n, 1024)), 6)
-    return f"{n / 1024 ** exp:.1f} {'KMGTPE'[exp - 1]}iB"
+    value = Decimal(n / 1024**exp).quantize(Decimal("0.1"), ROUND_HALF_UP)
+    return f"{value} {'KMGTPE'[exp - 1]}iB"
 
 
 def is_disk_full(err: OSError) -> bool:
@@ -148,18 +150,26 @@ class DiskSpaceService:
         self._mark_ok()
 
     def runtime_info(self) -> dict[str, str]:
-        """RocketMQ's disk figures of BrokerRuntimeInfo (its keys), and whether puts are refused."""
-        (cl_used, cl_free), (cq_used, cq_free) = self._space(self.paths[0]), self._space(self.paths[-1])
-        info = {
-            "commitLogDiskRatio": str(used_ratio(cl_used, cl_free)),
-            "consumeQueueDiskRatio": str(used_ratio(cq_used, cq_free)),
-            "commitLogDirCapacity": (f"Total : {human_readable_byte_count(cl_used + cl_free)}, "
-                                     f"Free : {human_readable_byte_count(cl_free)}."),
-            "diskSpaceWarningLevelRatio": str(self.warning_level_ratio),
-            "diskFull": str(self.full).lower(),
-        }
+        """The disk figures of RocketMQ's BrokerRuntimeInfo (``commitLogDiskRatio``, its per-path
+        ``commitLogDiskRatio_<path>``, ``consumeQueueDiskRatio``, ``commitLogDirCapacity`` of the
+        store's root, in RocketMQ's formats) and pymq's own ``diskSpaceWarningLevelRatio``,
+        ``diskFull`` and ``diskFullReason``."""
+        info = {"diskSpaceWarningLevelRatio": str(self.warning_level_ratio),
+                "diskFull": str(self.full).lower()}
         if self.full:
             info["diskFullReason"] = self.remark
+        try:
+            commit_log, consume_queue = self.paths[0], self.paths[-1]
+            ratio = str(used_ratio(*self._space(commit_log)))
+            info["commitLogDiskRatio"] = info[f"commitLogDiskRatio_{commit_log}"] = ratio
+            info["consumeQueueDiskRatio"] = str(used_ratio(*self._space(consume_queue)))
+            # RocketMQ: File.getTotalSpace() / getFreeSpace() of storePathRootDir (blocks reserved
+            # for root count as free there)
+            st = os.statvfs(_existing(commit_log.parent))
+            total, free = (human_readable_byte_count(n * st.f_frsize) for n in (st.f_blocks, st.f_bfree))
+            info["commitLogDirCapacity"] = f"Total : {total}, Free : {free}."
+        except OSError as err:  # the figures are left out; the rest of the runtime info still answers
+            log.warning("cannot read the free space of the store: %s", err)
         return info
 
     def mark_full(self, err: OSError) -> None:

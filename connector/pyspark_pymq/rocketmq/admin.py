@@ -45,7 +45,8 @@ def _refused(name: str, *, changes: bool) -> Callable[..., Any]:
     """An Admin method a cluster does not answer here: it raises NOT_SUPPORTED naming its call."""
 
     def refused(self: RocketMQAdmin, *args: Any, **_: Any) -> Any:
-        call = f"{name}({', '.join(repr(a) for a in args[:2])})"
+        # the first argument only (a topic, group, user or subject): a later one may be a password
+        call = f"{name}({args[0]!r})" if args else f"{name}()"
         raise self._not_here(call) if changes else self._not_read(call)
 
     refused.__name__ = refused.__qualname__ = name
@@ -75,6 +76,8 @@ class RocketMQAdmin(Admin):
 
         if not namesrv_addr:
             raise ValueError("RocketMQAdmin needs namesrv_addr ('host:9876;host2:9876')")
+        if (access_key is None) != (secret_key is None):
+            raise ValueError("give both access_key and secret_key (RocketMQ's ACL credentials), or neither")
         backend = open_backend(BackendConfig(None, namesrv_addr, access_key, secret_key), timeout_ms / 1000.0)
         assert isinstance(backend, RocketMQBackend)
         self._backend = backend
@@ -84,6 +87,9 @@ class RocketMQAdmin(Admin):
     @property
     def endpoint(self) -> str:
         return self._backend.config.address
+
+    def __repr__(self) -> str:
+        return f"RocketMQAdmin(namesrv_addr={self.endpoint!r})"
 
     def _not_here(self, what: str) -> PymqError:
         return PymqError(
@@ -134,7 +140,8 @@ class RocketMQAdmin(Admin):
             broker_name = next(iter(addrs))
         if broker_name not in addrs:
             what = "broker_name is needed" if broker_name is None else f"no broker {broker_name!r}"
-            raise ValueError(f"{what}: the cluster at {self.endpoint} has brokers {', '.join(sorted(addrs))}")
+            has = f"has brokers {', '.join(sorted(addrs))}" if addrs else "has no broker registered"
+            raise ValueError(f"{what}: the cluster at {self.endpoint} {has}")
         addr = addrs[broker_name]
         return {"broker_name": broker_name, "endpoint": addr, **self._api.get_broker_runtime_info(addr)}
 
