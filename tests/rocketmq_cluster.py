@@ -7,7 +7,6 @@ import base64
 import contextlib
 import ctypes
 import json
-import math
 import os
 import random
 import re
@@ -21,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from pymq_broker.store.disk_space import disk_partition_space
+from pymq_broker.store.disk_space import disk_partition_space, used_ratio
 
 ROCKETMQ_VERSION = "5.3.3"
 ROOT = Path(__file__).resolve().parent.parent
@@ -259,12 +258,10 @@ class RocketMQCluster:
         # RocketMQ refuses every send above 90% of its disk used, whatever the broker.conf says
         # (DefaultMessageStore caps diskSpaceWarningLevelRatio at 0.90): one clear error up front
         # instead of every test failing on SERVICE_NOT_AVAILABLE.
-        used, available = disk_partition_space(self.base_dir)
-        # RocketMQ's UtilAll.getDiskPartitionSpaceUsedPercent: df's Use%, rounded up
-        percent = math.ceil(100 * used / max(1, used + available))
-        if percent > _ROCKETMQ_DISK_FULL_PERCENT - 1:  # a point of margin for what the tests write
+        ratio = used_ratio(*disk_partition_space(self.base_dir))  # RocketMQ's own figure
+        if ratio * 100 > _ROCKETMQ_DISK_FULL_PERCENT - 1:  # a point of margin for what the tests write
             raise RuntimeError(
-                f"the disk holding {self.base_dir} is {percent}% used: Apache RocketMQ refuses "
+                f"the disk holding {self.base_dir} is {ratio:.0%} used: Apache RocketMQ refuses "
                 f"sends above {_ROCKETMQ_DISK_FULL_PERCENT}% (diskSpaceWarningLevelRatio, capped there); "
                 "free space on it first"
             )
