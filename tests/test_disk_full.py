@@ -307,6 +307,8 @@ def test_the_warning_level_is_a_percentage() -> None:
         MessageStoreConfig(disk_space_warning_level_ratio=0)
     with pytest.raises(ValueError, match="got 101"):
         MessageStoreConfig(disk_space_warning_level_ratio=101)
+    with pytest.raises(TypeError, match=r"an int percentage 1\.\.100, got '95'"):
+        MessageStoreConfig(disk_space_warning_level_ratio="95")  # type: ignore[arg-type]
     assert MessageStoreConfig().disk_space_warning_level_ratio == 90  # RocketMQ's default
     args = parser().parse_args(["--data-dir", "d", "--disk-space-warning-level-ratio", "97"])
     assert args.disk_space_warning_level_ratio == 97

@@ -80,6 +80,9 @@ class MessageStoreConfig:
                 "accessMessageInMemoryMaxRatio must be a percentage 0..100, got "
                 f"{self.access_message_in_memory_max_ratio}"
             )
+        if type(self.disk_space_warning_level_ratio) is not int:
+            raise TypeError("diskSpaceWarningLevelRatio must be an int percentage 1..100, got "
+                            f"{self.disk_space_warning_level_ratio!r}")
         if not 1 <= self.disk_space_warning_level_ratio <= 100:
             raise ValueError(
                 "diskSpaceWarningLevelRatio must be a percentage 1..100 (100: refuse puts only "

@@ -320,7 +320,7 @@ class NameServerClient:
             return response, addr
         raise BrokerUnavailableError(
             f"no name server answered {what} (namesrvAddr {self.namesrv_addr}): "
-            + "; ".join(failures)
+            + "; ".join(f.rstrip(".") for f in failures)
             + ". Check that the name servers run and namesrvAddr is right."
         )
 
