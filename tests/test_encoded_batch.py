@@ -440,6 +440,43 @@ def test_crc32_of_equal_width_slices_is_zlibs(width: int) -> None:
         crc32_equal_width(np.frombuffer(buf, dtype=np.uint8), starts, 49)
 
 
+def test_store_crc32_is_zlibs() -> None:
+    """ISA-L's CRC-32 where installed, zlib's elsewhere: zlib's values on every buffer the store passes."""
+    import zlib
+
+    from pymq_broker.store.crc32 import crc32
+
+    buf = bytes(range(256)) * 9
+    mv = memoryview(buf)
+    for seed in (0, 1, 0x89ABCDEF, 0xFFFFFFFF):
+        for a, b in ((0, 0), (3, 4), (5, 220), (17, 2000), (0, len(buf))):
+            assert crc32(mv[a:b], seed) == crc32(bytearray(buf[a:b]), seed) == zlib.crc32(buf[a:b], seed)
+
+
+@pytest.mark.parametrize("n", [3, 400])  # a put packed record by record, and one packed by numpy
+def test_stored_crc_is_zlibs_crc_of_each_record_after_its_header(tmp_path: Path, n: int) -> None:
+    import zlib
+
+    from pymq_broker.store.config import MessageStoreConfig
+    from pymq_broker.store.message_store import DefaultMessageStore
+
+    config = MessageStoreConfig(store_path_root_dir=tmp_path, mapped_file_size_commit_log=1 << 20,
+                                max_message_size=1 << 19)
+    store = DefaultMessageStore(config, b"\x7f\0\0\x01\0\0\x27\x10")
+    store.load()
+    props = [b"UNIQ_KEY\x01" + f"{i:032X}".encode() + b"\x02" for i in range(n)]
+    bodies = [bytes([i % 251]) * (i % 300) for i in range(n)]
+    raw, sizes = encode_records("t", bodies, props, born_timestamp=7)
+    assert store.put_records("t", 0, parse_encoded(raw, bytes(sizes), "t")).status.name == "PUT_OK"
+    store.shutdown()
+    log, pos, seen = next((tmp_path / "commitlog").iterdir()).read_bytes(), 0, 0
+    while (size := HEADER.unpack_from(log, pos)[0]) > 0:
+        record = log[pos : pos + size]
+        assert HEADER.unpack_from(record)[2] == zlib.crc32(record[HEADER_SIZE:])
+        pos, seen = pos + size, seen + 1
+    assert seen == n
+
+
 def test_uniq_hashes_of_a_large_batch_are_the_index_key_hashes() -> None:
     from pymq_broker.store.index_service import key_hash, key_seed
 

@@ -50,6 +50,7 @@ from pymq_proto.rocketmq_v2 import definition_pb2 as v2
 from pymq_proto.topics import is_retry_topic
 
 from ..common.mix_all import topic_name_problem
+from ..store.crc32 import crc32
 from .proxy_config import ProxyConfig
 from .status import ProxyException
 
@@ -324,7 +325,7 @@ def to_v2_message(
         sp.keys.extend(k for k in props[MC.PROPERTY_KEYS].split(MC.KEY_SEPARATOR) if k)
     sp.message_id = m.message_id
     sp.body_digest.type = v2.CRC32
-    sp.body_digest.checksum = format(zlib.crc32(m.body) & 0xFFFFFFFF, "08X")
+    sp.body_digest.checksum = format(crc32(m.body), "08X")
     sp.body_encoding = v2.IDENTITY
     sp.message_type = message_type_of(props)
     sp.born_timestamp.FromMilliseconds(m.born_timestamp)

@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .byte_windows import byte_windows
+from .crc32 import crc32
 
 __all__ = ["MAX_WIDTH", "crc32_equal_width", "crc32_slices"]
 
@@ -71,7 +72,7 @@ def crc32_slices(
     if len(starts) > 8 and 1 <= widths[0] <= MAX_WIDTH and (widths == widths[0]).all():
         return crc32_equal_width(np.frombuffer(buf, dtype=np.uint8), starts, int(widths[0]), seed)
     mv = memoryview(buf)
-    crc = zlib.crc32
+    crc = crc32
     try:
         return np.array([crc(mv[a:b], seed) for a, b in zip(starts.tolist(), ends.tolist(), strict=True)],
                         dtype=np.uint32)

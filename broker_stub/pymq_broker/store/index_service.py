@@ -16,11 +16,12 @@ import logging
 import os
 import struct
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+
+from .crc32 import crc32
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +42,11 @@ def _as_list(column: IntColumn) -> list[int]:
 
 def key_seed(topic: str) -> int:
     """The CRC every key hash of ``topic`` starts from."""
-    return zlib.crc32(f"{topic}#".encode())
+    return crc32(f"{topic}#".encode())
 
 
 def key_hash(topic: str, key: str) -> int:
-    return zlib.crc32(key.encode(), key_seed(topic)) & 0x7FFFFFFF
+    return crc32(key.encode(), key_seed(topic)) & 0x7FFFFFFF
 
 
 class IndexFile:
@@ -235,7 +236,7 @@ class IndexService:
 
     def build_index(self, topic: str, keys: list[str], phys: list[int], store_ts: int) -> None:
         """Index ``keys[i]`` of ``topic`` at ``phys[i]`` (several keys may share an offset)."""
-        crc = zlib.crc32
+        crc = crc32
         seed = key_seed(topic)
         self.build_index_hashes([crc(k.encode(), seed) & 0x7FFFFFFF for k in keys], phys, store_ts)
 
