@@ -1,4 +1,5 @@
-"""Spark's Python processes import pip's pyspark (with its bytecode), not the same code from pyspark.zip.
+"""Spark's Python processes import pip's pyspark (with its bytecode), not the same code from pyspark.zip,
+and do not read the spark-core jar's directory (it holds no Python).
 
 ``_pyspark_pymq_path`` is run by the ``.pth`` file the wheel installs; these tests call it on
 made-up layouts, then check the installed interpreter and Spark's own workers.
@@ -22,17 +23,51 @@ def _pip_layout(root: Path) -> tuple[str, str]:
     lib.mkdir(parents=True)
     (site / "pyspark" / "__init__.py").write_text("")
     (lib / "pyspark.zip").write_bytes(b"")
+    (lib / "py4j-0.10.9.9-src.zip").write_bytes(b"")
+    (site / "py4j").mkdir()
+    (site / "py4j" / "version.py").write_text("__version__ = '0.10.9.9'\n")
+    (site / "pyspark" / "jars").mkdir()
+    for jar in ("spark-core_2.13-4.2.0.jar", "spark-sql_2.13-4.2.0.jar"):
+        (site / "pyspark" / "jars" / jar).write_bytes(b"")
     return str(site), str(lib / "pyspark.zip")
 
 
-def test_the_zip_of_the_installed_pyspark_moves_behind_its_package(
+def _core_jar(site: str, name: str = "spark-core_2.13-4.2.0.jar") -> str:
+    return os.path.join(site, "pyspark", "jars", name)
+
+
+def test_the_zip_and_the_core_jar_of_the_installed_pyspark_are_dropped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("PYMQ_KEEP_PYSPARK_ZIP", raising=False)
     site, zip_path = _pip_layout(tmp_path)
-    path = [zip_path, "/x/py4j-0.10.9.9-src.zip", "/src", site]
+    other_jar = _core_jar(site, "spark-sql_2.13-4.2.0.jar")  # not one Spark puts on the path
+    py4j_zip = zip_path.replace("pyspark.zip", "py4j-0.10.9.9-src.zip")
+    path = [zip_path, py4j_zip, "/x/py4j-0.10.9.9-src.zip", "/src", site, _core_jar(site), other_jar]
     assert prefer_installed_pyspark(path) is True
-    assert path == ["/x/py4j-0.10.9.9-src.zip", "/src", site, zip_path]
+    assert path == ["/x/py4j-0.10.9.9-src.zip", "/src", site, other_jar]
+
+
+def test_py4j_zip_stays_unless_that_py4j_version_is_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PYMQ_KEEP_PYSPARK_ZIP", raising=False)
+    site, zip_path = _pip_layout(tmp_path)
+    py4j_zip = zip_path.replace("pyspark.zip", "py4j-0.10.9.9-src.zip")
+    (Path(site) / "py4j" / "version.py").write_text('__version__ = "0.10.9.8"\n')
+    path = [py4j_zip, site]
+    assert prefer_installed_pyspark(path) is False and path == [py4j_zip, site]
+    (Path(site) / "py4j" / "version.py").unlink()
+    assert prefer_installed_pyspark(path) is False and path == [py4j_zip, site]
+
+
+def test_finders_made_for_the_dropped_archives_are_forgotten() -> None:
+    from _pyspark_pymq_path import _forget_importers
+
+    cache: dict[str, object] = {"/s/pyspark.zip": 1, "/s/pyspark.zip/pyspark": 2, "/s/pyspark.zipx": 3,
+                                "/s/spark-core.jar": 4, "/s/spark-core.jar/org": 5, "/site": 6}
+    _forget_importers(["/s/pyspark.zip", "/s/spark-core.jar"], cache)
+    assert cache == {"/s/pyspark.zipx": 3, "/site": 6}
 
 
 def test_a_zip_of_another_spark_distribution_stays_first(
@@ -41,9 +76,9 @@ def test_a_zip_of_another_spark_distribution_stays_first(
     monkeypatch.delenv("PYMQ_KEEP_PYSPARK_ZIP", raising=False)
     site, _ = _pip_layout(tmp_path / "venv")
     dist_site, dist_zip = _pip_layout(tmp_path / "opt-spark")  # its package dir is not on the path
-    path = [dist_zip, site]
+    path = [dist_zip, site, _core_jar(dist_site)]
     assert prefer_installed_pyspark(path) is False
-    assert path == [dist_zip, site]
+    assert path == [dist_zip, site, _core_jar(dist_site)]
     # The pip layout without a pyspark package beside the zip: nothing to import instead.
     (Path(dist_site) / "pyspark" / "__init__.py").unlink()
     path = [dist_zip, dist_site]
@@ -54,24 +89,36 @@ def test_a_zip_of_another_spark_distribution_stays_first(
 def test_pymq_keep_pyspark_zip_turns_it_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     site, zip_path = _pip_layout(tmp_path)
     monkeypatch.setenv("PYMQ_KEEP_PYSPARK_ZIP", "1")
-    path = [zip_path, site]
+    path = [zip_path, site, _core_jar(site)]
     assert prefer_installed_pyspark(path) is False
-    assert path == [zip_path, site]
+    assert path == [zip_path, site, _core_jar(site)]
 
 
-def _pyspark_file(keep: str) -> str:
+def _pyspark_file_and_archives(keep: str) -> tuple[str, list[str]]:
+    """Where a process with Spark's PYTHONPATH finds pyspark, and the archives left on its path."""
     import pyspark
 
-    zip_path = Path(pyspark.__file__).parent / "python" / "lib" / "pyspark.zip"
-    env = {**os.environ, "PYTHONPATH": str(zip_path), "PYMQ_KEEP_PYSPARK_ZIP": keep}
-    out = subprocess.run([sys.executable, "-c", "import pyspark; print(pyspark.__file__)"],
-                         env=env, capture_output=True, text=True, check=True)
-    return out.stdout.strip()
+    package = Path(pyspark.__file__).parent
+    jars = sorted((package / "jars").glob("spark-core_*.jar"))
+    assert len(jars) == 1, jars
+    lib = package / "python" / "lib"
+    spark_path = [str(lib / "pyspark.zip"), *map(str, lib.glob("py4j-*-src.zip")), str(jars[0])]  # as Spark
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(spark_path), "PYMQ_KEEP_PYSPARK_ZIP": keep}
+    code = ("import sys, importlib, pyspark, py4j; print(pyspark.__file__, py4j.__file__);"
+            " importlib.invalidate_caches(); import zipimport;"
+            " print(*[p for p in sys.path if p in sys.argv[1:]]);"
+            " print(*[k for k, v in sys.path_importer_cache.items() if isinstance(v, zipimport.zipimporter)"
+            " and k.startswith(tuple(sys.argv[1:]))])")
+    out = subprocess.run([sys.executable, "-c", code, *spark_path],
+                         env=env, capture_output=True, text=True, check=True).stdout.splitlines()
+    return out[0], [*out[1].split(), *out[2].split()]
 
 
 def test_the_installed_pth_applies_at_interpreter_start() -> None:
-    assert ".zip" not in _pyspark_file("0")
-    assert "pyspark.zip" in _pyspark_file("1")  # what Spark does without pymq
+    found, archives = _pyspark_file_and_archives("0")
+    assert ".zip" not in found and archives == []  # neither on sys.path nor read by a finder
+    found, archives = _pyspark_file_and_archives("1")  # what Spark does without pymq
+    assert "pyspark.zip" in found and "py4j-" in found and any(a.endswith(".jar") for a in archives)
 
 
 @pytest.mark.spark
@@ -80,9 +127,13 @@ def test_spark_python_workers_import_the_installed_pyspark(spark: object) -> Non
 
     @F.udf("string")
     def where_pyspark(_):  # type: ignore[no-untyped-def]  # Spark reads type hints as a pandas UDF
+        import sys
+
         import pyspark
 
-        return str(pyspark.__file__)
+        archives = [p for p in sys.path if p.endswith((".zip", ".jar")) and "pyspark" in p]
+        return "|".join([str(pyspark.__file__), *archives])
 
-    found = spark.range(1).select(where_pyspark("id")).first()[0]  # type: ignore[attr-defined]
+    found, *archives = spark.range(1).select(where_pyspark("id")).first()[0].split("|")  # type: ignore[attr-defined]
     assert ".zip" not in found and found.endswith(os.path.join("pyspark", "__init__.py"))
+    assert archives == []
