@@ -25,6 +25,7 @@ def _pip_layout(root: Path) -> tuple[str, str]:
     (lib / "pyspark.zip").write_bytes(b"")
     (lib / "py4j-0.10.9.9-src.zip").write_bytes(b"")
     (site / "py4j").mkdir()
+    (site / "py4j" / "__init__.py").write_text("")
     (site / "py4j" / "version.py").write_text("__version__ = '0.10.9.9'\n")
     (site / "pyspark" / "jars").mkdir()
     for jar in ("spark-core_2.13-4.2.0.jar", "spark-sql_2.13-4.2.0.jar"):
@@ -61,13 +62,48 @@ def test_py4j_zip_stays_unless_that_py4j_version_is_installed(
     assert prefer_installed_pyspark(path) is False and path == [py4j_zip, site]
 
 
+def test_archives_stay_where_an_earlier_entry_would_win_the_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only what the path itself would then import counts: an entry before site-packages wins."""
+    import zipfile
+
+    monkeypatch.delenv("PYMQ_KEEP_PYSPARK_ZIP", raising=False)
+    site, zip_path = _pip_layout(tmp_path)
+    py4j_zip, jar = zip_path.replace("pyspark.zip", "py4j-0.10.9.9-src.zip"), _core_jar(site)
+    spark_path = [zip_path, py4j_zip, jar]
+    old_py4j = tmp_path / "old-py4j"  # another py4j version, on PYTHONPATH before site-packages
+    (old_py4j / "py4j").mkdir(parents=True)
+    (old_py4j / "py4j" / "__init__.py").write_text("")
+    (old_py4j / "py4j" / "version.py").write_text("__version__ = '0.10.9.5'\n")
+    path = [*spark_path, str(old_py4j), site]
+    assert prefer_installed_pyspark(path) is True
+    assert path == [py4j_zip, str(old_py4j), site]  # py4j's zip stays: it would have won
+    other_spark = tmp_path / "spark-3.5" / "python"  # another pyspark before site-packages
+    (other_spark / "pyspark").mkdir(parents=True)
+    (other_spark / "pyspark" / "__init__.py").write_text("")
+    path = [*spark_path, str(other_spark), site]
+    assert prefer_installed_pyspark(path) is False and path == [*spark_path, str(other_spark), site]
+    egg = tmp_path / "py4j.egg"  # an archive before site-packages that holds py4j
+    with zipfile.ZipFile(egg, "w") as z:
+        z.writestr("py4j/__init__.py", "")
+    path = [*spark_path, str(egg), site]
+    assert prefer_installed_pyspark(path) is True and path == [py4j_zip, str(egg), site]
+    namespace = tmp_path / "ns"  # a pyspark/ without __init__.py loses to the regular package
+    (namespace / "pyspark").mkdir(parents=True)
+    path = [*spark_path, str(namespace), site]
+    assert prefer_installed_pyspark(path) is True and path == [str(namespace), site]
+
+
 def test_finders_made_for_the_dropped_archives_are_forgotten() -> None:
     from _pyspark_pymq_path import _forget_importers
 
-    cache: dict[str, object] = {"/s/pyspark.zip": 1, "/s/pyspark.zip/pyspark": 2, "/s/pyspark.zipx": 3,
-                                "/s/spark-core.jar": 4, "/s/spark-core.jar/org": 5, "/site": 6}
-    _forget_importers(["/s/pyspark.zip", "/s/spark-core.jar"], cache)
-    assert cache == {"/s/pyspark.zipx": 3, "/site": 6}
+    j = os.path.join
+    zip_path, jar = j(os.sep, "s", "pyspark.zip"), j(os.sep, "s", "spark-core.jar")
+    cache: dict[str, object] = {zip_path: 1, j(zip_path, "pyspark"): 2, zip_path + "x": 3,
+                                jar: 4, j(jar, "org"): 5, j(os.sep, "site"): 6}
+    _forget_importers([zip_path, jar], cache)
+    assert cache == {zip_path + "x": 3, j(os.sep, "site"): 6}
 
 
 def test_a_zip_of_another_spark_distribution_stays_first(

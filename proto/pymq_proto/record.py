@@ -38,10 +38,11 @@ import functools
 import re
 import socket
 import struct
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from .crc32 import crc32
 
 if TYPE_CHECKING:
     import numpy as np
@@ -304,7 +305,7 @@ def entries_named(names: tuple[str, ...]) -> NamedEntries:
 
 def tag_hash(tags: bytes | None) -> int:
     """The consume queue's tag hash code (stable across processes)."""
-    return zlib.crc32(tags) if tags else 0
+    return crc32(tags) if tags else 0
 
 
 def store_host_bytes(host: str, port: int) -> bytes:
@@ -362,7 +363,7 @@ def encode_record(
         HEADER.pack(
             HEADER_SIZE + len(tail),
             MESSAGE_MAGIC_CODE,
-            zlib.crc32(tail),
+            crc32(tail),
             queue_id,
             flag,
             queue_offset,
@@ -402,6 +403,6 @@ def record_is_valid(buf: bytes | memoryview, pos: int, expected_physical_offset:
         return -1
     if HEADER_SIZE + h[BODYLEN] + 4 > total:
         return -1
-    if zlib.crc32(buf[pos + HEADER_SIZE : pos + total]) != h[BODYCRC]:
+    if crc32(buf[pos + HEADER_SIZE : pos + total]) != h[BODYCRC]:
         return -1
     return int(total)

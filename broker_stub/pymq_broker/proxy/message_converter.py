@@ -36,6 +36,7 @@ import zlib
 from dataclasses import dataclass
 
 from google.protobuf.timestamp_pb2 import Timestamp
+from pymq_proto.crc32 import crc32
 from pymq_proto.record import (
     HEADER,
     HEADER_SIZE,
@@ -50,7 +51,6 @@ from pymq_proto.rocketmq_v2 import definition_pb2 as v2
 from pymq_proto.topics import is_retry_topic
 
 from ..common.mix_all import topic_name_problem
-from ..store.crc32 import crc32
 from .proxy_config import ProxyConfig
 from .status import ProxyException
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+from pymq_proto.crc32 import crc32
 from pymq_proto.record import (
     BLANK_MAGIC_CODE,
     HEADER,
@@ -26,7 +27,6 @@ from pymq_proto.record import (
 from .allocate_mapped_file_service import AllocateMappedFileService
 from .byte_windows import byte_windows
 from .config import MessageStoreConfig
-from .crc32 import crc32
 from .encoded_batch import EncodedRecords, use_scalar
 from .mapped_file import MappedFile, MappedFileQueue
 

@@ -17,9 +17,9 @@ import zlib
 
 import numpy as np
 import numpy.typing as npt
+from pymq_proto.crc32 import crc32
 
 from .byte_windows import byte_windows
-from .crc32 import crc32
 
 __all__ = ["MAX_WIDTH", "crc32_equal_width", "crc32_slices"]
 

@@ -20,8 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
-
-from .crc32 import crc32
+from pymq_proto.crc32 import crc32
 
 log = logging.getLogger(__name__)
 
