@@ -34,6 +34,7 @@ import contextlib
 import os
 import re
 import sys
+import zipimport
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -54,9 +55,12 @@ def prefer_installed_pyspark(path: list[str] | None = None) -> bool:
     entries = sys.path if path is None else path
     try:
         names = [entry for entry in entries if isinstance(entry, str)]  # sys.path may hold other objects
-        candidates = [entry for entry in names if _archive_of_a_pyspark_package(entry) is not None]
-        rest = [entry for entry in names if entry not in candidates]
-        dropped = [entry for entry in candidates if _found_without(entry, rest)]
+        packages = {entry: _archive_of_a_pyspark_package(entry) for entry in names}
+        rest = [entry for entry in names if packages[entry] is None]
+        pyspark_root = _first_root_with("pyspark", rest)  # what the path imports once they are gone
+        dropped = [entry for entry, package in packages.items()
+                   if package is not None and os.path.dirname(package) == pyspark_root
+                   and _py4j_found_without(entry, rest)]
         for entry in dropped:
             entries.remove(entry)
     except (OSError, ValueError, TypeError, RuntimeError):  # an odd sys.path: leave it as it is
@@ -96,12 +100,9 @@ def _archive_of_a_pyspark_package(entry: str) -> str | None:
     return package
 
 
-def _found_without(entry: str, rest: list[str]) -> bool:
-    """Without ``entry``, imports find the very modules it holds: the pyspark package it lies in
-    (and for py4j's zip, a py4j of the zip's version) is what ``rest``, in order, yields first."""
-    package = _archive_of_a_pyspark_package(entry)
-    if package is None or _first_root_with("pyspark", rest) != os.path.dirname(package):
-        return False
+def _py4j_found_without(entry: str, rest: list[str]) -> bool:
+    """For py4j's zip: ``rest``, in order, imports a py4j of the zip's version first (True for
+    the other archives)."""
     py4j = _PY4J_ZIP.fullmatch(os.path.basename(entry))
     if py4j is None:
         return True
@@ -116,8 +117,6 @@ def _first_root_with(top: str, entries: list[str]) -> str | None:
         if not entry:
             continue
         if os.path.isfile(entry):  # a zip or egg: Python reads it anyway, at the first import
-            import zipimport
-
             try:
                 if zipimport.zipimporter(entry).find_spec(top) is not None:
                     return None

@@ -72,9 +72,8 @@ def crc32_slices(
     if len(starts) > 8 and 1 <= widths[0] <= MAX_WIDTH and (widths == widths[0]).all():
         return crc32_equal_width(np.frombuffer(buf, dtype=np.uint8), starts, int(widths[0]), seed)
     mv = memoryview(buf)
-    crc = crc32
     try:
-        return np.array([crc(mv[a:b], seed) for a, b in zip(starts.tolist(), ends.tolist(), strict=True)],
+        return np.array([crc32(mv[a:b], seed) for a, b in zip(starts.tolist(), ends.tolist(), strict=True)],
                         dtype=np.uint32)
     finally:
         mv.release()

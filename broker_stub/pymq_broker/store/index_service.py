@@ -235,9 +235,8 @@ class IndexService:
 
     def build_index(self, topic: str, keys: list[str], phys: list[int], store_ts: int) -> None:
         """Index ``keys[i]`` of ``topic`` at ``phys[i]`` (several keys may share an offset)."""
-        crc = crc32
         seed = key_seed(topic)
-        self.build_index_hashes([crc(k.encode(), seed) & 0x7FFFFFFF for k in keys], phys, store_ts)
+        self.build_index_hashes([crc32(k.encode(), seed) & 0x7FFFFFFF for k in keys], phys, store_ts)
 
     def build_index_hashes(self, hashes: IntColumn, phys: IntColumn, store_ts: int) -> None:
         """:meth:`build_index` with the keys' hashes (:func:`key_hash`) already computed."""
