@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,62 @@ def test_exactly_once_options_are_checked(tmp_path: Path) -> None:
             parse_sink_options(options, schema, stream=True)
     with pytest.raises(ValueError, match=r"is for df\.writeStream"):
         parse_sink_options(base, schema, stream=False)
+
+
+def _read_at_least(endpoint: str, topic: str, n: int, timeout_s: float = 10.0) -> list[MessageExt]:
+    deadline = time.monotonic() + timeout_s
+    while len(got := read_all(endpoint, topic)) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return got
+
+
+def test_abort_after_the_marker_keeps_the_decided_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Spark calls abort() when commit() raises, also after the marker was written (an
+    # END_TRANSACTION that timed out): the marker's rows must stay for the next run.
+    import pyarrow as pa
+    from pyspark.sql.types import BinaryType, StructField, StructType
+    from pyspark_pymq.errors import RequestTimeoutError
+    from pyspark_pymq.spark import transactional_sink as ts
+
+    def rows(task: int) -> pa.RecordBatch:
+        return pa.RecordBatch.from_pydict({"body": pa.array([f"t{task}-{i}".encode() for i in range(5)])})
+
+    with BrokerProcess(tmp_path / "broker") as broker:
+        topic = unique("eo")
+        Admin(broker.endpoint).create_topic(topic, queues=2)
+        opts = parse_sink_options(
+            {"endpoint": broker.endpoint, "topic": topic, "deliveryGuarantee": "exactly-once",
+             "checkpointLocation": str(tmp_path / "ckpt")},
+            StructType([StructField("body", BinaryType())]), stream=True,
+        )
+        first = [ts.TransactionalStreamSinkWriter(opts).write(iter([rows(t)])) for t in range(3)]
+        end = ts.TransactionProducer.end_transactions
+        calls: list[object] = []
+
+        def second_commit_times_out(self: Any, ids: Any, state: Any) -> Any:
+            calls.append(state)
+            if state is COMMIT and calls.count(COMMIT) == 2:
+                raise RequestTimeoutError("EndTransactionBatch timed out")
+            return end(self, ids, state)
+
+        monkeypatch.setattr(ts.TransactionProducer, "end_transactions", second_commit_times_out)
+        with pytest.raises(RequestTimeoutError):
+            ts.TransactionalStreamSinkWriter(opts).commit(first, 7)  # type: ignore[arg-type]
+        ts.TransactionalStreamSinkWriter(opts).abort(first, 7)  # type: ignore[arg-type]
+        assert ROLLBACK not in calls, "abort rolled back transactions the marker had decided"
+        monkeypatch.setattr(ts.TransactionProducer, "end_transactions", end)
+        # the query restarts and runs batch 7 again: the marker's rows are the output, once
+        again = [ts.TransactionalStreamSinkWriter(opts).write(iter([rows(t)])) for t in range(3)]
+        ts.TransactionalStreamSinkWriter(opts).commit(again, 7)  # type: ignore[arg-type]
+        got = Counter(m.body for m in _read_at_least(broker.endpoint, topic, 15))
+        assert got == Counter(f"t{t}-{i}".encode() for t in range(3) for i in range(5))
+        # and a batch aborted before its marker is rolled back whole, as before
+        lost = [ts.TransactionalStreamSinkWriter(opts).write(iter([rows(9)]))]
+        ts.TransactionalStreamSinkWriter(opts).abort(lost, 8)  # type: ignore[arg-type]
+        time.sleep(0.3)
+        assert Counter(m.body for m in read_all(broker.endpoint, topic)) == got
 
 
 @pytest.mark.spark

@@ -257,9 +257,22 @@ class TransactionalStreamSinkWriter(PymqStreamSinkWriter):
         log.info("pymq exactly-once sink batch %d committed: %s", batchId, _summary(messages))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        ours = _transactions(messages)
+        # Spark also aborts when commit() raised after writing the marker (an END_TRANSACTION
+        # that timed out, say): the marker decided those transactions, so they stay pending
+        # for the next run's commit() or the broker's check-back to commit. Rolling them back
+        # here would lose the batch: the next run finds the marker and keeps its rows, not its own.
+        opts = self.options
+        assert opts.checkpoint_location is not None
+        marker = SinkCommitLog(opts.checkpoint_location).get(batchId)
+        decided = set(marker.transactions) if marker is not None else set()
+        ours = tuple(t for t in _transactions(messages) if t not in decided)
         if ours:
-            _end(check_listener(self.options), ours, ROLLBACK)
+            _end(check_listener(opts), ours, ROLLBACK)
+        if decided:
+            log.warning("pymq exactly-once sink batch %d aborted after its commit marker: its %d row(s) "
+                        "are committed by the next run or the broker's check-back; rolled back %d other "
+                        "row(s)", batchId, sum(n for _t, n in decided), sum(n for _t, n in ours))
+            return
         log.warning("pymq exactly-once sink batch %d aborted (rolled back): %s", batchId, _summary(messages))
 
 
