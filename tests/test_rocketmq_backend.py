@@ -102,6 +102,10 @@ def test_producer_send_modes_and_batches_reach_both_brokers(
     if mode != "oneway":
         ids = {i for r in results for i in r.msg_ids}  # type: ignore[union-attr]
         assert ids == {m.msg_id for _, m in got}  # type: ignore[attr-defined]
+        # each message's offsetMsgId (store host + commit-log offset) as the broker answered it,
+        # the batch's 50 decoded at once: the same ids the consumer reads
+        answered = {i: o for r in results for i, o in zip(r.msg_ids, r.offset_msg_ids, strict=True)}  # type: ignore[union-attr]
+        assert answered == {m.msg_id: m.offset_msg_id for _, m in got}  # type: ignore[attr-defined]
     one = next(m for _, m in got if m.body == b"one-3")  # type: ignore[attr-defined]
     assert (one.tags, one.keys) == ("T", ("k3",))
 

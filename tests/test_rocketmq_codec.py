@@ -33,6 +33,7 @@ import pytest
 from column_subsets import SUBSETS
 from pyspark_pymq.client.message import MessageExt
 from pyspark_pymq.rocketmq import codec
+from pyspark_pymq.rocketmq.api import parse_offset_msg_ids
 from pyspark_pymq.rocketmq.codec import (
     MessageSysFlag,
     RocketMQMessageExt,
@@ -433,6 +434,27 @@ def test_java_message_ids() -> None:
             decode_message_id(bad)
     with pytest.raises(ValueError, match=r"8 .* or 20"):
         create_message_id(b"\x7f\x00\x00\x01", 1)
+
+
+def test_send_answers_offset_msg_ids_decode_at_once_or_one_by_one() -> None:
+    # SendMessageResponseHeader.msgId: the offsetMsgId of each stored message, comma-joined
+    v4 = bytes([10, 0, 0, 7]) + struct.pack(">i", 10911)
+    v6 = ipaddress.ip_address("2001:db8::7").packed + struct.pack(">i", 10911)
+    for host in (v4, v6):
+        offsets = (*range(0, 300 * 40, 300), 2**63 - 1)
+        joined = ",".join(create_message_id(host, o) for o in offsets)
+        assert parse_offset_msg_ids(joined) == (host, offsets)
+        assert parse_offset_msg_ids(joined.lower()) == (host, offsets)
+    one = create_message_id(v4, 5)
+    assert parse_offset_msg_ids(one) == (v4, (5,))
+    assert parse_offset_msg_ids("") == (b"", ())
+    # ids the batch decode cannot take are read one by one; what is not an id is left out
+    mixed = f"{one},{create_message_id(v6, 6)}"
+    assert parse_offset_msg_ids(mixed) == (v6, (5, 6))
+    assert parse_offset_msg_ids(f"ZZ{one[2:]},{create_message_id(v4, 7)}") == (v4, (7,))
+    assert parse_offset_msg_ids(f" {one[1:]},{one}") == (v4, (5,))  # fromhex's whitespace: not an id
+    assert parse_offset_msg_ids(f"{one},") == (v4, (5,))
+    assert parse_offset_msg_ids("7F00,ABCD") == (b"", ())
 
 
 @pytest.mark.parametrize(("text", "expected"), JAVA_PROPERTIES)

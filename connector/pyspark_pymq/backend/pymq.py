@@ -30,10 +30,10 @@ from ..client.message import (
     MessageExt,
     MessageQueue,
     PullStatus,
-    RowKeys,
     SendBackColumns,
     SendResult,
     SendStatus,
+    frozen_msg_ids,
 )
 from ..client.route import RouteCache, TopicRoute
 from ..client.transport import BrokerClient, UnaryRpc
@@ -283,12 +283,11 @@ class PymqBackend(Backend):
 
     @staticmethod
     def _result(request: SendRequest, mq: MessageQueue, resp: pymq_pb2.SendMessageResponse) -> SendResult:
-        keys = request.uniq_keys
         return SendResult(
             status=_SEND_STATUS.get(resp.status, SendStatus.SEND_OK),
             message_queue=MessageQueue(mq.topic, mq.broker_name, resp.queue_id),
             queue_offset=resp.queue_offset,
-            msg_ids=keys[:] if isinstance(keys, RowKeys) else tuple(keys),
+            msg_ids=frozen_msg_ids(request.uniq_keys),
             commit_log_offsets=tuple(resp.commit_log_offsets),
             store_host=_store_host(resp.store_host),
         )

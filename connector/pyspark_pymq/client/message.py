@@ -246,6 +246,12 @@ class RowKeys(Sequence[str]):
         return f"RowKeys({self.prefix!r}, {self.start}, {self.stop}{digits})"
 
 
+def frozen_msg_ids(keys: Sequence[str]) -> Sequence[str]:
+    """The msgIds a :class:`SendResult` keeps: RowKeys stay keys made when read (a bulk
+    writer's batch of 10,000 would otherwise build 10,000 strings, 3 ms), others a tuple."""
+    return keys[:] if isinstance(keys, RowKeys) else tuple(keys)
+
+
 def encode_message_properties(msg: Message, uniq_key: str) -> bytes:
     """The stored properties of ``msg``: the user's plus RocketMQ's system ones."""
     # UNIQ_KEY first: the layout of a pre-encoded batch (the broker finds it there)

@@ -50,7 +50,7 @@ from typing import Any, TypeVar
 
 from pymq_proto.topics import get_retry_topic
 
-from ..client.message import MessageQueue, PullStatus, SendResult, SendStatus, new_uniq_key
+from ..client.message import MessageQueue, PullStatus, SendResult, SendStatus, frozen_msg_ids, new_uniq_key
 from ..errors import PymqError, RequestTimeoutError
 from .codec import message_properties_to_string
 from .protocol import (
@@ -115,6 +115,42 @@ _JSON_CODE = re.compile(rb'"code":(-?[0-9]+)')
 _PULL_FIELDS = re.compile(rb'"(nextBeginOffset|minOffset|maxOffset)":"(-?[0-9]+)"')
 
 T = TypeVar("T")
+
+
+def parse_offset_msg_ids(joined: str) -> tuple[bytes, tuple[int, ...]]:
+    """The store host and commit-log offsets in a send's ``msgId`` answer.
+
+    RocketMQ answers each stored message's offsetMsgId (store host + commit-log offset,
+    in hex), comma-joined for a batch. A batch's ids have one width (one store host):
+    decoded at once, not per message (0.7 µs per message in the sink's Python workers).
+    An id that is not hex or too short is left out, as before.
+    """
+    first = joined.find(",")
+    width = len(joined) if first < 0 else first
+    n = (len(joined) + 1) // (width + 1) if width else 0
+    if (width > 16 and width % 2 == 0 and n * (width + 1) - 1 == len(joined)
+            and joined.count(",") == n - 1 and joined[width :: width + 1] == "," * (n - 1)):
+        try:
+            raw = bytes.fromhex(joined.replace(",", ""))
+        except ValueError:
+            raw = b""
+        if len(raw) * 2 == n * width:  # fromhex skips whitespace: all of it was hex digits
+            import numpy as np
+
+            size = width // 2
+            rows = np.frombuffer(raw, dtype=np.dtype([("host", f"V{size - 8}"), ("phy", ">i8")]))
+            return raw[len(raw) - size : len(raw) - 8], tuple(rows["phy"].tolist())
+    store_host = b""
+    offsets: list[int] = []
+    for one in filter(None, joined.split(",")):
+        try:
+            raw = bytes.fromhex(one)
+        except ValueError:
+            continue
+        if len(raw) > 8:
+            store_host = raw[:-8]
+            offsets.append(_OFFSET.unpack_from(raw, len(raw) - 8)[0])
+    return store_host, tuple(offsets)
 
 
 def build_pull_sys_flag(
@@ -702,23 +738,13 @@ class MQClientAPI:
         if status is None:
             raise response_error(response, addr, f"{call} of {mq}")
         ext = response.ext_fields
-        store_host = b""
-        offsets: list[int] = []
-        # msgId: the offsetMsgId(s), store host + commit-log offset, comma-joined for a batch
-        for one in filter(None, ext.get("msgId", "").split(",")):
-            try:
-                raw = bytes.fromhex(one)
-            except ValueError:
-                continue
-            if len(raw) > 8:
-                store_host = raw[:-8]
-                offsets.append(_OFFSET.unpack_from(raw, len(raw) - 8)[0])
+        store_host, offsets = parse_offset_msg_ids(ext.get("msgId", ""))
         return SendResult(
             status,
             MessageQueue(mq.topic, mq.broker_name, _int(ext, "queueId", mq.queue_id)),
             _int(ext, "queueOffset"),
-            tuple(msg_ids),
-            tuple(offsets),
+            frozen_msg_ids(msg_ids),
+            offsets,
             store_host,
         )
 
