@@ -497,3 +497,21 @@ def test_a_failing_dispatch_fails_no_put_retention_or_shutdown(tmp_path: Path) -
     assert again.put_messages("other", 0, [msg(b"b")]).ok
     assert [r[3] for r in records(again.get_message("other", 0, 0, 10).records)] == [b"b"]
     again.shutdown()
+
+
+def test_group_commit_answers_every_put_it_covers_though_one_stopped_waiting() -> None:
+    # SYNC_FLUSH: a put whose wait timed out (FLUSH_DISK_TIMEOUT) cancels its future; the
+    # other puts of the same round must still be answered, not dropped with the round.
+    from pymq_broker.store.flush import GroupCommitService
+
+    flushed = [0]
+    service = GroupCommitService(lambda: flushed[0])
+    gave_up, waiting, later = service.put_request(10), service.put_request(20), service.put_request(99)
+    assert gave_up.cancel()
+    flushed[0] = 50
+    service.run_once()
+    assert waiting.result(timeout=0) is True
+    assert not later.done()  # not covered yet: kept for the next round
+    flushed[0] = 100
+    service.run_once()
+    assert later.result(timeout=0) is True

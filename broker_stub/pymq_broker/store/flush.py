@@ -11,7 +11,7 @@ import os
 import struct
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -95,11 +95,16 @@ class GroupCommitService(ServiceThread):
             return
         self.flushed_offset = self.flush()
         for end, fut in requests:
-            if end <= self.flushed_offset:
-                fut.set_result(True)
-            else:
+            if end > self.flushed_offset:
                 with self._lock:
                     self._requests.append((end, fut))
+                continue
+            try:
+                fut.set_result(True)
+            except InvalidStateError:
+                # its put stopped waiting (syncFlushTimeout: answered FLUSH_DISK_TIMEOUT); the
+                # others of this round must still be answered
+                pass
 
 
 class StoreCheckpoint:
