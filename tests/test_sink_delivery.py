@@ -24,7 +24,7 @@ from pyspark_pymq import Admin, Message, Producer
 from pyspark_pymq.client import route as route_module
 from pyspark_pymq.client.message import MessageQueue
 from pyspark_pymq.client.route import TopicRoute
-from pyspark_pymq.errors import BrokerUnavailableError, RequestTimeoutError
+from pyspark_pymq.errors import BrokerUnavailableError, PymqError, RequestTimeoutError
 from pyspark_pymq.spark import rows as rows_module
 from pyspark_pymq.spark.rows import SEND_BACK_ATTEMPTS, send_back_acknowledged
 from pyspark_pymq.spark.sink_options import SinkOptions, parse_sink_options
@@ -181,3 +181,18 @@ def test_send_backs_are_retried_until_acknowledged_then_fail_the_task(
     assert len(calls) == SEND_BACK_ATTEMPTS
     assert "could not send 3 row(s) of partition 1 back" in str(info.value)
     assert "Spark runs it again" in str(info.value) and info.value.code == "SERVICE_NOT_AVAILABLE"
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_send_stored_but_not_flushed_fails_the_task(tmp_path: Any, mode: str) -> None:
+    """SYNC_FLUSH with syncFlushTimeout 0: every put is answered FLUSH_DISK_TIMEOUT. The rows
+    are stored but not durable: a task that succeeded would never send them again."""
+    with BrokerProcess(tmp_path, flush_disk_type="SYNC_FLUSH",
+                       extra_args=["--sync-flush-timeout", "0"]) as slow_disk:
+        topic = unique("not-flushed")
+        Admin(slow_disk.endpoint).create_topic(topic, queues=2)
+        assert Producer(slow_disk.endpoint).send(Message(topic, b"x")).status.value == "FLUSH_DISK_TIMEOUT"
+        opts = _options(slow_disk.endpoint, topic, sendMode=mode)
+        with pytest.raises(PymqError, match=r"rows 0\.\.9 .* answered FLUSH_DISK_TIMEOUT") as err:
+            write_partition(opts, _rows(10))
+        assert err.value.code == "FLUSH_DISK_TIMEOUT"

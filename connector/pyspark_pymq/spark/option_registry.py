@@ -377,7 +377,10 @@ _SINK = (
             "the task still waits for every acknowledgement and fails on a failed one; not retried "
             "unless `retryTimesWhenSendAsyncFailed` > 0, as in RocketMQ. `oneway`: **lossy**, a failed "
             "send does not fail the task (the executor log says how many rows were not acknowledged); "
-            "a send that can never succeed, such as to a topic without write permission, still fails it.",
+            "a send that can never succeed, such as to a topic without write permission, still fails it. "
+            "With `sync` and `async`, an answer other than `SEND_OK` (`FLUSH_DISK_TIMEOUT`, "
+            "`FLUSH_SLAVE_TIMEOUT`, `SLAVE_NOT_AVAILABLE`: stored, not yet durable) fails the task too, "
+            "so that Spark sends those rows again with the same msgIds.",
     ),
     OptionSpec(
         "deliveryGuarantee", "choice", section="send", default="at-least-once", choices=DELIVERY_GUARANTEES,

@@ -39,7 +39,7 @@ from pyspark.sql.datasource import (
 from ..backend.base import Backend, cached_backend
 from ..client.codec import fixed_width, uniq_property_matrix
 from ..client.consumer import PullConsumer
-from ..client.message import RowKeys
+from ..client.message import RowKeys, SendStatus
 from ..client.producer import Producer
 from ..errors import PymqError
 from .rows import column, rows_as_messages, send_back_acknowledged, send_back_columns
@@ -317,10 +317,13 @@ class _SendTask:
         return _naming(err, f"sending rows {first}..{first + n - 1} of {self.where} to {topic!r}")
 
     def _keep_answers(self, results: list[Any], first: int, n: int) -> None:
-        """sendMode=async: the answers to the sends of rows ``first``... (n rows), for :meth:`close`."""
+        """The answers to the sends of rows ``first``... (n rows): sync ones checked now, async
+        ones kept for :meth:`close`."""
         for r in results:
             if isinstance(r, Future):
                 self.in_flight.append((first, first + n - 1, r))
+            else:
+                _check_stored(r, f"sending rows {first}..{first + n - 1} of {self.where}")
 
     def _oneway_unacknowledged(self) -> int:
         """sendMode=oneway: waits for every answer; the failed sends are logged, not raised."""
@@ -336,10 +339,31 @@ class _SendTask:
     def _check_for_errors(self) -> None:
         """sendMode=async: waits for every answer; the first failed send fails the task, naming its rows."""
         for first, last, answer in self.in_flight:
+            what = f"async send of rows {first}..{last} of {self.where}"
             try:
-                answer.result()
+                result = answer.result()
             except PymqError as err:
-                raise _naming(err, f"async send of rows {first}..{last} of {self.where}") from err
+                raise _naming(err, what) from err
+            _check_stored(result, what)
+
+
+def _check_stored(result: Any, what: str) -> None:
+    """Fail the task on a send the broker answered with other than SEND_OK.
+
+    FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT and SLAVE_NOT_AVAILABLE mean the rows are
+    stored but not yet as durable as the broker is set to make them (SYNC_FLUSH, a
+    synchronous slave): a broker crash could lose them. A task that succeeded would not
+    be run again, so it fails; Spark's retry sends them again with the same msgIds.
+    """
+    status = getattr(result, "status", SendStatus.SEND_OK)
+    if status is not SendStatus.SEND_OK:
+        raise PymqError(
+            f"{what}: the broker answered {status.value}: the rows are stored but not yet durable "
+            "as the broker is set to make them (SYNC_FLUSH within syncFlushTimeout, or a "
+            "synchronous slave), so the task fails and Spark sends them again with the same msgIds; "
+            "check the broker's disk or slave, or raise its syncFlushTimeout",
+            code=status.value,
+        )
 
 
 def _send_rows(
