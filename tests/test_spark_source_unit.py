@@ -303,6 +303,26 @@ def test_limit_offsets_shares_the_budget_by_backlog() -> None:
     assert sum(end.values()) == 1
 
 
+def test_limit_offsets_holds_no_small_queue_back_behind_big_ones() -> None:
+    # seven queues 1M behind and one 100 behind, 1000 a trigger: the small one moves at once
+    big = [MessageQueue("t", "b", i) for i in range(7)]
+    small = MessageQueue("t", "b", 7)
+    start = dict.fromkeys([*big, small], 0)
+    available = {**dict.fromkeys(big, 1_000_000), small: 100}
+    end = limit_offsets(start, available, 1000)
+    assert end[small] >= 1 and sum(end.values()) == 1000
+    # a budget below the number of queues behind: over a few triggers, every queue moves
+    queues = [MessageQueue("t", "b", i) for i in range(5)]
+    at = dict.fromkeys(queues, 0)
+    moved: set[MessageQueue] = set()
+    for _ in range(5):
+        end = limit_offsets(at, dict.fromkeys(queues, 1_000), 2)
+        assert sum(end[q] - at[q] for q in queues) == 2
+        moved |= {q for q in queues if end[q] > at[q]}
+        at = end
+    assert moved == set(queues)
+
+
 def test_report_data_loss_fails_or_logs(caplog: pytest.LogCaptureFixture) -> None:
     with pytest.raises(DataLossError) as info:
         report_data_loss(True, "queue t@b#0: offsets [0, 5) are gone", "skip to offset 5")
@@ -699,3 +719,19 @@ def test_the_stream_driver_imports_no_producer_admin_or_transactions() -> None:
     for first in ("pyspark_pymq.backend", "pyspark_pymq.client.producer", "pyspark_pymq.client.admin"):
         code = f"import {first}; from pyspark_pymq import Producer"
         subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_expired_offsets_skipped_with_fail_on_data_loss_false_spend_no_trigger_budget() -> None:
+    # retention moved t/0's min offset far past the checkpoint; u/0 has a live backlog
+    T0, U0 = MessageQueue("t", "b", 0), MessageQueue("u", "b", 0)
+    fake = FakeOffsetReader({T0: (1_000_000, 1_000_100), U0: (0, 1000)})
+    lenient = make_stream(fake, failOnDataLoss="false")
+    end = ends(lenient.latestOffset({"t": {"b:0": 0}, "u": {"b:0": 0}}, ReadMaxRows(100)))
+    # the 100 rows of this trigger go to what is still there: t/0 from its min offset, and u/0
+    assert end[T0] >= 1_000_000 and end[U0] > 0
+    assert (end[T0] - 1_000_000) + end[U0] == 100
+    # the planned range still starts at the checkpoint: the read loop reports and skips the gap
+    ranges = {p.range.topic: (p.range.start, p.range.end)
+              for p in lenient.partitions({"t": {"b:0": 0}, "u": {"b:0": 0}}, {"t": {"b:0": end[T0]},
+                                                                                 "u": {"b:0": end[U0]}})}
+    assert ranges["t"] == (0, end[T0])

@@ -183,6 +183,10 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     f"broker (its min offset is now {b.min_offset})",
                     f"skip {mq} to offset {b.min_offset}",
                 )
+                # skipped: from its min offset on, or maxMessagesPerTrigger would be spent on
+                # offsets that are gone, batch after batch, and starve the other queues (the
+                # executor skips the gap of the range planned from ``offset``)
+                offset = b.min_offset
             kept[mq] = offset
 
         end = self._end_offsets(kept, waiting, bounds, limit)
