@@ -110,23 +110,35 @@ def limit_offsets(
 ) -> dict[MessageQueue, int]:
     """End offsets that read at most ``max_messages`` in all from ``start``.
 
-    The budget is shared in proportion to each queue's backlog (largest
-    remainder, ties by queue order), so the total is exactly
-    ``min(max_messages, backlog)`` and every queue with a backlog moves on
-    within a few batches. Queues of ``available`` missing from ``start`` keep
-    their ``available`` offset (they are new and start there).
+    Every queue with a backlog reads at least one message (as Spark's Kafka source rounds a
+    share below one up), then the rest of the budget is shared in proportion to what each
+    has left (largest remainder, ties by queue order): the total is exactly
+    ``min(max_messages, backlog)``, and a queue with a small backlog next to big ones is not
+    held back until they are read. When the budget is smaller than the number of queues
+    with a backlog, which of them read this time turns with the offsets reached. Queues of
+    ``available`` missing from ``start`` keep their ``available`` offset (they are new and
+    start there).
     """
     queues = sorted(available, key=_order)
     backlog = {mq: max(0, available[mq] - start.get(mq, available[mq])) for mq in queues}
     total = sum(backlog.values())
     if total <= max_messages:
         return {mq: start.get(mq, available[mq]) + backlog[mq] for mq in queues}
-    share: dict[MessageQueue, int] = {}
+    behind = [mq for mq in queues if backlog[mq]]
+    share = dict.fromkeys(queues, 0)
+    if max_messages < len(behind):
+        turn = sum(start.get(mq, 0) for mq in behind) % len(behind)
+        for mq in (behind[turn:] + behind[:turn])[:max_messages]:
+            share[mq] = 1
+        return {mq: start.get(mq, available[mq]) + share[mq] for mq in queues}
+    for mq in behind:
+        share[mq] = 1
+    rest, rest_total = max_messages - len(behind), total - len(behind)
     remainders: list[tuple[int, int, MessageQueue]] = []
-    for i, mq in enumerate(queues):
-        whole, rest = divmod(backlog[mq] * max_messages, total)
-        share[mq] = whole
-        remainders.append((-rest, i, mq))
+    for i, mq in enumerate(behind):
+        whole, left_over = divmod((backlog[mq] - 1) * rest, rest_total) if rest_total else (0, 0)
+        share[mq] += whole
+        remainders.append((-left_over, i, mq))
     left = max_messages - sum(share.values())
     for _, _, mq in sorted(remainders)[:left]:
         share[mq] += 1
