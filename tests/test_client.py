@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from pymq_proto.record import MessageConst, decode_properties
+from pymq_proto.record import MessageConst, decode_properties, encode_properties
 from pyspark_pymq import Message, MessageQueue, Producer
 from pyspark_pymq.client.message import encode_message_properties, new_uniq_key
 from pyspark_pymq.client.producer import LatencyFaultTolerance
@@ -27,6 +27,24 @@ def test_message_validates_its_fields() -> None:
         Message("t", b"x", delay_level=-1)
     with pytest.raises(TypeError, match="str to str"):
         Message("t", b"x", properties={"n": 1})  # type: ignore[dict-item]
+    # tags, keys and the sharding key become properties: a separator would inject one
+    # (TRAN_MSG=true: a half message nobody ends, never delivered; DELAY ...)
+    for fields in ({"tags": "x\x02TRAN_MSG\x01true"}, {"keys": ["k\x01v"]},
+                   {"sharding_key": "s\x02DELAY\x013"}):
+        with pytest.raises(ValueError, match=r"reserved \\x01/\\x02"):
+            Message("t", b"x", **fields)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="sharding_key must be a string"):
+        Message("t", b"x", sharding_key=7)  # type: ignore[arg-type]
+
+
+def test_properties_over_rocketmqs_limit_are_refused_naming_the_message() -> None:
+    from pyspark_pymq.client.codec import encode_records
+    from pyspark_pymq.errors import MessageIllegalError
+
+    ok = encode_properties({"k": "v" * 32_000})
+    encode_records("t", [b"a"], [ok])
+    with pytest.raises(MessageIllegalError, match=r"message 1 .* 70\d{3} bytes encoded, over .* 32767"):
+        encode_records("t", [b"a", b"b"], [ok, encode_properties({"k": "v" * 70_000})])
 
 
 def test_system_properties_are_encoded_the_rocketmq_way() -> None:

@@ -13,12 +13,14 @@ import pyarrow as pa
 from pymq_proto.record import (
     HEADER,
     HEADER_SIZE,
+    MAX_PROPERTIES_SIZE,
     MESSAGE_MAGIC_CODE,
     MessageConst,
     property_key,
     remove_property,
 )
 
+from ..errors import MessageIllegalError
 from .message import MessageExt, RowKeys
 
 __all__ = [
@@ -104,6 +106,11 @@ def encode_records(
     add_size = sizes.append
     for i, body in enumerate(bodies):
         props = properties[i]
+        if len(props) > MAX_PROPERTIES_SIZE:
+            raise MessageIllegalError(
+                f"message {i} of the batch: its properties (tags, keys and the others) are "
+                f"{len(props)} bytes encoded, over RocketMQ's limit of {MAX_PROPERTIES_SIZE}"
+            )
         size = fixed + len(body) + len(props)
         parts += (
             pack(size, MESSAGE_MAGIC_CODE, 0, 0, flags[i] if flags else 0, 0, 0, 0, born_timestamp, 0,

@@ -98,6 +98,15 @@ class Message:
         for k in keys:
             if not isinstance(k, str) or not k or " " in k:
                 raise ValueError(f"Message key {k!r} must be a non-empty string without spaces")
+        if sharding_key is not None and not isinstance(sharding_key, str):
+            raise TypeError(f"Message sharding_key must be a string, got {type(sharding_key).__name__}")
+        # tags, keys and the sharding key are stored as properties: a separator in one would
+        # end it early and make the rest a property of its own (TRAN_MSG, DELAY ...)
+        for what, text in (("tags", tags), ("sharding_key", sharding_key), *(("key", k) for k in keys)):
+            if text is not None and ("\x01" in text or "\x02" in text):
+                shown = text if len(text) <= 60 else text[:57] + "..."
+                raise ValueError(f"Message {what} {shown!r} contains a reserved \\x01/\\x02 "
+                                 "(RocketMQ's property separators)")
         if not isinstance(delay_level, int) or delay_level < 0:
             raise ValueError(f"Message delay_level must be an int >= 0, got {delay_level!r}")
         props = dict(properties or {})
