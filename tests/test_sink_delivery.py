@@ -196,3 +196,20 @@ def test_a_send_stored_but_not_flushed_fails_the_task(tmp_path: Any, mode: str) 
         with pytest.raises(PymqError, match=r"rows 0\.\.9 .* answered FLUSH_DISK_TIMEOUT") as err:
             write_partition(opts, _rows(10))
         assert err.value.code == "FLUSH_DISK_TIMEOUT"
+
+
+def test_max_batch_bytes_sizes_batches_not_rows(broker: BrokerProcess) -> None:
+    """maxBatchBytes is how big a request of rows may grow; a row larger than it goes alone
+    (the broker takes up to 4 MiB), and only a row over 4 MiB fails, naming that limit."""
+    topic = unique("batch-bytes")
+    Admin(broker.endpoint).create_topic(topic, queues=2)
+    big = b"x" * 2000
+    plain = pa.record_batch([pa.array([big] * 3)], names=["body"])
+    keyed = pa.record_batch([pa.array([big] * 2), pa.array([["k"], ["k"]])], names=["body", "keys"])
+    for batch in (plain, keyed):
+        opts = _options(broker.endpoint, topic, maxBatchBytes="1024")
+        assert write_partition(opts, iter([batch])).rows == batch.num_rows
+    assert len(read_all(broker.endpoint, topic)) == 5
+    huge = pa.record_batch([pa.array([b"y" * (4 * 1024 * 1024 + 1)])], names=["body"])
+    with pytest.raises(PymqError, match="over maxMessageSize 4194304"):
+        write_partition(_options(broker.endpoint, topic, maxBatchBytes="1024"), iter([huge]))

@@ -93,6 +93,8 @@ class Producer:
         producer_group: RocketMQ's producer group, kept as PGROUP.
         send_msg_timeout_ms: per request, 3000 as in RocketMQ.
         max_message_size: 4 MiB; a larger message fails before it is sent.
+        max_batch_bytes: a batch (``send_batch``) goes out as requests of at most
+            this many bytes; ``max_message_size`` by default.
 
     Example::
 
@@ -121,6 +123,7 @@ class Producer:
         send_msg_timeout_ms: int = 3000,
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         max_in_flight: int = 64,
+        max_batch_bytes: int | None = None,
     ) -> None:
         if send_mode not in SEND_MODES:
             raise ValueError(f"send_mode must be one of {SEND_MODES}, got {send_mode!r}")
@@ -130,6 +133,7 @@ class Producer:
             ("send_msg_timeout_ms", send_msg_timeout_ms, 1),
             ("max_message_size", max_message_size, 1),
             ("max_in_flight", max_in_flight, 1),
+            ("max_batch_bytes", max_message_size if max_batch_bytes is None else max_batch_bytes, 1),
         ):
             if not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
@@ -139,6 +143,7 @@ class Producer:
         self.retry_times_when_send_async_failed = retry_times_when_send_async_failed
         self.timeout = send_msg_timeout_ms / 1000.0
         self.max_message_size = max_message_size
+        self.max_batch_bytes = max_message_size if max_batch_bytes is None else max_batch_bytes
         self._backend: Backend = open_backend(
             backend_config(endpoint, namesrv_addr, access_key, secret_key,
                            client_tls(tls, tls_ca_file, tls_cert_file, tls_key_file)), self.timeout
@@ -363,14 +368,14 @@ class Producer:
         return SendRequest(topic, framed[0], framed[1], uniq)
 
     def _split_batch(self, prepared: SendRequest) -> list[SendRequest]:
-        """Batches of at most ``max_message_size`` bytes (a record too big alone goes alone)."""
-        if len(prepared.records) <= self.max_message_size:
+        """Batches of at most ``max_batch_bytes`` bytes (a record too big alone goes alone)."""
+        if len(prepared.records) <= self.max_batch_bytes:
             return [prepared]
         ends = np.cumsum(prepared.sizes, dtype=np.int64)
         chunks: list[SendRequest] = []
         start, base = 0, 0
         while start < len(ends):
-            stop = max(int(np.searchsorted(ends, base + self.max_message_size, side="right")), start + 1)
+            stop = max(int(np.searchsorted(ends, base + self.max_batch_bytes, side="right")), start + 1)
             chunks.append(prepared.slice(start, stop, base, int(ends[stop - 1])))
             start, base = stop, int(ends[stop - 1])
         return chunks

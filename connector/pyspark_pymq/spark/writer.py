@@ -191,7 +191,7 @@ def _open_producer(opts: SinkOptions, new_producer: Callable[..., Producer]) -> 
         retry_times_when_send_failed=opts.retry_times_when_send_failed,
         retry_times_when_send_async_failed=opts.retry_times_when_send_async_failed,
         send_msg_timeout_ms=opts.send_msg_timeout_ms,
-        max_message_size=opts.max_batch_bytes,
+        max_batch_bytes=opts.max_batch_bytes,
         max_in_flight=opts.max_in_flight,
     )
 
@@ -234,7 +234,7 @@ class _SendTask:
     def send_arrow_batch(self, batch: pa.RecordBatch) -> bool:
         """The whole batch at once, laid out by Arrow (:func:`encode_plain_batch`); False if it cannot be."""
         topic, first, n = self.opts.topic, self.rows, batch.num_rows
-        plain = encode_plain_batch(batch, topic, self.prefix, first, self.where, self.max_batch_bytes,
+        plain = encode_plain_batch(batch, topic, self.prefix, first, self.where, self.producer.max_message_size,
                                    self.extra_properties, self.producer.backend)
         if plain is None or not topic:
             return False
