@@ -6,6 +6,7 @@ store's single writer thread does every append.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import struct
@@ -99,12 +100,10 @@ class GroupCommitService(ServiceThread):
                 with self._lock:
                     self._requests.append((end, fut))
                 continue
-            try:
+            # a put that stopped waiting (syncFlushTimeout: answered FLUSH_DISK_TIMEOUT) cancelled
+            # its future; the others of this round must still be answered
+            with contextlib.suppress(InvalidStateError):
                 fut.set_result(True)
-            except InvalidStateError:
-                # its put stopped waiting (syncFlushTimeout: answered FLUSH_DISK_TIMEOUT); the
-                # others of this round must still be answered
-                pass
 
 
 class StoreCheckpoint:
