@@ -234,8 +234,9 @@ class _SendTask:
     def send_arrow_batch(self, batch: pa.RecordBatch) -> bool:
         """The whole batch at once, laid out by Arrow (:func:`encode_plain_batch`); False if it cannot be."""
         topic, first, n = self.opts.topic, self.rows, batch.num_rows
-        plain = encode_plain_batch(batch, topic, self.prefix, first, self.where, self.producer.max_message_size,
-                                   self.extra_properties, self.producer.backend)
+        plain = encode_plain_batch(batch, topic, self.prefix, first, self.where,
+                                   self.producer.max_message_size, self.extra_properties,
+                                   self.producer.backend)
         if plain is None or not topic:
             return False
         records, sizes, row_keys = plain
