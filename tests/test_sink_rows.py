@@ -220,3 +220,13 @@ def test_oneway_counts_the_rows_not_acknowledged_without_failing() -> None:
     done = _send([pa.RecordBatch.from_pydict({"body": pa.array([b"0", b"1", b"2"])})], producer,
                  sendMode="oneway")
     assert producer.flushed and done.unacknowledged == 2 and done.rows == 3
+
+
+def test_listener_settings_are_checked_when_it_is_made() -> None:
+    # not at the first failed message, inside a Spark task that has already run the listener
+    from pyspark_pymq.spark.listener import MessageListener
+
+    for bad in (0, -1, "3"):
+        with pytest.raises(ValueError, match=r"max_reconsume_times must be an int >= 1 .* got"):
+            MessageListener("127.0.0.1:1", "g", lambda m: None, max_reconsume_times=bad)  # type: ignore[arg-type]
+    MessageListener("127.0.0.1:1", "g", lambda m: None, max_reconsume_times=1)

@@ -256,8 +256,15 @@ class MessageListener:
                 "consume_message_batch_max_size must be an int in 1..1024, got "
                 f"{consume_message_batch_max_size!r}"
             )
-        if max_reconsume_times is not None and max_reconsume_times < 0:
-            raise ValueError(f"max_reconsume_times must be >= 0, got {max_reconsume_times}")
+        if max_reconsume_times is not None and (
+            not isinstance(max_reconsume_times, int) or max_reconsume_times < 1
+        ):
+            # checked here, not at the first failed message: there it would fail a Spark task
+            # after the listener had already run over the partition
+            raise ValueError(
+                "max_reconsume_times must be an int >= 1 (None: the group's retryMaxTimes), got "
+                f"{max_reconsume_times!r}"
+            )
         if suspend_current_queue_time_millis < 0:
             raise ValueError(
                 f"suspend_current_queue_time_millis must be >= 0, got {suspend_current_queue_time_millis}"
