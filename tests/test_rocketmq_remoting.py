@@ -1264,3 +1264,32 @@ def test_broker_errors_are_typed_and_named(cluster: Any, api: MQClientAPI, topic
     assert sent.status is SendStatus.SEND_OK
     route = NameServerClient(cluster.namesrv_addr, remoting=api.remoting).get_route_info(read_only)
     assert route.publish_queues() == () and len(route.subscribe_queues()) == 1
+
+
+def test_a_subscription_of_blanks_around_a_star_reaches_the_broker_as_star(server: FakeServer) -> None:
+    # RocketMQ's FilterAPI trims each tag, not the expression: " * " would be the tag "*",
+    # which no message has, while the backend's own checks read it as "every message"
+    from pyspark_pymq.backend.base import BackendConfig
+    from pyspark_pymq.backend.rocketmq import RocketMQBackend
+    from pyspark_pymq.client.message import MessageQueue
+
+    backend = RocketMQBackend(BackendConfig(namesrv_addr="127.0.0.1:9"), timeout_s=2)
+    backend._addr = lambda mq: server.addr  # type: ignore[method-assign]
+    sent: list[str] = []
+
+    def answer() -> None:
+        conn = server.accept()
+        for _ in range(2):
+            req = server.read_frame(conn)
+            sent.append(req.ext_fields["subscription"])
+            conn.sendall(_answer(req, ResponseCode.PULL_NOT_FOUND, nextBeginOffset="0", minOffset="0",
+                                 maxOffset="0", suggestWhichBrokerId="0"))
+
+    t = threading.Thread(target=answer, daemon=True)
+    t.start()
+    try:
+        for blank in (" * ", "  "):
+            backend.pull("g", MessageQueue("T", "broker-a", 0), 0, 32, subscription=blank)
+    finally:
+        t.join(5)
+    assert sent == ["*", "*"]

@@ -199,7 +199,10 @@ class RocketMQBackend(Backend):
         timeout_s: float | None = None,
     ) -> PullBatch:
         addr = self._addr(mq)
-        plain = expression_type == "TAG" and subscription.strip() in ("", "*") and not suspend_timeout_ms
+        # RocketMQ's broker reads " * " as the tag "*" (FilterAPI.buildSubscriptionData trims
+        # only each tag): nothing would match, while every other place here reads it as all
+        subscription = subscription.strip() or "*"
+        plain = expression_type == "TAG" and subscription == "*" and not suspend_timeout_ms
         learned = self._pull_caps.get(addr)
         now = time.monotonic()
         if plain and learned is not None and max_nums > learned[0] and now - learned[1] < PULL_CAP_TTL_S:
