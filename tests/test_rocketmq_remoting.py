@@ -1293,3 +1293,18 @@ def test_a_subscription_of_blanks_around_a_star_reaches_the_broker_as_star(serve
     finally:
         t.join(5)
     assert sent == ["*", "*"]
+
+
+def test_a_new_connection_has_a_new_id(server: FakeServer, client: RemotingClient) -> None:
+    # what a broker ties to a connection (a producer group's registration for check-backs) is
+    # registered again when the id changes: a reconnect must never look like the same one
+    ids = []
+    for _ in range(20):
+        client._connection(server.addr, 1.0)
+        ids.append(client.connection_id(server.addr))
+        server.accept().close()  # the broker drops it
+        deadline = time.monotonic() + 2
+        while client.connection_id(server.addr) is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)  # its reader thread ends and the old object is freed: id() is reused
+    assert None not in ids and len(set(ids)) == len(ids)

@@ -374,8 +374,12 @@ class _TlsSession:
 class _Connection:
     """One socket, its reader thread, and the requests waiting for an answer on it."""
 
+    # ``id()`` of a closed connection is often the next one's: a number of its own tells them apart
+    _numbers = itertools.count(1)
+
     def __init__(self, client: RemotingClient, addr: str, sock: socket.socket,
                  tls: _TlsSession | None = None) -> None:
+        self.number = next(self._numbers)
         self.client = client
         self.addr = addr
         self.sock = sock
@@ -868,7 +872,7 @@ class RemotingClient:
         registered again.
         """
         conn = self._conns.get((os.getpid(), addr))
-        return None if conn is None or conn.closed else id(conn)
+        return None if conn is None or conn.closed else conn.number
 
     def close_connection(self, addr: str) -> None:
         """Close this process's connection to ``addr`` (the next request opens a new one)."""
