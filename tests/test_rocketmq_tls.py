@@ -55,6 +55,14 @@ def test_spark_writes_and_reads_over_tls(spark: Any, tls_cluster: TlsCluster) ->
     got = (spark.read.format("pymq").options(**tls).option("topic", topic)
            .option("startingOffsets", "earliest").load().select("keys", "body").collect())
     assert sorted((r["keys"][0], bytes(r["body"])) for r in got) == sorted(rows)
+    # the admin tables over TLS too: the Admin and the views built on it
+    from pyspark_pymq import Admin
+
+    stats = Admin(namesrv_addr=cluster.namesrv_addr, tls=True, tls_ca_file=certs.ca).topic_stats(topic)
+    assert int(stats["max_offset"].sum()) == len(rows)
+    queues = (spark.read.format("pymq").options(**tls).option("view", "queues").option("topic", topic)
+              .load().collect())
+    assert sum(r["max_offset"] for r in queues) == len(rows)
 
 
 def test_a_plaintext_client_is_told_to_turn_tls_on(tls_cluster: TlsCluster) -> None:

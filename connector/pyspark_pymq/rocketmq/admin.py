@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pymq_proto.topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX, is_retry_topic
 
-from ..backend.base import BackendConfig, QueueBounds, open_backend
+from ..backend.base import BackendConfig, QueueBounds, client_tls, open_backend
 from ..client.admin import DLQ_BROWSER_GROUP, Admin, GroupConfig, _frame
 from ..client.consumer import PullConsumer, dlq_topic
 from ..client.message import MessageQueue
@@ -24,6 +24,7 @@ from ..errors import PymqError, TopicNotExistError
 if TYPE_CHECKING:
     import pandas as pd
 
+    from ..tls import TlsConfig
     from .api import MQClientAPI
     from .route import NameServerClient
 
@@ -59,6 +60,8 @@ class RocketMQAdmin(Admin):
     Args:
         namesrv_addr: ``"host:9876;host2:9876"``.
         access_key, secret_key: RocketMQ ACL credentials.
+        tls, tls_ca_file, tls_cert_file, tls_key_file: TLS to the name servers and brokers,
+            as :class:`Admin` takes them.
 
     Example::
 
@@ -71,6 +74,8 @@ class RocketMQAdmin(Admin):
     def __init__(
         self, endpoint: str | None = None, *, namesrv_addr: str | None = None,
         access_key: str | None = None, secret_key: str | None = None, timeout_ms: int = 10_000,
+        tls: bool | TlsConfig | None = None, tls_ca_file: str | None = None,
+        tls_cert_file: str | None = None, tls_key_file: str | None = None,
     ) -> None:
         from ..backend.rocketmq import RocketMQBackend
 
@@ -78,7 +83,9 @@ class RocketMQAdmin(Admin):
             raise ValueError("RocketMQAdmin needs namesrv_addr ('host:9876;host2:9876')")
         if (access_key is None) != (secret_key is None):
             raise ValueError("give both access_key and secret_key (RocketMQ's ACL credentials), or neither")
-        backend = open_backend(BackendConfig(None, namesrv_addr, access_key, secret_key), timeout_ms / 1000.0)
+        config = BackendConfig(None, namesrv_addr, access_key, secret_key,
+                               client_tls(tls, tls_ca_file, tls_cert_file, tls_key_file))
+        backend = open_backend(config, timeout_ms / 1000.0)
         assert isinstance(backend, RocketMQBackend)
         self._backend = backend
         self._namesrv: NameServerClient = backend.namesrv

@@ -89,7 +89,8 @@ def _rows(opts: ViewOptions) -> list[dict[str, Any]]:
     from ..client.admin import Admin  # on an executor only: the stream's driver never needs it
 
     cfg = opts.backend
-    admin = (Admin(namesrv_addr=cfg.namesrv_addr, access_key=cfg.access_key, secret_key=cfg.secret_key)
+    admin = (Admin(namesrv_addr=cfg.namesrv_addr, access_key=cfg.access_key, secret_key=cfg.secret_key,
+                   tls=cfg.tls)
              if cfg.namesrv_addr
              else Admin(cfg.endpoint, access_key=cfg.access_key, secret_key=cfg.secret_key, tls=cfg.tls))
     if opts.view == "topics":
