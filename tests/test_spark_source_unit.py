@@ -420,6 +420,24 @@ def test_decoder_stops_at_the_range_end_and_handles_odd_properties() -> None:
     assert decode_to_arrow(b"", topic="t", broker_name="b", retry=False).num_rows == 0
 
 
+def test_keys_of_a_record_naming_keys_twice_or_empty_stay_its_own() -> None:
+    # a foreign producer's properties: KEYS twice in one record, or an empty KEYS, between
+    # ordinary records: each row keeps its keys (the last KEYS counts, as the client decoder says)
+    def rec(props: bytes, offset: int) -> bytes:
+        return encode_record(
+            topic=b"orders", queue_id=0, flag=0, body=b"x", properties=props, queue_offset=offset,
+            physical_offset=1000 + offset, sys_flag=0, born_timestamp=1, store_timestamp=2,
+            store_host=HOST, reconsume_times=0,
+        )
+
+    for odd, keys in ((b"KEYS\x01a\x02KEYS\x01b c\x02", ["b", "c"]), (b"KEYS\x01\x02UNIQ_KEY\x01U\x02", [])):
+        raw = rec(b"KEYS\x01p\x02", 0) + rec(odd, 1) + rec(b"KEYS\x01q r\x02", 2)
+        batch = decode_to_arrow(raw, topic="orders", broker_name="broker-a", retry=False)
+        assert batch.column("keys").to_pylist() == [["p"], keys, ["q", "r"]]
+        assert batch.column("keys").equals(messages_to_batch(
+            decode_messages(raw, "broker-a"), read_from="orders", retry=False).column("keys"))
+
+
 def test_record_starts_fast_path_and_fallback() -> None:
     def rec(body_size: int, offset: int) -> bytes:
         return encode_record(

@@ -379,9 +379,18 @@ def _keys_column(entry_keys: pa.Array, entry_values: pa.Array, entry_record: np.
         return pa.ListArray.from_arrays(
             pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.string()), type=list_type
         )
-    split = pc.split_pattern(entry_values.take(pa.array(hits)), " ")
+    records = entry_record[hits]
+    if len(records) > 1 and bool((records[1:] == records[:-1]).any()):
+        # a record naming KEYS twice (a foreign producer's): the last value counts, as in the
+        # per-message decoder; one list per record, or later records' keys would shift
+        last = np.append(records[1:] != records[:-1], True)
+        hits, records = hits[last], records[last]
+    values = entry_values.take(pa.array(hits))
+    # an empty KEYS is no key (the per-message decoder's ()), not one empty key
+    values = pc.if_else(pc.equal(pc.binary_length(values), 0), pa.scalar(None, pa.string()), values)
+    split = pc.split_pattern(values, " ")
     lengths = np.zeros(n, dtype=np.int32)
-    lengths[entry_record[hits]] = pc.list_value_length(split).to_numpy(zero_copy_only=False)
+    lengths[records] = pc.list_value_length(split).fill_null(0).to_numpy(zero_copy_only=False)
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
     return pa.ListArray.from_arrays(pa.array(offsets), split.flatten(), type=list_type)
