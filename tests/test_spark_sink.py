@@ -510,3 +510,29 @@ def test_a_send_back_that_cannot_be_done_fails_the_batch_and_its_rerun_loses_not
         assert sorted(int(d.body) for d in admin.dead_letter_messages(group)) == sorted(poison)
     finally:
         broker.stop()
+
+
+def test_two_writes_in_one_foreach_batch_send_keys_of_their_own(
+    spark: Any, shared_broker: Any, tmp_path: Path
+) -> None:
+    """A df.write inside foreachBatch sees the stream's query and batch ids: two writes of one
+    micro-batch must not send the same msgIds, or a de-duplication window keeps only the first."""
+    ep = shared_broker.endpoint
+    topic = unique("fb-two")
+    Admin(ep).create_topic(topic, queues=2, dedup_window_ms=600_000)
+    source = tmp_path / "in"
+    source.mkdir()
+    (source / "part.json").write_text("".join(f'{{"id": {i}}}\n' for i in range(20)))
+
+    def each_batch(df: Any, batch_id: int) -> None:
+        for kind in ("order", "refund"):
+            (df.selectExpr(f"CONCAT('{kind}-', id) AS body").write.format("pymq")
+             .option("endpoint", ep).option("topic", topic).mode("append").save())
+
+    query = (spark.readStream.schema("id INT").json(str(source)).writeStream.foreachBatch(each_batch)
+             .option("checkpointLocation", str(tmp_path / "chk")).trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    got = read_all(ep, topic)
+    assert sorted(m.body.decode() for m in got) == sorted(
+        f"{kind}-{i}" for kind in ("order", "refund") for i in range(20))
+    assert len({m.msg_id for m in got}) == 40

@@ -73,6 +73,7 @@ class SinkOptions:
     write_id: str  # distinguishes batch (non-streaming) writes in UNIQ_KEYs
     exactly_once: bool = False
     checkpoint_location: str | None = None  # a local path: exactly-once keeps its commit markers there
+    stream: bool = False  # writeStream (else a df.write, maybe one of several in a foreachBatch)
 
     @property
     def endpoint(self) -> str:
@@ -243,6 +244,7 @@ def parse_sink_options(raw_options: Mapping[str, str], schema: StructType, *, st
         write_id=uuid.uuid4().hex,
         exactly_once=exactly_once,
         checkpoint_location=checkpoint,
+        stream=stream,
     )
 
 

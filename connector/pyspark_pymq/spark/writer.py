@@ -86,7 +86,13 @@ def _task_ids(opts: SinkOptions) -> _TaskIds:
     ctx = TaskContext.get()
     if ctx is None:  # called directly (tests, tools)
         return _TaskIds(opts.write_id, "0", 0, 0)
-    query = ctx.getLocalProperty("sql.streaming.queryId") or opts.write_id
+    query = ctx.getLocalProperty("sql.streaming.queryId")
+    if not query:
+        query = opts.write_id
+    elif not opts.stream:
+        # a df.write inside a foreachBatch sees the stream's ids too: two writes of one
+        # micro-batch would send the same keys, and a de-duplication window keep only the first
+        query = f"{query}:{opts.write_id}"
     batch = ctx.getLocalProperty("streaming.sql.batchId") or "0"
     return _TaskIds(query, batch, ctx.partitionId(), ctx.attemptNumber())
 
