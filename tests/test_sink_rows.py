@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from datetime import datetime, timezone
-from typing import cast
+from typing import Any, cast
 
 import pyarrow as pa
 import pytest
 from pyspark.sql.types import BinaryType, IntegerType, StringType, StructField, StructType
 from pyspark_pymq.backend import BackendConfig
 from pyspark_pymq.backend.pymq import PymqBackend
+from pyspark_pymq.client.message import Message, MessageQueue
 from pyspark_pymq.client.producer import Producer
 from pyspark_pymq.errors import BrokerUnavailableError, PymqError
 from pyspark_pymq.spark.rows import _ms_column, column
@@ -115,7 +116,7 @@ class _RecordingProducer:
         return [self.answer]
 
     def send_encoded(self, topic: str, bodies: list[bytes], props: list[bytes], keys: list[str], *,
-                     queue_id: int | None = None) -> list[object]:
+                     queue_id: int | None = None, broker_name: str | None = None) -> list[object]:
         rows = [int(k[len(_PREFIX):], 16) for k in keys]
         self.props.update(zip(rows, props, strict=True))
         self.bodies.update(zip(rows, bodies, strict=True))
@@ -124,11 +125,11 @@ class _RecordingProducer:
     def send_records(self, topic: str, records: bytes, sizes: object, keys: Sequence[str]) -> list[object]:
         return self._sent(topic, None, keys)
 
-    def queue_for_key(self, topic: str, sharding_key: str) -> int:
+    def message_queue_for_key(self, topic: str, sharding_key: str) -> MessageQueue:
         self.queue_look_ups.append((topic, sharding_key))
         if self.fail is not None:
             raise self.fail
-        return {"a": 1, "b": 2}[sharding_key]
+        return MessageQueue(topic, "broker-a", {"a": 1, "b": 2}[sharding_key])
 
     def flush(self) -> None:
         self.flushed = True
@@ -230,3 +231,36 @@ def test_listener_settings_are_checked_when_it_is_made() -> None:
         with pytest.raises(ValueError, match=r"max_reconsume_times must be an int >= 1 .* got"):
             MessageListener("127.0.0.1:1", "g", lambda m: None, max_reconsume_times=bad)  # type: ignore[arg-type]
     MessageListener("127.0.0.1:1", "g", lambda m: None, max_reconsume_times=1)
+
+
+def test_sharded_rows_go_where_producer_send_puts_their_key_on_a_topic_of_two_brokers() -> None:
+    # a RocketMQ cluster's topic: queue ids 0..3 on broker-a and on broker-b; each key's rows
+    # must go to the one queue Producer.send chooses for it (MessageQueueSelector by hash)
+    from pyspark_pymq.client.message import SendResult, SendStatus
+    from pyspark_pymq.client.route import TopicRoute
+
+    queues = tuple(MessageQueue("t", b, q) for b in ("broker-a", "broker-b") for q in range(4))
+    route = TopicRoute("t", queues, (), {"broker-a": "a:1", "broker-b": "b:1"})
+    producer = Producer("127.0.0.1:1")  # never connects: route and send are stubbed
+    producer._backend.route = lambda topic, refresh=False: route  # type: ignore[method-assign]
+    sent: list[tuple[MessageQueue, str]] = []
+
+    def send(group: str, req: Any, mq: MessageQueue, timeout: float, half: bool = False) -> SendResult:
+        sent.extend((mq, k) for k in req.uniq_keys)
+        return SendResult(SendStatus.SEND_OK, mq, 0, tuple(req.uniq_keys), (), bytes(8))
+
+    producer._backend.send = send  # type: ignore[method-assign]
+    keys = [f"order-{i}" for i in range(40)]
+    batch = pa.RecordBatch.from_pydict({"body": pa.array([b"x"] * 40), "sharding_key": pa.array(keys)})
+    opts = parse_sink_options({"endpoint": "127.0.0.1:1", "topic": "t"},
+                              StructType([StructField("body", BinaryType()),
+                                          StructField("sharding_key", StringType())]), stream=False)
+    _send_rows(opts, iter([batch]), _TaskIds("q", "0", 0, 0), new_producer=lambda *_, **__: producer,
+               prefix=_PREFIX)
+    by_key = {keys[int(k[len(_PREFIX):], 16)]: mq for mq, k in sent}
+    assert {mq.broker_name for mq in by_key.values()} == {"broker-a", "broker-b"}
+    for key in keys:
+        assert by_key[key] == producer.message_queue_for_key("t", key)
+        sent.clear()
+        producer.send(Message("t", b"x", sharding_key=key))
+        assert sent[0][0] == by_key[key]

@@ -145,11 +145,13 @@ class SendRequest:
     sharding_key: str | None = None
     queue_id: int | None = None
     reconsume_times: int = 0  # a consumer's own copy to %RETRY% (RocketMQ's send back fallback)
+    broker_name: str | None = None  # with queue_id: that broker's queue (a topic on several brokers)
 
     def slice(self, start: int, stop: int, first_byte: int, end_byte: int) -> SendRequest:
         return SendRequest(
             self.topic, self.records[first_byte:end_byte], self.sizes[start:stop],
             self.uniq_keys[start:stop], self.sharding_key, self.queue_id, self.reconsume_times,
+            self.broker_name,
         )
 
 

@@ -190,13 +190,15 @@ class Producer:
         *,
         queue_id: int | None = None,
         sharding_key: str | None = None,
+        broker_name: str | None = None,
     ) -> list[Any]:
         """Send messages whose properties are already encoded (RocketMQ's encoding).
 
         The fast path for bulk writers (the Spark sink): no Message objects.
         ``properties[i]`` must carry ``UNIQ_KEY`` = ``uniq_keys[i]``. The messages
         go as batches of at most ``max_message_size`` bytes to ``queue_id``, or
-        to the sharding key's queue, or round robin. Returns one result per batch,
+        to the sharding key's queue, or round robin (``broker_name``: the queue id of that
+        broker, where the topic is on several). Returns one result per batch,
         shaped by ``send_mode`` as :meth:`send`.
         """
         if self._closed:
@@ -212,7 +214,7 @@ class Producer:
         props = [uniq_first(p, k) for p, k in zip(properties, uniq_keys, strict=True)]
         records, sizes = self._backend.encode_records(topic, bodies, props)
         return self.send_records(topic, records, sizes, uniq_keys, queue_id=queue_id,
-                                 sharding_key=sharding_key)
+                                 sharding_key=sharding_key, broker_name=broker_name)
 
     def send_records(
         self,
@@ -223,6 +225,7 @@ class Producer:
         *,
         queue_id: int | None = None,
         sharding_key: str | None = None,
+        broker_name: str | None = None,
     ) -> list[Any]:
         """Send message images built by the backend (:meth:`Backend.encode_records` or ``frame_columns``).
 
@@ -241,7 +244,8 @@ class Producer:
         if not len(size_arr):
             return []
         keys = uniq_keys if isinstance(uniq_keys, RowKeys) else list(uniq_keys)
-        prepared = SendRequest(topic, records, size_arr, keys, sharding_key, queue_id)
+        prepared = SendRequest(topic, records, size_arr, keys, sharding_key, queue_id,
+                               broker_name=broker_name)
         return self._send_prepared(prepared)
 
     @property
@@ -382,8 +386,13 @@ class Producer:
 
     def queue_for_key(self, topic: str, sharding_key: str) -> int:
         """The queue id a sharding key maps to (MessageQueueSelector by hash)."""
+        return self.message_queue_for_key(topic, sharding_key).queue_id
+
+    def message_queue_for_key(self, topic: str, sharding_key: str) -> MessageQueue:
+        """The queue a sharding key maps to (MessageQueueSelector by hash), broker included:
+        where :meth:`send` puts a message with that ``sharding_key``."""
         queues = self._publish_queues(topic)
-        return queues[zlib.crc32(sharding_key.encode()) % len(queues)].queue_id
+        return queues[zlib.crc32(sharding_key.encode()) % len(queues)]
 
     def _publish_queues(self, topic: str) -> tuple[MessageQueue, ...]:
         queues = self._backend.route(topic).publish_queues
@@ -400,7 +409,7 @@ class Producer:
         queues = self._publish_queues(prepared.topic)
         if prepared.queue_id is not None:
             for mq in queues:
-                if mq.queue_id == prepared.queue_id:
+                if mq.queue_id == prepared.queue_id and prepared.broker_name in (None, mq.broker_name):
                     return mq
             raise IllegalArgumentError(
                 f"queue id {prepared.queue_id} is out of range for topic {prepared.topic!r}: "

@@ -227,7 +227,8 @@ class _SendTask:
         self.max_batch_bytes = opts.max_batch_bytes
         self.partition_id = ids.partition_id
         self.where = f"partition {ids.partition_id} of batch {ids.batch_id}"
-        self.open_batches: dict[tuple[str, int | None], _MessageBatch] = {}
+        # (topic, queue id, broker): a sharding key's queue is a broker's; a queue_id column's any
+        self.open_batches: dict[tuple[str, int | None, str | None], _MessageBatch] = {}
         self.in_flight: list[tuple[int, int, Future[Any]]] = []  # async: (first row, last row, answer)
         self.rows = 0  # rows taken: the index of the next one
 
@@ -272,15 +273,17 @@ class _SendTask:
                 encoded = _encode_properties(props, tags, keys, delay, shard, uniq) + extra
             except ValueError as err:
                 raise ValueError(f"row {row} of {where}: {err}") from None
+            broker = None
             if queue_id is None and shard is not None:  # MessageQueueSelector by hash (inline: per row)
                 try:
-                    queue_id = producer.queue_for_key(topic, shard)
+                    mq = producer.message_queue_for_key(topic, shard)
                 except PymqError as err:
                     raise _naming(err, f"choosing the queue of row {row} of {where} in {topic!r}") from err
+                queue_id, broker = mq.queue_id, mq.broker_name
             if delay:  # RocketMQ does not delay batches: a delayed message goes alone
-                self._send_encoded(topic, queue_id, row, [body], [encoded], [uniq])
+                self._send_encoded((topic, queue_id, broker), row, [body], [encoded], [uniq])
             else:
-                accumulate((topic, queue_id), row, body, encoded, uniq)
+                accumulate((topic, queue_id, broker), row, body, encoded, uniq)
             row += 1
         self.rows = row
 
@@ -293,7 +296,7 @@ class _SendTask:
         return SinkCommitMessage(self.partition_id, self.rows, unacknowledged=lost)
 
     def _accumulate(
-        self, dest: tuple[str, int | None], row: int, body: bytes, props: bytes, key: str,
+        self, dest: tuple[str, int | None, str | None], row: int, body: bytes, props: bytes, key: str,
     ) -> None:
         """The row joins its destination's batch, which is sent once it holds ``maxBatchBytes``."""
         batch = self.open_batches.get(dest)
@@ -306,16 +309,19 @@ class _SendTask:
         if batch.size >= self.max_batch_bytes:
             self._send_batch(dest, self.open_batches.pop(dest))
 
-    def _send_batch(self, dest: tuple[str, int | None], batch: _MessageBatch) -> None:
-        self._send_encoded(dest[0], dest[1], batch.first_row, batch.bodies, batch.props, batch.keys)
+    def _send_batch(self, dest: tuple[str, int | None, str | None], batch: _MessageBatch) -> None:
+        self._send_encoded(dest, batch.first_row, batch.bodies, batch.props, batch.keys)
 
     def _send_encoded(
-        self, topic: str, queue_id: int | None, first: int, bodies: list[bytes], props: list[bytes],
-        keys: list[str],
+        self, dest: tuple[str, int | None, str | None], first: int, bodies: list[bytes],
+        props: list[bytes], keys: list[str],
     ) -> None:
-        """Rows ``first``... with their properties encoded, to ``queue_id`` (None: round robin)."""
+        """Rows ``first``... with their properties encoded, to ``dest``: (topic, queue id, broker);
+        queue id None: round robin."""
+        topic, queue_id, broker = dest
         try:
-            results = self.producer.send_encoded(topic, bodies, props, keys, queue_id=queue_id)
+            results = self.producer.send_encoded(topic, bodies, props, keys, queue_id=queue_id,
+                                                 broker_name=broker)
         except PymqError as err:
             raise self._send_failed(err, topic, first, len(bodies)) from err
         self._keep_answers(results, first, len(bodies))
