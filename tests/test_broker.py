@@ -56,6 +56,30 @@ def test_send_pull_commit_round_trip(endpoint: str) -> None:
 
 
 
+def test_a_tag_sharing_the_wanted_tags_hash_is_not_read(endpoint: str) -> None:
+    # The broker matches tags by hash code, as RocketMQ's does; the client checks the tag
+    # itself, as RocketMQ's do. These two tags have the same hash.
+    from pymq_proto.record import tag_hash
+    from pyspark_pymq.backend import open_backend
+    from pyspark_pymq.backend.base import backend_config
+
+    wanted, other = "Tag29685295", "Tag32060020"
+    assert tag_hash(wanted.encode()) == tag_hash(other.encode())
+    Admin(endpoint).create_topic("tagged", queues=1)
+    with Producer(endpoint) as producer:
+        for tag in (wanted, other, None, wanted):
+            producer.send(Message("tagged", f"{tag}", tags=tag))
+    consumer = PullConsumer(endpoint, "g-tags")
+    (mq,) = consumer.queues("tagged")
+    assert [m.tags for m in consumer.pull(mq, 0, 32, subscription=wanted).messages] == [wanted, wanted]
+    assert len(consumer.pull(mq, 0, 32, subscription=f"{other} || x").messages) == 1
+    backend = open_backend(backend_config(endpoint, None))
+    pulled = backend.pull("g-tags", mq, 0, 32, subscription=wanted)
+    for columns in (None, ("body",)):
+        rows = backend.decode_arrow(pulled, mq, retry=False, subscription=wanted, columns=columns)
+        assert rows.column("body").to_pylist() == [wanted.encode()] * 2
+
+
 def test_a_pull_says_the_size_of_each_record(tmp_path: Path) -> None:
     # what lets a reader find the records without following them one by one, plain and filtered
     with BrokerProcess(tmp_path / "b", ["--enable-property-filter"]) as broker:

@@ -155,6 +155,44 @@ class SendRequest:
         )
 
 
+def subscribed_tags(subscription: str, expression_type: str) -> list[str]:
+    """The tags of a tag subscription (none for ``*`` or SQL92)."""
+    if expression_type != "TAG":
+        return []
+    text = subscription.strip()
+    if text in ("", "*"):
+        return []
+    return [t.strip() for t in text.split("||") if t.strip()]
+
+
+def filter_by_tags(messages: Sequence[MessageExt], tags: Iterable[str]) -> list[MessageExt]:
+    """What RocketMQ's ``PullAPIWrapper.processPullResult`` keeps of a tag subscription's pull.
+
+    A broker (RocketMQ's and pymq's) filters by the tag's hash code only, so the client
+    drops messages whose TAGS is not one of ``tags`` (hash collisions) and those with no
+    TAGS. An empty ``tags`` (subscription ``*``) keeps everything.
+    """
+    wanted = set(tags)
+    if not wanted:
+        return list(messages)
+    return [m for m in messages if m.tags is not None and m.tags in wanted]
+
+
+def filter_batch_by_tags(batch: pa.RecordBatch, tags: Iterable[str]) -> pa.RecordBatch:
+    """:func:`filter_by_tags` of Arrow rows (a null tag never matches)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    wanted = sorted(set(tags))
+    if not wanted:
+        return batch
+    column = batch.column(batch.schema.get_field_index("tags"))
+    keep = pc.fill_null(pc.is_in(column, value_set=pa.array(wanted, pa.string())), False)
+    if pc.all(keep).as_py():
+        return batch
+    return batch.filter(keep)
+
+
 @dataclass(frozen=True, slots=True)
 class SendBackOutcome:
     """A send back the broker did: the message went to ``%DLQ%`` when ``dead_letter``."""

@@ -46,6 +46,9 @@ from .base import (
     SendBackOutcome,
     SendRequest,
     check_endpoint,
+    filter_batch_by_tags,
+    filter_by_tags,
+    subscribed_tags,
 )
 
 if TYPE_CHECKING:
@@ -213,18 +216,25 @@ class PymqBackend(Backend):
         expression_type: str = "TAG",
         columns: tuple[str, ...] | None = None,
     ) -> pa.RecordBatch:
-        # the pymq broker filters tags and SQL92 exactly: nothing to filter again
+        # The broker matches a tag subscription by the tags' hash codes, as RocketMQ's does (SQL92
+        # exactly): a tag whose hash is a wanted one's is dropped here, as RocketMQ's clients do.
         from .pymq_arrow import decode_to_arrow
 
-        return decode_to_arrow(
+        tags = subscribed_tags(subscription, expression_type)
+        if tags and columns is not None and "tags" not in columns:
+            columns = (*columns, "tags")  # the filter below reads them
+        batch = decode_to_arrow(
             pulled.records, topic=mq.topic, broker_name=mq.broker_name, retry=retry, end_offset=end_offset,
             sizes=pulled.record_sizes, columns=columns,
         )
+        return filter_batch_by_tags(batch, tags) if tags else batch
 
     def decode_messages(
         self, pulled: PullBatch, mq: MessageQueue, *, subscription: str = "*", expression_type: str = "TAG"
     ) -> list[MessageExt]:
-        return decode_messages(pulled.records, mq.broker_name) if pulled.records else []
+        messages = decode_messages(pulled.records, mq.broker_name) if pulled.records else []
+        tags = subscribed_tags(subscription, expression_type)
+        return filter_by_tags(messages, tags) if tags else messages
 
     # -- send -------------------------------------------------------------------------------
 

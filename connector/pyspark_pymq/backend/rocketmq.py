@@ -43,7 +43,17 @@ from ..rocketmq import codec
 from ..rocketmq.api import ConsumerData, MQClientAPI, PullResultExt, build_pull_sys_flag, default_client_id
 from ..rocketmq.remoting import RemotingClient, SessionCredentials
 from ..rocketmq.route import NameServerClient, RouteCache
-from .base import Backend, BackendConfig, PullBatch, QueueBounds, SendBackOutcome, SendRequest
+from .base import (
+    Backend,
+    BackendConfig,
+    PullBatch,
+    QueueBounds,
+    SendBackOutcome,
+    SendRequest,
+    filter_batch_by_tags,
+    filter_by_tags,
+    subscribed_tags,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -269,21 +279,21 @@ class RocketMQBackend(Backend):
         expression_type: str = "TAG",
         columns: tuple[str, ...] | None = None,
     ) -> pa.RecordBatch:
-        tags = _tags(subscription, expression_type)
+        tags = subscribed_tags(subscription, expression_type)
         if tags and columns is not None and "tags" not in columns:
             columns = (*columns, "tags")  # the filter below reads them
         batch = codec.decode_to_arrow(
             pulled.records, topic=mq.topic, broker_name=mq.broker_name, retry=retry, end_offset=end_offset,
             columns=columns,
         )
-        return codec.filter_batch_by_tags(batch, tags) if tags else batch
+        return filter_batch_by_tags(batch, tags) if tags else batch
 
     def decode_messages(
         self, pulled: PullBatch, mq: MessageQueue, *, subscription: str = "*", expression_type: str = "TAG"
     ) -> list[MessageExt]:
         messages = codec.decode_messages(pulled.records, mq.broker_name) if pulled.records else []
-        tags = _tags(subscription, expression_type)
-        return codec.filter_by_tags(messages, tags) if tags else messages
+        tags = subscribed_tags(subscription, expression_type)
+        return filter_by_tags(messages, tags) if tags else messages
 
     # -- send -------------------------------------------------------------------------------
 
@@ -409,11 +419,3 @@ def _pull_batch(r: PullResultExt, offset: int) -> PullBatch:
     return PullBatch(r.status, r.next_begin_offset, r.min_offset, r.max_offset, records, count, first)
 
 
-def _tags(subscription: str, expression_type: str) -> list[str]:
-    """The tags of a tag subscription (none for ``*`` or SQL92)."""
-    if expression_type != "TAG":
-        return []
-    text = subscription.strip()
-    if text in ("", "*"):
-        return []
-    return [t.strip() for t in text.split("||") if t.strip()]

@@ -66,7 +66,7 @@ import gc
 import ipaddress
 import struct
 import zlib
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -76,6 +76,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..backend.base import filter_batch_by_tags, filter_by_tags
 from ..client.message import MessageExt
 from ..spark.rows import empty_batch, messages_to_batch
 from ..spark.schema import arrow_schema, needs_properties, wants
@@ -605,30 +606,6 @@ def encode_batch_columns(
 
 
 # --------------------------------------------------------------------------- tag filtering
-
-
-def filter_by_tags(messages: Sequence[MessageExt], tags: Collection[str]) -> list[MessageExt]:
-    """What ``PullAPIWrapper.processPullResult`` keeps of a tag subscription's pull.
-
-    The broker filters by the tag's hash code only, so the Java client drops
-    messages whose TAGS is not one of ``tags`` (hash collisions) and those with
-    no TAGS. An empty ``tags`` (subscription ``*``) keeps everything.
-    """
-    if not tags:
-        return list(messages)
-    wanted = set(tags)
-    return [m for m in messages if m.tags is not None and m.tags in wanted]
-
-
-def filter_batch_by_tags(batch: pa.RecordBatch, tags: Collection[str]) -> pa.RecordBatch:
-    """:func:`filter_by_tags` of Arrow rows (a null tag never matches)."""
-    if not tags:
-        return batch
-    column = batch.column(batch.schema.get_field_index("tags"))
-    keep = pc.fill_null(pc.is_in(column, value_set=pa.array(sorted(set(tags)), pa.string())), False)
-    if pc.all(keep).as_py():
-        return batch
-    return batch.filter(keep)
 
 
 # --------------------------------------------------------------------------- Arrow
