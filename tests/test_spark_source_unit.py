@@ -677,14 +677,23 @@ def test_stream_offsets_available_now_target_and_data_loss() -> None:
     strict = make_stream(fake)
     with pytest.raises(DataLossError, match=r"offsets \[2, 4\) are no longer on the broker"):
         strict.latestOffset({"t": {"b:0": 2}}, ReadAllAvailable())
-    with pytest.raises(DataLossError, match="the queue no longer exists"):
-        strict.latestOffset({"t": {"b:0": 5, "b:7": 1}}, ReadAllAvailable())
+    with pytest.raises(DataLossError, match="topic 'u' was deleted"):
+        strict.latestOffset({"t": {"b:0": 5}, "u": {"b:0": 1}}, ReadAllAvailable())
     with pytest.raises(DataLossError, match="went back from 60 to 50"):
         strict.latestOffset({"t": {"b:0": 60}}, ReadAllAvailable())
     lenient = make_stream(fake, failOnDataLoss="false")
-    assert ends(lenient.latestOffset({"t": {"b:0": 5, "b:7": 1}}, ReadAllAvailable())) == {
+    assert ends(lenient.latestOffset({"t": {"b:0": 5}, "u": {"b:0": 1}}, ReadAllAvailable())) == {
         T0: 50
     }
+    # a queue gone from a topic that is still there (RocketMQ's scale-in of read queues) keeps
+    # its offset, and goes on from it when the topic has that queue again: nothing read twice
+    T7 = MessageQueue("t", "b", 7)
+    waiting = strict.latestOffset({"t": {"b:0": 5, "b:7": 3}}, ReadAllAvailable())
+    assert ends(waiting) == {T0: 50, T7: 3}
+    assert [p.range.queue_id for p in strict.partitions({"t": {"b:0": 5, "b:7": 3}}, waiting)] == [0]
+    fake.set({T0: (4, 50), T7: (0, 9)})
+    assert ends(strict.latestOffset(waiting, ReadAllAvailable())) == {T0: 50, T7: 9}
+    fake.set({T0: (4, 50)})
     # a queue whose broker is down waits where it is (no loss), and goes on once it is back
     A0 = MessageQueue("t", "a", 0)
     fake.down = {"a"}

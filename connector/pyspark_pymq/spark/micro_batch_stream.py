@@ -163,16 +163,20 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                "is unavailable" if mq.broker_name in down else "is back", offset)
                 waiting[mq] = offset
                 continue
+            if b is None and mq.topic not in missing:
+                # The topic is there with fewer read queues (RocketMQ's scale-in: write queues
+                # cut first, read queues once drained). The queue's messages are still on the
+                # broker: it waits where it is, and goes on if the queues are raised again
+                # (dropping its offset would read it again from its first message then).
+                logger.warning("pymq source: %s is not among topic %r's read queues now; it waits at "
+                               "offset %d", mq, mq.topic, offset)
+                waiting[mq] = offset
+                continue
             if b is None:
-                why = (
-                    f"topic {mq.topic!r} was deleted"
-                    if mq.topic in missing
-                    else "the queue no longer exists (its topic was deleted or has fewer "
-                    "queues now)"
-                )
                 report_data_loss(
                     fail,
-                    f"queue {mq}: {why}; messages from offset {offset} on may not have been read",
+                    f"queue {mq}: topic {mq.topic!r} was deleted; messages from offset {offset} on "
+                    "may not have been read",
                     f"stop reading {mq}",
                 )
                 continue
