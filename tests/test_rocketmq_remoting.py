@@ -1308,3 +1308,49 @@ def test_a_new_connection_has_a_new_id(server: FakeServer, client: RemotingClien
             time.sleep(0.01)
         time.sleep(0.05)  # its reader thread ends and the old object is freed: id() is reused
     assert None not in ids and len(set(ids)) == len(ids)
+
+
+def test_callers_of_an_address_that_does_not_answer_wait_their_own_time_out_once() -> None:
+    # a listener whose accept queue is full drops further SYNs: connecting there hangs
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    for _ in range(4):
+        s = socket.socket()
+        s.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            s.connect(("127.0.0.1", port))
+        fillers.append(s)
+    time.sleep(0.3)
+    addr = f"127.0.0.1:{port}"
+    client = RemotingClient()
+    took: list[float] = []
+
+    def call() -> None:
+        t0 = time.monotonic()
+        with pytest.raises(BrokerUnavailableError, match=addr):
+            client.invoke_sync(addr, RemotingCommand.request(RequestCode.GET_MAX_OFFSET, {}), timeout_s=1.0)
+        took.append(time.monotonic() - t0)
+
+    try:
+        threads = [threading.Thread(target=call) for _ in range(5)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        # each within its own 1 s (they used to queue behind each other's attempts: 1, 2 ... 5 s)
+        assert len(took) == 5 and max(took) < 1.8, took
+        # and right after a failed attempt, requests fail at once rather than try again each
+        t0 = time.monotonic()
+        futures = [client.invoke_async(addr, RemotingCommand.request(RequestCode.GET_MAX_OFFSET, {}), 1.0)
+                   for _ in range(10)]
+        assert time.monotonic() - t0 < 0.5
+        for fut in futures:
+            with pytest.raises(BrokerUnavailableError, match="an attempt just now"):
+                fut.result(timeout=1)
+    finally:
+        client.close()
+        for s in (*fillers, listener):
+            s.close()

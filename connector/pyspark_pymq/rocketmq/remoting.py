@@ -112,6 +112,9 @@ MAX_SEND_TIMEOUT_S = 86_400.0
 # How often the sweeper fails asynchronous requests that outlived their time-out.
 SWEEP_INTERVAL_S = 0.05
 DEFAULT_CONNECT_TIMEOUT_S = 3.0
+CONNECT_BACKOFF_S = 1.0
+"""After a failed connection attempt, requests to that address fail at once for this long: 256
+async send-backs to a host that went silent would each wait the connect time-out again."""
 
 _INT2 = struct.Struct(">ii")
 _TIMEVAL = struct.Struct("@ll")  # struct timeval: seconds, microseconds
@@ -621,6 +624,7 @@ class RemotingClient:
         self._conns: dict[tuple[int, str], _Connection] = {}
         self._lock = threading.Lock()
         self._connect_locks: dict[str, threading.Lock] = {}
+        self._connect_failures: dict[str, tuple[float, str]] = {}  # addr -> (when, why)
         self._sweeper: threading.Thread | None = None
         self._wake = threading.Event()
         self._executor: ThreadPoolExecutor | None = None
@@ -802,35 +806,61 @@ class RemotingClient:
             return conn
         if self._closed:
             raise BrokerUnavailableError(f"the remoting client is closed; cannot reach {addr}")
+        self._raise_if_failed_just_now(addr)
         with self._lock:
             lock = self._connect_locks.setdefault(addr, threading.Lock())
-        with lock:  # one connection attempt per address at a time
+        timeout = max(0.001, min(self.connect_timeout_s, timeout_s))
+        # one connection attempt per address at a time; the others wait for it within their own
+        # time-out, and take its connection (or its failure)
+        if not lock.acquire(timeout=timeout):
+            raise BrokerUnavailableError(
+                f"cannot connect to {addr}: another attempt to connect there did not end within "
+                f"{timeout:g} s. Check the address and that the broker or name server runs there."
+            )
+        try:
             conn = self._conns.get(key)
             if conn is not None and not conn.closed:
                 return conn
-            host, port = parse_address(addr)
-            timeout = max(0.001, min(self.connect_timeout_s, timeout_s))
-            deadline = time.monotonic() + timeout  # for the TCP connect and the TLS handshake together
+            self._raise_if_failed_just_now(addr)  # the attempt this caller waited for
             try:
-                sock = socket.create_connection((host, port), timeout=timeout)
-            except TimeoutError:
-                raise BrokerUnavailableError(
-                    f"cannot connect to {addr}: no answer within {timeout:g} s. "
-                    "Check the address and that the broker or name server runs there."
-                ) from None
-            except OSError as err:
-                raise BrokerUnavailableError(
-                    f"cannot connect to {addr}: {err.strerror or err}. "
-                    "Check the address and that the broker or name server runs there."
-                ) from None
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            tls = None if self.tls is None else self._handshake(addr, host, sock, deadline, timeout)
-            sock.settimeout(None)
-            conn = _Connection(self, addr, sock, tls)
+                conn = self._connect(addr, timeout)
+            except BrokerUnavailableError as err:
+                self._connect_failures[addr] = (time.monotonic(), err.remark)
+                raise
+            self._connect_failures.pop(addr, None)
             self._conns[key] = conn
             conn.reader.start()
             return conn
+        finally:
+            lock.release()
+
+    def _raise_if_failed_just_now(self, addr: str) -> None:
+        failed = self._connect_failures.get(addr)
+        if failed is not None and time.monotonic() - failed[0] < CONNECT_BACKOFF_S:
+            raise BrokerUnavailableError(f"{failed[1]} (an attempt just now; the next after "
+                                         f"{CONNECT_BACKOFF_S:g} s)")
+
+    def _connect(self, addr: str, timeout: float) -> _Connection:
+        """A new connection to ``addr`` (TCP, and TLS when set) within ``timeout``."""
+        host, port = parse_address(addr)
+        deadline = time.monotonic() + timeout  # for the TCP connect and the TLS handshake together
+        try:
+            sock = socket.create_connection((host, port), timeout=timeout)
+        except TimeoutError:
+            raise BrokerUnavailableError(
+                f"cannot connect to {addr}: no answer within {timeout:g} s. "
+                "Check the address and that the broker or name server runs there."
+            ) from None
+        except OSError as err:
+            raise BrokerUnavailableError(
+                f"cannot connect to {addr}: {err.strerror or err}. "
+                "Check the address and that the broker or name server runs there."
+            ) from None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        tls = None if self.tls is None else self._handshake(addr, host, sock, deadline, timeout)
+        sock.settimeout(None)
+        return _Connection(self, addr, sock, tls)
 
     def _handshake(
         self, addr: str, host: str, sock: socket.socket, deadline: float, timeout: float
