@@ -1354,3 +1354,27 @@ def test_callers_of_an_address_that_does_not_answer_wait_their_own_time_out_once
         client.close()
         for s in (*fillers, listener):
             s.close()
+
+
+def test_a_static_topic_is_refused_by_name(server: FakeServer, client: RemotingClient) -> None:
+    # a static topic's queue ids are logical ones across brokers (RocketMQ 5's
+    # topicQueueMappingByBroker): read as plain queues, rows would be read twice or never
+    route = (b'{"brokerDatas":[{"brokerAddrs":{"0":"127.0.0.1:10911"},"brokerName":"b","cluster":"c"}],'
+             b'"queueDatas":[{"brokerName":"b","perm":6,"readQueueNums":2,"topicSysFlag":0,'
+             b'"writeQueueNums":2}]')
+    static = route + b',"topicQueueMappingByBroker":{"b":{"topic":"T","totalQueues":4,"bname":"b"}}}'
+    ns = NameServerClient(server.addr, remoting=client, timeout_s=2.0)
+
+    def answer() -> None:
+        conn = server.accept()
+        for body in (route + b"}", static):
+            req = server.read_frame(conn)
+            conn.sendall(RemotingCommand.response(0, req.opaque, body=body).encode())
+
+    t = threading.Thread(target=answer, daemon=True)
+    t.start()
+    assert [q.queue_id for q in ns.get_route_info("T").subscribe_queues()] == [0, 1]
+    with pytest.raises(PymqError, match="topic 'T' is a static topic") as err:
+        ns.get_route_info("T")
+    assert err.value.code == "NOT_SUPPORTED"
+    t.join(5)

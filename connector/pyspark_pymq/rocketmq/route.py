@@ -111,6 +111,7 @@ class TopicRouteData:
     queue_datas: tuple[QueueData, ...]
     broker_datas: tuple[BrokerData, ...]
     order_topic_conf: str | None = None
+    static: bool = False  # a static topic: topicQueueMappingByBroker maps logical queues
 
     @staticmethod
     def from_json(topic: str, body: bytes | bytearray | str) -> TopicRouteData:
@@ -148,7 +149,8 @@ class TopicRouteData:
             )
         )
         conf = doc.get("orderTopicConf")
-        return TopicRouteData(topic, queues, brokers, str(conf) if conf else None)
+        return TopicRouteData(topic, queues, brokers, str(conf) if conf else None,
+                              bool(doc.get("topicQueueMappingByBroker")))
 
     def broker(self, broker_name: str) -> BrokerData | None:
         for b in self.broker_datas:
@@ -246,11 +248,21 @@ class NameServerClient:
         if response.code != ResponseCode.SUCCESS or not response.body:
             raise response_error(response, addr, f"GET_ROUTEINFO_BY_TOPIC of topic {topic!r}")
         try:
-            return TopicRouteData.from_json(topic, response.body)
+            route = TopicRouteData.from_json(topic, response.body)
         except (ValueError, KeyError, TypeError) as err:
             raise PymqError(
                 f"name server {addr} sent a route of topic {topic!r} that pymq cannot read: {err}"
             ) from None
+        if route.static:
+            # Its queue ids are logical ones across brokers, its offsets logical ones moved by
+            # offsetDelta: read as plain queues, rows would be read twice or not at all.
+            raise PymqError(
+                f"topic {topic!r} is a static topic (its route from name server {addr} maps logical "
+                "queues onto brokers: topicQueueMappingByBroker); pymq reads and writes RocketMQ's "
+                "ordinary topics only. Use an ordinary topic, or RocketMQ's own clients for this one.",
+                code="NOT_SUPPORTED",
+            )
+        return route
 
     def get_broker_addrs(self, *, timeout_s: float | None = None) -> dict[str, str]:
         """Broker name -> master address of every broker registered now (GET_BROKER_CLUSTER_INFO)."""
