@@ -166,6 +166,29 @@ def test_send_back_goes_through_retry_to_dead_letters(rocketmq_cluster: RocketMQ
     assert dead[0].body == b"fails" and dead[0].reconsume_times == 3
 
 
+def test_the_fallback_copy_to_retry_carries_its_limit_where_the_broker_reads_it(
+    rocketmq_cluster: RocketMQCluster,
+) -> None:
+    # A send back the broker cannot do (the message is not at that commit-log offset) falls back
+    # to sending the copy to %RETRY% directly; its counts go in the request header (j, l), as the
+    # Java client moves them there, so the broker's retry/DLQ rule applies the explicit limit.
+    import dataclasses
+
+    c = rocketmq_cluster
+    topic = _topic(c, "fallback", queues=1, brokers=["broker-a"])
+    group = unique("g")
+    Producer(namesrv_addr=c.namesrv_addr).send(Message(topic, b"fails"))
+    consumer = PullConsumer(group=group, namesrv_addr=c.namesrv_addr)
+    (first,) = [m for _, m in _read(consumer, topic, at_least=1)]
+    consumer.send_back(first, max_reconsume_times=2)  # type: ignore[arg-type]  # %RETRY% exists now
+    _wait_for(consumer, f"%RETRY%{group}", 1)
+    lost = dataclasses.replace(first, commit_log_offset=10**12, reconsume_times=2)  # type: ignore[type-var]
+    result = consumer.send_back(lost, max_reconsume_times=2)
+    assert (result.topic, result.dead_letter, result.fallback) == (f"%DLQ%{group}", True, True)
+    dead = _wait_for(consumer, f"%DLQ%{group}", 1)
+    assert dead[0].body == b"fails" and dead[0].reconsume_times == 3
+
+
 def _wait_for(consumer: PullConsumer, topic: str, n: int, timeout: float = 60.0) -> list:  # type: ignore[type-arg]
     deadline = time.monotonic() + timeout
     got: list = []  # type: ignore[type-arg]

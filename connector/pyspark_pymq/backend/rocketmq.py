@@ -75,6 +75,8 @@ PULL_CAP_TTL_S = 60.0
 CONSUME_QUEUE_FILE_ENTRIES = 300_000
 SEND_BACK_WINDOW = 256  # CONSUMER_SEND_MSG_BACK requests in flight
 _TRAN_MSG = "TRAN_MSG"  # MessageConst.PROPERTY_TRANSACTION_PREPARED
+_RECONSUME_TIME = "RECONSUME_TIME"  # MessageConst.PROPERTY_RECONSUME_TIME
+_MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"  # MessageConst.PROPERTY_MAX_RECONSUME_TIMES
 
 
 class RocketMQBackend(Backend):
@@ -366,9 +368,18 @@ class RocketMQBackend(Backend):
             tran = props.get(_TRAN_MSG) == "true" and not (
                 request.reconsume_times > 0 and props.get("DELAY", "0") not in ("", "0"))
             sys_flag = codec.MessageSysFlag.TRANSACTION_PREPARED_TYPE if half or tran else 0
+            reconsume_times, max_times = request.reconsume_times or None, None
+            if is_retry_topic(mq.topic):
+                # a consumer's own copy to %RETRY%: its counts go in the request header, where the
+                # broker's retry and DLQ rule reads them (DefaultMQProducerImpl.sendKernelImpl)
+                props = dict(props)
+                told = props.pop(_RECONSUME_TIME, None)
+                reconsume_times = reconsume_times or (int(told) if told and told.isdecimal() else None)
+                most = props.pop(_MAX_RECONSUME_TIMES, None)
+                max_times = int(most) if most and most.isdecimal() else None
             single = api.send_message if wait else api.send_message_async
             return single(addr, mq, body, props, producer_group=producer_group, flag=flag, sys_flag=sys_flag,
-                          reconsume_times=request.reconsume_times or None, timeout_s=timeout_s)
+                          reconsume_times=reconsume_times, max_reconsume_times=max_times, timeout_s=timeout_s)
         batch = api.send_batch_message if wait else api.send_batch_message_async
         return batch(addr, mq, records, request.uniq_keys, producer_group=producer_group,
                      timeout_s=timeout_s)

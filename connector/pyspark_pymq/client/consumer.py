@@ -234,8 +234,9 @@ class PullConsumer:
         %DLQ%<group> once it was retried ``max_reconsume_times`` times or when
         ``delay_level`` < 0. As RocketMQ's consumers, ``max_reconsume_times`` goes
         with each send back and applies to it alone; without it the group's
-        ``retryMaxTimes`` (16 unless set) applies, and the group's setting never
-        changes. Both copies carry ``ORIGIN_MESSAGE_ID``: the offsetMsgId of the
+        ``retryMaxTimes`` (16 unless set) applies on a pymq broker, and 16 on Apache
+        RocketMQ (what RocketMQ's push consumer sends by default); the group's setting
+        never changes. Both copies carry ``ORIGIN_MESSAGE_ID``: the offsetMsgId of the
         message as first stored (``Admin.view_message(id)`` finds it). ``reason``
         (a string or a dict of strings) is kept in the message's properties, so a
         dead letter says why it died.
@@ -341,7 +342,10 @@ class PullConsumer:
         queues = self._retry_route().publish_queues
         mq = next((q for q in queues if q.broker_name == message.broker_name), queues[0])
         self._backend.send(self.group, request, mq, self._backend.timeout_s)
-        return SendBackResult(topic, False, True)
+        # the broker's rule for a copy to %RETRY% (handleRetryAndDLQ): past the limit it carries,
+        # the DLQ (without one, the group's retryMaxTimes decides: not known here)
+        dead = max_times is not None and message.reconsume_times + 1 > max_times
+        return SendBackResult(dlq_topic(self.group) if dead else topic, dead, True)
 
 
 def _pick(
