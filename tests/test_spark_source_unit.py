@@ -258,6 +258,15 @@ def test_user_offsets_allow_broker_less_keys() -> None:
     }
 
 
+def test_user_offsets_refuse_a_key_given_twice_and_digits_that_are_no_number() -> None:
+    for text in ('{"t": {"0": 1}, "t": {"1": 2}}', '{"t": {"0": 1, "0": 2}}'):
+        with pytest.raises(ValueError, match=r"startingOffsets names '.*' twice"):
+            parse_offsets_json(text, "startingOffsets", allow_earliest=True)
+    # "²" is a digit to str.isdigit, not to int(): the option's own message, not int()'s
+    with pytest.raises(ValueError, match=r"queue key 'b:²' of topic 't' must be 'brokerName:queueId'"):
+        parse_offsets_json('{"t": {"b:²": 1}}', "startingOffsets", allow_earliest=True)
+
+
 # -- range planning ----------------------------------------------------------------------
 
 Q0, Q1, Q2 = (MessageQueue("t", "broker-a", i) for i in range(3))

@@ -446,7 +446,7 @@ def check_namesrv_addr(value: object) -> str:
     addrs = [a.strip() for a in value.strip().strip(";").split(";")]
     for addr in addrs:
         host, sep, port = addr.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not sep or not host or not port.isdecimal() or not 0 < int(port) < 65536:
             raise ValueError(
                 f"namesrvAddr {value!r}: {addr!r} is not 'host:port' with a port in 1..65535 "
                 "(e.g. '127.0.0.1:9876;127.0.0.1:9877')"
@@ -459,7 +459,7 @@ def check_endpoint(endpoint: object) -> str:
     if not isinstance(endpoint, str) or not endpoint.strip():
         raise ValueError(f"endpoint must be 'host:port', got {endpoint!r}")
     host, sep, port = endpoint.strip().rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not port.isdecimal() or not 0 < int(port) < 65536:
         raise ValueError(
             f"endpoint {endpoint!r} is not 'host:port' with a port in 1..65535 "
             "(e.g. '127.0.0.1:8081')"

@@ -398,4 +398,4 @@ _NOT_MENDED_BY_FALLBACK = (AccessDeniedError, AuthenticationError)
 @functools.lru_cache(maxsize=64)
 def _store_host(store_host: str) -> bytes:
     host, _, port = store_host.rpartition(":")
-    return store_host_bytes(host or "127.0.0.1", int(port) if port.isdigit() else 0)
+    return store_host_bytes(host or "127.0.0.1", int(port) if port.isdecimal() else 0)

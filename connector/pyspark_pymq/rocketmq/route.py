@@ -170,7 +170,7 @@ class TopicRouteData:
             out: list[MessageQueue] = []
             for item in self.order_topic_conf.split(";"):
                 name, _, nums = item.partition(":")
-                if name and nums.strip().isdigit():
+                if name and nums.strip().isdecimal():
                     out.extend(MessageQueue(self.topic, name, i) for i in range(int(nums)))
             return tuple(out)
         return tuple(

@@ -90,10 +90,10 @@ def offsets_to_json(offsets: Mapping[MessageQueue, int]) -> dict[str, dict[str, 
 def _split_queue_key(key: str, *, allow_bare: bool) -> tuple[str, int] | None:
     broker, sep, qid = key.rpartition(":")
     if not sep:
-        if allow_bare and key.strip().isdigit():
+        if allow_bare and key.strip().isdecimal():
             return "", int(key)
         return None
-    if not broker or not qid.strip().isdigit():
+    if not broker or not qid.strip().isdecimal():
         return None
     return broker, int(qid)
 
@@ -146,8 +146,18 @@ def parse_offsets_json(text: str, option: str, *, allow_earliest: bool) -> dict[
     """
     example = '{"orders": {"broker-a:0": 42, "broker-a:1": -2}}'
     allowed = "an offset >= 0 or -1 (latest)" + (" or -2 (earliest)" if allow_earliest else "")
+    def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        # json.loads keeps the last of two equal keys: one of the user's offsets would be lost
+        seen: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in seen:
+                raise ValueError(f"pymq option {option} names {key!r} twice: give each topic and "
+                                 f"each queue once (example: {example})")
+            seen[key] = value
+        return seen
+
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as err:
         raise ValueError(
             f"pymq option {option}={text!r} is not valid JSON ({err.msg} at char {err.pos}): "

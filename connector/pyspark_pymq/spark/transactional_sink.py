@@ -123,14 +123,14 @@ class SinkCommitLog:
     def _batches(self) -> list[int]:
         if not self.path.is_dir():
             return []
-        return [int(p.name) for p in self.path.iterdir() if p.name.isdigit()]
+        return [int(p.name) for p in self.path.iterdir() if p.name.isdecimal()]
 
 
 def answer_check(commit_log: SinkCommitLog, msg: MessageExt) -> LocalTransactionState:
     """The check-back answer for one half message of the exactly-once sink."""
     tag = msg.properties.get(MC.PROPERTY_SINK_TRANSACTION, "")
     parts = tag.rsplit(":", 2)
-    if len(parts) != 3 or not parts[1].isdigit():
+    if len(parts) != 3 or not parts[1].isdecimal():
         log.warning("half message %s has no valid %s (%r): cannot tell", msg.msg_id,
                     MC.PROPERTY_SINK_TRANSACTION, tag)
         return UNKNOW
