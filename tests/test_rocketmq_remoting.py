@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import queue
 import random
@@ -567,6 +568,29 @@ def test_broker_requests_go_to_their_handler(server: FakeServer, client: Remotin
     assert answers[1000].is_response and answers[1000].ext_fields == {"commitOrRollback": "8"}
     assert answers[1001].code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
     assert seen[0][0] == server.addr and seen[0][1].ext_fields == {"msgId": "M"}
+
+
+def test_a_failing_handler_of_a_one_way_request_is_logged(
+    server: FakeServer, client: RemotingClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a one-way request's failure has no answer to travel in: the log is where it shows
+    def check_state(addr: str, request: RemotingCommand) -> RemotingCommand:
+        raise RuntimeError("no such transaction here")
+
+    client.register_processor(RequestCode.CHECK_TRANSACTION_STATE, check_state)
+    first = client.invoke_async(server.addr, RemotingCommand.request(30), 5)
+    conn = server.accept()
+    conn.sendall(_answer(server.read_frame(conn)))
+    first.result(5)
+    check = RemotingCommand.request(RequestCode.CHECK_TRANSACTION_STATE, {"msgId": "M"})
+    check.opaque, check.flag = 1000, 2  # one-way, as the broker sends it
+    with caplog.at_level(logging.ERROR, logger="pyspark_pymq.rocketmq.remoting"):
+        conn.sendall(check.encode())
+        deadline = time.monotonic() + 5
+        while "no such transaction here" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert f"request code {RequestCode.CHECK_TRANSACTION_STATE} from {server.addr} failed" in caplog.text
+    assert "no such transaction here" in caplog.text
 
 
 def test_rpc_hook_signs_every_request(server: FakeServer) -> None:

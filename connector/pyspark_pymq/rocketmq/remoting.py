@@ -52,6 +52,7 @@ import contextlib
 import hashlib
 import hmac
 import itertools
+import logging
 import math
 import os
 import re
@@ -79,6 +80,8 @@ from .protocol import (
     decode_header,
     request_code_name,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "AclClientRPCHook",
@@ -974,6 +977,8 @@ class RemotingClient:
         try:
             response = handler(conn.addr, request)
         except Exception as err:  # the broker gets the error, as from a Java processor
+            # a one-way request (CHECK_TRANSACTION_STATE) has nobody to tell but the log
+            log.exception("handling request code %d from %s failed", request.code, conn.addr)
             response = RemotingCommand.response(
                 ResponseCode.SYSTEM_ERROR, request.opaque, f"{type(err).__name__}: {err}"
             )
