@@ -636,18 +636,33 @@ class _TlsServer:
         self.addr = f"127.0.0.1:{self.listener.getsockname()[1]}"
         self.errors: list[str] = []
         self.loop = asyncio.new_event_loop()
+        self.stopped = threading.Event()
         started = threading.Event()
         threading.Thread(target=self._run, args=(started,), daemon=True).start()
         assert started.wait(5)
 
     def _run(self, started: threading.Event) -> None:
         async def main() -> None:
-            await asyncio.start_server(self._serve, sock=self.listener, ssl=self.context)
+            server = await asyncio.start_server(self._serve, sock=self.listener, ssl=self.context)
             started.set()
-            await asyncio.Event().wait()
+            try:
+                await asyncio.Event().wait()
+            finally:
+                server.close()
 
-        with contextlib.suppress(RuntimeError):  # the loop stopped by close()
+        # close() cancels every task: each connection's coroutine ends here, in its loop, not
+        # later in the garbage collector (which reported it in whatever test ran then)
+        with contextlib.suppress(asyncio.CancelledError):
             self.loop.run_until_complete(main())
+        async def end_the_rest() -> None:
+            left = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in left:
+                task.cancel()
+            await asyncio.gather(*left, return_exceptions=True)
+
+        self.loop.run_until_complete(end_the_rest())
+        self.loop.close()
+        self.stopped.set()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         async def push() -> None:
@@ -675,7 +690,12 @@ class _TlsServer:
             writer.close()
 
     def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
+        def cancel_all() -> None:
+            for task in asyncio.all_tasks(self.loop):
+                task.cancel()
+
+        self.loop.call_soon_threadsafe(cancel_all)
+        assert self.stopped.wait(5)
         self.listener.close()
 
 
