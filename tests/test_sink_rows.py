@@ -213,6 +213,13 @@ def test_failed_sends_keep_their_code_and_name_their_rows() -> None:
     with pytest.raises(PymqError, match=f"async send of rows 0..1 of {_WHERE} failed: no") as failed:
         _send([batch], _RecordingProducer(send_mode="async", answer=late), sendMode="async")
     assert failed.value.code == "Y"
+    # rows of one destination between other destinations' rows: the error names those it carried
+    mixed = pa.RecordBatch.from_pydict({"body": pa.array([b"r"] * 6),
+                                        "sharding_key": pa.array(["a", "b", "b", "a", "b", "a"])})
+    answers: Future[object] = Future()
+    answers.set_exception(PymqError("no", code="Y"))
+    with pytest.raises(PymqError, match=r"async send of rows 0, 3, 5 \(3 rows from 0 to 5\) of ") as failed:
+        _send([mixed], _RecordingProducer(send_mode="async", answer=answers), sendMode="async")
 
 
 def test_oneway_counts_the_rows_not_acknowledged_without_failing() -> None:

@@ -174,10 +174,10 @@ class _MessageBatch:
     and 100 bytes of header.
     """
 
-    __slots__ = ("bodies", "first_row", "keys", "props", "size")
+    __slots__ = ("bodies", "keys", "props", "rows", "size")
 
-    def __init__(self, first_row: int) -> None:
-        self.first_row = first_row
+    def __init__(self) -> None:
+        self.rows: list[int] = []  # the partition's row indexes (interleaved with other destinations')
         self.bodies: list[bytes] = []
         self.props: list[bytes] = []
         self.keys: list[str] = []
@@ -229,7 +229,7 @@ class _SendTask:
         self.where = f"partition {ids.partition_id} of batch {ids.batch_id}"
         # (topic, queue id, broker): a sharding key's queue is a broker's; a queue_id column's any
         self.open_batches: dict[tuple[str, int | None, str | None], _MessageBatch] = {}
-        self.in_flight: list[tuple[int, int, Future[Any]]] = []  # async: (first row, last row, answer)
+        self.in_flight: list[tuple[str, Future[Any]]] = []  # async: (its rows, as errors name them, answer)
         self.rows = 0  # rows taken: the index of the next one
 
     def execute(self, batches: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
@@ -250,8 +250,8 @@ class _SendTask:
         try:
             results = self.producer.send_records(topic, records, sizes, row_keys)
         except PymqError as err:
-            raise self._send_failed(err, topic, first, n) from err
-        self._keep_answers(results, first, n)
+            raise self._send_failed(err, topic, f"rows {first}..{first + n - 1}") from err
+        self._keep_answers(results, f"rows {first}..{first + n - 1}")
         self.rows += n
         return True
 
@@ -281,7 +281,7 @@ class _SendTask:
                     raise _naming(err, f"choosing the queue of row {row} of {where} in {topic!r}") from err
                 queue_id, broker = mq.queue_id, mq.broker_name
             if delay:  # RocketMQ does not delay batches: a delayed message goes alone
-                self._send_encoded((topic, queue_id, broker), row, [body], [encoded], [uniq])
+                self._send_encoded((topic, queue_id, broker), [row], [body], [encoded], [uniq])
             else:
                 accumulate((topic, queue_id, broker), row, body, encoded, uniq)
             row += 1
@@ -301,7 +301,8 @@ class _SendTask:
         """The row joins its destination's batch, which is sent once it holds ``maxBatchBytes``."""
         batch = self.open_batches.get(dest)
         if batch is None:
-            batch = self.open_batches[dest] = _MessageBatch(row)
+            batch = self.open_batches[dest] = _MessageBatch()
+        batch.rows.append(row)
         batch.bodies.append(body)
         batch.props.append(props)
         batch.keys.append(key)
@@ -310,33 +311,34 @@ class _SendTask:
             self._send_batch(dest, self.open_batches.pop(dest))
 
     def _send_batch(self, dest: tuple[str, int | None, str | None], batch: _MessageBatch) -> None:
-        self._send_encoded(dest, batch.first_row, batch.bodies, batch.props, batch.keys)
+        self._send_encoded(dest, batch.rows, batch.bodies, batch.props, batch.keys)
 
     def _send_encoded(
-        self, dest: tuple[str, int | None, str | None], first: int, bodies: list[bytes],
+        self, dest: tuple[str, int | None, str | None], rows: list[int], bodies: list[bytes],
         props: list[bytes], keys: list[str],
     ) -> None:
-        """Rows ``first``... with their properties encoded, to ``dest``: (topic, queue id, broker);
+        """``rows`` with their properties encoded, to ``dest``: (topic, queue id, broker);
         queue id None: round robin."""
         topic, queue_id, broker = dest
+        what = _rows_text(rows)
         try:
             results = self.producer.send_encoded(topic, bodies, props, keys, queue_id=queue_id,
                                                  broker_name=broker)
         except PymqError as err:
-            raise self._send_failed(err, topic, first, len(bodies)) from err
-        self._keep_answers(results, first, len(bodies))
+            raise self._send_failed(err, topic, what) from err
+        self._keep_answers(results, what)
 
-    def _send_failed(self, err: PymqError, topic: str, first: int, n: int) -> PymqError:
-        return _naming(err, f"sending rows {first}..{first + n - 1} of {self.where} to {topic!r}")
+    def _send_failed(self, err: PymqError, topic: str, what: str) -> PymqError:
+        return _naming(err, f"sending {what} of {self.where} to {topic!r}")
 
-    def _keep_answers(self, results: list[Any], first: int, n: int) -> None:
-        """The answers to the sends of rows ``first``... (n rows): sync ones checked now, async
-        ones kept for :meth:`close`."""
+    def _keep_answers(self, results: list[Any], what: str) -> None:
+        """The answers to the sends of ``what`` (rows, as errors name them): sync ones checked
+        now, async ones kept for :meth:`close`."""
         for r in results:
             if isinstance(r, Future):
-                self.in_flight.append((first, first + n - 1, r))
+                self.in_flight.append((what, r))
             else:
-                _check_stored(r, f"sending rows {first}..{first + n - 1} of {self.where}")
+                _check_stored(r, f"sending {what} of {self.where}")
 
     def _oneway_unacknowledged(self) -> int:
         """sendMode=oneway: waits for every answer; the failed sends are logged, not raised."""
@@ -351,13 +353,25 @@ class _SendTask:
 
     def _check_for_errors(self) -> None:
         """sendMode=async: waits for every answer; the first failed send fails the task, naming its rows."""
-        for first, last, answer in self.in_flight:
-            what = f"async send of rows {first}..{last} of {self.where}"
+        for rows, answer in self.in_flight:
+            what = f"async send of {rows} of {self.where}"
             try:
                 result = answer.result()
             except PymqError as err:
                 raise _naming(err, what) from err
             _check_stored(result, what)
+
+
+def _rows_text(rows: list[int]) -> str:
+    """The rows a request carried, as errors name them: ``rows 4..9``, or a few and how many
+    when other destinations' rows came between them."""
+    first, last = rows[0], rows[-1]
+    if len(rows) == 1:
+        return f"row {first}"
+    if last - first == len(rows) - 1:
+        return f"rows {first}..{last}"
+    shown = ", ".join(map(str, rows[:5]))
+    return f"rows {shown}{', ...' if len(rows) > 5 else ''} ({len(rows)} rows from {first} to {last})"
 
 
 def _check_stored(result: Any, what: str) -> None:
