@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
@@ -544,6 +544,18 @@ def test_oneway_requests_are_flagged(server: FakeServer, client: RemotingClient)
     assert req.is_oneway and not req.is_response and req.ext_fields == {"a": "b"}
 
 
+def _connected_with_handler(
+    server: FakeServer, client: RemotingClient, code: int, handler: Callable[[str, RemotingCommand], Any]
+) -> socket.socket:
+    """The server's side of a connection the client opened, ``handler`` serving ``code`` on it."""
+    client.register_processor(code, handler)
+    first = client.invoke_async(server.addr, RemotingCommand.request(30), 5)
+    conn = server.accept()
+    conn.sendall(_answer(server.read_frame(conn)))
+    first.result(5)
+    return conn
+
+
 def test_broker_requests_go_to_their_handler(server: FakeServer, client: RemotingClient) -> None:
     seen: list[tuple[str, RemotingCommand]] = []
 
@@ -551,11 +563,7 @@ def test_broker_requests_go_to_their_handler(server: FakeServer, client: Remotin
         seen.append((addr, request))
         return RemotingCommand.response(0, 0, ext_fields={"commitOrRollback": "8"})
 
-    client.register_processor(RequestCode.CHECK_TRANSACTION_STATE, check_state)
-    first = client.invoke_async(server.addr, RemotingCommand.request(30), 5)
-    conn = server.accept()
-    conn.sendall(_answer(server.read_frame(conn)))
-    first.result(5)
+    conn = _connected_with_handler(server, client, RequestCode.CHECK_TRANSACTION_STATE, check_state)
 
     check = RemotingCommand.request(RequestCode.CHECK_TRANSACTION_STATE, {"msgId": "M"})
     check.opaque = 1000
@@ -577,11 +585,7 @@ def test_a_failing_handler_of_a_one_way_request_is_logged(
     def check_state(addr: str, request: RemotingCommand) -> RemotingCommand:
         raise RuntimeError("no such transaction here")
 
-    client.register_processor(RequestCode.CHECK_TRANSACTION_STATE, check_state)
-    first = client.invoke_async(server.addr, RemotingCommand.request(30), 5)
-    conn = server.accept()
-    conn.sendall(_answer(server.read_frame(conn)))
-    first.result(5)
+    conn = _connected_with_handler(server, client, RequestCode.CHECK_TRANSACTION_STATE, check_state)
     check = RemotingCommand.request(RequestCode.CHECK_TRANSACTION_STATE, {"msgId": "M"})
     check.opaque, check.flag = 1000, 2  # one-way, as the broker sends it
     with caplog.at_level(logging.ERROR, logger="pyspark_pymq.rocketmq.remoting"):
