@@ -85,6 +85,19 @@ def test_mutual_tls(certs: Certificates, tmp_path: Path) -> None:
         assert "mtls-t" in admin.topic_names()
         assert admin_main(["-e", ep, "--tls-ca-file", certs.ca, "--tls-cert-file", certs.client_cert,
                            "--tls-key-file", certs.client_key, "topics"]) == 0
+        # a stopped query's progress, written over mutual TLS; only the topics asked for
+        import json
+        from types import SimpleNamespace
+
+        from pyspark_pymq.spark.progress import commit_group_progress
+
+        admin.create_topic("mtls-other", 1)
+        query = SimpleNamespace(lastProgress={"sources": [
+            {"endOffset": json.dumps({"mtls-t": {"broker-a:0": 0}})},
+            {"endOffset": json.dumps({"mtls-other": {"broker-a:0": 0}})},
+        ]})
+        tls = {"tls_ca_file": certs.ca, "tls_cert_file": certs.client_cert, "tls_key_file": certs.client_key}
+        assert commit_group_progress(query, ep, "mtls-g", topics=["mtls-t"], **tls) == 1
 
 
 def test_broker_tls_settings_are_checked(certs: Certificates, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ the source of truth; :func:`commit_group_progress` makes the broker agree.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from typing import Any
 
 from ..client.consumer import PullConsumer
@@ -19,13 +20,18 @@ __all__ = ["commit_group_progress"]
 
 def commit_group_progress(
     query: Any, endpoint: str | None, group: str, *, namesrv_addr: str | None = None,
-    access_key: str | None = None, secret_key: str | None = None, tls_ca_file: str | None = None,
+    access_key: str | None = None, secret_key: str | None = None, tls: bool | None = None,
+    tls_ca_file: str | None = None, tls_cert_file: str | None = None, tls_key_file: str | None = None,
+    topics: Collection[str] | None = None,
 ) -> int:
     """Write a stopped query's last end offsets as ``group``'s progress; returns the queues written.
 
     ``endpoint`` names a pymq broker; for Apache RocketMQ pass ``None`` and ``namesrv_addr``.
-    ``access_key`` / ``secret_key`` sign the commits, ``tls_ca_file`` encrypts them (as the
-    query's options did).
+    ``access_key`` / ``secret_key`` sign the commits; ``tls`` (the system's CAs, or
+    ``tls_ca_file``'s) encrypts them, ``tls_cert_file`` / ``tls_key_file`` for mutual TLS (as
+    the query's options did). ``topics``: only these topics' queues (a query whose pymq
+    sources read with different consumer groups: one call per group, with its sources' topics);
+    None: every pymq source's.
 
     Example::
 
@@ -46,8 +52,11 @@ def commit_group_progress(
             queues = offsets_from_json(offset)
         except ValueError:
             continue  # another source's offsets (a join with a non-pymq stream)
+        if topics is not None:
+            queues = {mq: o for mq, o in queues.items() if mq.topic in topics}
         if queues:
             PullConsumer(endpoint, group, namesrv_addr=namesrv_addr, access_key=access_key,
-                         secret_key=secret_key, tls_ca_file=tls_ca_file).commit_offsets(queues)
+                         secret_key=secret_key, tls=tls, tls_ca_file=tls_ca_file,
+                         tls_cert_file=tls_cert_file, tls_key_file=tls_key_file).commit_offsets(queues)
             written += len(queues)
     return written
