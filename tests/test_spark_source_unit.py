@@ -762,12 +762,26 @@ def test_expired_offsets_skipped_with_fail_on_data_loss_false_spend_no_trigger_b
     T0, U0 = MessageQueue("t", "b", 0), MessageQueue("u", "b", 0)
     fake = FakeOffsetReader({T0: (1_000_000, 1_000_100), U0: (0, 1000)})
     lenient = make_stream(fake, failOnDataLoss="false")
-    end = ends(lenient.latestOffset({"t": {"b:0": 0}, "u": {"b:0": 0}}, ReadMaxRows(100)))
+    start = {"t": {"b:0": 0}, "u": {"b:0": 0}}
+    offset = json.loads(json.dumps(lenient.latestOffset(start, ReadMaxRows(100))))
+    end = ends(offset)
     # the 100 rows of this trigger go to what is still there: t/0 from its min offset, and u/0
     assert end[T0] >= 1_000_000 and end[U0] > 0
     assert (end[T0] - 1_000_000) + end[U0] == 100
-    # the planned range still starts at the checkpoint: the read loop reports and skips the gap
-    ranges = {p.range.topic: (p.range.start, p.range.end)
-              for p in lenient.partitions({"t": {"b:0": 0}, "u": {"b:0": 0}}, {"t": {"b:0": end[T0]},
-                                                                                 "u": {"b:0": end[U0]}})}
-    assert ranges["t"] == (0, end[T0])
+    # the batch (and its replay, from the checkpointed end) plans t/0 from its min offset, not
+    # one range over the million gone offsets (split into many partitions by maxMessagesPerPartition)
+    split = make_stream(fake, failOnDataLoss="false", maxMessagesPerPartition="10")
+    for stream in (lenient, split):
+        ranges = [(p.range.topic, p.range.start, p.range.end) for p in stream.partitions(start, offset)]
+        assert sum(1 for t, _, _ in ranges if t == "t") <= 10
+        assert min(a for t, a, _ in ranges if t == "t") == 1_000_000
+    # the next trigger goes on from that end; with nothing new it returns it unchanged (no batch)
+    fake.set({T0: (1_000_000, end[T0]), U0: (0, end[U0])})
+    assert lenient.latestOffset(offset, ReadMaxRows(100)) == offset
+    # AvailableNow whose target lies in the expired offsets: nothing to read, and no false
+    # "its offsets went back" report
+    fake.set({T0: (1_000_000, 1_000_100)})
+    target = make_stream(FakeOffsetReader({T0: (0, 500)}), failOnDataLoss="false")
+    target.prepareForTriggerAvailableNow()
+    target._reader = fake  # type: ignore[assignment]
+    assert ends(target.latestOffset({"t": {"b:0": 0}}, ReadAllAvailable())) == {T0: 1_000_000}

@@ -139,6 +139,7 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         kept: dict[MessageQueue, int] = {}
         waiting: dict[MessageQueue, int] = {}
+        skipped: dict[MessageQueue, int] = {}  # expired offsets skipped: where their queues go on
         subscribed = set(self.options.all_topics())
         retry = self.options.retry_topic if self.options.retry_topic not in self.options.topics else None
         gone = [mq for mq in current if mq not in bounds and mq.topic in subscribed]
@@ -187,20 +188,23 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     f"broker (its min offset is now {b.min_offset})",
                     f"skip {mq} to offset {b.min_offset}",
                 )
-                # skipped: from its min offset on, or maxMessagesPerTrigger would be spent on
-                # offsets that are gone, batch after batch, and starve the other queues (the
-                # executor skips the gap of the range planned from ``offset``)
-                offset = b.min_offset
+                # skipped: read from its min offset on (the end says so under FROM_KEY, so the
+                # batch and its replay plan from there), or maxMessagesPerTrigger would be spent
+                # on offsets that are gone, batch after batch, and starve the other queues
+                offset = skipped[mq] = b.min_offset
             kept[mq] = offset
 
-        end = self._end_offsets(kept, waiting, bounds, limit)
+        end: dict[str, Any] = self._end_offsets(kept, waiting, bounds, limit, skipped)
         if FROM_KEY in start and end == {t: q for t, q in start.items() if t != FROM_KEY}:
-            return start  # nothing new after batch 0: the same JSON text, so no batch
+            return start  # nothing new after a batch that skipped: the same JSON text, so no batch
+        if skipped:
+            end = with_start(end, skipped)
         return end
 
     def _end_offsets(
         self, kept: Mapping[MessageQueue, int], waiting: Mapping[MessageQueue, int],
         bounds: Mapping[MessageQueue, QueueBounds], limit: ReadLimit,
+        skipped: Mapping[MessageQueue, int] | None = None,
     ) -> dict[str, dict[str, int]]:
         """The next end: queues ``kept`` advance up to their max offset (or the target) within
         ``limit``, ``waiting`` ones stay, new queues join at their first offset."""
@@ -216,6 +220,8 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 top = min(top, self._target[mq])
             if mq not in kept:
                 end[mq] = b.min_offset  # a new queue joins at its start, read from next batch
+            elif top < kept[mq] and skipped and mq in skipped:
+                end[mq] = kept[mq]  # AvailableNow's target lies in the expired offsets: nothing to read
             elif top < kept[mq]:
                 report_data_loss(
                     fail,

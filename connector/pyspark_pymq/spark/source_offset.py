@@ -24,7 +24,9 @@ start under :data:`FROM_KEY`::
 
 so batch 0 already reads data, and a replay of batch 0 (from the marker to that
 end, as the checkpoint's offset log holds it) reads exactly the same messages.
-Only batch 0's end carries ``$from``; :func:`offsets_from_json` skips it.
+A later end carries ``$from`` for the queues whose checkpointed offsets expired
+(``failOnDataLoss=false``): those queues' ranges start at their min offset then, in
+the batch and in its replay. :func:`offsets_from_json` skips it.
 Checkpoints written before it (batch 0 an empty batch to the resolved start)
 replay as they did.
 """
@@ -114,7 +116,10 @@ def batch_start(start: Mapping[str, Any], end: Mapping[str, Any]) -> dict[Messag
     if is_initial(start):
         first = end.get(FROM_KEY)
         return None if first is None else offsets_from_json(first)
-    return offsets_from_json(start)
+    begin = offsets_from_json(start)
+    if FROM_KEY in end:  # queues whose expired offsets the batch skips: from their min offset
+        begin.update(offsets_from_json(end[FROM_KEY]))
+    return begin
 
 
 def offsets_from_json(offset: Mapping[str, Any]) -> dict[MessageQueue, int]:
