@@ -271,3 +271,38 @@ def test_sharded_rows_go_where_producer_send_puts_their_key_on_a_topic_of_two_br
         sent.clear()
         producer.send(Message("t", b"x", sharding_key=key))
         assert sent[0][0] == by_key[key]
+
+
+def test_a_write_inside_foreach_batch_keys_its_rows_by_its_write_and_names_the_query(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import pyspark
+    from pyspark_pymq.spark.writer import _task_ids
+
+    class Ctx:
+        props = {"sql.streaming.queryId": "Q", "streaming.sql.batchId": "7"}
+
+        def getLocalProperty(self, key: str) -> str | None:
+            return self.props.get(key)
+
+        def partitionId(self) -> int:
+            return 3
+
+        def attemptNumber(self) -> int:
+            return 0
+
+    monkeypatch.setattr(pyspark.TaskContext, "get", staticmethod(lambda: Ctx()))
+    schema = StructType([StructField("body", BinaryType())])
+
+    def ids(stream: bool, **options: str) -> _TaskIds:
+        return _task_ids(parse_sink_options({"endpoint": "127.0.0.1:1", "topic": "t", **options}, schema,
+                                            stream=stream))
+
+    orders, refunds = ids(False, writeId="orders"), ids(False, writeId="refunds")
+    assert orders.key_prefix() != refunds.key_prefix()  # two writes of one micro-batch
+    assert orders.key_prefix() == ids(False, writeId="orders").key_prefix()  # the same write again
+    assert ids(False).key_prefix() != ids(False).key_prefix()  # no writeId: new keys each run
+    # the stream's query id, as failed rows sent back name it (CONSUME_FAILURE_QUERY_ID)
+    assert orders.query_id == "Q" and (orders.batch_id, orders.partition_id) == ("7", 3)
+    # a writeStream's keys stay what they were: its query, batch and partition
+    assert ids(True).key_prefix() == _TaskIds("Q", "7", 3, 0).key_prefix()

@@ -365,6 +365,13 @@ class PymqDataSource(DataSource):
         RocketMQ's producer group (PGROUP). With ``deliveryGuarantee=exactly-once`` it is the group the
         broker's check-backs go to, so the default is one per checkpoint.
 
+    ``writeId``
+        (string; default a new one for each ``write``; ``write`` only) what a ``df.write``'s msgIds are
+        derived from, with the task and row (a ``writeStream``'s come from its query and batch ids).
+        Inside a ``foreachBatch``, give each write of the function its own ``writeId`` (``orders``,
+        ``refunds``): a micro-batch that Spark runs again then sends the same msgIds, which a topic's
+        de-duplication window drops; without it, each run sends new ones.
+
     ``retryTimesWhenSendFailed``
         (integer 0..16; default 2) ``sendMode=sync``: retries of a failed send.
 

@@ -396,6 +396,15 @@ _SINK = (
             "the broker's check-backs go to, so the default is one per checkpoint.",
     ),
     OptionSpec(
+        "writeId", "string", section="send", scope="batch",
+        default_doc="a new one for each `write`",
+        doc="what a `df.write`'s msgIds are derived from, with the task and row (a `writeStream`'s "
+            "come from its query and batch ids). Inside a `foreachBatch`, give each write of the "
+            "function its own `writeId` (`orders`, `refunds`): a micro-batch that Spark runs again "
+            "then sends the same msgIds, which a topic's de-duplication window drops; without it, "
+            "each run sends new ones.",
+    ),
+    OptionSpec(
         "retryTimesWhenSendFailed", "integer", section="retries", default=2, minimum=0, maximum=16,
         doc="`sendMode=sync`: retries of a failed send.",
     ),

@@ -70,7 +70,7 @@ class SinkOptions:
     columns: tuple[str, ...]
     keys_is_array: bool
     body_is_string: bool
-    write_id: str  # distinguishes batch (non-streaming) writes in UNIQ_KEYs
+    write_id: str  # a df.write's: its UNIQ_KEYs derive from it (option writeId, else a new uuid)
     exactly_once: bool = False
     checkpoint_location: str | None = None  # a local path: exactly-once keeps its commit markers there
     stream: bool = False  # writeStream (else a df.write, maybe one of several in a foreachBatch)
@@ -241,7 +241,7 @@ def parse_sink_options(raw_options: Mapping[str, str], schema: StructType, *, st
         columns=tuple(f.name for f in schema.fields),
         keys_is_array=types.get("keys") == "array<string>",
         body_is_string=types.get("body") == "string",
-        write_id=uuid.uuid4().hex,
+        write_id=opts.text("writeId") or uuid.uuid4().hex,
         exactly_once=exactly_once,
         checkpoint_location=checkpoint,
         stream=stream,

@@ -73,11 +73,14 @@ class _TaskIds:
     batch_id: str
     partition_id: int
     attempt: int
+    write_id: str = ""  # a df.write inside a foreachBatch: which write of the micro-batch
 
     def key_prefix(self) -> str:
         """16 hex digits shared by every UNIQ_KEY of this task (and of its retries)."""
-        seed = f"{self.query_id}:{self.batch_id}:{self.partition_id}".encode()
-        return hashlib.blake2b(seed, digest_size=8).hexdigest().upper()
+        seed = f"{self.query_id}:{self.batch_id}:{self.partition_id}"
+        if self.write_id:
+            seed += f":{self.write_id}"
+        return hashlib.blake2b(seed.encode(), digest_size=8).hexdigest().upper()
 
 
 def _task_ids(opts: SinkOptions) -> _TaskIds:
@@ -87,14 +90,14 @@ def _task_ids(opts: SinkOptions) -> _TaskIds:
     if ctx is None:  # called directly (tests, tools)
         return _TaskIds(opts.write_id, "0", 0, 0)
     query = ctx.getLocalProperty("sql.streaming.queryId")
-    if not query:
-        query = opts.write_id
-    elif not opts.stream:
-        # a df.write inside a foreachBatch sees the stream's ids too: two writes of one
-        # micro-batch would send the same keys, and a de-duplication window keep only the first
-        query = f"{query}:{opts.write_id}"
     batch = ctx.getLocalProperty("streaming.sql.batchId") or "0"
-    return _TaskIds(query, batch, ctx.partitionId(), ctx.attemptNumber())
+    if not query:
+        return _TaskIds(opts.write_id, batch, ctx.partitionId(), ctx.attemptNumber())
+    # A df.write inside a foreachBatch sees the stream's ids too: its write id keeps two writes
+    # of one micro-batch from sending the same keys (a de-duplication window would keep only
+    # the first); failed rows sent back still name the stream's query.
+    write = "" if opts.stream else opts.write_id
+    return _TaskIds(query, batch, ctx.partitionId(), ctx.attemptNumber(), write)
 
 
 _RESERVED = "a property name or value contains the reserved characters \\x01 or \\x02"
