@@ -306,3 +306,46 @@ def test_a_write_inside_foreach_batch_keys_its_rows_by_its_write_and_names_the_q
     assert orders.query_id == "Q" and (orders.batch_id, orders.partition_id) == ("7", 3)
     # a writeStream's keys stay what they were: its query, batch and partition
     assert ids(True).key_prefix() == _TaskIds("Q", "7", 3, 0).key_prefix()
+
+
+def test_a_row_stored_but_not_durable_is_sent_again_to_another_broker() -> None:
+    # broker-a is a SYNC_MASTER whose slave is down: it stores every message and answers
+    # SLAVE_NOT_AVAILABLE. The sink sends those rows again to broker-b (RocketMQ's
+    # retryAnotherBrokerWhenNotStoreOK) rather than fail the task, and fails it only when
+    # no broker stores them as it should.
+    from pyspark_pymq.client.message import SendResult, SendStatus
+    from pyspark_pymq.client.route import TopicRoute
+
+    queues = tuple(MessageQueue("t", b, q) for b in ("broker-a", "broker-b") for q in range(2))
+    route = TopicRoute("t", queues, (), {"broker-a": "a:1", "broker-b": "b:1"})
+    schema = StructType([StructField("body", BinaryType())])
+    batch = pa.RecordBatch.from_pydict({"body": pa.array([b"x" * 500] * 20)})
+    for down in ({"broker-a"}, {"broker-a", "broker-b"}):
+        stored: list[str] = []
+
+        def send(group: str, req: Any, mq: MessageQueue, timeout: float, half: bool = False,
+                 down: set[str] = down, stored: list[str] = stored) -> SendResult:
+            stored.append(mq.broker_name)
+            status = SendStatus.SLAVE_NOT_AVAILABLE if mq.broker_name in down else SendStatus.SEND_OK
+            return SendResult(status, mq, 0, tuple(req.uniq_keys), (), bytes(8))
+
+        def stubbed(*args: Any, **kwargs: Any) -> Producer:  # the sink's own settings, no network
+            producer = Producer(*args, **kwargs)
+            producer._backend.route = lambda topic, refresh=False: route  # type: ignore[method-assign]
+            producer._backend.send = send  # type: ignore[method-assign]
+            return producer
+
+        opts = parse_sink_options({"endpoint": "127.0.0.1:1", "topic": "t", "maxBatchBytes": "1024"},
+                                  schema, stream=False)
+
+        def send_rows(opts: SinkOptions = opts, new_producer: Any = stubbed) -> SinkCommitMessage:
+            return _send_rows(opts, iter([batch]), _TaskIds("q", "0", 0, 0), new_producer=new_producer,
+                              prefix=_PREFIX)
+
+        if down == {"broker-a"}:
+            assert send_rows().rows == 20 and "broker-a" in stored and "broker-b" in stored
+        else:
+            with pytest.raises(PymqError, match="answered SLAVE_NOT_AVAILABLE"):
+                send_rows()
+            # each request tried three times (retryTimesWhenSendFailed 2), on both brokers
+            assert len(stored) % 3 == 0 and set(stored) == {"broker-a", "broker-b"}

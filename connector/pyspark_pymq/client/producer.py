@@ -32,6 +32,7 @@ from .message import (
     MessageQueue,
     RowKeys,
     SendResult,
+    SendStatus,
     check_user_properties,
     encode_message_properties,
     new_uniq_keys,
@@ -95,6 +96,11 @@ class Producer:
         max_message_size: 4 MiB; a larger message fails before it is sent.
         max_batch_bytes: a batch (``send_batch``) goes out as requests of at most
             this many bytes; ``max_message_size`` by default.
+        retry_another_broker_when_not_store_ok: ``send_mode="sync"``: a message stored
+            but not as durable as the broker is set to make it (FLUSH_DISK_TIMEOUT,
+            FLUSH_SLAVE_TIMEOUT, SLAVE_NOT_AVAILABLE) is sent again to another broker,
+            within ``retry_times_when_send_failed``, unless its queue is pinned; the last
+            answer is returned. False by default, as in RocketMQ.
 
     Example::
 
@@ -124,6 +130,7 @@ class Producer:
         max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
         max_in_flight: int = 64,
         max_batch_bytes: int | None = None,
+        retry_another_broker_when_not_store_ok: bool = False,
     ) -> None:
         if send_mode not in SEND_MODES:
             raise ValueError(f"send_mode must be one of {SEND_MODES}, got {send_mode!r}")
@@ -144,6 +151,7 @@ class Producer:
         self.timeout = send_msg_timeout_ms / 1000.0
         self.max_message_size = max_message_size
         self.max_batch_bytes = max_message_size if max_batch_bytes is None else max_batch_bytes
+        self.retry_another_broker_when_not_store_ok = retry_another_broker_when_not_store_ok
         self._backend: Backend = open_backend(
             backend_config(endpoint, namesrv_addr, access_key, secret_key,
                            client_tls(tls, tls_ca_file, tls_cert_file, tls_key_file)), self.timeout
@@ -430,6 +438,9 @@ class Producer:
         attempts = 1 + self.retry_times_when_send_failed
         last_failed: str | None = None
         last_error: PymqError | None = None
+        not_stored: SendResult | None = None  # the last answer other than SEND_OK
+        again = self.retry_another_broker_when_not_store_ok and prepared.queue_id is None \
+            and prepared.sharding_key is None
         for _ in range(attempts):
             mq: MessageQueue | None = None
             try:  # the route look-up is part of the try: a broker that is slow to answer it is retried too
@@ -445,7 +456,13 @@ class Producer:
                 last_error = err
                 continue
             self._fault.update(mq.broker_name, False)
+            if again and result.status is not SendStatus.SEND_OK:
+                # DefaultMQProducerImpl.sendDefaultImpl with retryAnotherBrokerWhenNotStoreOK
+                not_stored, last_failed = result, mq.broker_name
+                continue
             return result
+        if not_stored is not None:
+            return not_stored
         assert last_error is not None
         last_error.remark = f"{last_error.remark} (after {attempts} attempts)"
         raise last_error

@@ -378,9 +378,10 @@ _SINK = (
             "unless `retryTimesWhenSendAsyncFailed` > 0, as in RocketMQ. `oneway`: **lossy**, a failed "
             "send does not fail the task (the executor log says how many rows were not acknowledged); "
             "a send that can never succeed, such as to a topic without write permission, still fails it. "
-            "With `sync` and `async`, an answer other than `SEND_OK` (`FLUSH_DISK_TIMEOUT`, "
-            "`FLUSH_SLAVE_TIMEOUT`, `SLAVE_NOT_AVAILABLE`: stored, not yet durable) fails the task too, "
-            "so that Spark sends those rows again with the same msgIds.",
+            "An answer other than `SEND_OK` (`FLUSH_DISK_TIMEOUT`, `FLUSH_SLAVE_TIMEOUT`, "
+            "`SLAVE_NOT_AVAILABLE`: stored, not yet durable) fails the task too, so that Spark sends "
+            "those rows again with the same msgIds; `sync` first sends them to another broker where "
+            "there is one (RocketMQ's `retryAnotherBrokerWhenNotStoreOK`).",
     ),
     OptionSpec(
         "deliveryGuarantee", "choice", section="send", default="at-least-once", choices=DELIVERY_GUARANTEES,
