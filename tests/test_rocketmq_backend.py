@@ -187,6 +187,12 @@ def test_the_fallback_copy_to_retry_carries_its_limit_where_the_broker_reads_it(
     assert (result.topic, result.dead_letter, result.fallback) == (f"%DLQ%{group}", True, True)
     dead = _wait_for(consumer, f"%DLQ%{group}", 1)
     assert dead[0].body == b"fails" and dead[0].reconsume_times == 3
+    # without a limit the copy carries 16, as RocketMQ's push consumer sends (the broker would
+    # otherwise apply the group's retryMaxTimes)
+    tired = dataclasses.replace(first, commit_log_offset=10**12, reconsume_times=16)  # type: ignore[type-var]
+    result = consumer.send_back(tired)
+    assert (result.topic, result.dead_letter, result.fallback) == (f"%DLQ%{group}", True, True)
+    assert sorted(m.reconsume_times for m in _wait_for(consumer, f"%DLQ%{group}", 2)) == [3, 17]
 
 
 def _wait_for(consumer: PullConsumer, topic: str, n: int, timeout: float = 60.0) -> list:  # type: ignore[type-arg]

@@ -209,6 +209,9 @@ class Backend(ABC):
 
     config: BackendConfig
     timeout_s: float  # per request, unless a call says otherwise
+    # the reconsume limit a send back carries when the caller gives none (None: the broker's
+    # group config decides)
+    default_max_reconsume_times: int | None = None
 
     # -- routes ------------------------------------------------------------------------
 

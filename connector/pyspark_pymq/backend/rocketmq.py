@@ -82,6 +82,8 @@ _MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"  # MessageConst.PROPERTY_MAX_RECONS
 class RocketMQBackend(Backend):
     """Apache RocketMQ 4.x/5.x clusters reached through their name servers (``namesrvAddr``)."""
 
+    default_max_reconsume_times = DEFAULT_MAX_RECONSUME_TIMES  # as RocketMQ's push consumer sends
+
     def __init__(self, config: BackendConfig, timeout_s: float = 10.0) -> None:
         assert config.namesrv_addr, "RocketMQBackend needs namesrv_addr"
         self.config = config

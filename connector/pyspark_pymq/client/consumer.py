@@ -327,6 +327,8 @@ class PullConsumer:
         # the first stored copy's offsetMsgId, as the broker's send back sets it
         props.setdefault(MC.PROPERTY_ORIGIN_MESSAGE_ID, message.offset_msg_id)
         props[MC.PROPERTY_RECONSUME_TIME] = str(message.reconsume_times + 1)
+        if max_times is None:  # RocketMQ's client sends its own default (16): its broker reads it
+            max_times = self._backend.default_max_reconsume_times
         if max_times is not None:
             props[MC.PROPERTY_MAX_RECONSUME_TIMES] = str(max_times)
         props[MC.PROPERTY_DELAY_TIME_LEVEL] = str(
