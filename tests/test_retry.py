@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from broker_process import BrokerProcess
@@ -213,6 +215,36 @@ def test_resent_dead_letters_are_consumed_again_from_their_topic(retry_broker) -
     assert [x.body for x in again] == [b"fix-me"]
     assert again[0].reconsume_times == 0 and again[0].keys == ("k9",)
     assert again[0].user_properties == {"a": "1"}
+
+
+def test_a_dead_letter_that_cannot_be_sent_as_it_is_stays_and_the_others_go(
+    retry_broker: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a foreign producer's message whose TAGS holds \x01 (which Message refuses): read back,
+    # its tags are "a\x01b"; sent again as they are they would make a property of their own
+    from pyspark_pymq.client.codec import uniq_first
+    from pyspark_pymq.client.message import new_uniq_key
+
+    ep = retry_broker.endpoint
+    admin = Admin(ep)
+    admin.create_topic("odd", queues=1)
+    producer = Producer(ep)
+    uniq = new_uniq_key()
+    odd_tags = uniq_first(b"TAGS\x01a\x01b\x02", uniq)
+    records, sizes = producer.backend.encode_records("odd", [b"odd"], [odd_tags])
+    producer.send_records("odd", records, sizes, [uniq])
+    producer.send(Message("odd", b"fine"))
+    consumer = PullConsumer(ep, "godd")
+    mq = consumer.queues("odd")[0]
+    letters = consumer.pull(mq, 0).messages
+    assert [m.tags for m in letters] == ["a\x01b", None]
+    for m in letters:
+        consumer.send_back(m, delay_level=-1)
+    with caplog.at_level(logging.WARNING, logger="pyspark_pymq.client.admin"):
+        assert admin.resend_dead_letters("godd") == 1
+    assert f"dead letter {letters[0].msg_id} of godd is not sent again" in caplog.text
+    assert [m.body for m in consumer.pull(mq, 2, 10).messages] == [b"fine"]
+    assert [m.body for m in admin.dead_letter_messages("godd")] == [b"odd", b"fine"]  # it stays
     admin.purge_dead_letters("gr")
     assert admin.dead_letter_messages("gr") == []
 

@@ -213,3 +213,18 @@ def test_max_batch_bytes_sizes_batches_not_rows(broker: BrokerProcess) -> None:
     huge = pa.record_batch([pa.array([b"y" * (4 * 1024 * 1024 + 1)])], names=["body"])
     with pytest.raises(PymqError, match="over maxMessageSize 4194304"):
         write_partition(_options(broker.endpoint, topic, maxBatchBytes="1024"), iter([huge]))
+
+
+def test_properties_over_rocketmqs_limit_are_named_before_they_are_sent(broker: BrokerProcess) -> None:
+    """A tag of 40,000 characters: the Arrow path leaves the row to the per-row encoding, which
+    names it (the broker would refuse the whole request with a message about its records)."""
+    topic = unique("big-props")
+    Admin(broker.endpoint).create_topic(topic, queues=1)
+    tagged = pa.record_batch([pa.array([b"a", b"b"]), pa.array(["T", "T" * 40_000])], names=["body", "tags"])
+    from pyspark.sql.types import BinaryType, StringType, StructField, StructType
+
+    schema = StructType([StructField("body", BinaryType()), StructField("tags", StringType())])
+    opts = parse_sink_options({"endpoint": broker.endpoint, "topic": topic}, schema, stream=False)
+    with pytest.raises(PymqError, match=r"sending rows 0..1 .* message 1 of the batch: its properties"):
+        write_partition(opts, iter([tagged]))
+    assert read_all(broker.endpoint, topic) == []

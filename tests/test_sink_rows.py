@@ -349,3 +349,8 @@ def test_a_row_stored_but_not_durable_is_sent_again_to_another_broker() -> None:
                 send_rows()
             # each request tried three times (retryTimesWhenSendFailed 2), on both brokers
             assert len(stored) % 3 == 0 and set(stored) == {"broker-a", "broker-b"}
+
+
+def test_a_producer_refuses_batches_larger_than_its_messages() -> None:
+    with pytest.raises(ValueError, match="max_batch_bytes"):
+        Producer("127.0.0.1:1", max_message_size=1024, max_batch_bytes=4096)

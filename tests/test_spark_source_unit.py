@@ -262,6 +262,9 @@ def test_user_offsets_refuse_a_key_given_twice_and_digits_that_are_no_number() -
     for text in ('{"t": {"0": 1}, "t": {"1": 2}}', '{"t": {"0": 1, "0": 2}}'):
         with pytest.raises(ValueError, match=r"startingOffsets names '.*' twice"):
             parse_offsets_json(text, "startingOffsets", allow_earliest=True)
+    for text in ('{"t": {"b:1": 5, "b:01": 7}}', '{"t": {"0": 5, " 0": 9}}'):  # one queue, two spellings
+        with pytest.raises(ValueError, match=r"startingOffsets names queue '.*' of 't' twice"):
+            parse_offsets_json(text, "startingOffsets", allow_earliest=True)
     # "²" is a digit to str.isdigit, not to int(): the option's own message, not int()'s
     with pytest.raises(ValueError, match=r"queue key 'b:²' of topic 't' must be 'brokerName:queueId'"):
         parse_offsets_json('{"t": {"b:²": 1}}', "startingOffsets", allow_earliest=True)

@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
-from pymq_proto.record import HEADER_DTYPE, HEADER_SIZE, MESSAGE_MAGIC_CODE, store_host_bytes
+from pymq_proto.record import (
+    HEADER_DTYPE,
+    HEADER_SIZE,
+    MAX_PROPERTIES_SIZE,
+    MESSAGE_MAGIC_CODE,
+    store_host_bytes,
+)
 from pymq_proto.topics import is_retry_topic
 from pymq_proto.v1 import pymq_pb2
 from pymq_proto.wire import SerializedRequest, encode_send_request
@@ -256,8 +262,8 @@ class PymqBackend(Backend):
 
         n = len(body_lens)
         topic_b = topic.encode()
-        if int(property_lens.max(initial=0)) > 0xFFFF:
-            return None
+        if int(property_lens.max(initial=0)) > MAX_PROPERTIES_SIZE:
+            return None  # the per-message encoding names the message whose properties are too long
         head = np.zeros(n, dtype=HEADER_DTYPE)
         sizes = HEADER_SIZE + body_lens + 2 + len(topic_b) + 2 + property_lens
         if int(sizes.max(initial=0)) > 0x7FFFFFFF:

@@ -5,6 +5,7 @@ Tables come back as pandas DataFrames, ready for a notebook.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,8 @@ from .consumer import PullConsumer, dlq_topic
 from .message import MessageExt, MessageQueue, SystemMessage
 from .route import PERM_READ, PERM_WRITE
 from .transport import BrokerClient
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from ..tls import TlsConfig
@@ -419,14 +422,16 @@ class Admin:
                 origin = m.properties.get(MessageConst.PROPERTY_DLQ_ORIGIN_TOPIC) or m.retry_topic
                 if not origin:
                     continue
-                producer.send_sync(
-                    SystemMessage(origin, m.body, tags=m.tags, keys=m.keys,  # ORIGIN_MESSAGE_ID is one
-                            properties={
-                                **m.user_properties,
-                                MessageConst.PROPERTY_ORIGIN_MESSAGE_ID: _origin_msg_id(m)
-                                or m.offset_msg_id,
-                            })
-                )
+                origin_id = _origin_msg_id(m) or m.offset_msg_id
+                try:  # ORIGIN_MESSAGE_ID is a system property: a SystemMessage
+                    again = SystemMessage(origin, m.body, tags=m.tags, keys=m.keys, properties={
+                        **m.user_properties, MessageConst.PROPERTY_ORIGIN_MESSAGE_ID: origin_id})
+                except (TypeError, ValueError) as err:
+                    # a foreign producer's letter whose tags, keys or properties cannot be sent as
+                    # they are (a \x01 inside a value): it stays in the DLQ; the others go on
+                    log.warning("dead letter %s of %s is not sent again: %s", m.msg_id, group, err)
+                    continue
+                producer.send_sync(again)
                 sent += 1
                 if progress is not None:
                     progress(sent, len(letters))

@@ -151,6 +151,9 @@ class Producer:
         self.timeout = send_msg_timeout_ms / 1000.0
         self.max_message_size = max_message_size
         self.max_batch_bytes = max_message_size if max_batch_bytes is None else max_batch_bytes
+        if self.max_batch_bytes > max_message_size:  # a request the broker would refuse whole
+            raise ValueError(f"max_batch_bytes must be at most max_message_size ({max_message_size}), "
+                             f"got {max_batch_bytes!r}")
         self.retry_another_broker_when_not_store_ok = retry_another_broker_when_not_store_ok
         self._backend: Backend = open_backend(
             backend_config(endpoint, namesrv_addr, access_key, secret_key,
@@ -179,7 +182,7 @@ class Producer:
         return None
 
     def send_batch(self, messages: Sequence[Message]) -> list[Any]:
-        """Send a list as batches of at most ``max_message_size`` bytes each.
+        """Send a list as batches of at most ``max_batch_bytes`` bytes each.
 
         All messages must share one topic and have no delay level (RocketMQ's
         batch rules). Each batch lands in one queue, in order. Returns one
@@ -204,7 +207,7 @@ class Producer:
 
         The fast path for bulk writers (the Spark sink): no Message objects.
         ``properties[i]`` must carry ``UNIQ_KEY`` = ``uniq_keys[i]``. The messages
-        go as batches of at most ``max_message_size`` bytes to ``queue_id``, or
+        go as batches of at most ``max_batch_bytes`` bytes to ``queue_id``, or
         to the sharding key's queue, or round robin (``broker_name``: the queue id of that
         broker, where the topic is on several). Returns one result per batch,
         shaped by ``send_mode`` as :meth:`send`.

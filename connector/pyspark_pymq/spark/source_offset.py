@@ -195,7 +195,11 @@ def parse_offsets_json(text: str, option: str, *, allow_earliest: bool) -> dict[
                     f"pymq option {option}: offset {value!r} for {topic!r}/{key!r} is not "
                     f"valid: use {allowed}"
                 )
-            out[(str(topic), parsed[0], parsed[1])] = int(value)
+            queue = (str(topic), parsed[0], parsed[1])
+            if queue in out:  # "b:1" and "b:01", "0" and " 0": one queue
+                raise ValueError(f"pymq option {option} names queue {key!r} of {topic!r} twice: give "
+                                 f"each queue once (example: {example})")
+            out[queue] = int(value)
     return out
 
 
