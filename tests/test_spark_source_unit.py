@@ -788,3 +788,19 @@ def test_expired_offsets_skipped_with_fail_on_data_loss_false_spend_no_trigger_b
     target.prepareForTriggerAvailableNow()
     target._reader = fake  # type: ignore[assignment]
     assert ends(target.latestOffset({"t": {"b:0": 0}}, ReadAllAvailable())) == {T0: 1_000_000}
+
+
+def test_a_queue_gone_from_its_topic_is_reported_once(caplog: pytest.LogCaptureFixture) -> None:
+    T0, T7 = MessageQueue("t", "b", 0), MessageQueue("t", "b", 7)
+    fake = FakeOffsetReader({T0: (0, 10)})
+    stream = make_stream(fake)
+    start: dict[str, Any] = {"t": {"b:0": 10, "b:7": 3}}
+    with caplog.at_level(logging.WARNING, logger="pyspark_pymq.spark.micro_batch_stream"):
+        for _ in range(3):
+            start = json.loads(json.dumps(stream.latestOffset(start, ReadAllAvailable())))
+        assert caplog.text.count("is not among topic 't''s read queues now") == 1
+        fake.set({T0: (0, 10), T7: (0, 3)})  # back
+        stream.latestOffset(start, ReadAllAvailable())
+        fake.set({T0: (0, 10)})  # and gone again: said again
+        stream.latestOffset(start, ReadAllAvailable())
+    assert caplog.text.count("is not among topic 't''s read queues now") == 2

@@ -68,6 +68,7 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._reader: OffsetReader | None = None
         self._target: dict[MessageQueue, int] | None = None  # Trigger.AvailableNow
         self._latest: dict[str, dict[str, int]] | None = None
+        self._waiting_told: set[MessageQueue] = set()  # queues gone from their topic, warned about
 
     # Tasks get the options only: channels and driver state stay on the driver.
     def __getstate__(self) -> dict[str, Any]:
@@ -154,6 +155,8 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 )
                 continue
             b = bounds.get(mq)
+            if b is not None:
+                self._waiting_told.discard(mq)
             if b is None and (mq.broker_name in down or mq.topic == retry):
                 # A broker that is down (or restarting) still holds its queues: they wait
                 # where they are and are read again once it is back, nothing is lost. A
@@ -169,8 +172,10 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 # cut first, read queues once drained). The queue's messages are still on the
                 # broker: it waits where it is, and goes on if the queues are raised again
                 # (dropping its offset would read it again from its first message then).
-                logger.warning("pymq source: %s is not among topic %r's read queues now; it waits at "
-                               "offset %d", mq, mq.topic, offset)
+                if mq not in self._waiting_told:  # once: it may wait for good
+                    logger.warning("pymq source: %s is not among topic %r's read queues now; it "
+                                   "waits at offset %d", mq, mq.topic, offset)
+                    self._waiting_told.add(mq)
                 waiting[mq] = offset
                 continue
             if b is None:
