@@ -199,7 +199,7 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 offset = skipped[mq] = b.min_offset
             kept[mq] = offset
 
-        end: dict[str, Any] = self._end_offsets(kept, waiting, bounds, limit, skipped)
+        end: dict[str, Any] = self._end_offsets(kept, waiting, bounds, limit)
         if FROM_KEY in start and end == {t: q for t, q in start.items() if t != FROM_KEY}:
             return start  # nothing new after a batch that skipped: the same JSON text, so no batch
         if skipped:
@@ -209,7 +209,6 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _end_offsets(
         self, kept: Mapping[MessageQueue, int], waiting: Mapping[MessageQueue, int],
         bounds: Mapping[MessageQueue, QueueBounds], limit: ReadLimit,
-        skipped: Mapping[MessageQueue, int] | None = None,
     ) -> dict[str, dict[str, int]]:
         """The next end: queues ``kept`` advance up to their max offset (or the target) within
         ``limit``, ``waiting`` ones stay, new queues join at their first offset."""
@@ -225,16 +224,18 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 top = min(top, self._target[mq])
             if mq not in kept:
                 end[mq] = b.min_offset  # a new queue joins at its start, read from next batch
-            elif top < kept[mq] and skipped and mq in skipped:
-                end[mq] = kept[mq]  # AvailableNow's target lies in the expired offsets: nothing to read
-            elif top < kept[mq]:
+            elif b.max_offset < kept[mq]:
                 report_data_loss(
                     fail,
-                    f"queue {mq}: its offsets went back from {kept[mq]} to {top} (was the "
+                    f"queue {mq}: its offsets went back from {kept[mq]} to {b.max_offset} (was the "
                     "topic deleted and created again?)",
                     f"read {mq} again from its first offset",
                 )
                 end[mq] = top
+            elif top < kept[mq]:
+                # AvailableNow's target lies behind where the queue is (its expired offsets were
+                # skipped past it): nothing to read, and the end stays, so the query can end
+                end[mq] = kept[mq]
             else:
                 available[mq] = top
 
