@@ -317,20 +317,25 @@ def test_a_row_stored_but_not_durable_is_sent_again_to_another_broker() -> None:
     from pyspark_pymq.client.route import TopicRoute
 
     queues = tuple(MessageQueue("t", b, q) for b in ("broker-a", "broker-b") for q in range(2))
-    route = TopicRoute("t", queues, (), {"broker-a": "a:1", "broker-b": "b:1"})
     schema = StructType([StructField("body", BinaryType())])
     batch = pa.RecordBatch.from_pydict({"body": pa.array([b"x" * 500] * 20)})
-    for down in ({"broker-a"}, {"broker-a", "broker-b"}):
+    both = ("broker-a", "broker-b")
+    for brokers, down in ((both, {"broker-a"}), (both, set(both)), (("broker-a",), {"broker-a"})):
+        route = TopicRoute("t", tuple(q for q in queues if q.broker_name in brokers), (),
+                           {"broker-a": "a:1", "broker-b": "b:1"})
         stored: list[str] = []
+        keys: list[str] = []
 
         def send(group: str, req: Any, mq: MessageQueue, timeout: float, half: bool = False,
-                 down: set[str] = down, stored: list[str] = stored) -> SendResult:
+                 down: set[str] = down, stored: list[str] = stored,
+                 keys: list[str] = keys) -> SendResult:
             stored.append(mq.broker_name)
+            keys.extend(req.uniq_keys)
             status = SendStatus.SLAVE_NOT_AVAILABLE if mq.broker_name in down else SendStatus.SEND_OK
             return SendResult(status, mq, 0, tuple(req.uniq_keys), (), bytes(8))
 
-        def stubbed(*args: Any, **kwargs: Any) -> Producer:  # the sink's own settings, no network
-            producer = Producer(*args, **kwargs)
+        def stubbed(*args: Any, route: TopicRoute = route, **kwargs: Any) -> Producer:  # no network
+            producer = Producer(*args, **kwargs)  # the sink's own settings
             producer._backend.route = lambda topic, refresh=False: route  # type: ignore[method-assign]
             producer._backend.send = send  # type: ignore[method-assign]
             return producer
@@ -342,13 +347,15 @@ def test_a_row_stored_but_not_durable_is_sent_again_to_another_broker() -> None:
             return _send_rows(opts, iter([batch]), _TaskIds("q", "0", 0, 0), new_producer=new_producer,
                               prefix=_PREFIX)
 
-        if down == {"broker-a"}:
+        if len(brokers) == 2 and down == {"broker-a"}:
             assert send_rows().rows == 20 and "broker-a" in stored and "broker-b" in stored
-        else:
-            with pytest.raises(PymqError, match="answered SLAVE_NOT_AVAILABLE"):
-                send_rows()
-            # each request tried three times (retryTimesWhenSendFailed 2), on both brokers
+            continue
+        with pytest.raises(PymqError, match="answered SLAVE_NOT_AVAILABLE"):
+            send_rows()
+        if len(brokers) == 2:  # each request tried three times (retryTimesWhenSendFailed 2), on both
             assert len(stored) % 3 == 0 and set(stored) == {"broker-a", "broker-b"}
+        else:  # no other broker: no row stored again on the same one
+            assert set(stored) == {"broker-a"} and len(keys) == len(set(keys)) == 20
 
 
 def test_a_producer_refuses_batches_larger_than_its_messages() -> None:

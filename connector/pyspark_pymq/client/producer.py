@@ -459,8 +459,11 @@ class Producer:
                 last_error = err
                 continue
             self._fault.update(mq.broker_name, False)
-            if again and result.status is not SendStatus.SEND_OK:
-                # DefaultMQProducerImpl.sendDefaultImpl with retryAnotherBrokerWhenNotStoreOK
+            if again and result.status is not SendStatus.SEND_OK and any(
+                q.broker_name != mq.broker_name for q in self._publish_queues(prepared.topic)
+            ):
+                # DefaultMQProducerImpl.sendDefaultImpl with retryAnotherBrokerWhenNotStoreOK (only
+                # where another broker has the topic: the same one would store the messages again)
                 not_stored, last_failed = result, mq.broker_name
                 continue
             return result
