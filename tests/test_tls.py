@@ -98,6 +98,7 @@ def test_mutual_tls(certs: Certificates, tmp_path: Path) -> None:
         ]})
         tls = {"tls_ca_file": certs.ca, "tls_cert_file": certs.client_cert, "tls_key_file": certs.client_key}
         assert commit_group_progress(query, ep, "mtls-g", topics=["mtls-t"], **tls) == 1
+        assert commit_group_progress(query, ep, "mtls-g", topics="mtls-t", **tls) == 1  # not its letters
 
 
 def test_broker_tls_settings_are_checked(certs: Certificates, tmp_path: Path) -> None:

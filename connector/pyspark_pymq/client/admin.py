@@ -400,7 +400,8 @@ class Admin:
         offsetMsgId or their ``origin_msg_id`` (the original's offsetMsgId: the
         columns of :meth:`dead_letters`). A re-sent message carries the original's
         offsetMsgId in ORIGIN_MESSAGE_ID. Returns how many were sent.
-        ``progress(done, total)`` is called as it goes.
+        ``progress(done, total)`` is called as it goes. A letter that cannot be sent as it
+        is (a foreign producer's ``\\x01`` inside a tag) is logged and left in the DLQ.
         """
         wanted = None if msg_ids is None else set(msg_ids) - {""}
         letters = self.dead_letter_messages(group, max_num=10**9)
@@ -416,7 +417,7 @@ class Admin:
                 (m.msg_id, m.offset_msg_id, _origin_msg_id(m)))]
         from .producer import Producer
 
-        sent = 0
+        sent = skipped = 0
         with Producer(self.endpoint, **self._security) as producer:
             for m in letters:
                 origin = m.properties.get(MessageConst.PROPERTY_DLQ_ORIGIN_TOPIC) or m.retry_topic
@@ -429,12 +430,14 @@ class Admin:
                 except (TypeError, ValueError) as err:
                     # a foreign producer's letter whose tags, keys or properties cannot be sent as
                     # they are (a \x01 inside a value): it stays in the DLQ; the others go on
-                    log.warning("dead letter %s of %s is not sent again: %s", m.msg_id, group, err)
+                    log.warning("dead letter %s of %s is not sent again (nor by later calls without "
+                                "msg_ids): %s", m.msg_id, group, err)
+                    skipped += 1
                     continue
                 producer.send_sync(again)
                 sent += 1
                 if progress is not None:
-                    progress(sent, len(letters))
+                    progress(sent + skipped, len(letters))
         if wanted is None and letters:
             last = letters[-1]
             consumer.commit(MessageQueue(last.topic, last.broker_name, last.queue_id),

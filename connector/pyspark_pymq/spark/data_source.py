@@ -371,7 +371,10 @@ class PymqDataSource(DataSource):
         derived from, with the task and row (a ``writeStream``'s come from its query and batch ids).
         Inside a ``foreachBatch``, give each write of the function its own ``writeId`` (``orders``,
         ``refunds``): a micro-batch that Spark runs again then sends the same msgIds, which a topic's
-        de-duplication window drops; without it, each run sends new ones.
+        de-duplication window drops; without it, each run sends new ones. Outside a stream a ``writeId``
+        names one write: running it again with the same ``writeId`` sends the same msgIds (a
+        de-duplication window drops rows already sent), so give new data a new one
+        (``orders-2026-11-27``).
 
     ``retryTimesWhenSendFailed``
         (integer 0..16; default 2) ``sendMode=sync``: retries of a failed send.
@@ -395,8 +398,8 @@ class PymqDataSource(DataSource):
         to.
 
     ``maxReconsumeTimes``
-        (integer >= 1; default the group's (16)) ``reconsumeLater``: retries before a message goes to
-        ``%DLQ%<consumerGroup>``.
+        (integer >= 1; default the group's ``retryMaxTimes`` (16) on a pymq broker; 16 on Apache
+        RocketMQ) ``reconsumeLater``: retries before a message goes to ``%DLQ%<consumerGroup>``.
 
     ``delayLevel``
         (integer >= -1; default 0) ``reconsumeLater``: the delay level of the retry; 0 = RocketMQ's 3 +

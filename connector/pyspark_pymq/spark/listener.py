@@ -216,8 +216,9 @@ class MessageListener:
         message_model: ``"CLUSTERING"`` (default) or ``"BROADCASTING"`` (failures
             are counted and logged, not retried).
         consume_message_batch_max_size: messages per listener call (1).
-        max_reconsume_times: retries before the DLQ (default: the group's, 16;
-            orderly default: unlimited, as in RocketMQ).
+        max_reconsume_times: retries before the DLQ (default: the group's
+            ``retryMaxTimes``, 16, on a pymq broker; 16 on Apache RocketMQ, as its push
+            consumer sends; orderly default: unlimited, as in RocketMQ).
         suspend_current_queue_time_millis: orderly retry pause (1000).
         delay_level: delay of a sent-back message (0: RocketMQ's 3 + retries).
         namesrv_addr: Apache RocketMQ instead of ``endpoint``

@@ -403,7 +403,9 @@ _SINK = (
             "come from its query and batch ids). Inside a `foreachBatch`, give each write of the "
             "function its own `writeId` (`orders`, `refunds`): a micro-batch that Spark runs again "
             "then sends the same msgIds, which a topic's de-duplication window drops; without it, "
-            "each run sends new ones.",
+            "each run sends new ones. Outside a stream a `writeId` names one write: running it again "
+            "with the same `writeId` sends the same msgIds (a de-duplication window drops rows already "
+            "sent), so give new data a new one (`orders-2026-11-27`).",
     ),
     OptionSpec(
         "retryTimesWhenSendFailed", "integer", section="retries", default=2, minimum=0, maximum=16,
@@ -432,7 +434,8 @@ _SINK = (
         doc="`reconsumeLater` (required there): the group whose `%RETRY%` topic the rows go back to.",
     ),
     OptionSpec(
-        "maxReconsumeTimes", "integer", section="send back", minimum=1, default_doc="the group's (16)",
+        "maxReconsumeTimes", "integer", section="send back", minimum=1,
+        default_doc="the group's `retryMaxTimes` (16) on a pymq broker; 16 on Apache RocketMQ",
         doc="`reconsumeLater`: retries before a message goes to `%DLQ%<consumerGroup>`.",
     ),
     OptionSpec(

@@ -12,7 +12,7 @@ import json
 from collections.abc import Collection
 from typing import Any
 
-from ..client.consumer import PullConsumer
+from ..client.consumer import PullConsumer, retry_topic
 from .source_offset import is_initial, offsets_from_json
 
 __all__ = ["commit_group_progress"]
@@ -29,8 +29,9 @@ def commit_group_progress(
     ``endpoint`` names a pymq broker; for Apache RocketMQ pass ``None`` and ``namesrv_addr``.
     ``access_key`` / ``secret_key`` sign the commits; ``tls`` (the system's CAs, or
     ``tls_ca_file``'s) encrypts them, ``tls_cert_file`` / ``tls_key_file`` for mutual TLS (as
-    the query's options did). ``topics``: only these topics' queues (a query whose pymq
-    sources read with different consumer groups: one call per group, with its sources' topics);
+    the query's options did). ``topics``: only these topics' queues and ``%RETRY%<group>``'s (a
+    query whose pymq sources read with different consumer groups: one call per group, with its
+    sources' topics);
     None: every pymq source's.
 
     Example::
@@ -38,6 +39,10 @@ def commit_group_progress(
         query.stop()
         commit_group_progress(query, "127.0.0.1:8081", "billing")  # lag 0 on the broker
     """
+    wanted: set[str] = set()
+    if topics is not None:  # a string is one topic, not its letters; %RETRY%<group> goes along
+        wanted = {topics} if isinstance(topics, str) else set(topics)
+        wanted.add(retry_topic(group))
     last = query.lastProgress
     if not last:
         return 0
@@ -53,7 +58,7 @@ def commit_group_progress(
         except ValueError:
             continue  # another source's offsets (a join with a non-pymq stream)
         if topics is not None:
-            queues = {mq: o for mq, o in queues.items() if mq.topic in topics}
+            queues = {mq: o for mq, o in queues.items() if mq.topic in wanted}
         if queues:
             PullConsumer(endpoint, group, namesrv_addr=namesrv_addr, access_key=access_key,
                          secret_key=secret_key, tls=tls, tls_ca_file=tls_ca_file,
