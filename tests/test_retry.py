@@ -217,6 +217,20 @@ def test_resent_dead_letters_are_consumed_again_from_their_topic(retry_broker) -
     assert again[0].user_properties == {"a": "1"}
 
 
+def test_a_failing_send_back_to_the_dlq_still_goes_to_the_dlq(retry_broker: Any) -> None:
+    # delay_level -1 (the DLQ at once) when the send back RPC fails: the direct copy must not
+    # become an ordinary retry that comes back in 10 s
+    ep = retry_broker.endpoint
+    Admin(ep).create_topic("fbd", queues=1)
+    Producer(ep).send(Message("fbd", b"poison"))
+    consumer = PullConsumer(ep, "gfd")
+    m = consumer.pull(consumer.queues("fbd")[0], 0).messages[0]
+    broken = dataclasses.replace(m, commit_log_offset=10**12)  # the broker cannot find it there
+    result = consumer.send_back(broken, delay_level=-1)
+    assert (result.topic, result.dead_letter, result.fallback) == ("%DLQ%gfd", True, True)
+    assert [d.body for d in Admin(ep).dead_letter_messages("gfd")] == [b"poison"]
+
+
 def test_a_dead_letter_that_cannot_be_sent_as_it_is_stays_and_the_others_go(
     retry_broker: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -327,7 +327,11 @@ class PullConsumer:
         # the first stored copy's offsetMsgId, as the broker's send back sets it
         props.setdefault(MC.PROPERTY_ORIGIN_MESSAGE_ID, message.offset_msg_id)
         props[MC.PROPERTY_RECONSUME_TIME] = str(message.reconsume_times + 1)
-        if max_times is None:  # RocketMQ's client sends its own default (16): its broker reads it
+        if delay_level < 0:
+            # straight to the DLQ, as a send back with a negative level: the copy's reconsume
+            # count over its limit makes the broker's retry rule store it in %DLQ%<group>
+            max_times = message.reconsume_times
+        elif max_times is None:  # RocketMQ's client sends its own default (16): its broker reads it
             max_times = self._backend.default_max_reconsume_times
         if max_times is not None:
             props[MC.PROPERTY_MAX_RECONSUME_TIMES] = str(max_times)
