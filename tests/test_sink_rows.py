@@ -361,3 +361,13 @@ def test_a_row_stored_but_not_durable_is_sent_again_to_another_broker() -> None:
 def test_a_producer_refuses_batches_larger_than_its_messages() -> None:
     with pytest.raises(ValueError, match="max_batch_bytes"):
         Producer("127.0.0.1:1", max_message_size=1024, max_batch_bytes=4096)
+
+
+def test_send_back_rows_without_a_topic_are_refused_by_name() -> None:
+    from pyspark_pymq.spark.rows import send_back_columns
+
+    for topics in ([None, "orders"], ["", "orders"]):
+        batch = pa.RecordBatch.from_pydict({"topic": pa.array(topics, pa.string()),
+                                            "commit_log_offset": pa.array([1, 2], pa.int64())})
+        with pytest.raises(ValueError, match="row 0 has no commit_log_offset or topic"):
+            send_back_columns(batch, 0, {})

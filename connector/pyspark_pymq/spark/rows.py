@@ -120,7 +120,7 @@ def send_back_columns(
         index = batch.schema.get_field_index(name)
         missing = pa.array([True] * batch.num_rows) if index < 0 else pc.is_null(batch.column(index))
         if name == "topic" and index >= 0:
-            missing = pc.or_(missing, pc.equal(batch.column(index), ""))
+            missing = pc.or_(missing, pc.fill_null(pc.equal(batch.column(index), ""), True))
         if pc.any(missing).as_py():
             raise ValueError(
                 f"row {pc.index(missing, True).as_py()} has no commit_log_offset or topic: only rows "
