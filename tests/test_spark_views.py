@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from helpers import unique
-from pyspark_pymq import Admin, Message, Producer, PullConsumer
+from pyspark_pymq import Admin, Message, MessageQueue, Producer, PullConsumer
 
 pytestmark = pytest.mark.spark
 
@@ -42,6 +42,14 @@ def test_views_show_topics_queues_groups_lag_and_dead_letters(spark: Any, shared
         r["consumer_offset"] for r in lag if r["topic"] == topic)
     dead = view(spark, ep, "deadLetters", consumerGroup=group).collect()
     assert [(r["body"], r["origin_topic"], r["reason"]) for r in dead] == [(m.body, topic, "broken row")]
+    # a system topic asked for by name is shown (as the queues view shows it)
+    dlq = f"%DLQ%{group}"
+    assert [r["topic"] for r in view(spark, ep, "topics", topic=dlq).collect()] == [dlq]
+    # the lag of a topic over every group: only groups with progress on it, not every group at full lag
+    idle = unique("idle")
+    PullConsumer(ep, idle).commit(MessageQueue(f"%DLQ%{group}", "broker-a", 0), 0)  # progress elsewhere
+    by_group = {r["group"] for r in view(spark, ep, "lag", topic=topic).collect()}
+    assert group in by_group and idle not in by_group
 
 
 def test_view_options_are_checked(spark: Any, shared_broker: Any) -> None:

@@ -94,7 +94,8 @@ def _rows(opts: ViewOptions) -> list[dict[str, Any]]:
              if cfg.namesrv_addr
              else Admin(cfg.endpoint, access_key=cfg.access_key, secret_key=cfg.secret_key, tls=cfg.tls))
     if opts.view == "topics":
-        frame = admin.topics(include_system=opts.include_system)
+        # a topic asked for by name is shown, system topic (%DLQ%g) or not, as the queues view does
+        frame = admin.topics(include_system=opts.include_system or bool(opts.topic))
         if opts.topic:
             frame = frame[frame["topic"] == opts.topic]
         return list(frame.to_dict("records"))
@@ -104,9 +105,12 @@ def _rows(opts: ViewOptions) -> list[dict[str, Any]]:
     if opts.view == "groups":
         return list(admin.groups().to_dict("records"))
     if opts.view == "lag":
-        groups = [opts.group] if opts.group else list(admin.groups()["group"])
-        rows = [r for g in groups for r in admin.group_progress(g, opts.topic).to_dict("records")]
-        return rows
+        if opts.group:
+            return list(admin.group_progress(opts.group, opts.topic).to_dict("records"))
+        # every group, on the topics each has progress on: asked about a topic by name, the
+        # broker answers every queue of it for any group (a group that never read it: full lag)
+        rows = [r for g in admin.groups()["group"] for r in admin.group_progress(g).to_dict("records")]
+        return [r for r in rows if not opts.topic or r["topic"] == opts.topic]
     assert opts.group is not None
     return list(admin.dead_letters(opts.group, opts.max_messages).to_dict("records"))
 
