@@ -29,6 +29,13 @@ def test_admin_cli_round_trip(endpoint: str, capsys: pytest.CaptureFixture[str])
     assert "broken" in capsys.readouterr().out
     assert main(["-e", endpoint, "resend-dead-letters", "gcli"]) == 0
     assert "1 dead letter(s) of gcli re-sent" in capsys.readouterr().out
+    # letters asked for by id that are not there: the script is told (exit 1)
+    assert main(["-e", endpoint, "resend-dead-letters", "gcli", "--msg-id", "NOPE"]) == 1
+    assert "no dead letter of gcli was re-sent for msg id(s) NOPE" in capsys.readouterr().err
+    for flag in ("--size", "--count", "--batch"):
+        with pytest.raises(SystemExit) as bad:  # argparse's own error: exit 2, nothing sent
+            main(["-e", endpoint, "send", "cli", flag, "0"])
+        assert bad.value.code == 2 and "is below 1" in capsys.readouterr().err
     assert main(["-e", endpoint, "topic-stats", "missing"]) == 1
     assert "'missing' does not exist" in capsys.readouterr().err
     r = Producer(endpoint).send(Message("cli", b"look at me", keys=["lk"]))

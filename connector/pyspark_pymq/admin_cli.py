@@ -150,6 +150,9 @@ def _cmd_resend(admin: Admin, a: argparse.Namespace) -> None:
     sent = admin.resend_dead_letters(a.group, a.msg_id or None, progress=bar.update)
     bar.close()
     print(f"{sent} dead letter(s) of {a.group} re-sent to their original topics")
+    if a.msg_id and not sent:  # a script asked for these letters: none of them went
+        raise ValueError(f"no dead letter of {a.group} was re-sent for msg id(s) {', '.join(a.msg_id)}: "
+                         "check them with `pymq-admin dead-letters`")
 
 
 def _cmd_purge(admin: Admin, a: argparse.Namespace) -> None:
@@ -171,6 +174,17 @@ def _cmd_query(admin: Admin, a: argparse.Namespace) -> None:
              "keys": " ".join(m.keys), "store_timestamp": m.store_timestamp, "body": m.body}
             for m in found]
     print(render_table(rows, ["queue_id", "queue_offset", "msg_id", "keys", "store_timestamp", "body"]))
+
+
+def _at_least_one(text: str) -> int:
+    """argparse's type for counts and sizes: an int of 1 or more, else its own error (exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1")
+    return value
 
 
 def _cmd_send(admin: Admin, a: argparse.Namespace) -> None:
@@ -344,9 +358,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--max", type=int, default=32)
     sp = add("send", _cmd_send, "bulk-send test messages")
     sp.add_argument("topic")
-    sp.add_argument("--count", type=int, default=1000)
-    sp.add_argument("--size", type=int, default=200)
-    sp.add_argument("--batch", type=int, default=1000)
+    sp.add_argument("--count", type=_at_least_one, default=1000)
+    sp.add_argument("--size", type=_at_least_one, default=200, help="body bytes (default 200)")
+    sp.add_argument("--batch", type=_at_least_one, default=1000)
     sp.add_argument("--tags")
     sp = add("tail", _cmd_tail, "the last messages of each queue")
     sp.add_argument("topic")

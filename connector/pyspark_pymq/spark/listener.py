@@ -212,7 +212,9 @@ class MessageListener:
         listener: ``f(list[MessageExt]) -> ConsumeConcurrentlyStatus`` (or
             ``ConsumeOrderlyStatus`` in orderly mode); ``None`` and exceptions
             mean RECONSUME_LATER.
-        orderly: retry failures in place per queue instead of sending them back.
+        orderly: retry failures in place per queue instead of sending them back. Order
+            holds within a Spark task: read each queue in one partition (no
+            ``minPartitions`` or ``maxMessagesPerPartition`` on the stream).
         message_model: ``"CLUSTERING"`` (default) or ``"BROADCASTING"`` (failures
             are counted and logged, not retried).
         consume_message_batch_max_size: messages per listener call (1).
