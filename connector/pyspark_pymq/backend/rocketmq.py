@@ -391,7 +391,7 @@ class RocketMQBackend(Backend):
     def send_back(
         self, group: str, columns: SendBackColumns, max_reconsume_times: int | None
     ) -> list[SendBackOutcome | None]:
-        max_times = max_reconsume_times or DEFAULT_MAX_RECONSUME_TIMES
+        max_times = max_reconsume_times or self.default_max_reconsume_times
         topic = columns.origin_topics[0] if columns.origin_topics else get_retry_topic(group)
         try:
             addr = self._routes.broker_addr(topic, columns.broker_name)

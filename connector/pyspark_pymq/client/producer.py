@@ -134,13 +134,14 @@ class Producer:
     ) -> None:
         if send_mode not in SEND_MODES:
             raise ValueError(f"send_mode must be one of {SEND_MODES}, got {send_mode!r}")
+        batch_bytes = max_message_size if max_batch_bytes is None else max_batch_bytes
         for name, value, low in (
             ("retry_times_when_send_failed", retry_times_when_send_failed, 0),
             ("retry_times_when_send_async_failed", retry_times_when_send_async_failed, 0),
             ("send_msg_timeout_ms", send_msg_timeout_ms, 1),
             ("max_message_size", max_message_size, 1),
             ("max_in_flight", max_in_flight, 1),
-            ("max_batch_bytes", max_message_size if max_batch_bytes is None else max_batch_bytes, 1),
+            ("max_batch_bytes", batch_bytes, 1),
         ):
             if not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
@@ -150,8 +151,8 @@ class Producer:
         self.retry_times_when_send_async_failed = retry_times_when_send_async_failed
         self.timeout = send_msg_timeout_ms / 1000.0
         self.max_message_size = max_message_size
-        self.max_batch_bytes = max_message_size if max_batch_bytes is None else max_batch_bytes
-        if self.max_batch_bytes > max_message_size:  # a request the broker would refuse whole
+        self.max_batch_bytes = batch_bytes
+        if batch_bytes > max_message_size:  # a request the broker would refuse whole
             raise ValueError(f"max_batch_bytes must be at most max_message_size ({max_message_size}), "
                              f"got {max_batch_bytes!r}")
         self.retry_another_broker_when_not_store_ok = retry_another_broker_when_not_store_ok
@@ -442,8 +443,8 @@ class Producer:
         last_failed: str | None = None
         last_error: PymqError | None = None
         not_stored: SendResult | None = None  # the last answer other than SEND_OK
-        again = self.retry_another_broker_when_not_store_ok and prepared.queue_id is None \
-            and prepared.sharding_key is None
+        again = (self.retry_another_broker_when_not_store_ok and prepared.queue_id is None
+                 and prepared.sharding_key is None)
         for _ in range(attempts):
             mq: MessageQueue | None = None
             try:  # the route look-up is part of the try: a broker that is slow to answer it is retried too

@@ -31,8 +31,7 @@ def commit_group_progress(
     ``tls_ca_file``'s) encrypts them, ``tls_cert_file`` / ``tls_key_file`` for mutual TLS (as
     the query's options did). ``topics``: only these topics' queues and ``%RETRY%<group>``'s (a
     query whose pymq sources read with different consumer groups: one call per group, with its
-    sources' topics);
-    None: every pymq source's.
+    sources' topics); None: every pymq source's.
 
     Example::
 

@@ -151,6 +151,7 @@ def parse_offsets_json(text: str, option: str, *, allow_earliest: bool) -> dict[
     """
     example = '{"orders": {"broker-a:0": 42, "broker-a:1": -2}}'
     allowed = "an offset >= 0 or -1 (latest)" + (" or -2 (earliest)" if allow_earliest else "")
+
     def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         # json.loads keeps the last of two equal keys: one of the user's offsets would be lost
         seen: dict[str, Any] = {}

@@ -252,11 +252,12 @@ class _SendTask:
         if plain is None or not topic:
             return False
         records, sizes, row_keys = plain
+        what = f"rows {first}..{first + n - 1}"
         try:
             results = self.producer.send_records(topic, records, sizes, row_keys)
         except PymqError as err:
-            raise self._send_failed(err, topic, f"rows {first}..{first + n - 1}") from err
-        self._keep_answers(results, f"rows {first}..{first + n - 1}")
+            raise self._send_failed(err, topic, what) from err
+        self._keep_answers(results, what)
         self.rows += n
         return True
 
