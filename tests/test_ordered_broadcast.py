@@ -59,6 +59,30 @@ def test_ordered_messages_keep_per_key_order_and_retry_in_place(
     assert listener.last_stats.reconsume_later == 0  # orderly never sends back
 
 
+def test_orderly_consumes_a_queue_in_order_even_when_the_read_splits_it(
+    spark: Any, shared_broker: Any, tmp_path: Path
+) -> None:
+    """maxMessagesPerPartition cuts one queue into six partitions; two at a time ran at once."""
+    ep = shared_broker.endpoint
+    topic, group = unique("ordered-split"), unique("osg")
+    Admin(ep).create_topic(topic, queues=1)
+    Producer(ep).send_batch([Message(topic, f"s{i}") for i in range(60)])
+    log = tmp_path / "calls.log"
+
+    def handle(msgs: list[MessageExt]) -> ConsumeOrderlyStatus:
+        time.sleep(0.01)  # long enough for concurrent tasks to interleave their calls
+        with log.open("a") as f:
+            f.write(msgs[0].body.decode() + "\n")
+        return ConsumeOrderlyStatus.SUCCESS
+
+    listener = MessageListener(ep, group, handle, orderly=True)
+    df = (spark.read.format("pymq").option("endpoint", ep).option("topic", topic)
+          .option("maxMessagesPerPartition", 10).load())
+    assert df.rdd.getNumPartitions() == 6
+    assert listener.process(df, 0).count() == 60
+    assert log.read_text().splitlines() == [f"s{i}" for i in range(60)]
+
+
 def test_orderly_gives_up_to_the_dlq_after_max_reconsume_times(spark: Any, shared_broker: Any) -> None:
     ep = shared_broker.endpoint
     topic, group = unique("ordered-poison"), unique("opg")

@@ -9,9 +9,12 @@ each message's fate, as in RocketMQ:
   ``%RETRY%<group>`` (with the exception kept in its properties) and returns
   later with a growing delay; after ``max_reconsume_times`` it goes to the DLQ.
 
-Orderly mode (for ordered topics): a failure is retried in place after
-``suspend_current_queue_time_millis``, holding back only the rest of that
-queue's messages in the batch, up to ``max_reconsume_times`` (then the DLQ).
+Orderly mode (for ordered topics): each MessageQueue's messages are consumed by
+one task, one at a time, in queue-offset order, however the read split them into
+Spark partitions (the batch is repartitioned by queue first: one shuffle). A
+failure is retried in place after ``suspend_current_queue_time_millis``, holding
+back only the rest of that queue's messages in the batch, up to
+``max_reconsume_times`` (then the DLQ).
 BROADCASTING: failures are not retried, only counted and logged.
 
 Example::
@@ -51,7 +54,7 @@ from pymq_proto.record import MessageConst as MC
 from ..backend.base import BackendConfig, backend_config, cached_backend, client_tls
 from ..client.consumer import PullConsumer
 from ..client.message import MessageExt
-from .rows import messages_from_batch, send_back_acknowledged
+from .rows import column, messages_from_batch, send_back_acknowledged
 from .schema import source_schema
 
 if TYPE_CHECKING:
@@ -152,7 +155,10 @@ def consume_partition(
         messages = messages_from_batch(batch)
         ok = [False] * len(messages)
         if cfg.orderly:
-            _consume_orderly(cfg, consumer, listener, messages, ok, batch_id, stats)
+            # the queue read: a retried message's topic column holds its original topic
+            read_from = [r or t for r, t in
+                         zip(column(batch, "retry_topic"), column(batch, "topic"), strict=True)]
+            _consume_orderly(cfg, consumer, listener, messages, read_from, ok, batch_id, stats)
         else:
             failed: list[tuple[MessageExt, dict[str, str]]] = []
             step = cfg.batch_max_size
@@ -176,12 +182,12 @@ def consume_partition(
 
 def _consume_orderly(
     cfg: _Config, consumer: PullConsumer, listener: Listener, messages: list[MessageExt],
-    ok: list[bool], batch_id: str, stats: ConsumeStats,
+    read_from: list[str], ok: list[bool], batch_id: str, stats: ConsumeStats,
 ) -> None:
-    """Per queue, in queue-offset order; a failure blocks only its own queue."""
+    """Per queue read (``read_from[i]``: its topic), in offset order; a failure blocks only its queue."""
     by_queue: dict[tuple[str, str, int], list[int]] = {}
     for i, m in enumerate(messages):
-        by_queue.setdefault((m.retry_topic or m.topic, m.broker_name, m.queue_id), []).append(i)
+        by_queue.setdefault((read_from[i], m.broker_name, m.queue_id), []).append(i)
     limit = cfg.max_reconsume_times
     for indexes in by_queue.values():
         indexes.sort(key=lambda i: messages[i].queue_offset)
@@ -212,9 +218,10 @@ class MessageListener:
         listener: ``f(list[MessageExt]) -> ConsumeConcurrentlyStatus`` (or
             ``ConsumeOrderlyStatus`` in orderly mode); ``None`` and exceptions
             mean RECONSUME_LATER.
-        orderly: retry failures in place per queue instead of sending them back. Order
-            holds within a Spark task: read each queue in one partition (no
-            ``minPartitions`` or ``maxMessagesPerPartition`` on the stream).
+        orderly: consume each queue's messages one at a time in offset order, in one
+            task, and retry failures in place instead of sending them back (the batch
+            is repartitioned by queue first, so ``minPartitions`` and
+            ``maxMessagesPerPartition`` on the read cannot split a queue across tasks).
         message_model: ``"CLUSTERING"`` (default) or ``"BROADCASTING"`` (failures
             are counted and logged, not retried).
         consume_message_batch_max_size: messages per listener call (1).
@@ -308,7 +315,24 @@ class MessageListener:
             for name, acc in counters.items():
                 acc.add(getattr(stats, name))
 
+        if cfg.orderly:
+            df = _by_queue(df)
         good = df.mapInArrow(run, df.schema).localCheckpoint(eager=True)
         self.last_stats = ConsumeStats(**{n: int(a.value) for n, a in counters.items()})
         log.info("pymq listener batch %s: %s", bid, self.last_stats)
         return good
+
+
+def _by_queue(df: DataFrame) -> DataFrame:
+    """``df`` with each MessageQueue's rows in one partition, in queue-offset order.
+
+    The read may split a queue's range over several partitions (``minPartitions``,
+    ``maxMessagesPerPartition``) that run at once; RocketMQ's orderly consumers hold a
+    queue's lock instead. As many partitions as Spark runs tasks at once (a number, so
+    that adaptive execution does not coalesce them into one).
+    """
+    from pyspark.sql import functions as F
+
+    queue = [F.coalesce(F.col("retry_topic"), F.col("topic")), F.col("broker_name"), F.col("queue_id")]
+    tasks = max(1, df.sparkSession.sparkContext.defaultParallelism)
+    return df.repartition(tasks, *queue).sortWithinPartitions(*queue, F.col("queue_offset"))
