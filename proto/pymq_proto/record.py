@@ -74,6 +74,7 @@ BLANK_MAGIC_CODE = -875286124  # RocketMQ's BLANK_MAGIC_CODE: padding at a file'
 
 HEADER = struct.Struct("<iiIiiqqiqq8siqi")
 HEADER_SIZE = HEADER.size  # 80
+_BLANK_HEAD = struct.Struct("<ii")  # TOTALSIZE, MAGICCODE: all a blank end-of-file record must hold
 _U16 = struct.Struct("<H")
 MAX_PROPERTIES_SIZE = 32767  # RocketMQ stores the properties length in a short
 MAX_TOPIC_BYTES = 65535
@@ -391,12 +392,15 @@ def split_tail(record: bytes | memoryview, pos: int, total: int, body_len: int) 
 
 def record_is_valid(buf: bytes | memoryview, pos: int, expected_physical_offset: int) -> int:
     """Size of the good record at ``pos``, 0 for a blank end-of-file marker, -1 if torn/corrupt."""
+    if pos + 8 > len(buf):
+        return -1
+    # a segment's blank end-of-file record may be 8 bytes only (RocketMQ's END_FILE_MIN_BLANK_LENGTH)
+    total, magic = _BLANK_HEAD.unpack_from(buf, pos)
+    if magic == BLANK_MAGIC_CODE:
+        return 0
     if pos + HEADER_SIZE > len(buf):
         return -1
     h = HEADER.unpack_from(buf, pos)
-    total, magic = h[TOTALSIZE], h[MAGICCODE]
-    if magic == BLANK_MAGIC_CODE:
-        return 0
     if magic != MESSAGE_MAGIC_CODE or total < HEADER_SIZE + 4 or pos + total > len(buf):
         return -1
     if h[PHYSICALOFFSET] != expected_physical_offset or h[BODYLEN] < 0:

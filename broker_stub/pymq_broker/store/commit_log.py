@@ -153,15 +153,17 @@ class CommitLog:
         mfq = self.mapped_file_queue
         mf = mfq.last_mapped_file(create_offset=0)
         assert mf is not None
-        if size > mf.remaining():
+        # as RocketMQ's END_FILE_MIN_BLANK_LENGTH: a put leaves room for the blank record that
+        # ends the segment, so recovery always finds where the segment's records end
+        if size + _BLANK.size > mf.remaining():
             left = mf.remaining()
             if left >= _BLANK.size:  # END_OF_FILE: pad with a blank record
                 mf.append(_BLANK.pack(left, BLANK_MAGIC_CODE) + bytes(left - _BLANK.size))
-            else:
+            else:  # a segment written before that rule
                 mf.wrote_position = mf.file_size
             mf = mfq.last_mapped_file(create_offset=0)
             assert mf is not None
-            if size > mf.remaining():
+            if size + _BLANK.size > mf.remaining():
                 raise ValueError(
                     f"a put of {size} bytes does not fit in a commit log segment of "
                     f"{mf.file_size} bytes"
@@ -225,12 +227,14 @@ class CommitLog:
         """
         mfq = self.mapped_file_queue
         offset = start
+        at_least = RECOVER_READ_CHUNK
         while True:
             mf = mfq.find_mapped_file_by_offset(offset)
             if mf is None:
                 return offset
             rel = offset - mf.file_from_offset
-            want = min(RECOVER_READ_CHUNK, mf.file_size - rel)
+            want = min(at_least, mf.file_size - rel)
+            at_least = RECOVER_READ_CHUNK
             chunk = mf.read(rel, want)
             pos = 0
             while True:
@@ -240,11 +244,19 @@ class CommitLog:
                         visit(offset, chunk, pos)
                     pos += size
                     offset += size
-                elif size == 0:  # blank record: the rest of the segment is padding
+                elif size == 0 or mf.end_offset - offset < _BLANK.size:
+                    # a blank record, or a tail too short for one (segments written before
+                    # puts left room for it): the rest of the segment is padding
                     offset = mf.end_offset
                     break
-                elif pos > 0 and len(chunk) == want == RECOVER_READ_CHUNK:
-                    break  # may only be cut by the chunk's end: read again from here
+                elif len(chunk) == want < mf.file_size - rel:  # the chunk ended before the segment
+                    if pos > 0:
+                        break  # the record may only be cut by the chunk's end: read again from here
+                    total = _BLANK.unpack_from(chunk)[0]
+                    if total <= want:
+                        return offset
+                    at_least = total  # one record larger than a chunk: read it whole
+                    break
                 else:
                     return offset
 

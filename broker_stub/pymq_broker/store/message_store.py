@@ -129,6 +129,7 @@ class DefaultMessageStore:
         self._running = False
         self.last_exit_ok = True
         self._indexed_upto = -1  # recovery indexes the records after it again
+        self._queued_from = 0  # recovery queues the records from it on again
 
     # -- life cycle -------------------------------------------------------------
 
@@ -156,6 +157,10 @@ class DefaultMessageStore:
         start = self.checkpoint.logics_msg_offset
         if cl.mapped_file_queue.files and start < cl.min_offset:
             start = cl.min_offset
+        # the consume queues hold every record before the checkpoint (flushed before it was
+        # written): the walk from the segment start below re-checks those and indexes them,
+        # but must not queue them again (a topic deleted since would come back)
+        self._queued_from = start
         if not self.last_exit_ok:
             # After a crash, verify the whole segment holding the checkpoint too:
             # a segment start is a record boundary, so the walk can begin there.
@@ -192,7 +197,9 @@ class DefaultMessageStore:
         props = chunk[p0:p1]
         cq = self._find_or_create_consume_queue(topic, queue_id)
         key = f"{topic}-{queue_id}"
-        if queue_offset >= cq.max_offset_in_queue:
+        # RocketMQ's rule too: a record below the queue's last physical offset is already queued
+        if (offset >= self._queued_from and queue_offset >= cq.max_offset_in_queue
+                and offset >= cq.max_physic_offset):
             tag = self._tag_code(topic, queue_id, props, store_ts)
             cq.put_entries(queue_offset, pack_entries([offset], [total], [tag]), offset + total)
             self.commit_log.topic_queue_table[key] = queue_offset + 1
@@ -565,6 +572,10 @@ class DefaultMessageStore:
             cq.destroy()
             self.commit_log.topic_queue_table.pop(f"{topic}-{qid}", None)
         shutil.rmtree(self.config.store_path_consume_queue / topic, ignore_errors=True)
+        # a crash recovery re-queues the records after the checkpoint: move it past the topic's
+        # records, or they would build its consume queues again
+        if self._running:
+            self.checkpoint_now()
 
     # -- get --------------------------------------------------------------------
 

@@ -59,6 +59,24 @@ class ScheduleMessageService(ConfigManager):
     def decode(self, data: dict[str, Any]) -> None:
         self.offset_table = {int(k): int(v) for k, v in data.get("offsetTable", {}).items()}
 
+    def load(self) -> None:
+        super().load()
+        self.correct_delay_offset()
+
+    def correct_delay_offset(self) -> None:
+        """As RocketMQ's ``correctDelayOffset``: a level's progress past its queue's end goes back to it.
+
+        A crash that cut the commit log's tail cuts the schedule queues too; the next delayed
+        messages take the cut offsets again and would never be delivered.
+        """
+        for level, offset in sorted(self.offset_table.items()):
+            cq = self.store.consume_queue(SCHEDULE_TOPIC, level - 1)
+            top = cq.max_offset_in_queue if cq is not None else 0
+            if offset > top:
+                log.warning("delay level %d: progress %d is past its queue's end %d; going on from %d",
+                            level, offset, top, top)
+                self.offset_table[level] = top
+
     def deliver_due(self, now_ms: int | None = None) -> float:
         """Deliver every due message of every level; seconds until the next one is due.
 
