@@ -14,6 +14,7 @@ from broker_process import BrokerProcess
 from pymq_proto.v1 import pymq_pb2, pymq_pb2_grpc
 from pyspark_pymq import Admin, Message, MessageQueue, Producer, PullConsumer
 from pyspark_pymq.client.message import PullStatus, SendStatus
+from pyspark_pymq.client.transport import map_rpc_error
 from pyspark_pymq.errors import (
     BrokerUnavailableError,
     IllegalArgumentError,
@@ -284,3 +285,65 @@ def test_state_survives_a_clean_restart(tmp_path) -> None:
         assert Admin(broker.endpoint).topic_config("keep").read_queue_nums == 2
     finally:
         broker.stop()
+
+
+def _raw_send(
+    stub: pymq_pb2_grpc.BrokerStub, topic: str, *messages: pymq_pb2.MessageData
+) -> pymq_pb2.SendMessageResponse:
+    return stub.SendMessage(pymq_pb2.SendMessageRequest(
+        topic=topic, queue_id=0, born_timestamp=int(time.time() * 1000), messages=list(messages),
+        batch=len(messages) > 1))
+
+
+def _raw_message(body: bytes, **props: str) -> pymq_pb2.MessageData:
+    from pymq_proto.record import encode_properties
+
+    return pymq_pb2.MessageData(body=body, properties=encode_properties(props))
+
+
+@pytest.mark.parametrize("refused", ["a delayed message in the batch", "properties over 65535 bytes"])
+def test_a_refused_send_leaves_no_key_in_the_dedup_window(endpoint: str, refused: str) -> None:
+    """Its corrected retry (same UNIQ_KEY) was answered SEND_OK as a duplicate and never stored."""
+    Admin(endpoint).create_topic("dd", queues=1, dedup_window_ms=60_000)
+    stub = pymq_pb2_grpc.BrokerStub(grpc.insecure_channel(endpoint))
+    if refused.startswith("a delayed"):
+        bad = [_raw_message(b"a", UNIQ_KEY="A"), _raw_message(b"b", UNIQ_KEY="B", DELAY="3")]
+    else:
+        bad = [_raw_message(b"a", UNIQ_KEY="A", X="v" * 70_000)]
+    with pytest.raises(grpc.RpcError) as refusal:
+        _raw_send(stub, "dd", *bad)
+    error = map_rpc_error(refusal.value, endpoint, "SendMessage")
+    assert isinstance(error, MessageIllegalError)
+    assert "delay level" in str(error) or "over the limit of 32767" in str(error)
+    again = _raw_send(stub, "dd", _raw_message(b"a", UNIQ_KEY="A"))
+    assert (again.duplicates_dropped, again.queue_offset) == (0, 0)
+    got = PullConsumer(endpoint, "g").pull(MessageQueue("dd", "", 0), 0, 10)
+    assert [m.body for m in got.messages] == [b"a"]
+
+
+def test_a_group_with_consumption_disabled_cannot_pull(endpoint: str) -> None:
+    admin = Admin(endpoint)
+    admin.create_topic("ce", queues=1)
+    Producer(endpoint).send(Message("ce", b"x"))
+    assert admin.update_group("paused", consume_enable=False).consume_enable is False
+    consumer = PullConsumer(endpoint, "paused")
+    with pytest.raises(NoPermissionError, match="'paused' has consumption disabled"):
+        consumer.pull(MessageQueue("ce", "", 0), 0, 10)
+    assert admin.update_group("paused", consume_enable=True).consume_enable is True
+    assert len(consumer.pull(MessageQueue("ce", "", 0), 0, 10).messages) == 1
+    from pyspark_pymq.admin_cli import main as admin_main
+
+    assert admin_main(["-e", endpoint, "update-group", "paused", "--no-consume-enable"]) == 0
+    assert admin.group_config("paused").consume_enable is False
+
+
+def test_a_long_poll_at_an_offset_the_queue_cannot_reach_is_answered_at_once(endpoint: str) -> None:
+    """RocketMQ answers PULL_OFFSET_MOVED at once; the pull was held for its whole suspend time."""
+    Admin(endpoint).create_topic("lp", queues=1)
+    stub = pymq_pb2_grpc.BrokerStub(grpc.insecure_channel(endpoint))
+    started = time.monotonic()
+    resp = stub.PullMessage(pymq_pb2.PullMessageRequest(  # offset 5 of a queue never written to
+        consumer_group="g", message_queue=pymq_pb2.MessageQueue(topic="lp", queue_id=0),
+        queue_offset=5, max_msg_nums=10, suspend_timeout_ms=5_000))
+    assert resp.status == pymq_pb2.OFFSET_ILLEGAL
+    assert time.monotonic() - started < 2.0

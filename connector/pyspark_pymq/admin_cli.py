@@ -120,9 +120,10 @@ def _cmd_create(admin: Admin, a: argparse.Namespace) -> None:
 
 def _cmd_update_group(admin: Admin, a: argparse.Namespace) -> None:
     cfg = admin.update_group(a.group, retry_max_times=a.retry_max_times, retry_queue_nums=a.retry_queue_nums,
-                             consume_message_orderly=a.orderly)
+                             consume_message_orderly=a.orderly, consume_enable=a.consume_enable)
     print(f"group {cfg.group_name}: retry_max_times {cfg.retry_max_times}, retry_queue_nums "
-          f"{cfg.retry_queue_nums}, {'orderly (FIFO)' if cfg.consume_message_orderly else 'concurrently'}")
+          f"{cfg.retry_queue_nums}, {'orderly (FIFO)' if cfg.consume_message_orderly else 'concurrently'}"
+          f"{'' if cfg.consume_enable else ', consumption disabled'}")
 
 
 def _cmd_delete(admin: Admin, a: argparse.Namespace) -> None:
@@ -338,6 +339,8 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--retry-queue-nums", type=int)
     sp.add_argument("--orderly", action=argparse.BooleanOptionalAction, default=None,
                     help="consumeMessageOrderly: a FIFO group for RocketMQ 5's clients")
+    sp.add_argument("--consume-enable", action=argparse.BooleanOptionalAction, default=None,
+                    help="consumeEnable: --no-consume-enable pauses the group (its pulls are refused)")
     add("topic-stats", _cmd_stats, "per-queue offsets of a topic").add_argument("topic")
     sp = add("progress", _cmd_progress, "a consumer group's progress and lag")
     sp.add_argument("group")

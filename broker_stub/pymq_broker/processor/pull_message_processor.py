@@ -18,9 +18,6 @@ from .subscription import parse_subscription
 
 MAX_SUSPEND_MS = 60_000
 
-_NO_NEW = {GetMessageStatus.OFFSET_OVERFLOW_ONE, GetMessageStatus.NO_MESSAGE_IN_QUEUE,
-           GetMessageStatus.NO_MATCHED_LOGIC_QUEUE}
-
 
 class PullMessageProcessor:
     def __init__(self, ctx: BrokerContext, hold: PullRequestHoldService) -> None:
@@ -47,7 +44,13 @@ class PullMessageProcessor:
                 f"suspend timeout {req.suspend_timeout_ms} ms is out of range 0..{MAX_SUSPEND_MS}",
             )
         if req.consumer_group:
-            ctx.subscription_group_manager.find_subscription_group_config(req.consumer_group)
+            group = ctx.subscription_group_manager.find_subscription_group_config(req.consumer_group)
+            if not group.consume_enable:  # RocketMQ's "subscription group no permission"
+                raise BrokerException(
+                    pymq_pb2.NO_PERMISSION,
+                    f"consumer group {req.consumer_group!r} has consumption disabled (consumeEnable "
+                    f"false); enable it with Admin(...).update_group(group, consume_enable=True)",
+                )
         sub = parse_subscription(
             req.subscription, req.expression_type,
             enable_property_filter=ctx.broker_config.enable_property_filter,
@@ -60,31 +63,15 @@ class PullMessageProcessor:
                 sub.property_filter,
             )
             left = deadline - time.monotonic()
-            if (
-                result.status not in _NO_NEW
-                or left <= 0
-                or not ctx.broker_config.long_polling_enable
-                or req.queue_offset < result.min_offset
-            ):
-                return self._response(req, result)
+            status = _pull_status(req.queue_offset, result)
+            # held only where the next message will land: a bad offset is answered at once
+            if status != pymq_pb2.NO_NEW_MSG or left <= 0 or not ctx.broker_config.long_polling_enable:
+                return self._response(status, result)
             await self.hold.suspend(mq.topic, mq.queue_id, req.queue_offset, left)
 
     def _response(
-        self, req: pymq_pb2.PullMessageRequest, r: GetMessageResult
+        self, status: pymq_pb2.PullStatus.ValueType, r: GetMessageResult
     ) -> pymq_pb2.PullMessageResponse:
-        s = r.status
-        if s == GetMessageStatus.FOUND:
-            status = pymq_pb2.FOUND
-        elif s == GetMessageStatus.NO_MATCHED_MESSAGE:
-            status = pymq_pb2.NO_MATCHED_MSG
-        elif s == GetMessageStatus.OFFSET_OVERFLOW_ONE:
-            status = pymq_pb2.NO_NEW_MSG
-        elif s == GetMessageStatus.NO_MATCHED_LOGIC_QUEUE:  # a queue never written to
-            status = pymq_pb2.NO_NEW_MSG if req.queue_offset == 0 else pymq_pb2.OFFSET_ILLEGAL
-        elif s == GetMessageStatus.NO_MESSAGE_IN_QUEUE:
-            status = pymq_pb2.NO_NEW_MSG if req.queue_offset == r.min_offset else pymq_pb2.OFFSET_ILLEGAL
-        else:  # OFFSET_TOO_SMALL, OFFSET_OVERFLOW_BADLY
-            status = pymq_pb2.OFFSET_ILLEGAL
         return pymq_pb2.PullMessageResponse(
             status=status,
             next_begin_offset=r.next_begin_offset,
@@ -95,3 +82,19 @@ class PullMessageProcessor:
             store_host=self.ctx.endpoint,
             record_sizes=r.sizes,
         )
+
+
+def _pull_status(queue_offset: int, r: GetMessageResult) -> pymq_pb2.PullStatus.ValueType:
+    """The store's answer as the pull's status (RocketMQ's PULL_OFFSET_MOVED is OFFSET_ILLEGAL)."""
+    s = r.status
+    if s == GetMessageStatus.FOUND:
+        return pymq_pb2.FOUND
+    if s == GetMessageStatus.NO_MATCHED_MESSAGE:
+        return pymq_pb2.NO_MATCHED_MSG
+    if s == GetMessageStatus.OFFSET_OVERFLOW_ONE:
+        return pymq_pb2.NO_NEW_MSG
+    if s == GetMessageStatus.NO_MATCHED_LOGIC_QUEUE:  # a queue never written to
+        return pymq_pb2.NO_NEW_MSG if queue_offset == 0 else pymq_pb2.OFFSET_ILLEGAL
+    if s == GetMessageStatus.NO_MESSAGE_IN_QUEUE:
+        return pymq_pb2.NO_NEW_MSG if queue_offset == r.min_offset else pymq_pb2.OFFSET_ILLEGAL
+    return pymq_pb2.OFFSET_ILLEGAL  # OFFSET_TOO_SMALL, OFFSET_OVERFLOW_BADLY

@@ -16,6 +16,7 @@ from concurrent.futures import Future
 from typing import NamedTuple
 
 from pymq_proto.record import (
+    MAX_PROPERTIES_SIZE,
     MessageConst,
     decode_properties,
     encode_properties,
@@ -148,7 +149,7 @@ class SendMessageProcessor:
         messages, dropped = self._messages_to_store(req, cfg, items)
         try:
             return await self._store_messages(req, queue_id, messages, dropped, half_batch, items)
-        except BrokerException:
+        except Exception:
             if cfg.dedup_window_ms > 0:  # not stored: a retry must not be dropped as a duplicate
                 self.dedup.forget(topic, (u for m in messages if (u := find_property(m.properties, _UNIQ))))
             raise
@@ -264,14 +265,23 @@ class SendMessageProcessor:
         A batch's messages cannot be delayed (RocketMQ's rule), checked first.
         """
         topic, born, reconsume_times = req.topic, req.born_timestamp, req.reconsume_times
-        messages = []
-        dropped = 0
+        # every refusal before the de-duplication window remembers a key: a refused request's
+        # keys would drop its corrected retry as a duplicate
         for i, m in enumerate(items):
             if req.batch and find_property(m.properties, _DELAY) not in (None, b"0"):
                 raise BrokerException(
                     pymq_pb2.MESSAGE_ILLEGAL,
                     f"message {i} of the batch has a delay level; batch messages cannot be delayed",
                 )
+            if len(m.properties) > MAX_PROPERTIES_SIZE:
+                raise BrokerException(
+                    pymq_pb2.MESSAGE_ILLEGAL,
+                    f"message {i} has {len(m.properties)} bytes of properties, over the limit of "
+                    f"{MAX_PROPERTIES_SIZE}; send fewer or shorter properties",
+                )
+        messages = []
+        dropped = 0
+        for m in items:
             if cfg.dedup_window_ms > 0:
                 uniq = find_property(m.properties, _UNIQ)
                 if uniq and self.dedup.seen_recently(topic, uniq, cfg.dedup_window_ms):
@@ -359,7 +369,11 @@ class SendMessageProcessor:
                 records = records.select(keep)
         # the consume queue and index are written on the loop's next turn, while the answer
         # travels (RocketMQ's reput is asynchronous too): a sync sender stops waiting for them
-        result = ctx.store.put_records(topic, queue_id, records, reput_later=True)
+        try:
+            result = ctx.store.put_records(topic, queue_id, records, reput_later=True)
+        except Exception:
+            self.dedup.forget(topic, remembered)
+            raise
         if not result.ok:  # not stored: a retry must not be dropped as a duplicate
             self.dedup.forget(topic, remembered)
         asyncio.get_running_loop().call_soon(ctx.store.do_reput)

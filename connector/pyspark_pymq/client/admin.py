@@ -61,7 +61,8 @@ class GroupConfig:
     """A consumer group's settings on the broker (RocketMQ's SubscriptionGroupConfig).
 
     ``consume_message_orderly``: a FIFO group for RocketMQ 5's clients (each queue
-    delivered in order, held until its messages are acked).
+    delivered in order, held until its messages are acked). ``consume_enable``: False
+    stops the group's pulls (NO_PERMISSION), as RocketMQ's consumeEnable.
     """
 
     group_name: str
@@ -69,11 +70,12 @@ class GroupConfig:
     retry_queue_nums: int
     consume_from_where: str
     consume_message_orderly: bool = False
+    consume_enable: bool = True
 
     @staticmethod
     def from_proto(c: pymq_pb2.SubscriptionGroupConfig) -> GroupConfig:
         return GroupConfig(c.group_name, c.retry_max_times, c.retry_queue_nums, c.consume_from_where,
-                           c.consume_message_orderly)
+                           c.consume_message_orderly, c.consume_enable)
 
 
 def _origin_msg_id(m: MessageExt) -> str:
@@ -237,12 +239,13 @@ class Admin:
 
     def update_group(
         self, group: str, *, retry_max_times: int | None = None, retry_queue_nums: int | None = None,
-        consume_message_orderly: bool | None = None,
+        consume_message_orderly: bool | None = None, consume_enable: bool | None = None,
     ) -> GroupConfig:
         """Change the settings given (None: unchanged) of ``group``, as ``mqadmin updateSubGroup``.
 
         ``retry_max_times``: sends back before %DLQ% (v2 clients: delivery attempts - 1);
-        ``consume_message_orderly``: a FIFO group for RocketMQ 5's clients.
+        ``consume_message_orderly``: a FIFO group for RocketMQ 5's clients;
+        ``consume_enable``: False pauses the group (its pulls answer NO_PERMISSION).
         """
         for name, value, least in (("retry_max_times", retry_max_times, 0),
                                    ("retry_queue_nums", retry_queue_nums, 1)):
@@ -256,6 +259,8 @@ class Admin:
             current.retry_queue_nums = retry_queue_nums
         if consume_message_orderly is not None:
             current.consume_message_orderly = bool(consume_message_orderly)
+        if consume_enable is not None:
+            current.consume_enable = bool(consume_enable)
         resp = self._client.update_subscription_group(pymq_pb2.UpdateSubscriptionGroupRequest(config=current))
         return GroupConfig.from_proto(resp.config)
 

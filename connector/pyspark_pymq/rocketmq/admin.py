@@ -220,7 +220,8 @@ class RocketMQAdmin(Admin):
             if cfg:
                 break
         return GroupConfig(group, int(cfg.get("retryMaxTimes", 16)), int(cfg.get("retryQueueNums", 1)),
-                           str(cfg.get("consumeFromWhere", "") or ""), bool(cfg.get("consumeMessageOrderly")))
+                           str(cfg.get("consumeFromWhere", "") or ""), bool(cfg.get("consumeMessageOrderly")),
+                           bool(cfg.get("consumeEnable", True)))
 
     def groups(self) -> pd.DataFrame:
         """Every consumer group the brokers know, with its retry settings (RocketMQ's own
