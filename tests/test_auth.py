@@ -393,6 +393,37 @@ def test_transactions_end_only_under_their_producer_group(auth_broker: BrokerPro
     assert consumer.max_offset(MessageQueue("tx-t", "broker-a", 0)) == 1
 
 
+def test_view_message_by_offset_needs_the_cluster_and_by_msg_id_the_topic(auth_broker: BrokerProcess) -> None:
+    """ViewMessage is a look-up by msgId in a topic (commit_log_offset -1, as the client sends it:
+    Sub and Get on the topic) or a read by offset (any record: Get on the cluster). Offset 0 plus a
+    readable topic once passed as a look-up and returned the commit log's first record."""
+    ep = auth_broker.endpoint
+    admin = root_admin(ep)
+    admin.create_topic("vw-secret", 1)
+    admin.create_topic("vw-mine", 1)
+    with Producer(ep, access_key=ROOT, secret_key=ROOT_PW) as p:
+        p.send(Message("vw-secret", b"secret payload"))
+        mine = p.send(Message("vw-mine", b"my payload"))
+    admin.create_user("viewer", "pw")
+    admin.create_acl("User:viewer", ["Topic:vw-mine"], ["Sub", "Get"])
+    viewer = Admin(ep, access_key="viewer", secret_key="pw")
+    assert viewer.view_message(mine.msg_id, topic="vw-mine").body == b"my payload"
+    assert [m.body for m in viewer.query_message("vw-mine", mine.msg_id)] == [b"my payload"]
+    with pytest.raises(AccessDeniedError, match="Topic:vw-secret"):
+        viewer.view_message(mine.msg_id, topic="vw-secret")
+    stub = raw_stub(ep)
+    for offset in (0, mine.commit_log_offsets[0]):  # whatever record is there, with or without a topic
+        claims_mine = pymq_pb2.ViewMessageRequest(commit_log_offset=offset, topic="vw-mine",
+                                                  msg_id=mine.msg_id)
+        for req in (claims_mine, pymq_pb2.ViewMessageRequest(commit_log_offset=offset)):
+            with pytest.raises(grpc.RpcError) as info:
+                stub.ViewMessage(req, metadata=sign_metadata("viewer", "pw"))
+            assert rpc_code(info.value) == "FORBIDDEN" and "Get on Cluster:broker-a" in details(info.value)
+    assert admin.view_message(mine.offset_msg_id).body == b"my payload"  # the cluster's Get (Super) may
+    with pytest.raises(PymqError, match="commit_log_offset"):  # neither a look-up nor an offset
+        admin._client.view_message(pymq_pb2.ViewMessageRequest(commit_log_offset=-1, topic="vw-mine"))
+
+
 def test_users_and_acls_are_super_only(auth_broker: BrokerProcess) -> None:
     ep = auth_broker.endpoint
     admin = root_admin(ep)

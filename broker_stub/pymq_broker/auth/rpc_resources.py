@@ -20,6 +20,7 @@ from typing import Any
 
 from pymq_proto.topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
 
+from ..processor.admin_broker_processor import is_view_by_msg_id
 from .authorization import AuthorizationContext
 from .model import Action, Resource, ResourceType
 
@@ -73,7 +74,8 @@ RULES: dict[str, Rule | str] = {
     "UpdateSubscriptionGroup": lambda r, _b: [group(r.config.group_name, UPDATE)],
     "GetSubscriptionGroup": lambda r, _b: [group(r.group_name, GET)],
     "ViewMessage": lambda r, b: (
-        [topic(r.topic, SUB, GET)] if r.topic and r.msg_id and not r.commit_log_offset
+        # by msgId within a topic, or any record by offset (whatever its topic: the cluster's)
+        [topic(r.topic, SUB, GET)] if is_view_by_msg_id(r)
         else [AuthorizationContext(Resource.of(ResourceType.CLUSTER, b), (GET,))]
     ),
     "QueryMessage": lambda r, _b: [topic(r.topic, SUB, GET)],

@@ -15,6 +15,17 @@ from .context import BrokerContext
 from .dedup import DedupWindow
 
 
+def is_view_by_msg_id(req: pymq_pb2.ViewMessageRequest) -> bool:
+    """Whether a ViewMessage is a look-up by msgId within ``req.topic`` (else: by commit-log offset).
+
+    The one predicate of both the processor and the authorization rule (Sub and Get on the
+    topic for a look-up, Get on the cluster by offset): when they disagreed, offset 0 plus a
+    topic the caller may read returned the commit log's first record, whatever its topic.
+    A look-up is what the clients send: commit_log_offset -1, a topic and a msg_id.
+    """
+    return req.commit_log_offset < 0 and bool(req.topic) and bool(req.msg_id)
+
+
 class AdminBrokerProcessor:
     def __init__(self, ctx: BrokerContext, dedup: DedupWindow,
                  transactions: TransactionalMessageService) -> None:
@@ -161,8 +172,15 @@ class AdminBrokerProcessor:
         return pymq_pb2.SubscriptionGroupResponse(config=cfg.to_proto())
 
     def view_message(self, req: pymq_pb2.ViewMessageRequest) -> pymq_pb2.RecordsResponse:
-        """VIEW_MESSAGE_BY_ID: by physical offset, or by msgId (UNIQ_KEY) within a topic."""
-        if req.commit_log_offset >= 0:
+        """VIEW_MESSAGE_BY_ID: by physical offset, or by msgId (UNIQ_KEY) within a topic
+        (:func:`is_view_by_msg_id` tells which, here and in its authorization rule)."""
+        if not is_view_by_msg_id(req):
+            if req.commit_log_offset < 0:
+                raise BrokerException(
+                    pymq_pb2.ILLEGAL_ARGUMENT,
+                    "view a message by commit_log_offset >= 0, or by topic and msg_id with "
+                    "commit_log_offset -1",
+                )
             record = self.ctx.store.look_message_by_offset(req.commit_log_offset)
             if record is None:
                 raise BrokerException(

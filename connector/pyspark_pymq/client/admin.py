@@ -322,9 +322,16 @@ class Admin:
             _ip, _port, phy = parse_offset_msg_id(msg_id)
             req = pymq_pb2.ViewMessageRequest(commit_log_offset=phy)
         resp = self._client.view_message(req)
-        return decode_messages(resp.records, self._broker_name())[0]
+        return decode_messages(resp.records, self._broker_name(topic))[0]
 
-    def _broker_name(self) -> str:
+    def _broker_name(self, topic: str | None = None) -> str:
+        """The broker's name: from ``topic``'s route when given (with authorization on, a user who
+        may read the topic may ask for its route), else from the broker's runtime info (which
+        needs Get on the cluster)."""
+        if self._name is None and topic:
+            route = self._client.query_route(pymq_pb2.QueryRouteRequest(topic=topic))
+            if route.brokers:
+                self._name = str(route.brokers[0].broker_name)
         if self._name is None:
             info = self._client.broker_runtime_info(pymq_pb2.BrokerRuntimeInfoRequest())
             self._name = str(info.broker_name)
@@ -340,7 +347,7 @@ class Admin:
                 end_timestamp=end_ms,
             )
         )
-        return decode_messages(resp.records, self._broker_name())
+        return decode_messages(resp.records, self._broker_name(topic))
 
     # -- dead letters ------------------------------------------------------------
 
