@@ -6,6 +6,7 @@ import os
 import stat
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -422,6 +423,54 @@ def test_view_message_by_offset_needs_the_cluster_and_by_msg_id_the_topic(auth_b
     assert admin.view_message(mine.offset_msg_id).body == b"my payload"  # the cluster's Get (Super) may
     with pytest.raises(PymqError, match="commit_log_offset"):  # neither a look-up nor an offset
         admin._client.view_message(pymq_pb2.ViewMessageRequest(commit_log_offset=-1, topic="vw-mine"))
+
+
+def test_a_half_message_is_sent_only_under_its_own_producer_group(auth_broker: BrokerProcess) -> None:
+    """A half message (TRAN_MSG=true) belongs to its PGROUP, whichever RPC carries it: SendMessage too
+    needs Pub on the request's producer group, and the PGROUP must be that group (a half message
+    planted for another group would reach that group's check-backs)."""
+    from pymq_proto.record import encode_properties
+    from pyspark_pymq.client.codec import encode_records
+
+    ep = auth_broker.endpoint
+    admin = root_admin(ep)
+    admin.create_topic("hm-t", 1)
+    admin.create_user("hm", "pw")
+    admin.create_acl("User:hm", ["Topic:hm-t", "Group:hm-mine"], ["Pub"])
+    stub = raw_stub(ep)
+
+    def half(pgroup: str, uniq_key: str = "") -> bytes:
+        return encode_properties({"UNIQ_KEY": uniq_key or uuid.uuid4().hex.upper(), "TRAN_MSG": "true",
+                                  "PGROUP": pgroup})
+
+    def refused(rpc: str, req: pymq_pb2.SendMessageRequest) -> str:
+        with pytest.raises(grpc.RpcError) as info:
+            getattr(stub, rpc)(req, metadata=sign_metadata("hm", "pw"))
+        assert rpc_code(info.value) == "FORBIDDEN"
+        return details(info.value)
+
+    for rpc in ("SendMessage", "SendHalfMessageBatch"):
+        as_owner = pymq_pb2.SendMessageRequest(producer_group="hm-owner", topic="hm-t", queue_id=0, messages=[
+            pymq_pb2.MessageData(body=b"x", properties=half("hm-owner"))])
+        assert "may not Pub on Group:hm-owner" in refused(rpc, as_owner)
+        forged = pymq_pb2.SendMessageRequest(producer_group="hm-mine", topic="hm-t", queue_id=0, messages=[
+            pymq_pb2.MessageData(body=b"x", properties=half("hm-owner"))])
+        assert "of producer group 'hm-owner' (PGROUP) as producer group 'hm-mine'" in refused(rpc, forged)
+        records, sizes = encode_records("hm-t", [b"x"], [half("hm-owner")])
+        encoded = pymq_pb2.SendMessageRequest(
+            producer_group="hm-mine", topic="hm-t", queue_id=0,
+            encoded=pymq_pb2.EncodedBatch(records=records, sizes=sizes.tobytes()))
+        assert "(PGROUP)" in refused(rpc, encoded)
+    # a plain send needs the topic only; a half message of the user's own group is sent and ended
+    admin.create_user("hm-plain", "pw")
+    admin.create_acl("User:hm-plain", ["Topic:hm-t"], ["Pub"])
+    op_send("hm-t")(ep, "hm-plain", "pw")
+    msg_id = uuid.uuid4().hex.upper()
+    own = pymq_pb2.SendMessageRequest(producer_group="hm-mine", topic="hm-t", queue_id=0, messages=[
+        pymq_pb2.MessageData(body=b"mine", properties=half("hm-mine", msg_id))])
+    assert stub.SendMessage(own, metadata=sign_metadata("hm", "pw")).status == pymq_pb2.SEND_OK
+    assert BrokerClient(ep, access_key="hm", secret_key="pw").end_transaction(pymq_pb2.EndTransactionRequest(
+        producer_group="hm-mine", msg_id=msg_id, state=pymq_pb2.ROLLBACK_MESSAGE)).resolved
 
 
 def test_users_and_acls_are_super_only(auth_broker: BrokerProcess) -> None:

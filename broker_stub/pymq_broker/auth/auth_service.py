@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from pymq_proto.v1 import pymq_pb2
 
 from ..common.broker_exception import BrokerException
+from . import rpc_resources as rules
 from .authentication import DefaultAuthenticationProvider
 from .authorization import DefaultAuthorizationProvider
 from .model import User, UserStatus, UserType
@@ -33,8 +34,9 @@ class AuthService:
 
     User and ACL administration is for Super users whenever authentication is on (even
     with authorization off). A send back needs Sub on the topic of every record it names
-    (read from the store, not taken from the request), and a transaction is ended only
-    under the producer group that sent it (``records``).
+    (read from the store, not taken from the request), a half message is sent only by the
+    producer group its PGROUP names, and a transaction is ended only under the producer group
+    that sent it (``records``).
     """
 
     def __init__(self, broker_name: str, authentication: DefaultAuthenticationProvider,
@@ -62,9 +64,28 @@ class AuthService:
         if rpc == "CreateTopic" and self.records is not None and self.records.topic_exists(
                 request.config.topic_name):
             contexts = [topic(request.config.topic_name, UPDATE)]  # changing a topic's settings
+        half_groups: set[str] = set()
+        if rpc in ("SendMessage", "SendHalfMessageBatch") and user.user_type != UserType.SUPER:
+            # a half message (TRAN_MSG=true) belongs to a producer group, whatever the RPC carrying it:
+            # its sender needs Pub on the group, as SendHalfMessageBatch's rule says
+            half_groups = rules.half_message_groups(request)
+            if half_groups and rpc == "SendMessage":
+                contexts = [*contexts, rules.group(request.producer_group, rules.PUB)]
         ip = peer_ip(peer)
         self.authorization.authorize(user, contexts, ip)
-        if self.records is None or user.user_type == UserType.SUPER:
+        if user.user_type == UserType.SUPER:
+            return user
+        if half_groups:
+            # and its PGROUP (which check-backs and EndTransaction's owner check read) is that group
+            foreign = sorted(g for g in half_groups if g and g != request.producer_group)
+            if foreign:
+                raise BrokerException(
+                    pymq_pb2.FORBIDDEN,
+                    f"user {user.username!r} may not send half messages of producer group "
+                    f"{foreign[0]!r} (PGROUP) as producer group {request.producer_group!r}: "
+                    f"a transaction's PGROUP is the producer group that sends it",
+                )
+        if self.records is None:
             return user
         if rpc in ("ConsumerSendMsgBack", "ConsumerSendMsgBackBatch"):
             offsets = ([request.commit_log_offset] if rpc == "ConsumerSendMsgBack"

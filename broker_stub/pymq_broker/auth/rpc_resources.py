@@ -5,11 +5,11 @@ topic and on the group to pull, commit progress and send back, Get/List/Create/U
 Delete for administration (a CreateTopic of an existing topic is an Update).
 ``%RETRY%<group>`` and ``%DLQ%<group>`` follow the group's rights: Sub on
 ``Group:<group>`` to read or write them, the admin actions on the group to change or
-delete them. A transaction is ended and checked back under its producer group (Pub on
-``Group:<producer group>``). Broker-wide requests (list topics or groups, runtime info, a
-message by commit-log offset) are ``Cluster:<broker name>``. User and ACL administration
-is for Super users only (:data:`SUPER_ONLY`): a grant could otherwise grant itself
-everything.
+delete them. A transaction is sent, ended and checked back under its producer group (Pub
+on ``Group:<producer group>``), whichever RPC carries its half message. Broker-wide
+requests (list topics or groups, runtime info, a message by commit-log offset) are
+``Cluster:<broker name>``. User and ACL administration is for Super users only
+(:data:`SUPER_ONLY`): a grant could otherwise grant itself everything.
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from pymq_proto.record import MessageConst, find_property, property_key
 from pymq_proto.topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
 
 from ..processor.admin_broker_processor import is_view_by_msg_id
+from ..store.encoded_batch import parse_encoded
 from .authorization import AuthorizationContext
 from .model import Action, Resource, ResourceType
 
@@ -50,10 +52,37 @@ def _topics(names: Iterable[str], *actions: Action) -> list[AuthorizationContext
     return [topic(t, *actions) for t in dict.fromkeys(n for n in names if n)]
 
 
+_TRAN = MessageConst.PROPERTY_TRANSACTION_PREPARED.encode()
+_TRAN_KEY = property_key(MessageConst.PROPERTY_TRANSACTION_PREPARED)
+_PGROUP = MessageConst.PROPERTY_PRODUCER_GROUP.encode()
+
+
+def half_message_groups(r: Any) -> set[str]:
+    """The PGROUP ("" without one) of each half message (TRAN_MSG=true) a v1 send carries.
+
+    A half message belongs to its PGROUP: that group's check-backs carry it and only that
+    group ends it. So a send of one, by SendHalfMessageBatch or by SendMessage, needs Pub on
+    the request's producer group as well as on the topic, and its PGROUP must be that group.
+    (Read only when the request carries ``TRAN_MSG``; an encoded batch that does is parsed.)
+    """
+    if r.HasField("encoded"):
+        if _TRAN_KEY not in r.encoded.records:  # the usual send: one C search of the bytes
+            return set()
+        try:
+            props = parse_encoded(r.encoded.records, r.encoded.sizes, r.topic).all_properties()
+        except ValueError:
+            return set()  # the send processor refuses the batch, naming what is wrong
+    else:
+        props = [m.properties for m in r.messages if _TRAN_KEY in m.properties]
+    return {(find_property(p, _PGROUP) or b"").decode("utf-8", "replace")
+            for p in props if find_property(p, _TRAN) == b"true"}
+
+
 Rule = Callable[[Any, str], list[AuthorizationContext]]
 
 # RPC name (pymq.proto) -> the checks of a request (second argument: the broker name)
 RULES: dict[str, Rule | str] = {
+    # (a SendMessage carrying a half message needs Pub on its group too: AuthService.check)
     "SendMessage": lambda r, _b: [topic(r.topic, PUB)],
     "SendHalfMessageBatch": lambda r, _b: [topic(r.topic, PUB), group(r.producer_group, PUB)],
     "PullMessage": lambda r, _b: [topic(r.message_queue.topic, SUB), group(r.consumer_group, SUB)],
