@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -14,7 +15,9 @@ from broker_process import BrokerProcess
 from pymq_proto.rocketmq_v2 import definition_pb2 as v2
 from pymq_proto.rocketmq_v2 import service_pb2 as sv
 from pymq_proto.rocketmq_v2 import service_pb2_grpc
-from pyspark_pymq.client import Admin
+from pyspark_pymq.client import Admin, LocalTransactionState
+from pyspark_pymq.client import Message as PymqMessage
+from pyspark_pymq.client.transaction import TransactionProducer
 from pyspark_pymq.client.transport import sign_metadata
 from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, SimpleConsumer
 from rocketmq import Producer as V2Producer
@@ -129,3 +132,102 @@ def test_every_v2_rpc_has_an_authorization_rule() -> None:
     served = {m.name for m in sv.DESCRIPTOR.services_by_name["MessagingService"].methods}
     missing = {name for name in served if f"v2/{name}" not in RULES} - {"SyncLiteSubscription"}
     assert not missing, f"v2 RPCs without a rule (Super-only): {sorted(missing)}"
+
+
+def test_a_v2_publisher_hears_only_its_topics_check_backs_while_it_may_publish(tmp_path: Path) -> None:
+    """A Telemetry stream publishing topic X hears the check-backs of v2 transactions sent to X, not
+    those of v1 producer group X (another namespace: Pub on Topic:X is no right on Group:X), and
+    none once its user lost Pub on X."""
+    import asyncio
+
+    args = ["--authentication-enabled", "--authorization-enabled", "--init-authentication-user",
+            f"{ROOT}:{ROOT_PW}", "--transaction-timeout", "300", "--transaction-check-interval", "200",
+            "--transaction-check-max", "100"]
+    with BrokerProcess(tmp_path / "b", args) as proc:
+        ep = proc.endpoint
+        admin = Admin(ep, access_key=ROOT, secret_key=ROOT_PW)
+        admin.create_topic("cb-tx", 1)
+        admin.create_topic("cb-v2", 1, message_type="TRANSACTION")
+        # a v1 transaction of producer group cb-group in cb-tx, left to the check-back
+        v1 = TransactionProducer(ep, "cb-group", lambda m: LocalTransactionState.UNKNOW, access_key=ROOT,
+                                 secret_key=ROOT_PW)
+        try:
+            v1.send_message_in_transaction(PymqMessage("cb-tx", b"v1 half"),
+                                           lambda m, a: LocalTransactionState.UNKNOW)
+        finally:
+            v1.close()
+        admin.create_user("pub", "pw")
+        admin.create_acl("User:pub", ["Topic:cb-group", "Topic:cb-v2"], ["Pub"])
+
+        async def watch() -> tuple[list[str], list[int]]:
+            channel = grpc.aio.insecure_channel(ep)
+            stub = service_pb2_grpc.MessagingServiceStub(channel)
+            # a v2 transaction in cb-v2, left to the check-back too
+            msg = v2.Message(topic=v2.Resource(name="cb-v2"), body=b"v2 half")
+            msg.system_properties.message_id = uuid.uuid4().hex.upper()
+            msg.system_properties.body_encoding = v2.IDENTITY
+            msg.system_properties.message_type = v2.TRANSACTION
+            sent = await stub.SendMessage(sv.SendMessageRequest(messages=[msg]),
+                                          metadata=sign_metadata(ROOT, ROOT_PW), timeout=10)
+            assert sent.status.code == v2.OK, sent.status.message
+            commands: asyncio.Queue[sv.TelemetryCommand] = asyncio.Queue()
+            settings = v2.Settings(client_type=v2.PRODUCER, publishing=v2.Publishing(
+                topics=[v2.Resource(name="cb-group"), v2.Resource(name="cb-v2")]))
+
+            async def requests() -> Any:
+                yield sv.TelemetryCommand(settings=settings)
+                await asyncio.Event().wait()  # the stream stays open
+
+            metadata = (*sign_metadata("pub", "pw"), ("x-mq-client-id", "cb-client"))
+            call = stub.Telemetry(requests(), metadata=metadata)
+
+            async def read() -> None:
+                async for command in call:
+                    await commands.put(command)
+
+            reader = asyncio.ensure_future(read())
+            topics: list[str] = []
+            codes: list[int] = []
+            revoked = False
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 15
+            quiet_until = None
+            while loop.time() < deadline:
+                try:
+                    command = await asyncio.wait_for(commands.get(), 0.5)
+                except asyncio.TimeoutError:
+                    if quiet_until is not None and loop.time() > quiet_until:
+                        break
+                    continue
+                if command.HasField("recover_orphaned_transaction_command"):
+                    topics.append(command.recover_orphaned_transaction_command.message.topic.name)
+                    if not revoked and topics.count("cb-v2") >= 2:  # a while of checks: none of cb-group's
+                        revoked = True
+                        await asyncio.to_thread(admin.delete_acl, "User:pub", ["Topic:cb-v2"])
+                elif command.status.code != v2.OK:
+                    codes.append(command.status.code)
+                    quiet_until = loop.time() + 1.5  # then no more check-backs
+                    topics.append("--revoked--")
+            call.cancel()
+            reader.cancel()
+            await channel.close()
+            return topics, codes
+
+        topics, codes = asyncio.run(watch())
+        assert "cb-tx" not in topics, topics  # v1 group cb-group's half message never reached Topic:cb-group
+        assert topics[:2] == ["cb-v2", "cb-v2"], topics
+        assert codes[:1] == [v2.FORBIDDEN], codes
+        assert topics[-1] == "--revoked--", topics  # nothing after Pub was revoked
+
+
+def test_a_v2_failure_status_echoes_a_bounded_message() -> None:
+    """An unexpected error's repr (which may hold a request's value) is cut as a BrokerException's
+    remark is: the Status must not carry megabytes back."""
+    from pymq_broker.common.broker_exception import MAX_REMARK_BYTES, BrokerException
+    from pymq_broker.proxy.grpc_messaging_service import _failure_status
+    from pymq_broker.proxy.status import ProxyException
+
+    for err in (ValueError("x" * 100_000), ProxyException(v2.BAD_REQUEST, "y" * 100_000),
+                BrokerException(1, "z" * 100_000)):
+        answer = _failure_status(err, "SendMessage")
+        assert len(answer.message.encode()) <= MAX_REMARK_BYTES and "more bytes cut" in answer.message

@@ -23,25 +23,60 @@ MAX_END_TRANSACTION_BATCH = 100_000
 
 
 class ProducerManager:
-    """Producer groups with an open TransactionStream, and their pending checks."""
+    """Producers with an open check-back channel, and their pending checks.
+
+    Two namespaces, apart: ``channels``, the producer groups of v1 TransactionStreams, and
+    ``topic_channels``, the topics of apache.rocketmq.v2 publishers (a Telemetry stream
+    hears its topics' check-backs, as RocketMQ 5's proxy registers a producer under each
+    topic it publishes to). In one table, Pub on ``Topic:X`` received the check-backs, half
+    message included, of v1 producer group X.
+    """
 
     def __init__(self) -> None:
         self.channels: dict[str, list[asyncio.Queue[TransactionCheck]]] = {}
+        self.topic_channels: dict[str, list[asyncio.Queue[TransactionCheck]]] = {}
         self._next = 0
 
     def register(self, group: str) -> asyncio.Queue[TransactionCheck]:
-        queue: asyncio.Queue[TransactionCheck] = asyncio.Queue()
-        self.channels.setdefault(group, []).append(queue)
-        return queue
+        """A v1 TransactionStream of producer ``group``."""
+        return self._register(self.channels, group)
 
     def unregister(self, group: str, queue: asyncio.Queue[TransactionCheck]) -> None:
-        queues = self.channels.get(group, [])
+        self._unregister(self.channels, group, queue)
+
+    def register_topic(self, topic: str) -> asyncio.Queue[TransactionCheck]:
+        """A v2 publisher of ``topic`` (a Telemetry stream's publishing settings)."""
+        return self._register(self.topic_channels, topic)
+
+    def unregister_topic(self, topic: str, queue: asyncio.Queue[TransactionCheck]) -> None:
+        self._unregister(self.topic_channels, topic, queue)
+
+    @staticmethod
+    def _register(table: dict[str, list[asyncio.Queue[TransactionCheck]]],
+                  key: str) -> asyncio.Queue[TransactionCheck]:
+        queue: asyncio.Queue[TransactionCheck] = asyncio.Queue()
+        table.setdefault(key, []).append(queue)
+        return queue
+
+    @staticmethod
+    def _unregister(table: dict[str, list[asyncio.Queue[TransactionCheck]]], key: str,
+                    queue: asyncio.Queue[TransactionCheck]) -> None:
+        queues = table.get(key, [])
         if queue in queues:
             queues.remove(queue)
+        if not queues:
+            table.pop(key, None)
 
     def dispatch(self, check: TransactionCheck) -> bool:
-        """Hand a check to one live producer of its group; False if none is connected."""
-        queues = self.channels.get(check.producer_group)
+        """Hand a check to one live producer of its group; False if none is connected.
+
+        Its group's v1 streams, and, when its PGROUP is its topic (what a v2 send stores:
+        MessagingProcessor's send passes the topic as the producer group), its topic's v2
+        publishers; a v1 group's half message in another topic never reaches a v2 stream.
+        """
+        queues = [*self.channels.get(check.producer_group, ())]
+        if check.producer_group == check.topic:
+            queues += self.topic_channels.get(check.topic, ())
         if not queues:
             return False
         self._next += 1

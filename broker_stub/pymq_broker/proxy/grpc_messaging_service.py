@@ -29,7 +29,8 @@ from pymq_proto.rocketmq_v2 import service_pb2 as sv
 from pymq_proto.rocketmq_v2 import service_pb2_grpc
 
 from ..auth.auth_service import AuthService
-from ..common.broker_exception import BrokerException
+from ..auth.model import User
+from ..common.broker_exception import BrokerException, bounded_remark
 from ..processor.end_transaction_processor import ProducerManager
 from ..transaction.transactional_message_service import TransactionCheck
 from .message_converter import parse_record, to_v2_message
@@ -52,13 +53,15 @@ def client_id_of(context: Context) -> str:
 
 
 def _failure_status(err: Exception, rpc: str) -> v2.Status:
+    """The answer's Status; its message is cut as a BrokerException's remark is (an echo of an
+    unexpected error's value could be megabytes)."""
     if isinstance(err, ProxyException):
-        return status(err.code, err.message)
+        return status(err.code, bounded_remark(err.message))
     if isinstance(err, BrokerException):
         proxy = ProxyException.of(err)
-        return status(proxy.code, proxy.message)
+        return status(proxy.code, bounded_remark(proxy.message))
     log.exception("%s failed", rpc)
-    return status(v2.INTERNAL_SERVER_ERROR, f"{rpc} failed: {err!r}")
+    return status(v2.INTERNAL_SERVER_ERROR, bounded_remark(f"{rpc} failed: {err!r}"))
 
 
 def _unary(
@@ -99,12 +102,14 @@ class GrpcMessagingService(service_pb2_grpc.MessagingServiceServicer):
         self.producers = producers
         self.auth = auth
 
-    def authorize(self, rpc: str, request: Any, context: Context) -> None:
+    def authorize(self, rpc: str, request: Any, context: Context) -> User | None:
         """With authentication on: the request's signature (the official clients sign every call as
         pymq's own clients do) and, with authorization on, its rights (``v2/<rpc>`` rules);
-        a refusal is a BrokerException that becomes UNAUTHORIZED / FORBIDDEN."""
-        if self.auth is not None:
-            self.auth.check(f"v2/{rpc}", request, context.invocation_metadata(), context.peer())
+        a refusal is a BrokerException that becomes UNAUTHORIZED / FORBIDDEN. The caller
+        (None with authentication off)."""
+        if self.auth is None:
+            return None
+        return self.auth.check(f"v2/{rpc}", request, context.invocation_metadata(), context.peer())
 
     QueryRoute = _unary("QueryRoute", "query_route", sv.QueryRouteResponse)
     Heartbeat = _unary("Heartbeat", "heartbeat", sv.HeartbeatResponse)
@@ -163,7 +168,7 @@ class GrpcMessagingService(service_pb2_grpc.MessagingServiceServicer):
         """Settings in, settings out; check-backs out to a transactional producer's stream."""
         client_id = client_id_of(context)
         try:  # who opens the stream; each settings command is authorized as it comes
-            self.authorize("Telemetry", v2.Settings(), context)
+            user = self.authorize("Telemetry", v2.Settings(), context)
         except Exception as err:
             yield sv.TelemetryCommand(status=_failure_status(err, "Telemetry"))
             return
@@ -176,7 +181,7 @@ class GrpcMessagingService(service_pb2_grpc.MessagingServiceServicer):
                 async for command in request_iterator:
                     if command.HasField("settings"):
                         answer = self._settings(client_id, command.settings, checks, forwarders, outbox,
-                                                context)
+                                                context, user)
                         outbox.put_nowait(answer)
             finally:
                 outbox.put_nowait(None)
@@ -191,8 +196,8 @@ class GrpcMessagingService(service_pb2_grpc.MessagingServiceServicer):
             reader.cancel()
             for task in forwarders:
                 task.cancel()
-            for group, queue in checks:
-                self.producers.unregister(group, queue)
+            for topic, queue in checks:
+                self.producers.unregister_topic(topic, queue)
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
 
@@ -200,7 +205,7 @@ class GrpcMessagingService(service_pb2_grpc.MessagingServiceServicer):
         self, client_id: str, settings: v2.Settings,
         checks: list[tuple[str, asyncio.Queue[TransactionCheck]]],
         forwarders: list[asyncio.Task[None]], outbox: asyncio.Queue[sv.TelemetryCommand | None],
-        context: Context,
+        context: Context, user: User | None,
     ) -> sv.TelemetryCommand:
         try:
             self.authorize("Telemetry", settings, context)
@@ -208,20 +213,36 @@ class GrpcMessagingService(service_pb2_grpc.MessagingServiceServicer):
         except Exception as err:
             return sv.TelemetryCommand(status=_failure_status(err, "Telemetry"))
         if settings.HasField("publishing"):  # a producer hears the check-backs of its topics' transactions
-            known = {group for group, _ in checks}
+            known = {topic for topic, _ in checks}
             for topic in settings.publishing.topics:
                 if topic.name and topic.name not in known:
-                    queue = self.producers.register(topic.name)
+                    # the v2 namespace: a v1 producer group of the same name is another producer
+                    queue = self.producers.register_topic(topic.name)
                     checks.append((topic.name, queue))
-                    forwarders.append(asyncio.ensure_future(self._forward_checks(queue, outbox)))
+                    forwarders.append(asyncio.ensure_future(
+                        self._forward_checks(topic.name, queue, checks, outbox, user, context.peer())))
         return sv.TelemetryCommand(status=status(), settings=answer)
 
-    @staticmethod
     async def _forward_checks(
-        queue: asyncio.Queue[TransactionCheck], outbox: asyncio.Queue[sv.TelemetryCommand | None]
+        self, topic: str, queue: asyncio.Queue[TransactionCheck],
+        checks: list[tuple[str, asyncio.Queue[TransactionCheck]]],
+        outbox: asyncio.Queue[sv.TelemetryCommand | None], user: User | None, peer: str,
     ) -> None:
+        """The check-backs of ``topic`` to the stream, each under the user's rights of now (Pub on
+        the check's topic), as a v1 TransactionStream re-checks: a user who lost them hears no
+        more of the topic's check-backs (they go to other producers, or come again later)."""
         while True:
             check = await queue.get()
+            if self.auth is not None and user is not None:
+                publishing = v2.Settings(publishing=v2.Publishing(topics=[v2.Resource(name=check.topic)]))
+                try:
+                    self.auth.recheck(user, "v2/Telemetry", publishing, peer)
+                except BrokerException as err:
+                    self.producers.unregister_topic(topic, queue)
+                    with contextlib.suppress(ValueError):
+                        checks.remove((topic, queue))
+                    outbox.put_nowait(sv.TelemetryCommand(status=_failure_status(err, "Telemetry")))
+                    return
             message = to_v2_message(parse_record(check.record), topic=check.topic)
             outbox.put_nowait(sv.TelemetryCommand(
                 recover_orphaned_transaction_command=sv.RecoverOrphanedTransactionCommand(
