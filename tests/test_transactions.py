@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 from broker_process import BrokerProcess
 from helpers import read_all
+from pymq_proto.rocketmq_v2 import definition_pb2 as v2
+from pymq_proto.rocketmq_v2 import service_pb2 as sv
+from pymq_proto.rocketmq_v2 import service_pb2_grpc
 from pyspark_pymq import (
     Admin,
     LocalTransactionState,
@@ -254,3 +260,40 @@ def test_encoded_and_classic_half_batches_store_the_same_half_messages(tmp_path:
         assert [m.body for m in real] == bodies + bodies
         assert real[0].properties == {"UNIQ_KEY": fast[0], "PGROUP": "tx", "TRAN_MSG": "true",
                                       "REAL_TOPIC": "orders", "REAL_QID": "1"}
+
+
+def _v2_end(stub: Any, topic: str, msg_id: str, resolution: int = v2.COMMIT) -> Any:
+    return stub.EndTransaction(sv.EndTransactionRequest(
+        topic=v2.Resource(name=topic), message_id=msg_id, transaction_id=msg_id, resolution=resolution,
+    ), timeout=10).status
+
+
+def test_v2_end_transaction_ends_only_a_v2_transaction_of_its_topic(tmp_path: Path) -> None:
+    with BrokerProcess(tmp_path / "b") as broker:  # the default check-back time: nothing ends them meanwhile
+        ep = broker.endpoint
+        admin = Admin(ep)
+        admin.create_topic("orders", queues=1, message_type="MIXED")
+        admin.create_topic("other", queues=1, message_type="MIXED")
+        stub = service_pb2_grpc.MessagingServiceStub(grpc.insecure_channel(ep))
+        half = v2.Message(topic=v2.Resource(name="orders"), body=b"v2 half")
+        sp = half.system_properties
+        sp.message_id, sp.body_encoding = uuid.uuid4().hex.upper(), v2.IDENTITY
+        sp.message_type = v2.TRANSACTION
+        v2_id = stub.SendMessage(sv.SendMessageRequest(messages=[half]), timeout=10).entries[0].transaction_id
+        with TransactionProducer(ep, "pg-owner", lambda m: UNKNOW) as producer:
+            v1_id = producer.send_message_in_transaction(Message("orders", b"v1 half"),
+                                                         lambda m, a: UNKNOW).msg_id
+        # another topic's name (Pub there is all a caller needs), or another producer group's half
+        # message: INVALID_TRANSACTION_ID, as RocketMQ's proxy finds none under (topic, id)
+        wrong = _v2_end(stub, "other", v2_id)
+        assert wrong.code == v2.INVALID_TRANSACTION_ID and "of topic 'other'" in wrong.message
+        assert _v2_end(stub, "orders", v1_id).code == v2.INVALID_TRANSACTION_ID
+        assert visible(ep) == []
+        assert _v2_end(stub, "orders", v2_id).code == v2.OK
+        assert visible(ep) == [b"v2 half"]
+        again = _v2_end(stub, "orders", v2_id, v2.ROLLBACK)  # ended already: not OK
+        assert again.code == v2.INVALID_TRANSACTION_ID and "not a pending transaction" in again.message
+        assert _v2_end(stub, "orders", "NOSUCHID").code == v2.INVALID_TRANSACTION_ID
+        with TransactionProducer(ep, "pg-owner", lambda m: UNKNOW) as producer:  # still its producer's
+            assert producer.end_transactions([v1_id], COMMIT) == 1
+        assert sorted(visible(ep)) == [b"v1 half", b"v2 half"]

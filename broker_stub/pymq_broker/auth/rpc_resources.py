@@ -153,6 +153,8 @@ RULES.update({
     "v2/AckMessage": lambda r, _b: _sub_queue(r),
     "v2/ChangeInvisibleDuration": lambda r, _b: _sub_queue(r),
     "v2/ForwardMessageToDeadLetterQueue": lambda r, _b: _sub_queue(r),
+    # Pub on the topic suffices: MessagingProcessor ends only a half message of that topic
+    # whose PGROUP is the topic (what a v2 send sets), never another producer group's
     "v2/EndTransaction": lambda r, _b: [topic(r.topic.name, PUB)],
     "v2/NotifyClientTermination": lambda r, _b: [group(r.group.name, SUB)] if r.group.name else [],
     "v2/PullMessage": lambda r, _b: _sub_queue(r),

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from pymq_proto.record import decode_properties, tag_hash
+from pymq_proto.record import MessageConst, decode_properties, tag_hash
 from pymq_proto.rocketmq_v2 import definition_pb2 as v2
 from pymq_proto.rocketmq_v2 import service_pb2 as sv
 from pymq_proto.v1 import pymq_pb2
@@ -264,8 +264,15 @@ class MessagingProcessor:
             )
 
     async def end_transaction_message(self, req: sv.EndTransactionRequest) -> sv.EndTransactionResponse:
-        """COMMIT stores the half message in its topic, ROLLBACK drops it (by message id)."""
-        self.topic_config(req.topic)
+        """COMMIT stores the half message in its topic, ROLLBACK drops it (by message id).
+
+        Only a pending half message of the request's topic, sent over v2 (PGROUP is its
+        topic: the proxy's producer group), is ended: RocketMQ's proxy finds the
+        transaction by (producer group = topic, transaction id) and the broker's
+        checkPrepareMessage refuses another producer group. The id alone would let a
+        caller allowed to publish on any topic end every group's transactions.
+        """
+        cfg = self.topic_config(req.topic)
         if not req.message_id:
             raise ProxyException(v2.ILLEGAL_MESSAGE_ID, "EndTransaction needs the message_id")
         if req.transaction_id and req.transaction_id != req.message_id:
@@ -282,6 +289,7 @@ class MessagingProcessor:
             raise ProxyException(
                 v2.BAD_REQUEST, f"transaction resolution {req.resolution} is neither COMMIT nor ROLLBACK"
             )
+        self._check_transaction_of(cfg.topic_name, req.message_id)
         try:
             await self.end_transaction.end_transaction(
                 pymq_pb2.EndTransactionRequest(msg_id=req.message_id, state=state)
@@ -289,6 +297,27 @@ class MessagingProcessor:
         except BrokerException as err:
             raise ProxyException.of(err) from None
         return sv.EndTransactionResponse(status=status())
+
+    def _check_transaction_of(self, topic: str, message_id: str) -> None:
+        """INVALID_TRANSACTION_ID unless ``message_id`` is a pending half message that a v2 send of
+        ``topic`` stored (REAL_TOPIC and PGROUP both ``topic``); no await until it is ended."""
+        pending = self.end_transaction.service.pending.get(message_id)
+        record = None if pending is None else self.ctx.store.look_message_by_offset(pending[1])
+        if record is None:
+            raise ProxyException(
+                v2.INVALID_TRANSACTION_ID,
+                f"message {message_id!r} is not a pending transaction: ended or given up already, "
+                "or never sent",
+            )
+        props = parse_record(record).properties
+        if (props.get(MessageConst.PROPERTY_REAL_TOPIC) != topic
+                or props.get(MessageConst.PROPERTY_PRODUCER_GROUP) != topic):
+            raise ProxyException(
+                v2.INVALID_TRANSACTION_ID,
+                f"message {message_id!r} is not a pending transaction of topic {topic!r} sent over "
+                "apache.rocketmq.v2: end it with the topic it was sent to (a pymq TransactionProducer's "
+                "transaction: with its producer group)",
+            )
 
     # -- receive ------------------------------------------------------------------------------------
     def _invisible_ms(self, duration_ms: int) -> int:
