@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 from broker_process import BrokerProcess
+from pymq_broker.proxy.message_converter import recall_handle
 from pymq_proto.rocketmq_v2 import definition_pb2 as v2
 from pymq_proto.rocketmq_v2 import service_pb2 as sv
 from pymq_proto.rocketmq_v2 import service_pb2_grpc
@@ -89,3 +90,47 @@ def test_a_recalled_message_is_never_delivered_even_after_kill_9(tmp_path: Path)
         late = _recall(stub, "recall", kept.recall_handle)
         assert late.status.code == v2.MESSAGE_NOT_FOUND
         assert "delivered or recalled already" in late.status.message
+
+
+def test_a_recall_names_the_topic_of_the_stored_message(tmp_path: Path) -> None:
+    with BrokerProcess(tmp_path / "b") as broker:
+        admin = Admin(broker.endpoint)
+        admin.create_topic("victim", 1, message_type="DELAY")
+        admin.create_topic("mine", 1, message_type="DELAY")
+        stub = _stub(broker.endpoint)
+        deliver_ms = _now_ms() + 2_500
+        _send_at(stub, "victim", b"first", deliver_ms)
+        target = _send_at(stub, "victim", b"payroll", deliver_ms)
+        # a handle of the caller's own topic naming the victim's message id: the caller chooses
+        # both the handle's topic and the request's, so only the stored REAL_TOPIC decides
+        forged = recall_handle("mine", "broker-a", deliver_ms, target.message_id)
+        answer = _recall(stub, "mine", forged)
+        assert answer.status.code == v2.MESSAGE_NOT_FOUND
+        # a timer of the caller's own topic with the victim's id is recalled, the victim's is not
+        msg = v2.Message(topic=v2.Resource(name="mine"), body=b"mine")
+        sp = msg.system_properties
+        sp.message_id, sp.body_encoding, sp.message_type = target.message_id, v2.IDENTITY, v2.DELAY
+        sp.delivery_timestamp.FromMilliseconds(deliver_ms)
+        sent = stub.SendMessage(sv.SendMessageRequest(messages=[msg]), timeout=10).entries[0]
+        assert sent.status.code == v2.OK
+        assert _recall(stub, "mine", forged).status.code == v2.OK
+        while _now_ms() < deliver_ms + 1_500:
+            time.sleep(0.1)
+        assert _bodies(broker.endpoint, "victim") == [b"first", b"payroll"]
+        assert _bodies(broker.endpoint, "mine") == []
+        assert _recall(stub, "victim", target.recall_handle).status.code == v2.MESSAGE_NOT_FOUND
+
+
+def test_a_recall_of_the_oldest_pending_timer_holds(tmp_path: Path) -> None:
+    with BrokerProcess(tmp_path / "b") as broker:
+        Admin(broker.endpoint).create_topic("oldest", 1, message_type="DELAY")
+        stub = _stub(broker.endpoint)
+        deliver_ms = _now_ms() + 2_000
+        first = _send_at(stub, "oldest", b"recalled", deliver_ms)  # offset 0 of the timer queue
+        _send_at(stub, "oldest", b"kept", deliver_ms + 200)
+        # finishing offset 0 moves lowWater past it (and drops it from "done"): its heap entry
+        # must still count as done
+        assert _recall(stub, "oldest", first.recall_handle).status.code == v2.OK
+        while _now_ms() < deliver_ms + 1_700:
+            time.sleep(0.1)
+        assert _bodies(broker.endpoint, "oldest") == [b"kept"]

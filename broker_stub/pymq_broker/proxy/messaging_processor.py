@@ -240,7 +240,9 @@ class MessagingProcessor:
                 f"recall handle is for topic {topic!r} on broker {broker_name!r}, not {cfg.topic_name!r} "
                 f"on {self.ctx.broker_name!r}",
             )
-        if self.timer is None or not self.timer.recall(message_id):
+        # the stored message's REAL_TOPIC must be the topic too (TimerMessageStore.recall): the
+        # handle and the request's topic are both the caller's, so they alone prove nothing
+        if self.timer is None or not self.timer.recall(cfg.topic_name, message_id):
             raise ProxyException(
                 v2.MESSAGE_NOT_FOUND,
                 f"message {message_id!r} of {topic!r} is not waiting for its delivery time: delivered or "

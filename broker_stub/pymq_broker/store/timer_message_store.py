@@ -6,7 +6,8 @@ tag code being its delivery time (:meth:`DefaultMessageStore.resolve_delay`).
 This service keeps the timers not yet delivered in a heap by time, delivers each
 when it is due to its real queue through the schedule service's writer
 (:func:`~.schedule_message_service.message_timeup`, its properties kept, so a v2
-client reads back its delivery timestamp), and recalls one by its message id.
+client reads back its delivery timestamp), and recalls one by its real topic and
+message id (the id alone is the sender's choice: any topic may hold it).
 
 RocketMQ keeps a time wheel and a timer log on disk; pymq rebuilds the heap from
 the timer topic's consume queue at start. What is done is persisted in
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 
 SCAN_BATCH = 4096
 _UNIQ = MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX.encode()
+_REAL_TOPIC = MessageConst.PROPERTY_REAL_TOPIC.encode()
 
 
 class TimerMessageStore(ConfigManager):
@@ -49,8 +51,9 @@ class TimerMessageStore(ConfigManager):
         self.done: set[int] = set()  # offsets at or after low_water delivered or recalled
         self._scanned = -1  # next consume-queue offset to read into the heap (-1: from low_water)
         self._heap: list[tuple[int, int]] = []  # (delivery time ms, offset)
-        self._by_id: dict[str, int] = {}  # message id (UNIQ_KEY) -> offset, while pending
-        self._id_at: dict[int, str] = {}  # and back
+        # (REAL_TOPIC, message id (UNIQ_KEY)) -> offset, while pending; and back
+        self._by_id: dict[tuple[str, str], int] = {}
+        self._id_at: dict[int, tuple[str, str]] = {}
         self.delivered = 0
 
     def encode(self) -> dict[str, Any]:
@@ -81,12 +84,14 @@ class TimerMessageStore(ConfigManager):
                 h = HEADER.unpack_from(records, pos)
                 total, body_len = h[0], h[13]
                 at = offset + i
-                if at not in self.done:
+                if not self._is_done(at):
                     _t0, _t1, p0, p1 = split_tail(records, pos, total, body_len)
-                    uniq = find_property(records[p0:p1], _UNIQ)
+                    props = records[p0:p1]
+                    uniq = find_property(props, _UNIQ)
                     heapq.heappush(self._heap, (int(deliver_ms), at))
                     if uniq:
-                        key = uniq.decode("utf-8", "replace")
+                        real_topic = find_property(props, _REAL_TOPIC) or b""
+                        key = (real_topic.decode("utf-8", "replace"), uniq.decode("utf-8", "replace"))
                         self._by_id[key] = at
                         self._id_at[at] = key
                 pos += total
@@ -100,7 +105,7 @@ class TimerMessageStore(ConfigManager):
         due: list[int] = []
         while self._heap and self._heap[0][0] <= now_ms:
             _, at = heapq.heappop(self._heap)
-            if at not in self.done:
+            if not self._is_done(at):
                 due.append(at)
         if due:
             cq = self.store.consume_queue(TIMER_TOPIC, 0)
@@ -124,27 +129,37 @@ class TimerMessageStore(ConfigManager):
                     if self.store.config.flush_disk_type == SYNC_FLUSH:
                         self.store.commit_log.flush()
                     self.persist()
-        while self._heap and self._heap[0][1] in self.done:
+        while self._heap and self._is_done(self._heap[0][1]):
             heapq.heappop(self._heap)
         if not self._heap:
             return 0.05
         return max(0.0, (self._heap[0][0] - now_ms) / 1000.0)
 
-    def recall(self, message_id: str) -> bool:
-        """Cancel a timer not delivered yet (durably, before returning); False if there is none."""
+    def recall(self, topic: str, message_id: str) -> bool:
+        """Cancel a timer of ``topic`` not delivered yet (durably, before returning); False if
+        there is none. A timer of another topic with that message id is none: a caller allowed
+        on one topic must not cancel another's (RocketMQ's recall is checked on its topic)."""
         self._scan()
-        at = self._by_id.get(message_id)
-        if at is None or at in self.done:
+        at = self._by_id.get((topic, message_id))
+        if at is None or self._is_done(at):
             return False
         self._finish(at)
         self.persist()
         return True
 
+    def _is_done(self, at: int) -> bool:
+        """Delivered or recalled: below ``low_water`` (then no longer in ``done``) or in ``done``.
+
+        A heap entry may outlive its offset's place in ``done``: finishing the oldest
+        timer moves ``low_water`` past it and drops it from ``done``.
+        """
+        return at < self.low_water or at in self.done
+
     def _finish(self, at: int) -> None:
         self.done.add(at)
         key = self._id_at.pop(at, None)
-        if key is not None:
-            self._by_id.pop(key, None)
+        if key is not None and self._by_id.get(key) == at:  # a later timer with the same key stays
+            del self._by_id[key]
         while self.low_water in self.done:
             self.done.discard(self.low_water)
             self.low_water += 1
