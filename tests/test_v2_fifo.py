@@ -4,14 +4,18 @@ anything after it; past the group's delivery attempts it is dead-lettered and th
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 from broker_process import BrokerProcess
+from pymq_broker import EmbeddedBroker
 from pymq_proto.rocketmq_v2 import definition_pb2 as v2
 from pymq_proto.rocketmq_v2 import service_pb2 as sv
 from pymq_proto.rocketmq_v2 import service_pb2_grpc
@@ -130,3 +134,79 @@ def test_settings_say_fifo_and_the_cli_sets_it(
     assert first.settings.backoff_policy.max_attempts == 4
     Admin(broker.endpoint).update_group(group, consume_message_orderly=False)
     assert Admin(broker.endpoint).group_config(group).consume_message_orderly is False
+
+
+def test_a_message_due_again_waits_for_the_one_before_it(broker: BrokerProcess) -> None:
+    fifo = _Fifo(broker.endpoint)
+    try:
+        fifo.send("d1", "d2", "d3")
+        assert _bodies(fifo.receive(1)) == ["d1", "d2", "d3"]
+        time.sleep(1.3)  # all three due again
+        [a] = fifo.consumer.receive(1, 30)  # consumer A, one at a time
+        assert (a.body, a.delivery_attempt) == (b"d1", 2)
+        assert list(fifo.consumer.receive(1, 30)) == []  # consumer B: not d2 while d1 is in flight
+        fifo.consumer.ack(a)
+        [b] = fifo.consumer.receive(1, 30)
+        assert (b.body, b.delivery_attempt) == (b"d2", 2)
+        fifo.consumer.ack(b)
+        assert [(m.body, m.delivery_attempt) for m in fifo.receive(30)] == [(b"d3", 2)]
+    finally:
+        fifo.close()
+
+
+def _send_fifo(stub: Any, topic: str, *bodies: str) -> None:
+    for body in bodies:
+        m = v2.Message(topic=v2.Resource(name=topic), body=body.encode())
+        sp = m.system_properties
+        sp.message_id, sp.body_encoding, sp.message_type = uuid.uuid4().hex.upper(), v2.IDENTITY, v2.FIFO
+        sp.message_group = "order-1"
+        assert stub.SendMessage(sv.SendMessageRequest(messages=[m]), timeout=10).status.code == v2.OK
+
+
+def test_a_cancelled_receive_leaves_the_due_messages_it_took(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with EmbeddedBroker(tmp_path / "b", min_invisible_time_mills_for_recv=1000) as embedded:
+        messaging, loop = embedded.controller.messaging, embedded._loop
+        assert messaging is not None and loop is not None
+        topic, group = _name("cancelT"), _name("cancelG")
+        admin = Admin(embedded.endpoint)
+        admin.create_topic(topic, 1, message_type="FIFO")
+        admin.update_group(group, consume_message_orderly=True, retry_max_times=0)  # one attempt
+        stub = service_pb2_grpc.MessagingServiceStub(grpc.insecure_channel(embedded.endpoint))
+        _send_fifo(stub, topic, "e1", "e2", "e3")
+        request = sv.ReceiveMessageRequest(
+            group=v2.Resource(name=group), batch_size=16,
+            message_queue=v2.MessageQueue(topic=v2.Resource(name=topic), id=-1),
+            filter_expression=v2.FilterExpression(type=v2.TAG, expression="*"))
+        request.invisible_duration.FromMilliseconds(1000)
+        request.long_polling_timeout.FromMilliseconds(5000)
+
+        def receive() -> list[bytes]:
+            answers = asyncio.run_coroutine_threadsafe(messaging.receive_message(request), loop).result(30)
+            return [r.message.body for r in answers if r.HasField("message")]
+
+        assert receive() == [b"e1", b"e2", b"e3"]
+        time.sleep(1.2)  # all three due, their one attempt spent: the next receive dead-letters them
+        writing, release = threading.Event(), asyncio.Event()
+        send_back = messaging.send_back.consumer_send_msg_back_batch
+
+        async def slow_dlq_write(req: Any) -> Any:  # stands in for a SYNC_FLUSH wait
+            answer = await send_back(req)
+            writing.set()
+            await release.wait()
+            return answer
+
+        monkeypatch.setattr(messaging.send_back, "consumer_send_msg_back_batch", slow_dlq_write)
+        cancelled = asyncio.run_coroutine_threadsafe(messaging.receive_message(request), loop)
+        assert writing.wait(10)  # e1 is in the DLQ, not yet off the books
+        cancelled.cancel()  # the client's deadline
+        time.sleep(0.2)
+        loop.call_soon_threadsafe(release.set)
+        monkeypatch.undo()
+        deadline = time.monotonic() + 20
+        while len(admin.dead_letter_messages(group)) < 3 and time.monotonic() < deadline:
+            receive()
+        assert sorted(d.body for d in admin.dead_letter_messages(group)) == [b"e1", b"e2", b"e3"]
+        assert messaging.pop.in_flight(group, topic) == 0
+        _send_fifo(stub, topic, "e4")
+        assert receive() == [b"e4"]  # the queue moved on

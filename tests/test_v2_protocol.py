@@ -228,3 +228,28 @@ def test_auto_renew_while_the_client_is_connected(tmp_path: Path) -> None:
         assert due.handle == q.inflight.handle
     finally:
         store.shutdown()
+
+
+def test_fifo_due_waits_for_the_queue_and_goes_lowest_offset_first(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    try:
+        store.put_messages("t", 0, [MessageToStore(f"m{i}".encode(), 0, b"", 1, 0) for i in range(3)])
+        pop = PopMessageManager(store, ConsumerOffsetManager(tmp_path / "offsets.json"))
+        got = pop.pop_new("g", "t", 0, 10, invisible_ms=1000, now_ms=0, fifo=True)
+        # m2 due first (a shorter invisible duration), m0 in flight still: nothing yet
+        pop.change_invisible_duration("g", "t", got[2].inflight.handle, 100, now_ms=0)
+        assert pop.due("g", "t", now_ms=500, limit=10, fifo=True) == []
+        [m0] = pop.due("g", "t", now_ms=1000, limit=1, fifo=True)  # all due: the lowest offset
+        assert m0.queue_offset == 0
+        again = pop.redeliver(m0, 1000, now_ms=1000)
+        assert pop.due("g", "t", now_ms=1000, limit=10, fifo=True) == []  # m0 in flight again
+        pop.ack("g", "t", again.handle, now_ms=1500)
+        taken = pop.due("g", "t", now_ms=1500, limit=10, fifo=True)
+        assert [f.queue_offset for f in taken] == [1, 2]
+        pop.put_back(taken[1])  # a receive that did not get to m2: due again, after m1
+        assert pop.due("g", "t", now_ms=1500, limit=10, fifo=True) == []  # m1 is still being handled
+        pop.ack("g", "t", pop.redeliver(taken[0], 1000, now_ms=1500).handle, now_ms=1600)
+        [m2] = pop.due("g", "t", now_ms=1600, limit=10, fifo=True)
+        assert m2.queue_offset == 2
+    finally:
+        store.shutdown()

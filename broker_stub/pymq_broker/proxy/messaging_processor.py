@@ -425,22 +425,38 @@ class MessagingProcessor:
         topic = cfg.topic_name
         now = _now_ms()
         out: list[Popped] = []
-        for inflight in self.pop.due(group, topic, now, batch):
-            if inflight.delivery_attempt >= max_attempts:
-                await self._dead_letter(inflight, max_attempts, now)
-                continue
-            try:
-                record = self.ctx.store.look_message_by_offset(inflight.commit_log_offset)
-            except Exception:  # a due message must never be dropped from the books: try again soon
-                log.exception("reading %s of group %s for redelivery failed",
-                              inflight.commit_log_offset, group)
-                self.pop.postpone(inflight, 1000, now)
-                continue
-            if record is None:  # expired from the store: nothing to deliver any more
-                self.pop.remove(inflight)
-                continue
-            again = self.pop.redeliver(inflight, invisible_ms, now, owner)
-            out.append(Popped(parse_record(record), again))
+        due = self.pop.due(group, topic, now, batch, fifo)
+        stalled: set[int] = set()  # fifo: queues whose earlier message stays put (nothing after it goes)
+        handled = 0
+        try:
+            for inflight in due:
+                handled += 1
+                if inflight.queue_id in stalled:
+                    self.pop.put_back(inflight)
+                    continue
+                if inflight.delivery_attempt >= max_attempts:
+                    # shielded: a cancelled receive (client deadline) must not stop the DLQ write
+                    # between the store and remove(), nor lose the message from the books
+                    if not await asyncio.shield(self._dead_letter(inflight, max_attempts, now)) and fifo:
+                        stalled.add(inflight.queue_id)
+                    continue
+                try:
+                    record = self.ctx.store.look_message_by_offset(inflight.commit_log_offset)
+                except Exception:  # a due message must never be dropped from the books: try again soon
+                    log.exception("reading %s of group %s for redelivery failed",
+                                  inflight.commit_log_offset, group)
+                    self.pop.postpone(inflight, 1000, now)
+                    if fifo:
+                        stalled.add(inflight.queue_id)
+                    continue
+                if record is None:  # expired from the store: nothing to deliver any more
+                    self.pop.remove(inflight)
+                    continue
+                again = self.pop.redeliver(inflight, invisible_ms, now, owner)
+                out.append(Popped(parse_record(record), again))
+        finally:  # cancelled (CancelledError) or failed: what was taken and not handled is due again
+            for inflight in due[handled:]:
+                self.pop.put_back(inflight)
         queues = cfg.read_queue_nums
         start = next(self._rotation)
         for i in range(queues):
@@ -453,16 +469,20 @@ class MessagingProcessor:
             ))
         return out
 
-    async def _dead_letter(self, inflight: InFlight, max_attempts: int, now: int) -> None:
-        """Past the group's max delivery attempts: to %DLQ%<group> through the send back, then done."""
+    async def _dead_letter(self, inflight: InFlight, max_attempts: int, now: int) -> bool:
+        """Past the group's max delivery attempts: to %DLQ%<group> through the send back, then done.
+
+        False if it could not: kept in flight, never dropped; the next receive tries again.
+        """
         try:
             await self._forward_to_dlq(inflight, max_attempts)
-        except Exception as err:  # kept in flight, never dropped: the next receive tries again
+        except Exception as err:
             log.warning("could not dead-letter %s of group %s (%s); trying again in 1 s",
                         inflight.commit_log_offset, inflight.group, err)
             self.pop.postpone(inflight, 1000, now)
-            return
+            return False
         self.pop.remove(inflight)
+        return True
 
     async def _forward_to_dlq(self, inflight: InFlight, max_attempts: int) -> None:
         req = pymq_pb2.ConsumerSendMsgBackBatchRequest(

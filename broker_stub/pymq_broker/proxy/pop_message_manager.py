@@ -30,8 +30,9 @@ redelivery) or past its invisible time is refused with INVALID_RECEIPT_HANDLE.
 FIFO groups (``consumeMessageOrderly``, RocketMQ's orderly pop): a queue with a
 message in flight for the group is held: nothing new is popped from it until every
 message handed out from it is acked or dead-lettered, and a message whose invisible
-time passes is delivered again before anything after it. pymq sends a FIFO message
-group to one queue, so each message group is consumed in order.
+time passes is delivered again before anything after it, and only while nothing else of
+its queue is in flight (the orderly pop re-reads a queue from its first unacked offset).
+pymq sends a FIFO message group to one queue, so each message group is consumed in order.
 
 Auto renew (a push consumer's receive): the message stays invisible while the
 client that received it is connected (``renewable``), as the proxy renews its
@@ -233,24 +234,57 @@ class PopMessageManager:
         return out
 
     # -- redelivery -----------------------------------------------------------------------------
-    def due(self, group: str, topic: str, now_ms: int, limit: int) -> list[InFlight]:
+    def due(self, group: str, topic: str, now_ms: int, limit: int, fifo: bool = False) -> list[InFlight]:
         """Up to ``limit`` in-flight messages whose invisible time has passed, oldest first.
 
         They stay pending: the caller redelivers each (:meth:`redeliver`) or,
         past the group's max delivery attempts, dead-letters it and calls
-        :meth:`remove`.
+        :meth:`remove`; one it does not get to goes back with :meth:`put_back`
+        (else it would never be due again: the expiry heap and the handles no
+        longer know it). ``fifo`` (an orderly group): a queue's due messages come
+        only when none of its messages is in flight, lowest queue offset first,
+        as the orderly pop hands a queue out from its first unacked offset.
         """
         heap = self._expiry.get((group, topic))
         out: list[InFlight] = []
-        while heap and heap[0][0] <= now_ms and len(out) < limit:
+        ready: dict[int, list[InFlight]] = {}  # fifo: due messages by queue id
+        while heap and heap[0][0] <= now_ms and (fifo or len(out) < limit):
             _, _, handle = heapq.heappop(heap)
             inflight = self._handles.get(handle)
             if inflight is None or inflight.invisible_until > now_ms:  # done, or a later entry stands
                 continue
             if self._renew(inflight, now_ms):
                 continue
+            if fifo:  # every due one of the group: a queue's lowest offset may be due last
+                ready.setdefault(inflight.queue_id, []).append(inflight)
+                continue
             del self._handles[handle]
             out.append(inflight)
+        for queue_id, entries in ready.items():
+            out.extend(self._fifo_due(group, topic, queue_id, entries, now_ms, limit - len(out)))
+        return out
+
+    def _fifo_due(
+        self, group: str, topic: str, queue_id: int, entries: list[InFlight], now_ms: int, limit: int
+    ) -> list[InFlight]:
+        """The due ``entries`` of one queue an orderly group may have now, from its lowest pending
+        offset on; the others go back to the heap. Nothing while a message of the queue is in
+        flight: hidden, or taken by another receive (not among the handles) that is dead-lettering it."""
+        pending = self._state(group, topic, queue_id).pending
+        handles = {f.handle for f in entries}
+        out: list[InFlight] = []
+        if not any(f.invisible_until > now_ms or f.handle not in self._handles for f in pending.values()):
+            for offset in sorted(pending):
+                inflight = pending[offset]
+                if len(out) >= limit or inflight.handle not in handles:
+                    break
+                out.append(inflight)
+        for inflight in out:
+            del self._handles[inflight.handle]
+        taken = {f.handle for f in out}
+        for inflight in entries:
+            if inflight.handle not in taken:
+                self._track(inflight)
         return out
 
     def _renew(self, inflight: InFlight, now_ms: int) -> bool:
@@ -294,6 +328,11 @@ class PopMessageManager:
     def postpone(self, inflight: InFlight, delay_ms: int, now_ms: int) -> None:
         """A due message the caller could not dead-letter now: due again after ``delay_ms``."""
         inflight.invisible_until = now_ms + delay_ms
+        self._track(inflight)
+
+    def put_back(self, inflight: InFlight) -> None:
+        """A due message the caller did not get to (a receive cancelled, a FIFO queue stalled
+        behind an earlier message): due again at once, for the next receive."""
         self._track(inflight)
 
     # -- ack / change invisible duration --------------------------------------------------------
