@@ -221,6 +221,34 @@ def test_change_invisible_duration(v2_broker: BrokerProcess, clients: _Clients) 
     consumer.ack(m)
 
 
+def test_change_invisible_duration_takes_0_up_to_the_maximum(
+        v2_broker: BrokerProcess, clients: _Clients) -> None:
+    """RocketMQ 5.3.3's ChangeInvisibleDurationActivity checks 0 <= t <= maxInvisibleTimeMills: the
+    receive's minimum (here 1 s) is not its (a push consumer's nack asks for its retry delay)."""
+    endpoint = v2_broker.endpoint
+    topic, group = _topic(endpoint, 1), _name("v2G")
+    clients.producer(endpoint, topic).send(_message(topic, b"nack"))
+    consumer = clients.consumer(endpoint, group, topic)
+    m = _receive(consumer, 1)[0]
+    stub = service_pb2_grpc.MessagingServiceStub(grpc.insecure_channel(endpoint))
+
+    def change(handle: str, ms: int) -> Any:
+        req = sv.ChangeInvisibleDurationRequest(group=v2.Resource(name=group), topic=v2.Resource(name=topic),
+                                                receipt_handle=handle, message_id=m.message_id)
+        req.invisible_duration.FromMilliseconds(ms)
+        return stub.ChangeInvisibleDuration(req, timeout=10)
+
+    too_long = change(m.receipt_handle, 12 * 3600 * 1000 + 1)
+    assert too_long.status.code == v2.ILLEGAL_INVISIBLE_TIME
+    short = change(m.receipt_handle, 500)  # under the receive's minimum
+    assert short.status.code == v2.OK, short.status.message
+    now = change(short.receipt_handle, 0)
+    assert now.status.code == v2.OK, now.status.message
+    again = _receive(consumer, 1, timeout=5)[0]  # due at once
+    assert (again.body, again.delivery_attempt) == (b"nack", 2)
+    consumer.ack(again)
+
+
 def test_dead_letter_after_max_delivery_attempts(v2_broker: BrokerProcess, clients: _Clients) -> None:
     endpoint = v2_broker.endpoint
     topic, group = _topic(endpoint, 1), _name("v2G")

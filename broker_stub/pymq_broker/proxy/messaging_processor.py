@@ -322,13 +322,16 @@ class MessagingProcessor:
             )
 
     # -- receive ------------------------------------------------------------------------------------
-    def _invisible_ms(self, duration_ms: int) -> int:
+    def _invisible_ms(self, duration_ms: int, min_ms: int = 0) -> int:
+        """GrpcValidator.validateInvisibleTime: ``min_ms`` .. maxInvisibleTimeMills. A receive's
+        minimum is minInvisibleTimeMillsForRecv; ChangeInvisibleDuration's is 0 (a push
+        consumer's nack asks for its retry delay, and 0 makes the message due at once)."""
         c = self.config
-        if not c.min_invisible_time_mills_for_recv <= duration_ms <= c.max_invisible_time_mills:
+        if not min_ms <= duration_ms <= c.max_invisible_time_mills:
             raise ProxyException(
                 v2.ILLEGAL_INVISIBLE_TIME,
                 f"invisible duration {duration_ms} ms is out of range "
-                f"{c.min_invisible_time_mills_for_recv}..{c.max_invisible_time_mills} ms",
+                f"{min_ms}..{c.max_invisible_time_mills} ms",
             )
         return duration_ms
 
@@ -380,7 +383,8 @@ class MessagingProcessor:
                 f"batch size {req.batch_size} is out of range 1..{self.config.receive_batch_size}",
             )
         if req.HasField("invisible_duration"):
-            invisible_ms = self._invisible_ms(req.invisible_duration.ToMilliseconds())
+            invisible_ms = self._invisible_ms(req.invisible_duration.ToMilliseconds(),
+                                              self.config.min_invisible_time_mills_for_recv)
         elif req.auto_renew:  # a push consumer: renewed while it is connected (PopMessageManager)
             invisible_ms = self.config.default_invisible_time_mills
         else:
