@@ -21,6 +21,7 @@ from .auth.metadata_provider import AuthenticationMetadataProvider, Authorizatio
 from .auth.model import User, UserType
 from .auth.stored_records import StoredRecords
 from .broker_config import BrokerConfig
+from .common.config_manager import ConfigManager
 from .manager.consumer_offset_manager import ConsumerOffsetManager
 from .manager.subscription_group_manager import SubscriptionGroupManager
 from .manager.topic_config_manager import TopicConfigManager
@@ -170,10 +171,17 @@ class BrokerController:
             ),
             asyncio.create_task(self._every(bc.flush_consumer_offset_interval / 1000,
                                             self.consumer_offset_manager.persist_if_dirty)),
-            asyncio.create_task(self._persist_new_groups(bc.flush_consumer_offset_interval / 1000)),
+            asyncio.create_task(self._persist_every(
+                bc.flush_consumer_offset_interval / 1000, self.subscription_group_manager,
+                self.topic_config_manager)),
             asyncio.create_task(self._every(self.store_config.clean_resource_interval / 1000,
                                             store.clean_expired_files)),
         ]
+        if self.messaging is not None and self.messaging.pop.attempts.enabled:
+            # v2 delivery attempts within a second of a change: a kill -9 forgets at most that second
+            attempts = self.messaging.pop.attempts
+            self._tasks.append(asyncio.create_task(
+                self._persist_every(attempts.persist_interval_s, attempts)))
         log.info("broker %s serving on %s", bc.broker_name, self.endpoint)
         return self.endpoint
 
@@ -259,13 +267,14 @@ class BrokerController:
                 log.info("no producer of group %r connected to check transaction %s",
                          check.producer_group, check.msg_id)
 
-    async def _persist_new_groups(self, interval_s: float) -> None:
-        """Groups created on first use and the %RETRY% topics of consumers that registered, to disk
-        every ``interval_s``: each snapshot is taken on the event loop (the only writer of the
-        tables), the write and fsync run on a thread."""
+    @staticmethod
+    async def _persist_every(interval_s: float, *managers: ConfigManager) -> None:
+        """What changed of ``managers`` to disk every ``interval_s`` (groups created on first use,
+        the %RETRY% topics of consumers that registered, v2 delivery attempts): each snapshot is
+        taken on the event loop (the only writer of the tables), the write and fsync run on a thread."""
         while True:
             await asyncio.sleep(interval_s)
-            for manager in (self.subscription_group_manager, self.topic_config_manager):
+            for manager in managers:
                 snapshot = manager.snapshot_if_dirty()
                 if snapshot is None:
                     continue

@@ -19,7 +19,7 @@ checkpoints to ``rmq_sys_REVIVE_LOG``), so after a broker restart every message
 not acked before it is delivered again from the committed offset
 (at-least-once, nothing lost). Its delivery attempts go on from where they
 were: :class:`DeliveryAttempts` keeps them on disk (``popDeliveryAttempts.json``,
-written at most once a second and at shutdown), so a message that makes its
+written by the broker within a second of a change and at shutdown), so a message that makes its
 consumers crash still reaches the DLQ. Redelivery re-reads the original
 record; RocketMQ writes a copy to ``%RETRY%<group>`` first.
 
@@ -45,7 +45,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import secrets
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,6 +88,9 @@ class DeliveryAttempts(ConfigManager):
 
     ``{"group@topic": {"queueId:queueOffset": attempts}}``; an entry goes when
     its message is acked or dead-lettered. ``path`` None: kept in memory only.
+    A change only marks it dirty: the controller writes it every ``persist_interval_s``
+    when dirty (a write on each change was skipped within a second of the last one,
+    and nothing wrote it later: a crash after any idle time lost the change).
     """
 
     def __init__(self, path: Path | None, persist_interval_s: float = 1.0) -> None:
@@ -96,7 +98,6 @@ class DeliveryAttempts(ConfigManager):
         self.enabled = path is not None
         self.table: dict[str, dict[str, int]] = {}
         self.persist_interval_s = persist_interval_s
-        self._last_persist = 0.0
 
     def encode(self) -> dict[str, Any]:
         return {"deliveryAttempts": self.table}
@@ -111,7 +112,7 @@ class DeliveryAttempts(ConfigManager):
     def set(self, inflight: InFlight) -> None:
         entries = self.table.setdefault(f"{inflight.group}@{inflight.topic}", {})
         entries[_key(inflight)] = inflight.delivery_attempt
-        self._changed()
+        self.dirty = True
 
     def drop(self, inflight: InFlight) -> None:
         group_topic = f"{inflight.group}@{inflight.topic}"
@@ -119,14 +120,7 @@ class DeliveryAttempts(ConfigManager):
         if entries is not None and entries.pop(_key(inflight), None) is not None:
             if not entries:
                 del self.table[group_topic]
-            self._changed()
-
-    def _changed(self) -> None:
-        self.dirty = True
-        now = time.monotonic()
-        if self.enabled and now - self._last_persist >= self.persist_interval_s:
-            self._last_persist = now
-            self.persist_if_dirty()
+            self.dirty = True
 
     def flush(self) -> None:
         """Write what changed since the last write (at shutdown)."""
