@@ -263,6 +263,70 @@ def test_a_dead_letter_that_cannot_be_sent_as_it_is_stays_and_the_others_go(
     assert admin.dead_letter_messages("gr") == []
 
 
+def _dead_letters_of(ep: str, group: str, *topic_bodies: tuple[str, bytes]) -> PullConsumer:
+    """Send each (topic, body), then send it to ``group``'s DLQ at once, in that order."""
+    producer = Producer(ep)
+    consumer = PullConsumer(ep, group)
+    for topic, body in topic_bodies:
+        producer.send(Message(topic, body))
+    for topic in dict.fromkeys(t for t, _ in topic_bodies):
+        for m in consumer.pull(consumer.queues(topic)[0], 0, 100).messages:
+            consumer.send_back(m, delay_level=-1)
+    return consumer
+
+
+def test_dead_letters_resent_before_one_whose_topic_is_gone_are_not_sent_again(
+    retry_broker: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # progress used to be committed only after the whole loop: the deleted topic's letter
+    # raised, nothing was committed, and every call sent k1 and k2 again with new msgIds
+    ep = retry_broker.endpoint
+    admin = Admin(ep)
+    for topic in ("keep", "gone", "keep2"):
+        admin.create_topic(topic, queues=1)
+    consumer = _dead_letters_of(ep, "gk", ("keep", b"k1"), ("keep", b"k2"), ("gone", b"g1"),
+                                ("keep2", b"k3"))
+    admin.delete_topic("gone")
+    with caplog.at_level(logging.WARNING, logger="pyspark_pymq.client.admin"):
+        assert admin.resend_dead_letters("gk") == 3  # the others go on
+    assert "TOPIC_NOT_EXIST" in caplog.text
+    assert admin.resend_dead_letters("gk") == 0
+    assert admin.resend_dead_letters("gk") == 0
+    keep = [m.body for m in consumer.pull(consumer.queues("keep")[0], 0, 100).messages]
+    assert keep == [b"k1", b"k2", b"k1", b"k2"]  # the originals, then one copy each
+    assert [m.body for m in consumer.pull(consumer.queues("keep2")[0], 0, 100).messages] == [b"k3"] * 2
+    assert [m.body for m in admin.dead_letter_messages("gk")] == [b"k1", b"k2", b"g1", b"k3"]  # g1 stays
+    admin.create_topic("gone", queues=1)
+    g1 = admin.dead_letters("gk")["msg_id"][2]
+    assert admin.resend_dead_letters("gk", [g1]) == 1  # still there to be picked by its msgId
+
+
+def test_a_retriable_error_stops_the_resend_with_what_was_sent_committed(
+    retry_broker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pyspark_pymq.client.producer import Producer as ProducerClass
+    from pyspark_pymq.errors import SystemBusyError
+
+    ep = retry_broker.endpoint
+    admin = Admin(ep)
+    admin.create_topic("busy", queues=1)
+    consumer = _dead_letters_of(ep, "gbusy", *[("busy", b"b%d" % i) for i in range(4)])
+    real_send = ProducerClass.send_sync
+
+    def busy_on_b2(self: Any, message: Message, *args: Any, **kwargs: Any) -> Any:
+        if message.body == b"b2":
+            raise SystemBusyError("broker busy")
+        return real_send(self, message, *args, **kwargs)
+
+    monkeypatch.setattr(ProducerClass, "send_sync", busy_on_b2)
+    with pytest.raises(SystemBusyError):
+        admin.resend_dead_letters("gbusy")
+    monkeypatch.undo()
+    assert admin.resend_dead_letters("gbusy") == 2  # b2 and b3: b0 and b1 are not sent twice
+    bodies = [m.body for m in consumer.pull(consumer.queues("busy")[0], 4, 100).messages]
+    assert bodies == [b"b0", b"b1", b"b2", b"b3"]
+
+
 def test_send_back_batch_routes_each_item_and_falls_back_per_item(retry_broker) -> None:
     ep = retry_broker.endpoint
     Admin(ep).create_topic("many", queues=2)

@@ -15,7 +15,7 @@ from pymq_proto.topics import TOPIC_MESSAGE_TYPES
 from pymq_proto.v1 import pymq_pb2
 
 from ..backend.base import client_tls
-from ..errors import TopicNotExistError
+from ..errors import MessageIllegalError, NoPermissionError, TopicNotExistError
 from .codec import decode_messages
 from .consumer import PullConsumer, dlq_topic
 from .message import MessageExt, MessageQueue, SystemMessage
@@ -34,6 +34,9 @@ __all__ = ["Admin", "GroupConfig", "TopicConfig"]
 
 DLQ_BROWSER_GROUP = "PYMQ_DLQ_BROWSER"
 DLQ_RESEND_GROUP = "PYMQ_DLQ_RESEND"
+# send errors that resend_dead_letters takes as final for one letter (its topic's own state, or
+# the letter itself): the letter stays in the DLQ and the others go on
+_REFUSED_FOR_GOOD = (TopicNotExistError, NoPermissionError, MessageIllegalError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,47 +416,58 @@ class Admin:
         columns of :meth:`dead_letters`). A re-sent message carries the original's
         offsetMsgId in ORIGIN_MESSAGE_ID. Returns how many were sent.
         ``progress(done, total)`` is called as it goes. A letter that cannot be sent as it
-        is (a foreign producer's ``\\x01`` inside a tag) is logged and left in the DLQ.
+        is (a foreign producer's ``\\x01`` inside a tag) or that its topic refuses (the topic
+        was deleted, no permission, an illegal message) is logged and left in the DLQ; it is
+        not sent again by later calls without ``msg_ids``. Progress is committed letter by
+        letter, so an error that stops the call (a timeout, a busy broker: a later call may
+        succeed) is raised with every letter sent before it recorded as sent.
         """
         wanted = None if msg_ids is None else set(msg_ids) - {""}
         letters = self.dead_letter_messages(group, max_num=10**9)
         consumer = PullConsumer(self.endpoint, DLQ_RESEND_GROUP, **self._security)
-        done_upto = -1
-        if wanted is None and letters:
-            done_upto = consumer.committed(
-                MessageQueue(letters[0].topic, letters[0].broker_name, letters[0].queue_id)
-            )
-            letters = [m for m in letters if m.queue_offset >= done_upto]
+        if wanted is None:
+            done_upto: dict[MessageQueue, int] = {}
+            for mq in {MessageQueue(m.topic, m.broker_name, m.queue_id) for m in letters}:
+                done_upto[mq] = consumer.committed(mq)
+            letters = [m for m in letters
+                       if m.queue_offset >= done_upto[MessageQueue(m.topic, m.broker_name, m.queue_id)]]
         else:
-            letters = [m for m in letters if wanted is not None and not wanted.isdisjoint(
+            letters = [m for m in letters if not wanted.isdisjoint(
                 (m.msg_id, m.offset_msg_id, _origin_msg_id(m)))]
         from .producer import Producer
+
+        def handled(m: MessageExt) -> None:
+            """Record ``m`` as done (sent or left in the DLQ for good): later calls start after it."""
+            if wanted is None:
+                consumer.commit(MessageQueue(m.topic, m.broker_name, m.queue_id), m.queue_offset + 1)
 
         sent = skipped = 0
         with Producer(self.endpoint, **self._security) as producer:
             for m in letters:
                 origin = m.properties.get(MessageConst.PROPERTY_DLQ_ORIGIN_TOPIC) or m.retry_topic
                 if not origin:
+                    handled(m)
                     continue
                 origin_id = _origin_msg_id(m) or m.offset_msg_id
                 try:  # ORIGIN_MESSAGE_ID is a system property: a SystemMessage
                     again = SystemMessage(origin, m.body, tags=m.tags, keys=m.keys, properties={
                         **m.user_properties, MessageConst.PROPERTY_ORIGIN_MESSAGE_ID: origin_id})
-                except (TypeError, ValueError) as err:
+                    producer.send_sync(again)
+                except (TypeError, ValueError, *_REFUSED_FOR_GOOD) as err:
                     # a foreign producer's letter whose tags, keys or properties cannot be sent as
-                    # they are (a \x01 inside a value): it stays in the DLQ; the others go on
+                    # they are (a \x01 inside a value), or one its topic refuses (deleted, no
+                    # permission, illegal): it stays in the DLQ; the others go on. Other errors
+                    # (timeouts, a busy broker) stop the call, with what was sent committed
                     log.warning("dead letter %s of %s is not sent again (nor by later calls without "
                                 "msg_ids): %s", m.msg_id, group, err)
                     skipped += 1
-                    continue
-                producer.send_sync(again)
-                sent += 1
+                else:
+                    sent += 1
+                # committed after each send, so that an error or a crash later on does not
+                # send this one again (with a new msgId) at the next call
+                handled(m)
                 if progress is not None:
                     progress(sent + skipped, len(letters))
-        if wanted is None and letters:
-            last = letters[-1]
-            consumer.commit(MessageQueue(last.topic, last.broker_name, last.queue_id),
-                            last.queue_offset + 1)
         return sent
 
     def purge_dead_letters(self, group: str) -> None:
