@@ -140,6 +140,33 @@ def test_transactional_messages_refuse_delay_and_batches(tx_broker: BrokerProces
                                  SystemMessage("orders", b"b", properties=tx)])
 
 
+def test_closing_a_producer_at_once_ends_its_check_back_thread_and_stream(
+    tx_broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # close() cancelled the check-back stream only if the thread had opened it already: a
+    # stream opened just after close() blocked its thread (and a broker channel) for ever
+    from pyspark_pymq.client.transport import StreamRpc
+
+    real_call = StreamRpc.__call__
+
+    def late_stream(self: StreamRpc[Any, Any], request: Any, timeout: float | None = None) -> Any:
+        if self.name == "TransactionStream":
+            time.sleep(0.2)  # the thread opens its stream after close() has run
+        return real_call(self, request, timeout)
+
+    monkeypatch.setattr(StreamRpc, "__call__", late_stream)
+    producers = [TransactionProducer(tx_broker.endpoint, "txc", lambda m: COMMIT) for _ in range(3)]
+    for producer in producers:
+        producer.close()
+    assert not any(p._thread.is_alive() for p in producers)  # joined by close()
+    monkeypatch.undo()
+    producers = [TransactionProducer(tx_broker.endpoint, "txc", lambda m: COMMIT) for _ in range(10)]
+    time.sleep(0.05)
+    for producer in producers:  # and without the delay, whenever the thread gets to it
+        producer.close()
+    assert not any(p._thread.is_alive() for p in producers)
+
+
 def _half_props(uniq: str, group: str = "tx") -> bytes:
     from pymq_proto.record import encode_properties
 

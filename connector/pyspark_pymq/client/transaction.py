@@ -31,6 +31,7 @@ __all__ = ["HalfMessageProducer", "LocalTransactionState", "TransactionProducer"
 log = logging.getLogger(__name__)
 
 END_TRANSACTION_CHUNK = 20_000  # msg ids per EndTransactionBatch request
+CLOSE_JOIN_TIMEOUT_S = 5.0  # close() waits this long for the check-back thread
 
 
 class LocalTransactionState(enum.Enum):
@@ -125,6 +126,8 @@ class TransactionProducer:
         self._client = BrokerClient(endpoint, send_msg_timeout_ms / 1000.0, access_key=access_key,
                                     secret_key=secret_key, tls=tls_config)
         self._closed = threading.Event()
+        # guards _stream against close(): a stream opened after close() ran would never end
+        self._stream_lock = threading.Lock()
         self._stream: ResponseStream[pymq_pb2.CheckTransactionStateRequest] | None = None
         self._thread = threading.Thread(target=self._serve_checks, name="pymq-tx-checks", daemon=True)
         self._thread.start()
@@ -204,10 +207,13 @@ class TransactionProducer:
         """Keep a TransactionStream open and answer the broker's check-backs."""
         while not self._closed.is_set():
             try:
-                self._stream = self._client.transaction_stream(
-                    pymq_pb2.TransactionStreamRequest(producer_group=self.producer_group)
-                )
-                for check in self._stream:
+                with self._stream_lock:  # opening does not wait for the broker
+                    if self._closed.is_set():
+                        break
+                    stream = self._stream = self._client.transaction_stream(
+                        pymq_pb2.TransactionStreamRequest(producer_group=self.producer_group)
+                    )
+                for check in stream:
                     msg = decode_messages(check.record, "")[0]
                     # the real topic and queue, not the half's (as RocketMQ's broker sends it)
                     msg.topic = check.topic
@@ -224,9 +230,17 @@ class TransactionProducer:
             self._closed.wait(0.5)
 
     def close(self) -> None:
-        self._closed.set()
-        if self._stream is not None:
-            self._stream.cancel()
+        """Stop answering check-backs (the stream ends, its thread is joined) and close the producer.
+
+        A check listener still running is waited for up to CLOSE_JOIN_TIMEOUT_S.
+        """
+        with self._stream_lock:
+            self._closed.set()
+            stream = self._stream
+        if stream is not None:
+            stream.cancel()
+        if self._thread is not threading.current_thread():  # not from a check listener
+            self._thread.join(CLOSE_JOIN_TIMEOUT_S)
         self._producer.close()
 
     def __enter__(self) -> TransactionProducer:
