@@ -64,6 +64,40 @@ def test_uniq_keys_are_unique_and_32_hex_digits() -> None:
     assert all(len(k) == 32 and int(k, 16) >= 0 for k in keys)
 
 
+# Two processes in PID namespaces of their own (containers, executor pods: both pid 1) that
+# make msgIds in the same microsecond, each also forking a worker (as Spark's Python daemon)
+_SAME_PID_SAME_MICROSECOND = """
+import os, sys, time
+os.getpid = lambda: 1
+time.time_ns = lambda: 1_700_000_000_000_000_000
+from pyspark_pymq.client.message import new_uniq_key, new_uniq_keys
+made = [new_uniq_key() for _ in range(100)]
+read, write = os.pipe()
+child = os.fork()
+if child == 0:
+    os.close(read)
+    os.write(write, " ".join([new_uniq_key(), *new_uniq_keys(100)]).encode())
+    os._exit(0)
+os.close(write)
+made += new_uniq_keys(100)  # the parent goes on from the counter the child inherited
+with os.fdopen(read) as pipe:
+    forked = pipe.read().split()
+os.waitpid(child, 0)
+print(" ".join(made), "|", " ".join(forked))
+"""
+
+
+def test_msg_ids_of_processes_with_the_same_pid_and_time_differ() -> None:
+    # the msgId was pid + 0000 + time + a counter from 1: equal in such processes, and a
+    # topic's dedup window then dropped the second message as a duplicate
+    runs = [subprocess.run([sys.executable, "-c", _SAME_PID_SAME_MICROSECOND], capture_output=True,
+                           text=True, check=True, env=os.environ).stdout.split("|") for _ in range(2)]
+    made = [set(part.split()) for run in runs for part in run]  # two processes, two forked children
+    assert [len(ids) for ids in made] == [200, 101, 200, 101]
+    assert all(len(k) == 32 and int(k, 16) >= 0 and k.startswith("00000001") for k in set().union(*made))
+    assert len(set().union(*made)) == 602  # no msgId twice (random bits and counter start)
+
+
 def test_producer_rejects_bad_settings_by_name() -> None:
     with pytest.raises(ValueError, match="send_mode"):
         Producer("127.0.0.1:1", send_mode="fast")  # type: ignore[arg-type]

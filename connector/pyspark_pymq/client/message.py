@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import operator
 import os
+import secrets
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -169,17 +170,43 @@ def check_user_properties(msg: Message) -> None:
                 raise ValueError(f"Message for topic {msg.topic!r}: {problem}")
 
 
+# A msgId is pid (8 hex digits) + 16 random bits of this process (4) + the time in µs (12)
+# + a counter (8). The pid alone does not tell processes apart: in separate PID namespaces
+# (containers, Kubernetes executor pods) every one is pid 1; RocketMQ starts its msgIds with
+# the client's IP. The random bits, and the counter's random start, are drawn again in a
+# forked child (a Spark Python worker), whose pid may also be the same as another pod's.
 _uniq_lock = threading.Lock()
 _uniq_counter = 0
+_uniq_pid = -1
+_uniq_head = ""
+
+
+def _reseed_uniq() -> None:
+    """Draw this process's random bits and counter start (at import and after a fork)."""
+    global _uniq_lock, _uniq_counter, _uniq_pid, _uniq_head
+    _uniq_lock = threading.Lock()  # a fork may have copied it held by another thread
+    _uniq_counter = secrets.randbits(31)  # 2**31 msgIds before the 32-bit counter wraps
+    _uniq_pid = os.getpid()
+    _uniq_head = f"{_uniq_pid & 0xFFFFFFFF:08X}{secrets.randbits(16):04X}"
+
+
+_reseed_uniq()
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_reseed_uniq)
 
 
 def _uniq_prefix() -> str:
-    # the pid of this process (a forked Spark worker gets its own), then 0000
-    return f"{os.getpid() & 0xFFFFFFFF:08X}0000"
+    """The msgIds' first 12 hex digits: the pid of this process and its random bits."""
+    if _uniq_pid != os.getpid():  # forked without the fork hook (a C extension's fork)
+        _reseed_uniq()
+    return _uniq_head
 
 
 def new_uniq_key() -> str:
-    """A msgId (UNIQ_KEY): unique per send, 32 hex digits like RocketMQ's."""
+    """A msgId (UNIQ_KEY): unique per send, 32 hex digits like RocketMQ's.
+
+    The pid and random bits of this process, the time in µs, a counter (see above).
+    """
     global _uniq_counter
     with _uniq_lock:
         _uniq_counter += 1
