@@ -131,6 +131,9 @@ def test_option_names_are_case_insensitive() -> None:
     [
         ({"topic": "t", "consumerGroup": "g"}, True, ["endpoint is required"]),
         (batch(endpoint="nohost"), False, ["endpoint='nohost'", "host:port"]),
+        (batch(endpoint="http://127.0.0.1:8081"), False, ["has a scheme: drop 'http://'"]),
+        ({"namesrvAddr": "127.0.0.1:9876;tcp://h:9876", "topic": "t"}, False,
+         ["'tcp://h:9876' has a scheme"]),
         ({"endpoint": EP}, False, ["topic is required"]),
         (batch(topic="bad topic!"), False, ["topic='bad topic!'", "letters, digits"]),
         ({"endpoint": EP, "topic": "t"}, True, ["consumerGroup is required", "BROADCASTING"]),

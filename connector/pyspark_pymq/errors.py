@@ -53,6 +53,9 @@ __all__ = [
     "error_for_code",
 ]
 
+# what a BrokerUnavailableError of the embedded broker tells to check (the source adds the option's name)
+UNREACHABLE_HINT = "Check that pymq-broker runs there and the endpoint is right"
+
 
 class PymqError(Exception):
     """Root of pymq's errors. ``code`` is RocketMQ's ResponseCode name.

@@ -448,11 +448,10 @@ def check_namesrv_addr(value: object) -> str:
         raise ValueError(f"namesrvAddr must be 'host:port' or 'host:port;host2:port', got {value!r}")
     addrs = [a.strip() for a in value.strip().strip(";").split(";")]
     for addr in addrs:
-        host, sep, port = addr.rpartition(":")
-        if not sep or not host or not port.isdecimal() or not 0 < int(port) < 65536:
+        problem = _host_port_problem(addr)
+        if problem:
             raise ValueError(
-                f"namesrvAddr {value!r}: {addr!r} is not 'host:port' with a port in 1..65535 "
-                "(e.g. '127.0.0.1:9876;127.0.0.1:9877')"
+                f"namesrvAddr {value!r}: {addr!r} {problem} (e.g. '127.0.0.1:9876;127.0.0.1:9877')"
             )
     return ";".join(addrs)
 
@@ -461,13 +460,21 @@ def check_endpoint(endpoint: object) -> str:
     """``endpoint`` as ``host:port``, or a ValueError naming the value."""
     if not isinstance(endpoint, str) or not endpoint.strip():
         raise ValueError(f"endpoint must be 'host:port', got {endpoint!r}")
-    host, sep, port = endpoint.strip().rpartition(":")
-    if not sep or not host or not port.isdecimal() or not 0 < int(port) < 65536:
-        raise ValueError(
-            f"endpoint {endpoint!r} is not 'host:port' with a port in 1..65535 "
-            "(e.g. '127.0.0.1:8081')"
-        )
+    problem = _host_port_problem(endpoint.strip())
+    if problem:
+        raise ValueError(f"endpoint {endpoint!r} {problem} (e.g. '127.0.0.1:8081')")
     return endpoint.strip()
+
+
+def _host_port_problem(addr: str) -> str | None:
+    """What is wrong with ``addr`` as ``host:port``, None if nothing."""
+    scheme, sep, _ = addr.partition("://")
+    if sep:  # 'http://host:port' passed as host 'http://host' and took a DNS failure to show
+        return f"has a scheme: drop '{scheme}://' and give host:port (TLS is the tls option)"
+    host, sep, port = addr.rpartition(":")
+    if not sep or not host or not port.isdecimal() or not 0 < int(port) < 65536:
+        return "is not 'host:port' with a port in 1..65535"
+    return None
 
 
 def parse_backend_options(get: Callable[[str], str | None], prefix: str) -> BackendConfig:

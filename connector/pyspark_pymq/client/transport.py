@@ -47,6 +47,7 @@ from pymq_proto.wire import SerializedRequest, serialize_request
 
 from ..backend.base import check_endpoint
 from ..errors import (
+    UNREACHABLE_HINT,
     BrokerUnavailableError,
     PymqError,
     RequestTimeoutError,
@@ -212,8 +213,7 @@ def map_rpc_error(
                 "certificate, and for mutual TLS the client certificate and key"
             )
         return BrokerUnavailableError(
-            f"broker at {endpoint} is unavailable ({method}): {details}. "
-            "Check that pymq-broker runs there and the endpoint option is right."
+            f"broker at {endpoint} is unavailable ({method}): {details}. {UNREACHABLE_HINT}."
         )
     if status == grpc.StatusCode.DEADLINE_EXCEEDED:
         return RequestTimeoutError(f"broker at {endpoint} did not answer {method} in time")

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
-from pyspark.sql.datasource import DataSource
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 from .options import SourceOptions, parse_source_options
 from .schema import select_columns, source_schema
 from .views import VIEWS, ViewReader, parse_view_options, view_requested
 
 if TYPE_CHECKING:
+    from pyspark.sql.streaming.datasource import ReadLimit
     from pyspark.sql.types import StructType
 
     from .batch_reader import PymqBatchReader
@@ -450,13 +452,19 @@ class PymqDataSource(DataSource):
 
         return PymqBatchReader(self._source_options(schema, stream=False))
 
-    def streamReader(self, schema: StructType) -> PymqMicroBatchStream:
+    def streamReader(self, schema: StructType) -> PymqMicroBatchStream | _RefusedStream:
         from .micro_batch_stream import PymqMicroBatchStream
 
-        if view_requested(self.options):
-            raise ValueError("pymq views (option view) are tables for spark.read, not streams")
-
-        return PymqMicroBatchStream(self._source_options(schema, stream=True))
+        try:
+            if view_requested(self.options):
+                raise ValueError("pymq views (option view) are tables for spark.read, not streams")
+            options = self._source_options(schema, stream=True)
+        except ValueError as err:
+            # pyspark 4.2's stream runner calls reader.stop() in a `finally` where `reader` is
+            # unbound when streamReader raises: the user would read an UnboundLocalError on top
+            # of this message. The stream's first call raises it instead.
+            return _RefusedStream(err)
+        return PymqMicroBatchStream(options)
 
     # -- the sink -------------------------------------------------------------------
 
@@ -483,3 +491,25 @@ class PymqDataSource(DataSource):
 
             return TransactionalStreamSinkWriter(options)
         return PymqStreamSinkWriter(options)
+
+
+class _RefusedStream(DataSourceStreamReader):
+    """The stream reader of options refused when the stream starts: every call raises their error."""
+
+    def __init__(self, error: ValueError) -> None:
+        self.error = error
+
+    def initialOffset(self) -> dict[str, Any]:
+        raise self.error
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        raise self.error
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        raise self.error
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        raise self.error
+
+    def stop(self) -> None:
+        pass

@@ -22,7 +22,13 @@ from collections.abc import Iterable, Mapping
 
 from ..backend.base import Backend, QueueBounds, open_backend
 from ..client.message import MessageQueue
-from ..errors import BrokerUnavailableError, PymqError, RequestTimeoutError, TopicNotExistError
+from ..errors import (
+    UNREACHABLE_HINT,
+    BrokerUnavailableError,
+    PymqError,
+    RequestTimeoutError,
+    TopicNotExistError,
+)
 from .data_loss import report_data_loss
 from .options import ConsumeFromWhere, SourceOptions, StartingPosition, StartKind
 from .source_offset import EARLIEST, LATEST, lookup
@@ -56,11 +62,13 @@ class OffsetReader:
             check = (
                 "Check that the name servers and their brokers run and the namesrvAddr is right"
                 if cfg.namesrv_addr
-                else "Check that pymq-broker runs there and the endpoint is right"
+                else UNREACHABLE_HINT
             )
+            remark = err.remark.rstrip(".")
+            remark = remark[: -len(check)].rstrip(". ") if remark.endswith(check) else remark
             return type(err)(
                 f"pymq source cannot reach {cfg.where} (option {cfg.option}, "
-                f"connectTimeoutMs={opts.connect_timeout_ms}): {err.remark.rstrip('.')}. {check}"
+                f"connectTimeoutMs={opts.connect_timeout_ms}): {remark}. {check}"
             )
         if isinstance(err, TopicNotExistError) and topic is not None:
             create = (
