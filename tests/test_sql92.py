@@ -122,6 +122,7 @@ def test_an_empty_value_is_missing() -> None:
     ("a > 0.0", 5, "4.9E-324"), ("a > 1e400", 5, "double"), ("a = 9223372036854775808", 5, "long"),
     ("a.b = 1", 2, "names are"), ("TRUE = 'x'", 8, "flag = TRUE"), ("5", 1, "condition"),
     ("a = 1 OR 5", 10, "condition"), ("a NOT LIKE 'x'", 7, "CONTAINS"),
+    ("a IN ('x', 7)", 12, "strings only"), ("a NOT IN (TRUE)", 11, "strings only"),
 ])
 def test_what_rocketmq_refuses_is_refused(text: str, column: int, words: str) -> None:
     with pytest.raises(SQL92SyntaxError) as info:

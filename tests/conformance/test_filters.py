@@ -90,7 +90,7 @@ CASES = [
 REFUSED = [
     "n > '1'", "n BETWEEN '1' AND '3'", "vip > TRUE", "color = NULL", "n BETWEEN 3 AND 1", "NOT n > 1",
     "NOT color IN ('red')", "n != 1", "n > 0.0", "n < 1e400", "n = 9223372036854775808",
-    "TRUE = 'x'", "color.x = 'a'", "5 IN ('x')",
+    "TRUE = 'x'", "color.x = 'a'", "5 IN ('x')", "n IN ('1', 2)",
 ]
 
 

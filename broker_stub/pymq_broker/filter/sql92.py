@@ -41,8 +41,7 @@ and what RocketMQ accepts there: a string, TRUE, FALSE or NULL beside ``>`` ``>=
 or in BETWEEN, ``= NULL`` (write IS NULL), ``TRUE = 'x'``, ``BETWEEN 10 AND 1``, IN on something
 that is not a property, a condition where a value belongs (``NOT a > 1``) and the reverse. RocketMQ
 also ignores what follows a complete expression (``a = 1 b = 2`` filters on ``a = 1``); pymq
-refuses it, as it is surely a mistake. One extension is kept: numbers and TRUE/FALSE in an IN list
-(RocketMQ takes only strings), compared as numbers and booleans.
+refuses it, as it is surely a mistake.
 
 Every pull of a SQL92 subscription evaluates it on the broker's event loop, so its
 cost is bounded (issue 17): at most :data:`MAX_EXPRESSION_LENGTH` characters,
@@ -393,31 +392,6 @@ def _in_strings(name: str, values: list[str], negate: bool) -> Eval:
     return lambda p: (v in items) if (v := p.get(name)) else None
 
 
-def _in_mixed(name: str, values: list[Any], negate: bool) -> Eval:
-    """pymq's extension: IN with numbers or TRUE/FALSE (RocketMQ refuses them), as it compared before:
-    a number as a number (a property that is no number makes those unknown), TRUE/FALSE as 'true'."""
-    strings = frozenset(v for v in values if type(v) is str)
-    numbers = frozenset(float(v) for v in values if type(v) in (_Int, _Long, float))
-    booleans = frozenset(v for v in values if type(v) is bool)
-
-    def inside(p: Props) -> bool | None:
-        v = p.get(name)
-        if not v:
-            return None
-        if v in strings or (booleans and (v.lower() == "true") in booleans):
-            return True
-        if numbers:
-            try:
-                number = float(v)
-            except ValueError:
-                return None
-            if number in numbers:
-                return True
-        return False
-
-    return _not(inside) if negate else inside
-
-
 _NUMBER_WORDS = "a number or a property name"
 _RELATIONAL_HINT = ("(RocketMQ compares only numbers with >, >=, <, <= and BETWEEN; compare text with "
                     "=, <>, IN, CONTAINS, STARTSWITH or ENDSWITH)")
@@ -666,17 +640,14 @@ class _Parser:
         while self.accept("op", ","):
             values.append(self.in_value())
         self.expect("op", ")", "',' or ')'")
-        if all(type(v) is str for v in values):
-            ev = _in_strings(left.name, values, negate)
-        else:
-            ev = _in_mixed(left.name, values, negate)
-        return self.node(ev, left.pos, left)
+        return self.node(_in_strings(left.name, values, negate), left.pos, left)
 
-    def in_value(self) -> Any:
+    def in_value(self) -> str:
         t = self.tok
-        if t.kind == "str" or t.kind in ("int", "float") or (t.kind == "kw" and t.text in ("TRUE", "FALSE")):
-            return self.parse_primary().value
-        self.fail("a 'string' in the IN list")
+        if t.kind == "str":  # SelectorParser.jj: an IN list holds string literals only
+            value: str = self.parse_primary().value
+            return value
+        self.fail("a 'string' in the IN list (RocketMQ's IN takes strings only: write '7', not 7)")
         raise AssertionError
 
     def parse_unary(self) -> _Node:
