@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from helpers import unique
 from pyspark_pymq import Admin, Message, Producer, PullConsumer
-from pyspark_pymq.admin_cli import main, render_table
+from pyspark_pymq.admin_cli import main, parser, render_table
+from pyspark_pymq.errors import PymqError
+from pyspark_pymq.spark.option_registry import DEFAULT_READER_GROUP
 
 
 def test_admin_cli_round_trip(endpoint: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -101,3 +105,105 @@ def test_a_flag_wins_over_the_other_targets_environment_variable(
     assert "PYMQ_ENDPOINT and PYMQ_NAMESRV_ADDR are both set" in capsys.readouterr().err
     monkeypatch.delenv("PYMQ_NAMESRV_ADDR")
     assert main(["topics"]) == 0
+
+
+def test_view_message_of_a_msg_id_without_topic_says_to_add_topic(
+    shared_broker: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A msgId (UNIQ_KEY) and an offsetMsgId are both 32 hex digits: without --topic the id is read
+    as an offsetMsgId, whose commit log offset holds nothing; the error says to add --topic."""
+    endpoint, topic = shared_broker.endpoint, unique("view")
+    admin = Admin(endpoint)
+    admin.create_topic(topic, 1)
+    r = Producer(endpoint).send(Message(topic, b"found by msgId"))
+    # a msgId's last 8 bytes read as an offset: past the log's end, or negative (refused as such)
+    for msg_id in (r.msg_id, "7F000001000022B87755AABB00112233", "7F000001000022B8F755AABB00112233"):
+        assert main(["-e", endpoint, "view-message", msg_id]) == 1
+        err = capsys.readouterr().err
+        assert "[QUERY_NOT_FOUND] no message at that offset" in err, err
+        assert f"if {msg_id} is a msgId (UNIQ_KEY" in err and "add --topic TOPIC" in err
+        with pytest.raises(PymqError, match=r"give its topic: view_message\(.*, topic=\.\.\.\)") as caught:
+            admin.view_message(msg_id)
+        assert caught.value.code == "QUERY_NOT_FOUND"
+    assert main(["-e", endpoint, "view-message", r.msg_id, "--topic", topic]) == 0
+    assert "found by msgId" in capsys.readouterr().out
+    # a msgId not in the topic given: the broker's own answer, no advice to add --topic
+    assert main(["-e", endpoint, "view-message", "7F000001000022B87755AABB00112233", "--topic", topic]) == 1
+    assert "--topic" not in capsys.readouterr().err
+
+
+def _subparsers(p: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sp in action.choices.items():
+                yield name, sp
+                for sub_name, sub in _subparsers(sp):
+                    yield f"{name} {sub_name}", sub
+
+
+def test_every_argument_has_a_help_text(capsys: pytest.CaptureFixture[str]) -> None:
+    missing = [f"{name}: {a.dest}" for name, sp in _subparsers(parser()) for a in sp._actions
+               if not a.help and not isinstance(a, argparse._SubParsersAction)]
+    assert not missing
+    with pytest.raises(SystemExit):
+        main(["tail", "--help"])
+    assert "how many of EACH queue" in " ".join(capsys.readouterr().out.split())
+
+
+def test_progress_of_an_unknown_group_exits_1(shared_broker: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    endpoint, group = shared_broker.endpoint, unique("nosuchgroup")
+    assert main(["-e", endpoint, "progress", group]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and f"group {group!r} is unknown to the broker" in captured.err
+    assert ".groups() lists the groups" in captured.err
+    assert group not in set(Admin(endpoint).groups()["group"])  # asking did not create it
+    # a group the broker knows (its settings), without progress: (none), exit 0
+    Admin(endpoint).update_group(group, retry_max_times=3)
+    assert main(["-e", endpoint, "progress", group]) == 0
+    assert capsys.readouterr().out.strip() == "(none)"
+
+
+_INTERNAL = {"PYMQ_SPARK_READER", "PYMQ_ADMIN_TAIL", "PYMQ_DLQ_BROWSER", "PYMQ_DLQ_RESEND"}
+
+
+def test_groups_leave_out_pymqs_internal_groups(
+    shared_broker: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pymq's own groups (batch reads, tail, dead-letter browsing and re-sending) are not the user's."""
+    endpoint, topic, group = shared_broker.endpoint, unique("internal"), unique("user-group")
+    admin = Admin(endpoint)
+    admin.create_topic(topic, 1)
+    Producer(endpoint).send(Message(topic, b"x"))
+    consumer = PullConsumer(endpoint, group)
+    mq = consumer.queues(topic)[0]
+    consumer.send_back(consumer.pull(mq, 0, 1).messages[0], delay_level=-1)  # a dead letter
+    PullConsumer(endpoint, DEFAULT_READER_GROUP).pull(mq, 0, 1)  # as a batch read
+    assert main(["-e", endpoint, "tail", topic]) == 0
+    assert len(admin.dead_letters(group)) == 1
+    assert admin.resend_dead_letters(group) == 1
+    names = set(admin.groups()["group"])
+    assert group in names and not names & _INTERNAL, names
+    from pyspark_pymq.client.admin import INTERNAL_GROUPS
+
+    assert set(INTERNAL_GROUPS) == _INTERNAL
+    # they are still read by name (PYMQ_DLQ_RESEND keeps its progress on %DLQ%<group>)
+    assert main(["-e", endpoint, "progress", "PYMQ_DLQ_RESEND"]) == 0
+    assert f"%DLQ%{group}" in capsys.readouterr().out
+
+
+def test_a_group_without_dead_letters_has_nothing_to_read(
+    shared_broker: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    endpoint, group = shared_broker.endpoint, unique("analytics")
+    admin = Admin(endpoint)
+    assert admin.dead_letter_messages(group) == [] and admin.dead_letters(group).empty
+    assert main(["-e", endpoint, "dead-letters", group]) == 0
+    assert capsys.readouterr().out.strip() == "(none)"
+    for command, topic, what in (("tail", f"%DLQ%{group}", "dead letters"),
+                                 ("topic-stats", f"%DLQ%{group}", "dead letters"),
+                                 ("tail", f"%RETRY%{group}", "retries")):
+        assert main(["-e", endpoint, command, topic]) == 1
+        err = capsys.readouterr().err
+        assert f"group {group!r} has no {what} yet" in err and "nothing to read" in err, err
+        assert "create" not in err.replace(f"creates {topic}", "")
+    assert f"%DLQ%{group}" not in admin.topic_names(include_system=True)  # nothing was created

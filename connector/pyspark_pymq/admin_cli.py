@@ -35,11 +35,18 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
-from pymq_proto.topics import TOPIC_MESSAGE_TYPES
+from pymq_proto.topics import (
+    DLQ_GROUP_TOPIC_PREFIX,
+    RETRY_GROUP_TOPIC_PREFIX,
+    TOPIC_MESSAGE_TYPES,
+    is_dlq_topic,
+    is_retry_topic,
+)
 
 from .backend.base import client_tls
 from .client import Admin, Message, Producer, PullConsumer
-from .errors import PymqError
+from .client.admin import ADMIN_TAIL_GROUP, INTERNAL_GROUPS
+from .errors import NoPermissionError, PymqError, TopicNotExistError
 
 __all__ = ["ProgressBar", "main", "render_table"]
 
@@ -137,9 +144,24 @@ def _cmd_stats(admin: Admin, a: argparse.Namespace) -> None:
 
 def _cmd_progress(admin: Admin, a: argparse.Namespace) -> None:
     frame = admin.group_progress(a.group, a.topic)
+    if not len(frame) and not _group_known(admin, a):
+        raise ValueError(f"group {a.group!r} is unknown to the broker at {admin.endpoint} (no settings, no "
+                         f"progress): check its name; Admin({admin.endpoint!r}).groups() lists the groups "
+                         "the broker knows")
     _print_frame(frame)
     if len(frame):
         print(f"total lag: {int(frame['lag'].sum())}")
+
+
+def _group_known(admin: Admin, a: argparse.Namespace) -> bool:
+    """Whether the broker knows ``a.group`` (its settings or offsets), or pymq's own; True when that
+    cannot be told (a RocketMQ cluster, a user who may not list the groups)."""
+    if a.namesrv_addr or a.group in INTERNAL_GROUPS:
+        return True
+    try:
+        return a.group in set(admin.groups()["group"])
+    except NoPermissionError:
+        return True
 
 
 def _cmd_dead_letters(admin: Admin, a: argparse.Namespace) -> None:
@@ -162,7 +184,13 @@ def _cmd_purge(admin: Admin, a: argparse.Namespace) -> None:
 
 
 def _cmd_view(admin: Admin, a: argparse.Namespace) -> None:
-    m = admin.view_message(a.msg_id, a.topic)
+    try:
+        m = admin.view_message(a.msg_id, a.topic)
+    except PymqError as err:
+        if a.topic is not None or err.code != "QUERY_NOT_FOUND":
+            raise
+        raise type(err)(f"no message at that offset; if {a.msg_id} is a msgId (UNIQ_KEY, as query-message "
+                        "and the source's msg_id column show), add --topic TOPIC", code=err.code) from None
     rows = [{"field": k, "value": getattr(m, k)} for k in (
         "topic", "queue_id", "queue_offset", "msg_id", "offset_msg_id", "tags", "keys",
         "reconsume_times", "born_timestamp", "store_timestamp", "properties", "body")]
@@ -231,6 +259,27 @@ def _cmd_broker(admin: Admin, a: argparse.Namespace) -> None:
         raise PymqError(f"broker(s) {', '.join(failed)} did not answer", code="BROKER_UNAVAILABLE")
 
 
+# the commands that read a topic: a group's missing %DLQ% / %RETRY% topic is nothing to read yet
+_READS_TOPIC = frozenset({"topic-stats", "tail", "query-message", "view-message", "progress"})
+
+
+def _explain(err: PymqError, a: argparse.Namespace) -> PymqError:
+    """``err``, or for a read of a group's %DLQ% / %RETRY% topic that does not exist, what that means
+    (the broker creates it at the group's first dead letter or retry, as RocketMQ's)."""
+    topic = getattr(a, "topic", None)
+    if not (isinstance(err, TopicNotExistError) and topic and a.command in _READS_TOPIC):
+        return err
+    if is_dlq_topic(topic):
+        group, what, first = topic[len(DLQ_GROUP_TOPIC_PREFIX):], "dead letters", "dead letter"
+    elif is_retry_topic(topic):
+        group, what, first = topic[len(RETRY_GROUP_TOPIC_PREFIX):], "retries", "message sent back"
+    else:
+        return err
+    return TopicNotExistError(f"topic {topic!r} does not exist: group {group!r} has no {what} yet (the "
+                              f"broker creates {topic} at the group's first {first}, as RocketMQ), so "
+                              "there is nothing to read")
+
+
 def _split(values: Sequence[str] | None) -> list[str]:
     """Repeatable, comma-separated values: ``--action Pub,Sub --action Get``."""
     return [v.strip() for value in values or () for v in value.split(",") if v.strip()]
@@ -267,15 +316,17 @@ def _add_user_and_acl(sub: Any) -> None:
     sp.set_defaults(fn=_cmd_user)
     users = sp.add_subparsers(dest="user_command", required=True)
     u = users.add_parser("create", help="create a user")
-    u.add_argument("username")
+    u.add_argument("username", help="the user's name (a client's access key)")
     u.add_argument("--password", required=True, help="its secret key")
     u.add_argument("--type", choices=["Super", "Normal"], help="default Normal")
     u = users.add_parser("update", help="change a user's password, type or status")
-    u.add_argument("username")
-    u.add_argument("--password")
-    u.add_argument("--type", choices=["Super", "Normal"])
-    u.add_argument("--status", choices=["enable", "disable"])
-    users.add_parser("delete", help="delete a user and its ACL").add_argument("username")
+    u.add_argument("username", help="the user to change")
+    u.add_argument("--password", help="its new secret key (default: unchanged)")
+    u.add_argument("--type", choices=["Super", "Normal"], help="its new type (default: unchanged)")
+    u.add_argument("--status", choices=["enable", "disable"],
+                   help="disable: its requests are refused (default: unchanged)")
+    users.add_parser("delete", help="delete a user and its ACL") \
+        .add_argument("username", help="the user to delete")
     users.add_parser("list", help="list users").add_argument("--filter", help="a part of the username")
 
     sp = sub.add_parser("acl", help="access control lists (ACL 2.0; Super users only)")
@@ -288,16 +339,17 @@ def _add_user_and_acl(sub: Any) -> None:
     c.add_argument("--action", action="append", required=True,
                    help="Pub, Sub, Create, Update, Delete, Get, List, All "
                         "(comma-separated, repeatable)")
-    c.add_argument("--decision", choices=["Allow", "Deny"], default="Allow")
+    c.add_argument("--decision", choices=["Allow", "Deny"], default="Allow",
+                   help="grant or deny the actions (default Allow; a Deny wins)")
     c.add_argument("--source-ip", action="append", help="CIDR range the entry holds for (repeatable)")
     d = acls.add_parser("delete", help="delete a user's ACL entries (all without --resource)")
-    d.add_argument("subject")
-    d.add_argument("--resource", action="append")
+    d.add_argument("subject", help="User:<name>")
+    d.add_argument("--resource", action="append", help="only the entry of this resource (repeatable)")
     ls = acls.add_parser("list", help="list ACL entries")
-    ls.add_argument("--subject")
-    ls.add_argument("--resource", action="append")
-    ls.add_argument("--action", action="append")
-    ls.add_argument("--decision", choices=["Allow", "Deny"])
+    ls.add_argument("--subject", help="only this User:<name>'s entries")
+    ls.add_argument("--resource", action="append", help="only the entries of this resource (repeatable)")
+    ls.add_argument("--action", action="append", help="only entries with any of these actions (repeatable)")
+    ls.add_argument("--decision", choices=["Allow", "Deny"], help="only Allow or only Deny entries")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -326,49 +378,59 @@ def parser() -> argparse.ArgumentParser:
     add("topics", _cmd_topics, "list topics").add_argument("--all", action="store_true",
                                                            help="include %%RETRY%%/%%DLQ%%/system topics")
     sp = add("create-topic", _cmd_create, "create or update a topic")
-    sp.add_argument("topic")
-    sp.add_argument("--queues", type=int, default=4)
-    sp.add_argument("--dedup-window-ms", type=int, default=0)
+    sp.add_argument("topic", help="the topic's name")
+    sp.add_argument("--queues", type=int, default=4, help="read and write queues (default 4)")
+    sp.add_argument("--dedup-window-ms", type=int, default=0,
+                    help="drop a message whose msgId (UNIQ_KEY) the topic stored within this window "
+                         "(default 0: off)")
     sp.add_argument("--message-type", type=str.upper, choices=TOPIC_MESSAGE_TYPES,
                     help="RocketMQ 5's TopicMessageType, what the official clients may send "
                          "(default: NORMAL for a new topic, unchanged for an existing one)")
-    add("delete-topic", _cmd_delete, "delete a topic").add_argument("topic")
+    add("delete-topic", _cmd_delete, "delete a topic").add_argument("topic", help="the topic to delete")
     sp = add("update-group", _cmd_update_group, "change a consumer group's settings (mqadmin updateSubGroup)")
-    sp.add_argument("group")
-    sp.add_argument("--retry-max-times", type=int)
-    sp.add_argument("--retry-queue-nums", type=int)
+    sp.add_argument("group", help="the consumer group")
+    sp.add_argument("--retry-max-times", type=int,
+                    help="times a message is sent back before it goes to %%DLQ%%<group> (default: unchanged)")
+    sp.add_argument("--retry-queue-nums", type=int, help="queues of %%RETRY%%<group> (default: unchanged)")
     sp.add_argument("--orderly", action=argparse.BooleanOptionalAction, default=None,
                     help="consumeMessageOrderly: a FIFO group for RocketMQ 5's clients")
     sp.add_argument("--consume-enable", action=argparse.BooleanOptionalAction, default=None,
                     help="consumeEnable: --no-consume-enable pauses the group (its pulls are refused)")
-    add("topic-stats", _cmd_stats, "per-queue offsets of a topic").add_argument("topic")
+    add("topic-stats", _cmd_stats, "per-queue offsets of a topic").add_argument("topic", help="the topic")
     sp = add("progress", _cmd_progress, "a consumer group's progress and lag")
-    sp.add_argument("group")
-    sp.add_argument("--topic")
+    sp.add_argument("group", help="the consumer group")
+    sp.add_argument("--topic", help="only this topic, every read queue of it (default: the topics the group "
+                                    "has progress on)")
     sp = add("dead-letters", _cmd_dead_letters, "browse a group's dead letters")
-    sp.add_argument("group")
-    sp.add_argument("--max", type=int, default=100)
+    sp.add_argument("group", help="the consumer group (its %%DLQ%%<group> topic)")
+    sp.add_argument("--max", type=int, default=100, help="at most this many (default 100)")
     sp = add("resend-dead-letters", _cmd_resend, "re-send dead letters to their original topic")
-    sp.add_argument("group")
+    sp.add_argument("group", help="the consumer group (its %%DLQ%%<group> topic)")
     sp.add_argument("--msg-id", action="append", help="only these (repeatable); default: all")
-    add("purge-dead-letters", _cmd_purge, "drop a group's dead letters").add_argument("group")
+    add("purge-dead-letters", _cmd_purge, "drop a group's dead letters") \
+        .add_argument("group", help="the consumer group (its %%DLQ%%<group> topic)")
     sp = add("view-message", _cmd_view, "a message by offsetMsgId (or msgId with --topic)")
-    sp.add_argument("msg_id")
-    sp.add_argument("--topic")
+    sp.add_argument("msg_id", metavar="ID",
+                    help="an offsetMsgId (store host and commit log offset: a send result's offset_msg_id, "
+                         "dead-letters' origin_msg_id), or a msgId (UNIQ_KEY, what query-message prints) "
+                         "with --topic")
+    sp.add_argument("--topic", help="the msgId's topic: ID is a msgId (without it, an offsetMsgId)")
     sp = add("query-message", _cmd_query, "messages by key")
-    sp.add_argument("topic")
-    sp.add_argument("key")
-    sp.add_argument("--max", type=int, default=32)
+    sp.add_argument("topic", help="the topic to search")
+    sp.add_argument("key", help="a key of the message's KEYS, or its msgId (UNIQ_KEY)")
+    sp.add_argument("--max", type=int, default=32, help="at most this many (default 32)")
     sp = add("send", _cmd_send, "bulk-send test messages")
-    sp.add_argument("topic")
-    sp.add_argument("--count", type=_at_least_one, default=1000)
+    sp.add_argument("topic", help="the topic to send to")
+    sp.add_argument("--count", type=_at_least_one, default=1000, help="messages (default 1000)")
     sp.add_argument("--size", type=_at_least_one, default=200, help="body bytes (default 200)")
-    sp.add_argument("--batch", type=_at_least_one, default=1000)
-    sp.add_argument("--tags")
-    sp = add("tail", _cmd_tail, "the last messages of each queue")
-    sp.add_argument("topic")
-    sp.add_argument("--last", type=int, default=5)
-    sp.add_argument("--group", default="PYMQ_ADMIN_TAIL")
+    sp.add_argument("--batch", type=_at_least_one, default=1000, help="messages per request (default 1000)")
+    sp.add_argument("--tags", help="the messages' tag")
+    sp = add("tail", _cmd_tail, "the last messages of each queue of a topic")
+    sp.add_argument("topic", help="the topic")
+    sp.add_argument("--last", type=int, default=5,
+                    help="how many of EACH queue (default 5): a topic of 4 queues shows up to 4 x N")
+    sp.add_argument("--group", default=ADMIN_TAIL_GROUP,
+                    help=f"the group to pull as; nothing is committed (default {ADMIN_TAIL_GROUP})")
     return p
 
 
@@ -407,7 +469,10 @@ def main(argv: list[str] | None = None) -> int:
             args.target = {"endpoint": args.endpoint}
             args.security["tls"] = client_tls(None, args.tls_ca_file, args.tls_cert_file, args.tls_key_file)
         args.fn(Admin(**args.target, **args.security), args)
-    except (PymqError, ValueError, TypeError) as err:
+    except PymqError as err:
+        print(f"pymq-admin: {_explain(err, args)}", file=sys.stderr)
+        return 1
+    except (ValueError, TypeError) as err:
         print(f"pymq-admin: {err}", file=sys.stderr)
         return 1
     return 0

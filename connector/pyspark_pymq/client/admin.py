@@ -15,7 +15,8 @@ from pymq_proto.topics import TOPIC_MESSAGE_TYPES
 from pymq_proto.v1 import pymq_pb2
 
 from ..backend.base import client_tls
-from ..errors import MessageIllegalError, NoPermissionError, TopicNotExistError
+from ..errors import MessageIllegalError, NoPermissionError, PymqError, TopicNotExistError
+from ..spark.option_registry import DEFAULT_READER_GROUP
 from .codec import decode_messages
 from .consumer import PullConsumer, dlq_topic
 from .message import MessageExt, MessageQueue, SystemMessage
@@ -30,10 +31,14 @@ if TYPE_CHECKING:
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["Admin", "GroupConfig", "TopicConfig"]
+__all__ = ["INTERNAL_GROUPS", "Admin", "GroupConfig", "TopicConfig"]
 
 DLQ_BROWSER_GROUP = "PYMQ_DLQ_BROWSER"
 DLQ_RESEND_GROUP = "PYMQ_DLQ_RESEND"
+ADMIN_TAIL_GROUP = "PYMQ_ADMIN_TAIL"  # what `pymq-admin tail` pulls as
+#: pymq's own consumer groups (batch reads, ``pymq-admin tail``, dead-letter browsing and
+#: re-sending): the broker meets them at their first pull; :meth:`Admin.groups` leaves them out
+INTERNAL_GROUPS = frozenset({DEFAULT_READER_GROUP, ADMIN_TAIL_GROUP, DLQ_BROWSER_GROUP, DLQ_RESEND_GROUP})
 # send errors that resend_dead_letters takes as final for one letter (its topic's own state, or
 # the letter itself): the letter stays in the DLQ and the others go on
 _REFUSED_FOR_GOOD = (TopicNotExistError, NoPermissionError, MessageIllegalError)
@@ -222,7 +227,12 @@ class Admin:
         )
 
     def groups(self) -> pd.DataFrame:
-        """One row per consumer group the broker knows: its retry settings."""
+        """One row per consumer group the broker knows: its retry settings.
+
+        pymq's own groups (:data:`INTERNAL_GROUPS`: ``PYMQ_SPARK_READER`` of batch reads,
+        ``PYMQ_ADMIN_TAIL`` of ``pymq-admin tail``, ...) are left out, as :meth:`topics` leaves
+        out system topics; :meth:`group_progress` still reads them.
+        """
         resp = self._client.list_groups(pymq_pb2.ListGroupsRequest())
         rows = [
             {
@@ -232,6 +242,7 @@ class Admin:
                 "consume_from_where": g.consume_from_where,
             }
             for g in resp.groups
+            if g.group_name not in INTERNAL_GROUPS
         ]
         return _frame(rows, ["group", "retry_max_times", "retry_queue_nums", "consume_from_where"])
 
@@ -317,14 +328,25 @@ class Admin:
         """A message by its msgId (UNIQ_KEY) within ``topic``, or by its offsetMsgId.
 
         Both ids are 32 hex digits, so ``topic`` says which one is meant: with a
-        topic the id is a msgId, without one an offsetMsgId.
+        topic the id is a msgId, without one an offsetMsgId (store host and commit log
+        offset). A msgId given without its topic is read as an offset that holds no
+        message: the QUERY_NOT_FOUND error then says to give ``topic=``.
         """
+        hint = (f"if {msg_id} is a msgId (UNIQ_KEY, as query_message and the source's msg_id column show), "
+                f"give its topic: view_message({msg_id!r}, topic=...)")
         if topic is not None:
             req = pymq_pb2.ViewMessageRequest(commit_log_offset=-1, topic=topic, msg_id=msg_id)
         else:
             _ip, _port, phy = parse_offset_msg_id(msg_id)
+            if phy < 0:  # no offsetMsgId has one: a msgId's bits
+                raise PymqError(f"no message at commit log offset {phy}; {hint}", code="QUERY_NOT_FOUND")
             req = pymq_pb2.ViewMessageRequest(commit_log_offset=phy)
-        resp = self._client.view_message(req)
+        try:
+            resp = self._client.view_message(req)
+        except PymqError as err:
+            if topic is not None or err.code != "QUERY_NOT_FOUND":
+                raise
+            raise type(err)(f"{err.remark}; {hint}", code=err.code) from None
         return decode_messages(resp.records, self._broker_name(topic))[0]
 
     def _broker_name(self, topic: str | None = None) -> str:
