@@ -347,3 +347,10 @@ def test_a_long_poll_at_an_offset_the_queue_cannot_reach_is_answered_at_once(end
         queue_offset=5, max_msg_nums=10, suspend_timeout_ms=5_000))
     assert resp.status == pymq_pb2.OFFSET_ILLEGAL
     assert time.monotonic() - started < 2.0
+
+
+def test_a_missing_dlq_topic_says_the_group_has_no_dead_letters_yet(endpoint: str) -> None:
+    with pytest.raises(TopicNotExistError) as info:
+        Admin(endpoint).topic_stats("%DLQ%fresh")
+    assert "group 'fresh' has no dead letters yet" in str(info.value)
+    assert "create it first" not in str(info.value)

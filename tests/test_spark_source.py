@@ -497,6 +497,11 @@ def test_unknown_topic_and_unreachable_broker_fail_at_start(
     message = run_expecting_failure(df, tmp_path / "o", tmp_path / "c")
     assert f"topic {missing!r} does not exist" in message
 
+    with pytest.raises(Exception) as info:  # a group without dead letters: nothing to create
+        spark.read.format("pymq").option("endpoint", ep).option("topic", f"%DLQ%{missing}").load().collect()
+    assert f"group {missing!r} has no dead letters yet" in str(info.value)
+    assert "create_topic" not in str(info.value)
+
     dead = "127.0.0.1:1"
     started = time.monotonic()
     with pytest.raises(Exception) as info:

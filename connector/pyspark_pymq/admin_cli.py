@@ -35,13 +35,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
-from pymq_proto.topics import (
-    DLQ_GROUP_TOPIC_PREFIX,
-    RETRY_GROUP_TOPIC_PREFIX,
-    TOPIC_MESSAGE_TYPES,
-    is_dlq_topic,
-    is_retry_topic,
-)
+from pymq_proto.topics import TOPIC_MESSAGE_TYPES, not_created_yet
 
 from .backend.base import client_tls
 from .client import Admin, Message, Producer, PullConsumer
@@ -269,15 +263,8 @@ def _explain(err: PymqError, a: argparse.Namespace) -> PymqError:
     topic = getattr(a, "topic", None)
     if not (isinstance(err, TopicNotExistError) and topic and a.command in _READS_TOPIC):
         return err
-    if is_dlq_topic(topic):
-        group, what, first = topic[len(DLQ_GROUP_TOPIC_PREFIX):], "dead letters", "dead letter"
-    elif is_retry_topic(topic):
-        group, what, first = topic[len(RETRY_GROUP_TOPIC_PREFIX):], "retries", "message sent back"
-    else:
-        return err
-    return TopicNotExistError(f"topic {topic!r} does not exist: group {group!r} has no {what} yet (the "
-                              f"broker creates {topic} at the group's first {first}, as RocketMQ), so "
-                              "there is nothing to read")
+    why = not_created_yet(topic)
+    return err if why is None else TopicNotExistError(f"topic {topic!r} does not exist: {why}")
 
 
 def _split(values: Sequence[str] | None) -> list[str]:

@@ -16,6 +16,7 @@ __all__ = [
     "get_retry_topic",
     "is_dlq_topic",
     "is_retry_topic",
+    "not_created_yet",
 ]
 
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
@@ -40,3 +41,19 @@ def is_retry_topic(topic: str) -> bool:
 
 def is_dlq_topic(topic: str) -> bool:
     return topic.startswith(DLQ_GROUP_TOPIC_PREFIX)
+
+
+def not_created_yet(topic: str) -> str | None:
+    """Why a group's missing ``%DLQ%`` / ``%RETRY%`` topic is nothing to create (None for another topic).
+
+    The broker creates it at the group's first dead letter or send back, as RocketMQ's does:
+    until then there is nothing to read, and creating it by hand is not the answer.
+    """
+    if is_dlq_topic(topic):
+        group, what, first = topic[len(DLQ_GROUP_TOPIC_PREFIX):], "dead letters", "dead letter"
+    elif is_retry_topic(topic):
+        group, what, first = topic[len(RETRY_GROUP_TOPIC_PREFIX):], "retries", "message sent back"
+    else:
+        return None
+    return (f"group {group!r} has no {what} yet (the broker creates {topic} at the group's first "
+            f"{first}, as RocketMQ), so there is nothing to read")

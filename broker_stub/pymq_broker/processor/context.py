@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pymq_proto.topics import not_created_yet
 from pymq_proto.v1 import pymq_pb2
 
 from ..broker_config import BrokerConfig
@@ -36,11 +37,12 @@ class BrokerContext:
             raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT, problem)
         cfg = self.topic_config_manager.select_topic_config(topic)
         if cfg is None:
+            why = not_created_yet(topic)
             raise BrokerException(
                 pymq_pb2.TOPIC_NOT_EXIST,
-                f"topic {topic!r} does not exist on broker {self.broker_name}; create it first "
-                "(Admin.create_topic / pymq-admin create-topic) or start the broker with "
-                "--auto-create-topic-enable",
+                f"topic {topic!r} does not exist on broker {self.broker_name}; "
+                + (why if why is not None else "create it first (Admin.create_topic / pymq-admin "
+                   "create-topic) or start the broker with --auto-create-topic-enable"),
             )
         return cfg
 

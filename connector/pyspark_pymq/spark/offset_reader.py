@@ -20,6 +20,8 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 
+from pymq_proto.topics import not_created_yet
+
 from ..backend.base import Backend, QueueBounds, open_backend
 from ..client.message import MessageQueue
 from ..errors import (
@@ -71,6 +73,12 @@ class OffsetReader:
                 f"connectTimeoutMs={opts.connect_timeout_ms}): {remark}. {check}"
             )
         if isinstance(err, TopicNotExistError) and topic is not None:
+            why = not_created_yet(topic)
+            if why is not None:
+                return TopicNotExistError(
+                    f"pymq option topic={','.join(opts.topics)!r}: topic {topic!r} does not exist "
+                    f"on {cfg.where}: {why}"
+                )
             create = (
                 f"mqadmin updateTopic -n {cfg.namesrv_addr} -c <cluster> -t {topic}" if cfg.namesrv_addr
                 else f"Admin({cfg.endpoint!r}).create_topic({topic!r})"
