@@ -155,7 +155,7 @@ def test_progress_of_an_unknown_group_exits_1(shared_broker: Any, capsys: pytest
     assert main(["-e", endpoint, "progress", group]) == 1
     captured = capsys.readouterr()
     assert captured.out == "" and f"group {group!r} is unknown to the broker" in captured.err
-    assert ".groups() lists the groups" in captured.err
+    assert "`pymq-admin groups` lists the groups" in captured.err
     assert group not in set(Admin(endpoint).groups()["group"])  # asking did not create it
     # a group the broker knows (its settings), without progress: (none), exit 0
     Admin(endpoint).update_group(group, retry_max_times=3)
@@ -183,6 +183,13 @@ def test_groups_leave_out_pymqs_internal_groups(
     assert admin.resend_dead_letters(group) == 1
     names = set(admin.groups()["group"])
     assert group in names and not names & _INTERNAL, names
+    assert set(admin.groups(include_internal=True)["group"]) >= _INTERNAL
+    capsys.readouterr()
+    assert main(["-e", endpoint, "groups"]) == 0
+    listed = capsys.readouterr().out
+    assert group in listed and "PYMQ_ADMIN_TAIL" not in listed
+    assert main(["-e", endpoint, "groups", "--all"]) == 0
+    assert "PYMQ_ADMIN_TAIL" in capsys.readouterr().out
     from pyspark_pymq.client.admin import INTERNAL_GROUPS
 
     assert set(INTERNAL_GROUPS) == _INTERNAL

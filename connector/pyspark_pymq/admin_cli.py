@@ -112,6 +112,10 @@ def _cmd_topics(admin: Admin, a: argparse.Namespace) -> None:
     _print_frame(admin.topics(include_system=a.all))
 
 
+def _cmd_groups(admin: Admin, a: argparse.Namespace) -> None:
+    _print_frame(admin.groups(include_internal=a.all))
+
+
 def _cmd_create(admin: Admin, a: argparse.Namespace) -> None:
     cfg = admin.create_topic(a.topic, a.queues, dedup_window_ms=a.dedup_window_ms,
                              message_type=a.message_type)
@@ -140,8 +144,7 @@ def _cmd_progress(admin: Admin, a: argparse.Namespace) -> None:
     frame = admin.group_progress(a.group, a.topic)
     if not len(frame) and not _group_known(admin, a):
         raise ValueError(f"group {a.group!r} is unknown to the broker at {admin.endpoint} (no settings, no "
-                         f"progress): check its name; Admin({admin.endpoint!r}).groups() lists the groups "
-                         "the broker knows")
+                         "progress): check its name; `pymq-admin groups` lists the groups the broker knows")
     _print_frame(frame)
     if len(frame):
         print(f"total lag: {int(frame['lag'].sum())}")
@@ -364,6 +367,8 @@ def parser() -> argparse.ArgumentParser:
         .add_argument("--broker-name", help="one broker of a RocketMQ cluster (default: every one)")
     add("topics", _cmd_topics, "list topics").add_argument("--all", action="store_true",
                                                            help="include %%RETRY%%/%%DLQ%%/system topics")
+    add("groups", _cmd_groups, "list consumer groups and their retry settings").add_argument(
+        "--all", action="store_true", help="include pymq's and RocketMQ's own groups")
     sp = add("create-topic", _cmd_create, "create or update a topic")
     sp.add_argument("topic", help="the topic's name")
     sp.add_argument("--queues", type=int, default=4, help="read and write queues (default 4)")

@@ -226,12 +226,13 @@ class Admin:
              "max_offset", "last_store_timestamp"],
         )
 
-    def groups(self) -> pd.DataFrame:
+    def groups(self, include_internal: bool = False) -> pd.DataFrame:
         """One row per consumer group the broker knows: its retry settings.
 
         pymq's own groups (:data:`INTERNAL_GROUPS`: ``PYMQ_SPARK_READER`` of batch reads,
-        ``PYMQ_ADMIN_TAIL`` of ``pymq-admin tail``, ...) are left out, as :meth:`topics` leaves
-        out system topics; :meth:`group_progress` still reads them.
+        ``PYMQ_ADMIN_TAIL`` of ``pymq-admin tail``, ...) are left out unless
+        ``include_internal``, as :meth:`topics` leaves out system topics; :meth:`group_progress`
+        still reads them.
         """
         resp = self._client.list_groups(pymq_pb2.ListGroupsRequest())
         rows = [
@@ -242,7 +243,7 @@ class Admin:
                 "consume_from_where": g.consume_from_where,
             }
             for g in resp.groups
-            if g.group_name not in INTERNAL_GROUPS
+            if include_internal or g.group_name not in INTERNAL_GROUPS
         ]
         return _frame(rows, ["group", "retry_max_times", "retry_queue_nums", "consume_from_where"])
 

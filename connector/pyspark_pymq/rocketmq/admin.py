@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pymq_proto.topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX, is_retry_topic
 
 from ..backend.base import BackendConfig, QueueBounds, client_tls, open_backend
-from ..client.admin import DLQ_BROWSER_GROUP, Admin, GroupConfig, _frame
+from ..client.admin import DLQ_BROWSER_GROUP, INTERNAL_GROUPS, Admin, GroupConfig, _frame
 from ..client.consumer import PullConsumer, dlq_topic
 from ..client.message import MessageQueue
 from ..errors import PymqError, TopicNotExistError
@@ -223,9 +223,10 @@ class RocketMQAdmin(Admin):
                            str(cfg.get("consumeFromWhere", "") or ""), bool(cfg.get("consumeMessageOrderly")),
                            bool(cfg.get("consumeEnable", True)))
 
-    def groups(self) -> pd.DataFrame:
+    def groups(self, include_internal: bool = False) -> pd.DataFrame:
         """Every consumer group the brokers know, with its retry settings (RocketMQ's own
-        groups, such as ``TOOLS_CONSUMER``, left out)."""
+        groups, such as ``TOOLS_CONSUMER``, and pymq's, such as ``PYMQ_SPARK_READER``, left out
+        unless ``include_internal``)."""
         seen: dict[str, dict[str, Any]] = {}
         for addr in self._namesrv.get_broker_addrs().values():
             for name, cfg in self._api.get_all_subscription_groups(addr).items():
@@ -235,7 +236,10 @@ class RocketMQAdmin(Admin):
              "retry_queue_nums": int(cfg.get("retryQueueNums", 1)),
              "consume_from_where": str(cfg.get("consumeFromWhere", "") or "")}
             for name, cfg in sorted(seen.items())
-            if not (name.isupper() and "_" in name and name.endswith(("_GROUP", "_CONSUMER")))
+            if include_internal or not (
+                name in INTERNAL_GROUPS
+                or (name.isupper() and "_" in name and name.endswith(("_GROUP", "_CONSUMER")))
+            )
         ]
         return _frame(rows, ["group", "retry_max_times", "retry_queue_nums", "consume_from_where"])
 
