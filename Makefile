@@ -102,7 +102,7 @@ unit: setup
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
 # Regenerate the gRPC code after editing proto/pymq_proto/v1/pymq.proto, and apache.rocketmq.v2's
-# (RocketMQ 5 clients) from the published protos in proto/pymq_proto/rocketmq_v2/protos.
+# (RocketMQ 5 clients) from the published protos in proto/pymq_proto/rocketmq_v2/proto-sources.
 proto: $(VENV)/.deps
 	PATH=$(abspath $(VENV))/bin:$$PATH $(PY) -m grpc_tools.protoc -I proto \
 	  --python_out=proto --grpc_python_out=proto --mypy_out=proto --mypy_grpc_out=proto \

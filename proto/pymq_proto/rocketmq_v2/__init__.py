@@ -1,6 +1,6 @@
 """apache.rocketmq.v2: the gRPC API of RocketMQ 5's official clients, as the embedded broker serves it.
 
-The ``.proto`` files under ``protos/`` are apache/rocketmq-apis release 2.1.2
+The ``.proto`` files under ``proto-sources/`` are apache/rocketmq-apis release 2.1.2
 (tag ``v2.1.2``, commit 68c2cc9442928f769f8938515a05af6fa05c9993), unchanged.
 ``definition_pb2``, ``service_pb2`` and ``service_pb2_grpc`` are generated from
 them (``make proto``, i.e. ``python -m pymq_proto.rocketmq_v2.generate``) with

@@ -1,4 +1,4 @@
-"""Generate (or check) the Python code of apache.rocketmq.v2 from ``protos/``: ``make proto``.
+"""Generate (or check) the Python code of apache.rocketmq.v2 from ``proto-sources/``: ``make proto``.
 
 Runs protoc (grpcio-tools, a dev dependency) on the published protos, then
 rewrites the output so that it lives in this package: ``apache.rocketmq.v2``
@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PROTOS = HERE / "protos"
+PROTOS = HERE / "proto-sources"  # not a package name: setuptools keeps it as data
 SOURCES = ["apache/rocketmq/v2/definition.proto", "apache/rocketmq/v2/service.proto"]
 GENERATED = [
     "definition_pb2.py", "definition_pb2.pyi",
