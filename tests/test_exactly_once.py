@@ -147,6 +147,43 @@ def test_abort_after_the_marker_keeps_the_decided_rows(
         assert Counter(m.body for m in read_all(broker.endpoint, topic)) == got
 
 
+def test_a_batch_that_ran_past_the_check_window_is_not_committed(tmp_path: Path) -> None:
+    """The live driver answers UNKNOW while a batch runs; each answer uses up one of the broker's
+    transactionCheckMax checks. An early task's rows were given up to TRANS_CHECK_MAX_TIME_TOPIC,
+    and commit() wrote a marker naming them: the batch was recorded, those rows never came."""
+    import pyarrow as pa
+    from pyspark.sql.types import BinaryType, StructField, StructType
+    from pyspark_pymq.errors import PymqError
+    from pyspark_pymq.spark import transactional_sink as ts
+
+    def rows(task: int) -> pa.RecordBatch:
+        return pa.RecordBatch.from_pydict({"body": pa.array([f"t{task}-{i}".encode() for i in range(5)])})
+
+    # scaled down from RocketMQ's 6 s / 60 s / 15 checks (about 14 min): a window of 0.9 s
+    flags = ["--transaction-timeout", "300", "--transaction-check-interval", "300",
+             "--transaction-check-max", "3"]
+    with BrokerProcess(tmp_path / "broker", flags) as broker:
+        topic = unique("eo-long")
+        Admin(broker.endpoint).create_topic(topic, queues=1)
+        opts = parse_sink_options(
+            {"endpoint": broker.endpoint, "topic": topic, "deliveryGuarantee": "exactly-once",
+             "checkpointLocation": str(tmp_path / "ckpt")},
+            StructType([StructField("body", BinaryType())]), stream=True,
+        )
+        early = ts.TransactionalStreamSinkWriter(opts).write(iter([rows(0)]))
+        time.sleep(2.5)  # the rest of the batch still runs
+        late = ts.TransactionalStreamSinkWriter(opts).write(iter([rows(1)]))
+        with pytest.raises(PymqError, match=r"batch 0 ran \d+ s, longer than the broker gives"):
+            ts.TransactionalStreamSinkWriter(opts).commit([early, late], 0)  # type: ignore[list-item]
+        assert ts.SinkCommitLog(str(tmp_path / "ckpt")).get(0) is None  # nothing decided
+        ts.TransactionalStreamSinkWriter(opts).abort([early, late], 0)  # type: ignore[list-item]
+        # the query restarts (its broker now gives batches time enough): the batch runs again, whole
+        again = [ts.TransactionalStreamSinkWriter(opts).write(iter([rows(t)])) for t in range(2)]
+        ts.TransactionalStreamSinkWriter(opts).commit(again, 0)  # type: ignore[arg-type]
+        got = Counter(m.body for m in _read_at_least(broker.endpoint, topic, 10))
+        assert got == Counter(f"t{t}-{i}".encode() for t in range(2) for i in range(5))
+
+
 @pytest.mark.spark
 def test_stream_commits_every_batch_once_and_a_replayed_batch_adds_nothing(
     spark: Any, shared_broker: Any, tmp_path: Path

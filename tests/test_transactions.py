@@ -324,3 +324,99 @@ def test_v2_end_transaction_ends_only_a_v2_transaction_of_its_topic(tmp_path: Pa
         with TransactionProducer(ep, "pg-owner", lambda m: UNKNOW) as producer:  # still its producer's
             assert producer.end_transactions([v1_id], COMMIT) == 1
         assert sorted(visible(ep)) == [b"v1 half", b"v2 half"]
+
+
+def _tx_service(root: Path) -> Any:
+    from pymq_broker.manager.topic_config_manager import TopicConfigManager
+    from pymq_broker.transaction.transactional_message_service import (
+        TransactionalMessageService,
+        TransactionConfig,
+    )
+    from test_store import make_store
+
+    store = make_store(root)
+    tx = TransactionalMessageService(store, TopicConfigManager(root / "topics.json"), root / "tx.json",
+                                     TransactionConfig())
+    tx.load()
+    return store, tx
+
+
+@pytest.mark.parametrize("restart", ["clean", "kill -9"])
+def test_a_commit_whose_op_record_was_refused_is_not_checked_back_after_a_restart(
+    tmp_path: Path, restart: str
+) -> None:
+    """The store refused the op record (a disk at its warning level): it waited in memory only,
+    so after a restart the committed half message was pending again, checked back, committed
+    again: the message twice in its topic."""
+    from pymq_broker.common.mix_all import TRANS_OP_HALF_TOPIC
+    from pymq_broker.store.results import PutMessageResult, PutMessageStatus
+    from test_disk_full import bodies
+    from test_store import msg
+
+    store, tx = _tx_service(tmp_path)
+    assert tx.prepare_messages("orders", 0, [msg(b"open", TRAN_MSG="true", PGROUP="pg", UNIQ_KEY="tx-0")]).ok
+    assert tx.prepare_messages("orders", 0, [msg(b"paid", TRAN_MSG="true", PGROUP="pg", UNIQ_KEY="tx-1")]).ok
+    real_put = store.put_messages
+
+    def refuse_ops(topic: str, queue_id: int, messages: Any) -> Any:
+        if topic == TRANS_OP_HALF_TOPIC:
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, remark="disk full")
+        return real_put(topic, queue_id, messages)
+
+    store.put_messages = refuse_ops
+    assert tx.end_transactions(["tx-1"], commit=True)[0] == 1
+    assert bodies(store, "orders") == [b"paid"]
+    if restart == "clean":
+        store.put_messages = real_put
+        store.shutdown()
+    else:
+        from test_store import _crash
+
+        _crash(store)
+    store, tx = _tx_service(tmp_path)
+    try:
+        assert set(tx.pending) == {"tx-0"}
+        later = int(time.time() * 1000) + 10_000
+        assert [c.msg_id for c in tx.check(now_ms=later)] == ["tx-0"]
+        assert bodies(store, "orders") == [b"paid"]
+    finally:
+        store.shutdown()
+
+
+def test_a_half_message_re_put_by_a_check_back_counts_once_after_restarts(tmp_path: Path) -> None:
+    """A check-back re-puts the half message and marks the old one done; when that op record was
+    neither stored nor saved, the old copy came back pending once the new one was resolved."""
+    from pymq_broker.common.mix_all import TRANS_OP_HALF_TOPIC
+    from pymq_broker.store.results import PutMessageResult, PutMessageStatus
+    from test_disk_full import bodies
+    from test_store import _crash, msg
+
+    store, tx = _tx_service(tmp_path)
+    for body, key in ((b"open", "tx-0"), (b"paid", "tx-1")):  # tx-0 stays open: the check offset waits
+        assert tx.prepare_messages("orders", 0, [msg(body, TRAN_MSG="true", PGROUP="pg", UNIQ_KEY=key)]).ok
+    real_put = store.put_messages
+
+    def refuse_ops(topic: str, queue_id: int, messages: Any) -> Any:
+        if topic == TRANS_OP_HALF_TOPIC:
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, remark="disk full")
+        return real_put(topic, queue_id, messages)
+
+    def cannot_save() -> None:
+        raise OSError("no space left on device")
+
+    store.put_messages = refuse_ops
+    tx.persist = cannot_save
+    checked = tx.check(now_ms=int(time.time() * 1000) + 10_000)  # both re-put, their old copies "done"
+    assert sorted(c.msg_id for c in checked) == ["tx-0", "tx-1"]
+    _crash(store)
+    store, tx = _tx_service(tmp_path)
+    assert set(tx.pending) == {"tx-0", "tx-1"}
+    assert tx.end_transactions(["tx-1"], commit=True)[0] == 1  # the producer answers COMMIT
+    _crash(store)
+    store, tx = _tx_service(tmp_path)
+    try:
+        assert set(tx.pending) == {"tx-0"}
+        assert [c.msg_id for c in tx.check(now_ms=int(time.time() * 1000) + 100_000)] == ["tx-0"]
+        assert bodies(store, "orders") == [b"paid"]
+    finally:
+        store.shutdown()

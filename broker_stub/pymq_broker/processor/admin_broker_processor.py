@@ -213,10 +213,15 @@ class AdminBrokerProcessor:
         )
 
     def runtime_info(self, req: pymq_pb2.BrokerRuntimeInfoRequest) -> pymq_pb2.BrokerRuntimeInfoResponse:
+        tx = self.transactions.config
         return pymq_pb2.BrokerRuntimeInfoResponse(
             broker_name=self.ctx.broker_name,
             endpoint=self.ctx.endpoint,
             info={**self.ctx.store.runtime_info(),
-                  "transactionsPending": str(len(self.transactions.pending))},
+                  "transactionsPending": str(len(self.transactions.pending)),
+                  # RocketMQ's BrokerConfig names: how long a half message may stay undecided
+                  "transactionTimeOut": str(tx.transaction_timeout),
+                  "transactionCheckInterval": str(tx.transaction_check_interval),
+                  "transactionCheckMax": str(tx.transaction_check_max)},
         )
 

@@ -106,10 +106,13 @@ class TransactionalMessageService(ConfigManager):
         self._ops_to_write: list[int] = []
 
     def encode(self) -> dict[str, Any]:
-        return {"checkOffset": self.check_offset}
+        # op records the store refused: without them a restart would take those resolved half
+        # messages for pending ones, check them back and commit them a second time
+        return {"checkOffset": self.check_offset, "opsToWrite": list(self._ops_to_write)}
 
     def decode(self, data: dict[str, Any]) -> None:
         self.check_offset = int(data.get("checkOffset", 0))
+        self._ops_to_write = [int(q) for q in data.get("opsToWrite", ())]
 
     def load(self) -> None:
         """Rebuild pending transactions from the half and op queues."""
@@ -122,10 +125,17 @@ class TransactionalMessageService(ConfigManager):
                     half = int(part or b"-1")
                     if half >= self.check_offset:
                         self.done.add(half)
+        self.done.update(q for q in self._ops_to_write if q >= self.check_offset)
+        superseded = []
         for qoff, phy, rec in self._half_records(self.check_offset):
             if qoff not in self.done:
                 props = self._props(rec)
-                self.pending[props.get(MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, str(phy))] = (qoff, phy)
+                key = props.get(MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, str(phy))
+                if key in self.pending:  # re-put by a check-back whose op record never came: the last counts
+                    superseded.append(self.pending[key][0])
+                self.pending[key] = (qoff, phy)
+        if superseded:
+            self._mark_done(superseded)
         self._advance()
         if self.pending:
             log.info("%d unresolved transaction(s) recovered", len(self.pending))
@@ -306,11 +316,19 @@ class TransactionalMessageService(ConfigManager):
                     log.warning("op records of %d resolved transaction(s) wait: %s",
                                 len(offsets), result.remark)
                 self._ops_to_write, result = offsets, None
-            else:
+                self._persist_quietly()
+            elif self._ops_to_write:
                 self._ops_to_write = []
+                self._persist_quietly()
         self.done.update(half_offsets)
         self._advance()
         return result
+
+    def _persist_quietly(self) -> None:
+        try:
+            self.persist()
+        except OSError as err:  # a full file system: kept in memory, written with the next change
+            log.warning("%s not written: %s", self.path, err)
 
     def _advance(self) -> None:
         moved = False
@@ -324,7 +342,7 @@ class TransactionalMessageService(ConfigManager):
             self.done.clear()
             moved = True
         if moved:
-            self.persist()
+            self._persist_quietly()
 
     # -- check-back -------------------------------------------------------------
 

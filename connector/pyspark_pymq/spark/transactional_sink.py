@@ -23,9 +23,16 @@ committed → ROLLBACK_MESSAGE; otherwise UNKNOW (the batch is still running or
 waits for the restart; the broker asks again after transactionCheckInterval).
 
 Limits: the checkpoint must be a path the driver can write (local or mounted);
-the query must restart within the broker's transactionCheckMax times
-transactionCheckInterval (15 min by default) or undecided rows are given up to
-TRANS_CHECK_MAX_TIME_TOPIC; rows cannot be delayed.
+rows cannot be delayed. A half message is given up to TRANS_CHECK_MAX_TIME_TOPIC
+once the broker has checked it back transactionCheckMax times (every
+transactionCheckInterval after transactionTimeOut: about 15 min by default), so
+a micro-batch must commit, and a crashed query restart, within that window.
+``commit(N)`` refuses to write the marker of a batch whose first rows were sent
+longer ago than ``transactionTimeOut + (transactionCheckMax - 1) *
+transactionCheckInterval`` (the broker's runtime info): some of its rows may be
+gone, so it fails the query rather than commit part of the batch (raise the
+broker's transactionCheckMax, or make batches shorter with maxMessagesPerTrigger
+before the batch is planned).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import logging
 import os
 import signal
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -46,8 +54,10 @@ from pymq_proto.record import MessageConst as MC
 from pymq_proto.record import encode_properties
 from pyspark.sql.datasource import WriterCommitMessage
 
+from ..client.admin import Admin
 from ..client.message import MessageExt, RowKeys
 from ..client.transaction import HalfMessageProducer, LocalTransactionState, TransactionProducer
+from ..errors import PymqError
 from .sink_options import SinkOptions
 from .writer import PymqStreamSinkWriter, SinkCommitMessage, _send_rows, _summary, _task_ids
 
@@ -223,9 +233,10 @@ class TransactionalStreamSinkWriter(PymqStreamSinkWriter):
             MC.PROPERTY_SINK_TRANSACTION: tag,
         })
         new_producer = functools.partial(_SinkHalfProducer, batch_id=ids.batch_id)
+        started = int(time.time() * 1000)
         sent = _send_rows(opts, iterator, ids, new_producer=new_producer, prefix=transaction,
                           extra_properties=extra)
-        return replace(sent, transaction=transaction, query_id=ids.query_id)
+        return replace(sent, transaction=transaction, query_id=ids.query_id, first_sent_ms=started)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         opts = self.options
@@ -240,6 +251,7 @@ class TransactionalStreamSinkWriter(PymqStreamSinkWriter):
                 log.info("pymq exactly-once sink batch %d: no rows", batchId)
                 return
             query_id = next(m.query_id for m in messages if isinstance(m, SinkCommitMessage))
+            _check_window(opts, messages, batchId)
             marker = SinkCommitMarker(query_id, batchId, ours)
             commit_log.add(marker)
             crash_point("after-marker", batchId)
@@ -274,6 +286,40 @@ class TransactionalStreamSinkWriter(PymqStreamSinkWriter):
                         "row(s)", batchId, sum(n for _t, n in decided), sum(n for _t, n in ours))
             return
         log.warning("pymq exactly-once sink batch %d aborted (rolled back): %s", batchId, _summary(messages))
+
+
+def _check_window(opts: SinkOptions, messages: Sequence[WriterCommitMessage | None], batch_id: int) -> None:
+    """Refuse to decide a batch whose oldest half messages the broker may have given up already.
+
+    Each check-back the driver answers UNKNOW (the batch still runs) counts towards the
+    broker's transactionCheckMax; past it the half message goes to TRANS_CHECK_MAX_TIME_TOPIC
+    and the marker would name rows that never come.
+    """
+    sent = [m.first_sent_ms for m in messages
+            if isinstance(m, SinkCommitMessage) and m.transaction and m.rows and m.first_sent_ms]
+    if not sent:
+        return
+    try:
+        admin = Admin(opts.endpoint, access_key=opts.backend.access_key,  # channels are shared
+                      secret_key=opts.backend.secret_key, tls=opts.backend.tls)
+        info = admin.broker_info()
+        window_ms = (int(info["transactionTimeOut"])
+                     + (int(info["transactionCheckMax"]) - 1) * int(info["transactionCheckInterval"]))
+    except (PymqError, KeyError, ValueError) as err:  # no runtime info (an ACL, an older broker)
+        log.warning("pymq exactly-once sink batch %d: cannot read the broker's transaction check "
+                    "settings (%s); not checking how long the batch ran", batch_id, err)
+        return
+    age_ms = int(time.time() * 1000) - min(sent)
+    if age_ms >= window_ms:
+        raise PymqError(
+            f"pymq exactly-once sink batch {batch_id} ran {age_ms / 1000:.0f} s, longer than the broker "
+            f"gives an undecided half message ({window_ms / 1000:.0f} s = transactionTimeOut + "
+            "(transactionCheckMax - 1) x transactionCheckInterval): some of its rows may have been "
+            "given up to TRANS_CHECK_MAX_TIME_TOPIC, so the batch is not committed (it is rolled back and "
+            "runs again when the query restarts). Raise the broker's --transaction-check-max (or "
+            "--transaction-check-interval) so a batch fits, or plan smaller batches with "
+            "maxMessagesPerTrigger"
+        )
 
 
 def _transactions(messages: Sequence[WriterCommitMessage | None]) -> tuple[tuple[str, int], ...]:

@@ -65,6 +65,7 @@ class SinkCommitMessage(WriterCommitMessage):
     fallbacks: int = 0
     transaction: str | None = None  # exactly-once: the task's half messages are <transaction><row:016X>
     query_id: str = ""
+    first_sent_ms: int = 0  # exactly-once: when the task began sending (its half messages' clock starts)
 
 
 @dataclass(frozen=True)
