@@ -625,3 +625,83 @@ def test_delay_progress_past_a_cut_schedule_queue_goes_back_to_its_end(tmp_path:
         assert [rec[3] for rec in records(store.get_message("real", 0, 0, 10).records)] == [b"later"]
     finally:
         store.shutdown()
+
+
+def test_a_checkpoint_never_goes_back_when_two_are_written_at_once(tmp_path: Path) -> None:
+    """The flush thread read the dispatched offset, then waited in an fsync while delete_topic
+    checkpointed past the deleted topic's records; its older offset, written last, brought the
+    deleted topic back after a crash."""
+    import threading
+
+    store = make_store(tmp_path, flush_interval_consume_queue=3_600_000)  # the test is the flush thread
+    store.put_messages("other", 0, [msg(b"kept")])
+    cq = store.consume_queue("other", 0)
+    assert cq is not None
+    real_flush, entered, release = cq.flush, threading.Event(), threading.Event()
+
+    def slow_flush() -> None:  # an fsync that takes a while
+        entered.set()
+        release.wait(10)
+        real_flush()
+
+    cq.flush = slow_flush  # type: ignore[method-assign]
+    flush_thread = threading.Thread(target=store.checkpoint_now)
+    flush_thread.start()
+    assert entered.wait(10)
+    cq.flush = real_flush  # type: ignore[method-assign]
+
+    def delete() -> None:  # the event loop: puts, then an admin deletes the topic
+        for i in range(5):
+            store.put_messages("t", 0, [msg(b"old-%d" % i)])
+        store.delete_topic("t")
+
+    loop = threading.Thread(target=delete)
+    loop.start()
+    loop.join(0.5)  # delete_topic's checkpoint waits for the flush thread's (or, before, went first)
+    release.set()
+    flush_thread.join(10)
+    loop.join(10)
+    assert store.checkpoint.logics_msg_offset == store.dispatched_offset
+    _crash(store)
+    again = make_store(tmp_path)
+    try:
+        assert _bodies(again, "t") == [] and _bodies(again, "other") == [b"kept"]
+    finally:
+        again.shutdown()
+
+
+def test_recovery_does_not_read_a_corrupt_records_claimed_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A torn header claiming hundreds of MiB is cut there, not read up to the segment's end."""
+    from pymq_broker.store import commit_log
+    from pymq_broker.store.mapped_file import MappedFile
+
+    monkeypatch.setattr(commit_log, "RECOVER_READ_CHUNK", 64 * 1024)
+    cfg = {"max_message_size": 256 * 1024}
+    store = DefaultMessageStore(MessageStoreConfig(store_path_root_dir=tmp_path, **cfg), HOST)  # type: ignore[arg-type]
+    store.load()
+    for i in range(3):
+        store.put_messages("t", 0, [msg(b"good-%d" % i)])
+    end = store.commit_log.max_offset
+    big = store.put_messages("t", 0, [msg(os.urandom(100 * 1024))])  # over one read chunk
+    _crash(store)
+    seg = store.commit_log.mapped_file_queue.files[0].file_name
+    with open(seg, "r+b") as f:  # its size field torn: 512 MiB
+        f.seek(big.physical_offsets[0])
+        f.write((512 << 20).to_bytes(4, "little"))
+    reads: list[int] = []
+    real_read = MappedFile.read
+
+    def read(self: MappedFile, pos: int, size: int) -> bytes:
+        if self.file_name.parent.name == "commitlog":
+            reads.append(size)
+        return real_read(self, pos, size)
+
+    monkeypatch.setattr(MappedFile, "read", read)
+    again = make_store(tmp_path, **cfg)
+    try:
+        assert again.commit_log.max_offset == end
+        assert max(reads) <= 1 << 20
+    finally:
+        again.shutdown()

@@ -577,3 +577,16 @@ def test_delivery_attempts_changed_together_survive_a_crash_after_idling(tmp_pat
         broker.restart(crash=True)
         again = _receive_raw(broker.endpoint, topic, group)
         assert [(m.body, m.system_properties.delivery_attempt) for m in again] == [(b"one", 2), (b"two", 2)]
+
+
+def test_a_paused_group_receives_nothing(v2_broker: BrokerProcess, clients: _Clients) -> None:
+    """consumeEnable=false refuses the official clients' receives too (RocketMQ's pop: NO_PERMISSION)."""
+    endpoint = v2_broker.endpoint
+    topic, group = _topic(endpoint), _name("v2Paused")
+    clients.producer(endpoint, topic).send(_message(topic, b"held"))
+    consumer = clients.consumer(endpoint, group, topic)
+    Admin(endpoint).update_group(group, consume_enable=False)
+    with pytest.raises(Exception, match="consumption disabled"):
+        consumer.receive(16, 30)
+    Admin(endpoint).update_group(group, consume_enable=True)
+    assert [m.body for m in _receive(consumer, 1)] == [b"held"]

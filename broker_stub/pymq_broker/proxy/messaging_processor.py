@@ -394,6 +394,9 @@ class MessagingProcessor:
         tag_hashes, tags, prop_filter = self._filter(req.filter_expression)
         polling_ms = self._polling_ms(req, time_remaining_s)
         sub = self.ctx.subscription_group_manager.find_subscription_group_config(group)
+        if not sub.consume_enable:  # RocketMQ's PopMessageProcessor: NO_PERMISSION
+            raise ProxyException(v2.FORBIDDEN, f"consumer group {group!r} has consumption disabled "
+                                               "(consumeEnable false)")
         max_attempts = sub.retry_max_times + 1
         deadline = time.monotonic() + polling_ms / 1000.0
         while True:

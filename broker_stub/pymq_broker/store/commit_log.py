@@ -20,6 +20,7 @@ from pymq_proto.record import (
     BLANK_MAGIC_CODE,
     HEADER,
     HEADER_SIZE,
+    MAX_PROPERTIES_SIZE,
     MESSAGE_MAGIC_CODE,
     record_is_valid,
 )
@@ -83,6 +84,8 @@ class CommitLog:
         self.topic_queue_table: dict[str, int] = {}
         # set by the store when it starts (warmMapedFileEnable): allocates the segment ahead of appends
         self.allocate_mapped_file_service: AllocateMappedFileService | None = None
+        # no record the store writes is larger (a body, its topic, at most 32 KiB of properties)
+        self._max_record_size = HEADER_SIZE + config.max_message_size + 2 + 255 + 2 + MAX_PROPERTIES_SIZE
 
     def load(self) -> None:
         self.mapped_file_queue.load()
@@ -253,7 +256,7 @@ class CommitLog:
                     if pos > 0:
                         break  # the record may only be cut by the chunk's end: read again from here
                     total = _BLANK.unpack_from(chunk)[0]
-                    if total <= want:
+                    if total <= want or total > self._max_record_size:  # torn, or no record of ours
                         return offset
                     at_least = total  # one record larger than a chunk: read it whole
                     break

@@ -17,6 +17,7 @@ import functools
 import logging
 import os
 import shutil
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -130,6 +131,7 @@ class DefaultMessageStore:
         self.last_exit_ok = True
         self._indexed_upto = -1  # recovery indexes the records after it again
         self._queued_from = 0  # recovery queues the records from it on again
+        self._checkpoint_lock = threading.Lock()
 
     # -- life cycle -------------------------------------------------------------
 
@@ -242,13 +244,18 @@ class DefaultMessageStore:
             (self.config.store_path_root_dir / "abort").unlink(missing_ok=True)
 
     def checkpoint_now(self) -> None:
-        """Flush queues, index and log, then record how far all of them are durable."""
-        upto = self.dispatched_offset
-        for cq in self._all_consume_queues():
-            cq.flush()
-        self.index_service.flush()
-        self.commit_log.flush()
-        self.checkpoint.flush(upto, int(time.time() * 1000))
+        """Flush queues, index and log, then record how far all of them are durable.
+
+        One at a time (the flush thread and ``delete_topic`` on the event loop): a slower
+        round that read an older offset must not write it over a newer checkpoint.
+        """
+        with self._checkpoint_lock:
+            upto = self.dispatched_offset
+            for cq in self._all_consume_queues():
+                cq.flush()
+            self.index_service.flush()
+            self.commit_log.flush()
+            self.checkpoint.flush(upto, int(time.time() * 1000))
 
     # -- put --------------------------------------------------------------------
 
