@@ -182,6 +182,18 @@ def test_a_batch_that_ran_past_the_check_window_is_not_committed(tmp_path: Path)
         ts.TransactionalStreamSinkWriter(opts).commit(again, 0)  # type: ignore[arg-type]
         got = Counter(m.body for m in _read_at_least(broker.endpoint, topic, 10))
         assert got == Counter(f"t{t}-{i}".encode() for t in range(2) for i in range(5))
+    # no check-back at all (transactionCheckMax 0): a half message lives transactionTimeOut (6 s);
+    # a batch that commits within it is committed
+    with BrokerProcess(tmp_path / "broker0", ["--transaction-check-max", "0"]) as broker:
+        Admin(broker.endpoint).create_topic(topic, queues=1)
+        opts = parse_sink_options(
+            {"endpoint": broker.endpoint, "topic": topic, "deliveryGuarantee": "exactly-once",
+             "checkpointLocation": str(tmp_path / "ckpt0")},
+            StructType([StructField("body", BinaryType())]), stream=True,
+        )
+        quick = [ts.TransactionalStreamSinkWriter(opts).write(iter([rows(0)]))]
+        ts.TransactionalStreamSinkWriter(opts).commit(quick, 0)  # type: ignore[arg-type]
+        assert len(_read_at_least(broker.endpoint, topic, 5)) == 5
 
 
 @pytest.mark.spark

@@ -15,7 +15,7 @@ from pymq_proto.topics import TOPIC_MESSAGE_TYPES
 from pymq_proto.v1 import pymq_pb2
 
 from ..backend.base import client_tls
-from ..errors import MessageIllegalError, NoPermissionError, PymqError, TopicNotExistError
+from ..errors import MessageIllegalError, PymqError, TopicNotExistError
 from ..spark.option_registry import DEFAULT_READER_GROUP
 from .codec import decode_messages
 from .consumer import PullConsumer, dlq_topic
@@ -39,9 +39,10 @@ ADMIN_TAIL_GROUP = "PYMQ_ADMIN_TAIL"  # what `pymq-admin tail` pulls as
 #: pymq's own consumer groups (batch reads, ``pymq-admin tail``, dead-letter browsing and
 #: re-sending): the broker meets them at their first pull; :meth:`Admin.groups` leaves them out
 INTERNAL_GROUPS = frozenset({DEFAULT_READER_GROUP, ADMIN_TAIL_GROUP, DLQ_BROWSER_GROUP, DLQ_RESEND_GROUP})
-# send errors that resend_dead_letters takes as final for one letter (its topic's own state, or
-# the letter itself): the letter stays in the DLQ and the others go on
-_REFUSED_FOR_GOOD = (TopicNotExistError, NoPermissionError, MessageIllegalError)
+# send errors that resend_dead_letters takes as final for one letter (its topic is gone, or the
+# letter itself is illegal): the letter stays in the DLQ and the others go on. A permission
+# refused (an ACL, a topic not writable for now) is the caller's to mend: it stops the call.
+_REFUSED_FOR_GOOD = (TopicNotExistError, MessageIllegalError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -439,11 +440,11 @@ class Admin:
         columns of :meth:`dead_letters`). A re-sent message carries the original's
         offsetMsgId in ORIGIN_MESSAGE_ID. Returns how many were sent.
         ``progress(done, total)`` is called as it goes. A letter that cannot be sent as it
-        is (a foreign producer's ``\\x01`` inside a tag) or that its topic refuses (the topic
-        was deleted, no permission, an illegal message) is logged and left in the DLQ; it is
-        not sent again by later calls without ``msg_ids``. Progress is committed letter by
-        letter, so an error that stops the call (a timeout, a busy broker: a later call may
-        succeed) is raised with every letter sent before it recorded as sent.
+        is (a foreign producer's ``\\x01`` inside a tag) or that its topic refuses for good (the
+        topic was deleted, an illegal message) is logged and left in the DLQ; it is not sent
+        again by later calls without ``msg_ids``. Progress is committed letter by letter, so an
+        error that stops the call (no permission to send to the topic, a timeout, a busy broker:
+        a later call may succeed) is raised with every letter sent before it recorded as sent.
         """
         wanted = None if msg_ids is None else set(msg_ids) - {""}
         letters = self.dead_letter_messages(group, max_num=10**9)
@@ -478,9 +479,9 @@ class Admin:
                     producer.send_sync(again)
                 except (TypeError, ValueError, *_REFUSED_FOR_GOOD) as err:
                     # a foreign producer's letter whose tags, keys or properties cannot be sent as
-                    # they are (a \x01 inside a value), or one its topic refuses (deleted, no
-                    # permission, illegal): it stays in the DLQ; the others go on. Other errors
-                    # (timeouts, a busy broker) stop the call, with what was sent committed
+                    # they are (a \x01 inside a value), or one its topic refuses for good (deleted,
+                    # illegal): it stays in the DLQ; the others go on. Other errors (no permission,
+                    # timeouts, a busy broker) stop the call, with what was sent committed
                     log.warning("dead letter %s of %s is not sent again (nor by later calls without "
                                 "msg_ids): %s", m.msg_id, group, err)
                     skipped += 1

@@ -28,8 +28,8 @@ once the broker has checked it back transactionCheckMax times (every
 transactionCheckInterval after transactionTimeOut: about 15 min by default), so
 a micro-batch must commit, and a crashed query restart, within that window.
 ``commit(N)`` refuses to write the marker of a batch whose first rows were sent
-longer ago than ``transactionTimeOut + (transactionCheckMax - 1) *
-transactionCheckInterval`` (the broker's runtime info): some of its rows may be
+about ``transactionTimeOut + transactionCheckMax * transactionCheckInterval`` ago
+or longer (the broker's runtime info): some of its rows may be
 gone, so it fails the query rather than commit part of the batch (raise the
 broker's transactionCheckMax, or make batches shorter with maxMessagesPerTrigger
 before the batch is planned).
@@ -197,12 +197,15 @@ def crash_point(stage: str, batch_id: object) -> None:
 
 
 class _SinkHalfProducer(HalfMessageProducer):
-    def __init__(self, *args: Any, batch_id: str, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, batch_id: str, first_sent: list[int], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.batch_id = batch_id
+        self.first_sent = first_sent  # the time of the task's first send, once it sent
 
     def _send_prepared(self, *args: Any, **kwargs: Any) -> list[Any]:
         # every send path (per-row and whole Arrow batches) ends here
+        if not self.first_sent:
+            self.first_sent.append(int(time.time() * 1000))
         results = super()._send_prepared(*args, **kwargs)
         crash_point("mid-write", self.batch_id)
         return results
@@ -232,11 +235,12 @@ class TransactionalStreamSinkWriter(PymqStreamSinkWriter):
             MC.PROPERTY_PRODUCER_GROUP: opts.producer_group,
             MC.PROPERTY_SINK_TRANSACTION: tag,
         })
-        new_producer = functools.partial(_SinkHalfProducer, batch_id=ids.batch_id)
-        started = int(time.time() * 1000)
+        first_sent: list[int] = []
+        new_producer = functools.partial(_SinkHalfProducer, batch_id=ids.batch_id, first_sent=first_sent)
         sent = _send_rows(opts, iterator, ids, new_producer=new_producer, prefix=transaction,
                           extra_properties=extra)
-        return replace(sent, transaction=transaction, query_id=ids.query_id, first_sent_ms=started)
+        return replace(sent, transaction=transaction, query_id=ids.query_id,
+                       first_sent_ms=first_sent[0] if first_sent else 0)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         opts = self.options
@@ -303,8 +307,11 @@ def _check_window(opts: SinkOptions, messages: Sequence[WriterCommitMessage | No
         admin = Admin(opts.endpoint, access_key=opts.backend.access_key,  # channels are shared
                       secret_key=opts.backend.secret_key, tls=opts.backend.tls)
         info = admin.broker_info()
-        window_ms = (int(info["transactionTimeOut"])
-                     + (int(info["transactionCheckMax"]) - 1) * int(info["transactionCheckInterval"]))
+        timeout, interval = int(info["transactionTimeOut"]), int(info["transactionCheckInterval"])
+        # given up at the check that finds transactionCheckMax checks done: timeout + max x interval
+        # after the send at the earliest; half the shorter period to spare (clocks, the check's tick)
+        checks = max(0, int(info["transactionCheckMax"]))
+        window_ms = timeout + checks * interval - min(timeout, interval) // 2
     except (PymqError, KeyError, ValueError) as err:  # no runtime info (an ACL, an older broker)
         log.warning("pymq exactly-once sink batch %d: cannot read the broker's transaction check "
                     "settings (%s); not checking how long the batch ran", batch_id, err)
@@ -313,8 +320,8 @@ def _check_window(opts: SinkOptions, messages: Sequence[WriterCommitMessage | No
     if age_ms >= window_ms:
         raise PymqError(
             f"pymq exactly-once sink batch {batch_id} ran {age_ms / 1000:.0f} s, longer than the broker "
-            f"gives an undecided half message ({window_ms / 1000:.0f} s = transactionTimeOut + "
-            "(transactionCheckMax - 1) x transactionCheckInterval): some of its rows may have been "
+            f"gives an undecided half message (about {window_ms / 1000:.0f} s: transactionTimeOut + "
+            "transactionCheckMax x transactionCheckInterval): some of its rows may have been "
             "given up to TRANS_CHECK_MAX_TIME_TOPIC, so the batch is not committed (it is rolled back and "
             "runs again when the query restarts). Raise the broker's --transaction-check-max (or "
             "--transaction-check-interval) so a batch fits, or plan smaller batches with "
