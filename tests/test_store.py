@@ -25,9 +25,15 @@ HOST = store_host_bytes("127.0.0.1", 9876)
 MiB = 1024 * 1024
 
 
-def make_store(root: Path, **cfg: object) -> DefaultMessageStore:
+def loaded_store(root: Path, **cfg: object) -> DefaultMessageStore:
+    """Loaded, not started: nothing flushes behind the test's back."""
     store = DefaultMessageStore(MessageStoreConfig(store_path_root_dir=root, **cfg), HOST)  # type: ignore[arg-type]
     store.load()
+    return store
+
+
+def make_store(root: Path, **cfg: object) -> DefaultMessageStore:
+    store = loaded_store(root, **cfg)
     store.start()
     return store
 
@@ -293,8 +299,7 @@ def test_keys_stored_after_the_last_index_flush_are_found_after_a_crash(
     from pymq_broker.store.index_service import INDEX_HEADER
 
     cfg = {"max_hash_slot_num": 64, "max_index_num": 1000}
-    store = DefaultMessageStore(MessageStoreConfig(store_path_root_dir=tmp_path, **cfg), HOST)  # type: ignore[arg-type]
-    store.load()  # not started: nothing flushes behind the test's back
+    store = loaded_store(tmp_path, **cfg)  # not started: nothing flushes behind the test's back
     for i in range(80):
         store.put_messages("t", 0, [msg(b"m%d" % i, KEYS=f"k{i}", UNIQ_KEY=f"U{i}")])
         if i == 39:
@@ -539,8 +544,7 @@ def test_a_segment_ending_in_a_blank_shorter_than_a_header_keeps_the_next_segmen
     shorter one for a torn record, cut the log there and deleted the next segment."""
     seg = 64 * 1024
     cfg = {"max_message_size": 16 * 1024, "mapped_file_size_commit_log": seg}
-    store = DefaultMessageStore(MessageStoreConfig(store_path_root_dir=tmp_path, **cfg), HOST)  # type: ignore[arg-type]
-    store.load()
+    store = loaded_store(tmp_path, **cfg)
     size = store.put_messages("t", 0, [msg(b"x" * 100)]).end_offset
     while store.commit_log.max_offset + size + 2000 < seg:
         store.put_messages("t", 0, [msg(b"x" * 100)])
@@ -568,8 +572,7 @@ def test_a_record_larger_than_recovery_reads_at_once_survives_a_crash(
 
     monkeypatch.setattr(commit_log, "RECOVER_READ_CHUNK", 64 * 1024)
     cfg = {"max_message_size": 1 * MiB}
-    store = DefaultMessageStore(MessageStoreConfig(store_path_root_dir=tmp_path, **cfg), HOST)  # type: ignore[arg-type]
-    store.load()
+    store = loaded_store(tmp_path, **cfg)
     bodies = [b"small", os.urandom(200 * 1024), b"after"]
     for b in bodies:
         store.put_messages("t", 0, [msg(b)])
@@ -679,8 +682,7 @@ def test_recovery_does_not_read_a_corrupt_records_claimed_size(
 
     monkeypatch.setattr(commit_log, "RECOVER_READ_CHUNK", 64 * 1024)
     cfg = {"max_message_size": 256 * 1024}
-    store = DefaultMessageStore(MessageStoreConfig(store_path_root_dir=tmp_path, **cfg), HOST)  # type: ignore[arg-type]
-    store.load()
+    store = loaded_store(tmp_path, **cfg)
     for i in range(3):
         store.put_messages("t", 0, [msg(b"good-%d" % i)])
     end = store.commit_log.max_offset
