@@ -51,7 +51,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +89,8 @@ TARGETS = {"sink": 300_000.0, "stream": 500_000.0}
 
 class BenchCluster(RocketMQCluster):
     """The test fixture's cluster; its name server and brokers get C2 and G1 unless ``fixture_jvm``."""
+
+    test_broker_conf: Mapping[str, str] = {}  # RocketMQ's own settings, as users run it
 
     def __init__(self, base_dir: Path, *, fixture_jvm: bool, **kwargs: Any) -> None:
         super().__init__(base_dir, **kwargs)
