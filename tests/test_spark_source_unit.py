@@ -167,6 +167,8 @@ def test_option_names_are_case_insensitive() -> None:
         (batch(endingOffsets="latest", endingTimestamp="9"), False, ["cannot be used together"]),
         (batch(startingTimestamp="10", endingTimestamp="9"), False, ["before startingTimestamp"]),
         (stream(consumerGroup="%RETRY%x"), True, ["consumerGroup='%RETRY%x'"]),
+        (batch(subscription="TagA ||"), False, ["subscription='TagA ||'", "has an empty tag"]),
+        (stream(subscription="||"), True, ["subscription='||'", "'TagA || TagB'"]),
     ],
 )
 def test_bad_options_name_option_value_and_fix(

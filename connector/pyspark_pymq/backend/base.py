@@ -543,12 +543,23 @@ def check_subscription(config: BackendConfig, expression: str, expression_type: 
     """ValueError naming ``expression`` when ``config``'s broker would refuse it.
 
     Both backends take RocketMQ's SQL92 grammar (the real broker needs
-    ``enablePropertyFilter=true``), checked here with the embedded broker's parser.
+    ``enablePropertyFilter=true``) and tag expressions, checked here with the embedded broker's
+    parsers.
     """
     if expression_type == "SQL92":
         from pymq_broker.filter.sql92 import compile_sql92
 
         compile_sql92(expression)
+    else:
+        # the broker's own rule, so an empty tag ('TagA ||') fails here and not in the first task
+        # that meets a message
+        from pymq_broker.common.broker_exception import BrokerException
+        from pymq_broker.processor.subscription import parse_tag_expression
+
+        try:
+            parse_tag_expression(expression)
+        except BrokerException as err:
+            raise ValueError(err.remark) from None
 
 
 _backends: dict[tuple[int, BackendConfig, float], Backend] = {}
