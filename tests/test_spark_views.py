@@ -60,3 +60,10 @@ def test_view_options_are_checked(spark: Any, shared_broker: Any) -> None:
         view(spark, ep, "deadLetters")
     with pytest.raises(Exception, match="does not apply to a view read"):
         view(spark, ep, "topics", startingOffsets="earliest")
+    reader = spark.read.format("pymq").option("endpoint", ep).option("view", "groups")
+    with pytest.raises(Exception, match=r"pymq view 'groups' has the columns group string, retry_max_times "
+                                        r"int.*\.schema\(\.\.\.\) gave group string: leave out"):
+        reader.schema("group string").load().collect()
+    # the view's own schema, given explicitly, is the view
+    assert reader.schema("group string, retry_max_times int, retry_queue_nums int, "
+                         "consume_from_where string").load().columns[0] == "group"

@@ -10,7 +10,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 
 from .options import SourceOptions, parse_source_options
 from .schema import select_columns, source_schema
-from .views import VIEWS, ViewReader, parse_view_options, view_requested
+from .views import VIEWS, ViewReader, check_view_schema, parse_view_options, view_requested
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming.datasource import ReadLimit
@@ -448,7 +448,9 @@ class PymqDataSource(DataSource):
         from .batch_reader import PymqBatchReader
 
         if view_requested(self.options):
-            return ViewReader(parse_view_options(dict(self.options)))
+            view_options = parse_view_options(dict(self.options))
+            check_view_schema(view_options.view, schema)
+            return ViewReader(view_options)
 
         return PymqBatchReader(self._source_options(schema, stream=False))
 

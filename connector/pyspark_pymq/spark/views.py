@@ -30,6 +30,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
+from pyspark.sql.types import StructType
 
 from ..backend.base import BackendConfig, parse_backend_options
 from .option_registry import VIEW_OPTIONS
@@ -79,6 +80,22 @@ def parse_view_options(raw: Mapping[str, str]) -> ViewOptions:
         raise ValueError("pymq view deadLetters needs consumerGroup: whose %DLQ% topic to read")
     return ViewOptions(backend, view, group, opts.get("topic") or None, opts.boolean("includeSystem"),
                        opts.integer_or_default("maxMessages"))
+
+
+def check_view_schema(view: str, schema: StructType) -> None:
+    """ValueError naming ``view``'s columns when a user's ``.schema(...)`` is not the view's own.
+
+    A view returns all of its columns; without this, Spark's own check says only how many.
+    """
+    ddl = VIEWS[view]
+    want = [tuple(column.split()) for column in ddl.split(", ")]
+    got = [(field.name, field.dataType.simpleString()) for field in schema.fields]
+    if got != want:
+        given = ", ".join(" ".join(column) for column in got)
+        raise ValueError(
+            f"pymq view {view!r} has the columns {ddl}; .schema(...) gave {given or 'none'}: leave "
+            "out .schema(...) for a view and select or cast the columns after load()"
+        )
 
 
 def _ts(ms: Any) -> datetime | None:
