@@ -308,6 +308,21 @@ def test_split_ranges_covers_every_offset_once() -> None:
         assert all(a.end == b.start for a, b in itertools.pairwise(mine))
 
 
+def test_split_ranges_gives_at_least_min_partitions_where_rounding_gives_fewer() -> None:
+    three = [OffsetRange(Q0, 0, 10), OffsetRange(Q1, 0, 10), OffsetRange(Q2, 0, 10)]
+    split = split_ranges(three, min_partitions=4)  # Kafka's rounding alone: 3 x round(1.33) = 3
+    assert len(split) == 4
+    assert sorted((r.mq.queue_id, r.start, r.end) for r in split) == sorted(
+        {(r.mq.queue_id, r.start, r.end) for r in split})
+    assert sum(r.size for r in split) == 30
+    # never more pieces than messages
+    assert len(split_ranges([OffsetRange(Q0, 0, 2), OffsetRange(Q1, 0, 1)], min_partitions=9)) == 3
+    # the biggest backlog is cut first
+    uneven = split_ranges([OffsetRange(Q0, 0, 90), OffsetRange(Q1, 0, 9), OffsetRange(Q2, 0, 9)],
+                          min_partitions=5)
+    assert len(uneven) >= 5 and len([r for r in uneven if r.mq == Q0]) >= 3
+
+
 def test_limit_offsets_shares_the_budget_by_backlog() -> None:
     start = {Q0: 0, Q1: 100, Q2: 5}
     available = {Q0: 300, Q1: 200, Q2: 5}

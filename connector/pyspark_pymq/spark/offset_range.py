@@ -13,6 +13,7 @@ the start and end offsets it is given.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -92,6 +93,8 @@ def split_ranges(
             # Kafka's KafkaOffsetRangeCalculator: share min_partitions by size.
             n = max(n, round(r.size * min_partitions / total))
         pieces.append(max(1, min(n, r.size)))
+    if min_partitions and total:
+        _top_up(pieces, [r.size for r in ranges], min_partitions)
     out: list[OffsetRange] = []
     for r, n in zip(ranges, pieces, strict=True):
         step, extra = divmod(r.size, n)
@@ -101,6 +104,21 @@ def split_ranges(
             out.append(OffsetRange(r.mq, begin, until))
             begin = until
     return out
+
+
+def _top_up(pieces: list[int], sizes: list[int], min_partitions: int) -> None:
+    """Kafka's rounding can leave fewer pieces than ``min_partitions`` (3 queues of 10 and 4 asked:
+    3): cut the ranges with the most messages per piece once more until there are enough, or
+    every piece is one message."""
+    heap = [(-size / n, i) for i, (size, n) in enumerate(zip(sizes, pieces, strict=True)) if n < size]
+    heapq.heapify(heap)
+    missing = min_partitions - sum(pieces)
+    while missing > 0 and heap:
+        _, i = heapq.heappop(heap)
+        pieces[i] += 1
+        missing -= 1
+        if pieces[i] < sizes[i]:
+            heapq.heappush(heap, (-sizes[i] / pieces[i], i))
 
 
 def limit_offsets(
