@@ -32,6 +32,7 @@ from pyspark.sql.types import (
 )
 from pyspark_pymq.backend import pymq_arrow
 from pyspark_pymq.backend.pymq_arrow import (
+    _properties,
     decode_to_arrow,
     empty_batch,
     find_record_starts,
@@ -468,6 +469,29 @@ def test_keys_of_a_record_naming_keys_twice_or_empty_stay_its_own() -> None:
         assert batch.column("keys").to_pylist() == [["p"], keys, ["q", "r"]]
         assert batch.column("keys").equals(messages_to_batch(
             decode_messages(raw, "broker-a"), read_from="orders", retry=False).column("keys"))
+
+
+def test_a_record_naming_a_property_twice_gets_one_map_entry_the_last_as_the_client_decoder() -> None:
+    def rec(props: bytes, offset: int) -> bytes:
+        return encode_record(
+            topic=b"orders", queue_id=0, flag=0, body=b"x", properties=props, queue_offset=offset,
+            physical_offset=1000 + offset, sys_flag=0, born_timestamp=1, store_timestamp=2,
+            store_host=HOST, reconsume_times=0,
+        )
+
+    twice = b"UNIQ_KEY\x01U1\x02TAGS\x01first\x02color\x01red\x02TAGS\x01second\x02color\x01blue\x02"
+    alike = b"ab1c\x01x\x02ab2c\x01y\x02"  # same length, first and last byte: told apart all the same
+    raw = rec(b"UNIQ_KEY\x01U0\x02TAGS\x01t\x02", 0) + rec(twice, 1) + rec(alike, 2)
+    batch = decode_to_arrow(raw, topic="orders", broker_name="broker-a", retry=False)
+    maps = batch.column("properties").to_pylist()
+    assert maps[1] == [("UNIQ_KEY", "U1"), ("TAGS", "second"), ("color", "blue")]
+    assert dict(maps[2]) == {"ab1c": "x", "ab2c": "y"}
+    assert batch.column("tags").to_pylist() == ["t", "second", None]
+    assert_same(batch, raw, "orders", False)
+    # ordinary records keep the vectorised path
+    props = pa.array([b"UNIQ_KEY\x01U\x02TAGS\x01t\x02KEYS\x01k\x02"] * 3, pa.binary())
+    assert _properties(props, 3, batch.schema.field("properties").type) is not None
+    assert _properties(pa.array([twice], pa.binary()), 1, batch.schema.field("properties").type) is None
 
 
 def test_record_starts_fast_path_and_fallback() -> None:

@@ -335,6 +335,11 @@ def _properties(
         return None
 
     map_offsets = np.searchsorted(sep_entry, props_offsets, side="left").astype(np.int32)
+    per_record = np.diff(map_offsets)
+    entry_record = np.repeat(np.arange(n, dtype=np.int64), per_record)
+    if entries > 1 and _may_repeat_a_name(flat, entry_start, sep_name, entry_record,
+                                          int(per_record.max())):
+        return None
     if entries:
         cuts = np.empty(4 * entries + 1, dtype=np.int64)
         cuts[0:-1:4] = entry_start
@@ -355,8 +360,27 @@ def _properties(
     properties = pa.MapArray.from_arrays(
         pa.array(map_offsets, pa.int32()), keys_arr, values_arr, type=map_type
     )
-    entry_record = np.repeat(np.arange(n, dtype=np.int64), np.diff(map_offsets))
     return properties, keys_arr, values_arr, entry_record
+
+
+_MAX_NAMES_COMPARED = 64
+
+
+def _may_repeat_a_name(flat: np.ndarray, name_start: np.ndarray, name_end: np.ndarray,
+                       entry_record: np.ndarray, most: int) -> bool:
+    """Whether a record may name a property twice (a foreign producer's records can): a map
+    column holding both would disagree with ``tags`` and the per-message decoder (the last
+    value counts) and break Spark's map functions. Compares each name's length, first and last
+    byte with the names after it in its record (~0.03 µs a record); a false alarm only costs
+    the per-message decoder."""
+    if most < 2:
+        return False
+    if most > _MAX_NAMES_COMPARED:
+        return True
+    key = (entry_record << 32) | ((name_end - name_start) << 16)
+    key |= flat[name_start].astype(np.int64) << 8
+    key |= flat[name_end - 1]
+    return any(bool((key[d:] == key[:-d]).any()) for d in range(1, most))
 
 
 def _utf8(*arrays: pa.Array) -> bool:
@@ -379,12 +403,7 @@ def _keys_column(entry_keys: pa.Array, entry_values: pa.Array, entry_record: np.
         return pa.ListArray.from_arrays(
             pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.string()), type=list_type
         )
-    records = entry_record[hits]
-    if len(records) > 1 and bool((records[1:] == records[:-1]).any()):
-        # a record naming KEYS twice (a foreign producer's): the last value counts, as in the
-        # per-message decoder; one list per record, or later records' keys would shift
-        last = np.append(records[1:] != records[:-1], True)
-        hits, records = hits[last], records[last]
+    records = entry_record[hits]  # one KEYS a record: _properties sent repeated names elsewhere
     values = entry_values.take(pa.array(hits))
     # an empty KEYS is no key (the per-message decoder's ()), not one empty key
     values = pc.if_else(pc.equal(pc.binary_length(values), 0), pa.scalar(None, pa.string()), values)
