@@ -137,7 +137,7 @@ class PymqDataSource(DataSource):
     ``lastMessagesPerQueue``
         (integer >= 1; ``read`` only) the last N messages of each queue (before the end
         ``endingOffsets`` or ``endingTimestamp`` sets). Instead of ``startingOffsets`` and
-        ``startingTimestamp``.
+        ``startingTimestamp``. It counts queue offsets, so a filtered subscription returns fewer rows.
 
     ``maxMessagesPerTrigger``
         (integer >= 1; default all; ``readStream`` only) at most N messages per micro-batch, shared
@@ -146,8 +146,10 @@ class PymqDataSource(DataSource):
 
     ``failOnDataLoss``
         (boolean; default ``true``) what happens when messages to read are gone (expired by
-        ``fileReservedTime``, topic deleted or recreated): ``true`` fails the query saying what was
-        lost; ``false`` logs it and skips ahead.
+        ``fileReservedTime``, topic deleted, or recreated with fewer messages than the stream had read):
+        ``true`` fails the query saying what was lost; ``false`` logs it and skips ahead. A topic
+        recreated with as many messages or more goes unnoticed, as in Spark's Kafka source: its first
+        ones are skipped; give the new topic a new name or start a new checkpoint.
 
     ``includeRetry``
         (boolean; default streams in CLUSTERING with a ``consumerGroup``: ``true``; else ``false``) read

@@ -296,7 +296,8 @@ _SOURCE = (
     OptionSpec(
         "lastMessagesPerQueue", "integer", section="start", scope="batch", minimum=1,
         doc="the last N messages of each queue (before the end `endingOffsets` or `endingTimestamp` "
-            "sets). Instead of `startingOffsets` and `startingTimestamp`.",
+            "sets). Instead of `startingOffsets` and `startingTimestamp`. It counts queue offsets, "
+            "so a filtered subscription returns fewer rows.",
     ),
     # limits
     OptionSpec(
@@ -309,8 +310,10 @@ _SOURCE = (
     OptionSpec(
         "failOnDataLoss", "boolean", section="limits", default=True,
         doc="what happens when messages to read are gone (expired by `fileReservedTime`, topic "
-            "deleted or recreated): `true` fails the query saying what was lost; `false` logs it "
-            "and skips ahead.",
+            "deleted, or recreated with fewer messages than the stream had read): `true` fails the "
+            "query saying what was lost; `false` logs it and skips ahead. A topic recreated with as "
+            "many messages or more goes unnoticed, as in Spark's Kafka source: its first ones are "
+            "skipped; give the new topic a new name or start a new checkpoint.",
     ),
     OptionSpec(
         "includeRetry", "boolean", section="retries",
