@@ -14,16 +14,20 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pyarrow.dataset as ds
 import pytest
 from broker_process import BrokerProcess
 from pymq_proto.v1 import pymq_pb2
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 from pyspark_pymq import Admin, Message, MessageQueue, Producer, PullConsumer
 from pyspark_pymq.client.transport import BrokerClient
 from pyspark_pymq.spark.data_source import PymqDataSource
+from pyspark_pymq.spark.progress import commit_group_progress
 from pyspark_pymq.spark.schema import source_schema
+from pyspark_pymq.spark.source_offset import offsets_from_json
 
 pytestmark = pytest.mark.spark
 
@@ -294,6 +298,32 @@ def test_queue_added_mid_stream_is_read_from_its_start(
     assert Counter(r["msg_id"] for r in rows) == Counter(sent)
     assert {r["queue_id"] for r in rows} == {0, 1, 2, 3}
     assert min(r["queue_offset"] for r in rows if r["queue_id"] >= 2) == 0
+
+
+def test_group_progress_goes_on_after_a_scale_in_of_read_queues(ep: str) -> None:
+    """A queue cut by a scale-in of read queues waits in the checkpoint; the commits leave it out
+    (the stream's as Spark calls them, and commit_group_progress's), or the broker refuses the
+    whole update and the group's lag grows for good. The source's driver side, called as Spark
+    does: Spark itself adds nothing here."""
+    topic = create(ep, unique("scalein"), queues=2)
+    group = unique("g")
+    produce(ep, topic, 10)
+    source = PymqDataSource({"endpoint": ep, "topic": topic, "consumerGroup": group,
+                             "startingOffsets": "earliest"}).streamReader(None)  # type: ignore[arg-type]
+    end0 = json.loads(json.dumps(source.latestOffset(source.initialOffset(), ReadAllAvailable())))
+    Admin(ep).create_topic(topic, queues=1)  # queue 1, read to its end, is cut for good
+    produce(ep, topic, 5, start=10)
+    end1 = json.loads(json.dumps(source.latestOffset(end0, ReadAllAvailable())))
+    q0, q1 = MessageQueue(topic, "broker-a", 0), MessageQueue(topic, "broker-a", 1)
+    assert offsets_from_json(end1)[q1] == offsets_from_json(end0)[q1] == 5  # it waits
+    source.commit(end0)  # batch 0's, once batch 1 is planned
+    consumer = PullConsumer(ep, group)
+    assert consumer.committed(q0) == offsets_from_json(end0)[q0] == 5
+    query = SimpleNamespace(lastProgress={"sources": [{"endOffset": json.dumps(end1)}]})
+    written = commit_group_progress(query, ep, group)
+    assert consumer.committed(q0) == offsets_from_json(end1)[q0] == 10
+    assert written == 2  # queue 0 and %RETRY%<group>'s queue, not queue 1
+    assert group_offsets(ep, group)[topic] == {"broker-a:0": 10}
 
 
 def test_broadcasting_writes_no_progress(spark: Any, ep: str, paths: tuple[Path, Path]) -> None:

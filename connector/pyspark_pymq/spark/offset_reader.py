@@ -53,6 +53,8 @@ class OffsetReader:
         self._registered_at: float | None = None
         # Brokers that did not answer the last mid-stream bounds(): their queues wait.
         self._unreachable: set[str] = set()
+        # The queues the last bounds() found readable: the only ones commit() writes.
+        self._readable: set[MessageQueue] | None = None
 
     # -- errors -------------------------------------------------------------------
 
@@ -126,6 +128,7 @@ class OffsetReader:
                 continue
             out.update(found)
         self._unreachable = unreachable or set()
+        self._readable = set(out)
         if self._unreachable:
             logger.warning("pymq source: broker(s) %s do not answer; their queues wait",
                            ", ".join(sorted(self._unreachable)))
@@ -286,9 +289,19 @@ class OffsetReader:
     # -- progress -------------------------------------------------------------------------
 
     def commit(self, offsets: Mapping[MessageQueue, int]) -> None:
-        """Write ``offsets`` as the group's progress (CLUSTERING streams only)."""
-        if offsets:
-            self.backend.commit_offsets(self.opts.pull_group, offsets)
+        """Write ``offsets`` as the group's progress (CLUSTERING streams only), for the queues
+        the last :meth:`bounds` found readable.
+
+        A queue that waits in the checkpoint (cut by a scale-in of its topic's read queues, or
+        its broker not answering) is left out: a broker refuses a whole update that names a
+        queue its topic does not read now, which would hold back every other queue's progress.
+        """
+        if self._readable is None:
+            self.bounds(require_topics=False)
+        readable = self._readable or set()
+        kept = {mq: offset for mq, offset in offsets.items() if mq in readable}
+        if kept:
+            self.backend.commit_offsets(self.opts.pull_group, kept)
 
 
 def _check_queue_keys(

@@ -9,10 +9,12 @@ the source of truth; :func:`commit_group_progress` makes the broker agree.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from ..client.consumer import PullConsumer, retry_topic
+from ..client.message import MessageQueue
+from ..errors import TopicNotExistError
 from .source_offset import is_initial, offsets_from_json
 
 __all__ = ["commit_group_progress"]
@@ -25,6 +27,9 @@ def commit_group_progress(
     topics: Collection[str] | None = None,
 ) -> int:
     """Write a stopped query's last end offsets as ``group``'s progress; returns the queues written.
+
+    Queues their topic does not read now (cut by a scale-in of read queues, the topic deleted)
+    are left out: a broker refuses a whole update that names one.
 
     ``endpoint`` names a pymq broker; for Apache RocketMQ pass ``None`` and ``namesrv_addr``.
     ``access_key`` / ``secret_key`` sign the commits; ``tls`` (the system's CAs, or
@@ -58,9 +63,26 @@ def commit_group_progress(
             continue  # another source's offsets (a join with a non-pymq stream)
         if topics is not None:
             queues = {mq: o for mq, o in queues.items() if mq.topic in wanted}
+        if not queues:
+            continue
+        consumer = PullConsumer(endpoint, group, namesrv_addr=namesrv_addr, access_key=access_key,
+                                secret_key=secret_key, tls=tls, tls_ca_file=tls_ca_file,
+                                tls_cert_file=tls_cert_file, tls_key_file=tls_key_file)
+        # as the stream's commits: only queues their topic reads now (see OffsetReader.commit)
+        readable = _readable_queues(consumer, {mq.topic for mq in queues})
+        queues = {mq: o for mq, o in queues.items() if mq in readable}
         if queues:
-            PullConsumer(endpoint, group, namesrv_addr=namesrv_addr, access_key=access_key,
-                         secret_key=secret_key, tls=tls, tls_ca_file=tls_ca_file,
-                         tls_cert_file=tls_cert_file, tls_key_file=tls_key_file).commit_offsets(queues)
+            consumer.commit_offsets(queues)
             written += len(queues)
     return written
+
+
+def _readable_queues(consumer: PullConsumer, topics: Iterable[str]) -> set[MessageQueue]:
+    """The queues ``topics`` read now; a deleted topic (or a %RETRY% topic not made yet) has none."""
+    out: set[MessageQueue] = set()
+    for topic in sorted(topics):
+        try:
+            out.update(consumer.queues(topic))
+        except TopicNotExistError:
+            continue
+    return out
