@@ -394,6 +394,41 @@ def test_retries_are_read_with_their_original_topic_and_dlq_by_batch(
     assert dead["properties"]["DLQ_ORIGIN_TOPIC"] == topic
 
 
+def test_retry_queues_read_along_start_as_the_topics_do(spark: Any, ep: str) -> None:
+    """includeRetry: startingOffsets, startingTimestamp and lastMessagesPerQueue position
+    %RETRY%<group>'s queue too (it started at the group's progress whatever they said); only
+    startingOffsets=group starts it at the group's progress, else at its first message. An
+    offsets JSON can name it."""
+    topic = create(ep, unique("rstart"), queues=1)
+    group = unique("g")
+    produce(ep, topic, 5)
+    consumer = PullConsumer(ep, group)
+    for message in consumer.pull(consumer.queues(topic)[0], 0, 32).messages:
+        consumer.send_back(message, delay_level=1)  # 100 ms on the shared broker
+    retry = f"%RETRY%{group}"
+    wait_for_messages(ep, retry, 5)
+    rq = consumer.retry_queues()[0]
+    consumer.commit(rq, 3)  # the group has read 3 of its 5 retries
+
+    def read(**options: Any) -> list[tuple[str | None, int]]:
+        reader = (spark.read.format("pymq").option("endpoint", ep).option("topic", topic)
+                  .option("consumerGroup", group).option("includeRetry", "true"))
+        for key, value in options.items():
+            reader = reader.option(key, str(value))
+        return sorted(((r.retry_topic, r.queue_offset) for r in reader.load().collect()),
+                      key=lambda row: (row[0] or "", row[1]))
+
+    originals = [(None, o) for o in range(5)]
+    assert read(startingOffsets="earliest") == originals + [(retry, o) for o in range(5)]
+    assert read(lastMessagesPerQueue=1) == [(None, 4), (retry, 4)]
+    assert read(startingTimestamp=int(time.time() * 1000) + 3_600_000) == []
+    # the group's progress on the retry queue (and consumeFromWhere's end on the topic's)
+    assert read(startingOffsets="group") == [(retry, 3), (retry, 4)]
+    key = f"{rq.broker_name}:{rq.queue_id}"
+    assert read(startingOffsets=json.dumps({retry: {key: 1}}),
+                endingOffsets=json.dumps({retry: {key: 2}})) == [*originals, (retry, 1)]
+
+
 # -- batch reads -----------------------------------------------------------------------------
 
 

@@ -150,7 +150,15 @@ def test_option_names_are_case_insensitive() -> None:
                                                                  "brokerName:queueId"]),
         (stream(startingOffsets='{"orders": {"b:0": -7}}'), True, ["offset -7", "-2 (earliest)"]),
         (batch(endingOffsets='{"orders": {"b:0": -2}}'), False, ["offset -2", "-1 (latest)"]),
-        (stream(startingOffsets='{"other": {"b:0": 1}}'), True, ["topics ['other']"]),
+        (stream(startingOffsets='{"other": {"b:0": 1}}'), True,
+         ["topics ['other'] that the query does not read: it can name 'orders', '%RETRY%g'"]),
+        # %RETRY%<consumerGroup> only when it is read along
+        (batch(consumerGroup="g", startingOffsets='{"%RETRY%g": {"0": 1}}'), False,
+         ["topics ['%RETRY%g']", "can name 'orders' (", "includeRetry=true"]),
+        (stream(includeRetry="false", endingOffsets='{"%RETRY%g": {"0": 1}}'), None,
+         ["endingOffsets=", "topics ['%RETRY%g']"]),
+        (batch(consumerGroup="g", includeRetry="true", endingOffsets='{"%RETRY%h": {"0": 1}}'), False,
+         ["topics ['%RETRY%h']", "can name 'orders', '%RETRY%g'"]),
         (stream(startingOffsets="earliest", startingTimestamp="5"), True,
          ["startingOffsets and startingTimestamp cannot be used together"]),
         ({"endpoint": EP, "topic": "t", "messageModel": "BROADCASTING",
@@ -173,7 +181,7 @@ def test_option_names_are_case_insensitive() -> None:
     ],
 )
 def test_bad_options_name_option_value_and_fix(
-    raw: dict[str, str], is_stream: bool, needles: list[str]
+    raw: dict[str, str], is_stream: bool | None, needles: list[str]
 ) -> None:
     with pytest.raises(ValueError) as info:
         parse_source_options(raw, stream=is_stream)
@@ -189,6 +197,7 @@ def test_bad_options_name_option_value_and_fix(
         batch(lastMessagesPerQueue="5", endingOffsets="latest"),
         stream(consumeFromWhere="CONSUME_FROM_FIRST_OFFSET"),
         {"endpoint": EP, "topic": "t", "messageModel": "BROADCASTING"},
+        stream(startingOffsets='{"%RETRY%g": {"0": 1}}'),  # a stream reads it along by default
     ],
 )
 def test_load_time_check_accepts_what_a_stream_or_a_batch_read_accepts(
@@ -223,6 +232,13 @@ def test_starting_modes_parse() -> None:
     assert dict(o.starting.offsets) == {("orders", "broker-a", 0): 5, ("orders", "", 1): -2}
     o = parse_source_options(batch(lastMessagesPerQueue="7"), stream=False)
     assert o.starting.kind is StartKind.LAST_N and o.starting.count == 7
+    # the retry topic read along can be positioned, as the checkpoint keeps its offsets
+    o = parse_source_options(stream(startingOffsets='{"orders": {"0": 1}, "%RETRY%g": {"0": 3}}'),
+                             stream=True)
+    assert dict(o.starting.offsets) == {("orders", "", 0): 1, ("%RETRY%g", "", 0): 3}
+    o = parse_source_options(batch(consumerGroup="g", includeRetry="true",
+                                   endingOffsets='{"%RETRY%g": {"b:0": 3}}'), stream=False)
+    assert dict(o.ending.offsets) == {("%RETRY%g", "b", 0): 3}
     o = parse_source_options(
         stream(consumeFromWhere="timestamp", consumeTimestamp="12"), stream=True
     )

@@ -107,7 +107,8 @@ class PymqDataSource(DataSource):
         starts. ``group``: the group's progress on the broker, else ``consumeFromWhere`` (CLUSTERING
         only); ``earliest``; ``latest`` (streams: a batch read would read nothing); or JSON ``{"orders":
         {"broker-a:0": 42, "broker-a:1": -2}}`` (-2 earliest, -1 latest; a key ``"1"`` means queue 1 on
-        any broker; unlisted queues start at earliest). A BROADCASTING stream without it starts where
+        any broker; unlisted queues start at earliest), naming the query's topics and, with
+        ``includeRetry``, ``%RETRY%<consumerGroup>``. A BROADCASTING stream without it starts where
         ``consumeFromWhere`` says.
 
     ``startingTimestamp``
@@ -128,7 +129,8 @@ class PymqDataSource(DataSource):
     ``endingOffsets``
         (keyword or JSON; default ``latest``; ``read`` only) where the read ends (exclusive):
         ``latest``, resolved once when the read is planned, or JSON ``{"orders": {"broker-a:0": 100}}``
-        (-1 latest; unlisted queues end at latest).
+        (-1 latest; unlisted queues end at latest), naming the query's topics and, with
+        ``includeRetry``, ``%RETRY%<consumerGroup>``.
 
     ``endingTimestamp``
         (integer >= 0; ``read`` only) milliseconds since the epoch: each queue ends before its first
@@ -153,8 +155,11 @@ class PymqDataSource(DataSource):
 
     ``includeRetry``
         (boolean; default streams in CLUSTERING with a ``consumerGroup``: ``true``; else ``false``) read
-        ``%RETRY%<consumerGroup>`` too (needs ``consumerGroup`` and CLUSTERING). A retried message shows
-        its original topic in ``topic`` and the retry topic in ``retry_topic``.
+        ``%RETRY%<consumerGroup>`` too (needs ``consumerGroup`` and CLUSTERING). Its queues start as the
+        topics' do (``startingOffsets``, ``startingTimestamp``, ``lastMessagesPerQueue``), except that
+        with ``startingOffsets=group`` a queue without the group's progress starts at its first message,
+        whatever ``consumeFromWhere`` says (as RocketMQ's consumers start retry topics). A retried
+        message shows its original topic in ``topic`` and the retry topic in ``retry_topic``.
 
     ``pullBatchSize``
         (integer 1..100000; default 32768) at most this many messages per pull. RocketMQ's brokers

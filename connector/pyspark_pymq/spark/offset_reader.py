@@ -179,23 +179,18 @@ class OffsetReader:
     ) -> dict[MessageQueue, int]:
         """Where each queue starts, per ``startingOffsets`` (and its siblings).
 
-        Queues of the retry topic start at the group's progress, or at their
-        first message when the group has none (RocketMQ starts retry topics
-        there too). An offset below a queue's first message goes through
+        The queues of a retry topic read along start as the topics' queues do (see
+        :meth:`_start_of`). An offset below a queue's first message goes through
         failOnDataLoss; when allowed it moves up to the first message.
         ``ending`` is needed for lastMessagesPerQueue.
         """
         opts = self.opts
         start = opts.starting
-        retry = opts.retry_topic
         self._check_named_queues(start, bounds)
         out: dict[MessageQueue, int] = {}
         for mq in sorted(bounds):
             b = bounds[mq]
-            if mq.topic == retry and mq.topic not in opts.topics:
-                offset = self._start_of_retry_queue(mq, b, start)
-            else:
-                offset = self._start_of(mq, b, start, ending)
+            offset = self._start_of(mq, b, start, ending)
             if offset < b.min_offset:
                 report_data_loss(
                     opts.fail_on_data_loss,
@@ -207,16 +202,6 @@ class OffsetReader:
                 offset = b.min_offset
             out[mq] = min(offset, b.max_offset)
         return out
-
-    def _start_of_retry_queue(
-        self, mq: MessageQueue, b: QueueBounds, start: StartingPosition
-    ) -> int:
-        if start.kind is StartKind.OFFSETS:
-            given = lookup(start.offsets, mq)
-            if given is not None:
-                return self._absolute(given, b)
-        committed = self._committed(mq) if self.opts.consumer_group else -1
-        return committed if committed >= 0 else b.min_offset
 
     def _start_of(
         self,
@@ -239,10 +224,14 @@ class OffsetReader:
         if kind is StartKind.LAST_N:
             end = b.max_offset if ending is None else ending.get(mq, b.max_offset)
             return max(b.min_offset, end - start.count)
-        # GROUP: the group's progress, else consumeFromWhere
+        # GROUP: the group's progress, else consumeFromWhere; a retry topic read along starts at
+        # its first message then (RocketMQ's consumers start a %RETRY% queue there too): what is
+        # in it failed in this group and is due again, not history to skip
         committed = self._committed(mq)
         if committed >= 0:
             return committed
+        if mq.topic == self.opts.retry_topic and mq.topic not in self.opts.topics:
+            return b.min_offset
         where = self.opts.consume_from_where
         if where is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET:
             return b.min_offset
@@ -313,8 +302,9 @@ def _check_queue_keys(
         if key not in known and key not in known_any:
             topic, broker, qid = key
             queues = sorted(f"{b}:{q}" for t, b, q in known if t == topic)
+            why = None if queues else not_created_yet(topic)  # %RETRY%<consumerGroup>, read along
             raise ValueError(
                 f"pymq option {option} names queue {broker + ':' if broker else ''}{qid} of "
-                f"topic {topic!r}, which the broker does not have; its queues are "
-                f"{', '.join(queues) or 'none'}"
+                f"topic {topic!r}, which the broker does not have; "
+                + (why if why else f"its queues are {', '.join(queues) or 'none'}")
             )

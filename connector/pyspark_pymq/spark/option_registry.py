@@ -255,7 +255,8 @@ _SOURCE = (
         doc="where reading starts. `group`: the group's progress on the broker, else "
             "`consumeFromWhere` (CLUSTERING only); `earliest`; `latest` (streams: a batch read would "
             'read nothing); or JSON `{"orders": {"broker-a:0": 42, "broker-a:1": -2}}` (-2 earliest, '
-            '-1 latest; a key `"1"` means queue 1 on any broker; unlisted queues start at earliest). '
+            '-1 latest; a key `"1"` means queue 1 on any broker; unlisted queues start at earliest), '
+            "naming the query's topics and, with `includeRetry`, `%RETRY%<consumerGroup>`. "
             "A BROADCASTING stream without it starts where `consumeFromWhere` says.",
     ),
     OptionSpec(
@@ -286,7 +287,8 @@ _SOURCE = (
     OptionSpec(
         "endingOffsets", "json", section="end", scope="batch", default="latest",
         doc="where the read ends (exclusive): `latest`, resolved once when the read is planned, or "
-            'JSON `{"orders": {"broker-a:0": 100}}` (-1 latest; unlisted queues end at latest).',
+            'JSON `{"orders": {"broker-a:0": 100}}` (-1 latest; unlisted queues end at latest), '
+            "naming the query's topics and, with `includeRetry`, `%RETRY%<consumerGroup>`.",
     ),
     OptionSpec(
         "endingTimestamp", "integer", section="end", scope="batch", minimum=0,
@@ -318,8 +320,12 @@ _SOURCE = (
     OptionSpec(
         "includeRetry", "boolean", section="retries",
         default_doc="streams in CLUSTERING with a `consumerGroup`: `true`; else `false`",
-        doc="read `%RETRY%<consumerGroup>` too (needs `consumerGroup` and CLUSTERING). A retried "
-            "message shows its original topic in `topic` and the retry topic in `retry_topic`.",
+        doc="read `%RETRY%<consumerGroup>` too (needs `consumerGroup` and CLUSTERING). Its queues "
+            "start as the topics' do (`startingOffsets`, `startingTimestamp`, `lastMessagesPerQueue`), "
+            "except that with `startingOffsets=group` a queue without the group's progress starts at "
+            "its first message, whatever `consumeFromWhere` says (as RocketMQ's consumers start retry "
+            "topics). A retried message shows its original topic in `topic` and the retry topic in "
+            "`retry_topic`.",
     ),
     OptionSpec(
         "pullBatchSize", "integer", section="limits", default=DEFAULT_PULL_BATCH_SIZE,

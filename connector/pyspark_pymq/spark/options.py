@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from pymq_proto.topics import get_retry_topic
+from pymq_proto.topics import get_retry_topic, is_retry_topic
 
 from ..backend.base import BackendConfig, check_subscription, parse_backend_options
 from .option_registry import (
@@ -441,7 +441,7 @@ def _starting_position(
 
 
 def _check_starting(opts: OptionValues, starting: StartingPosition, what: _What, stream: bool | None) -> None:
-    """What the start needs of the other options (consumeFromWhere, group, topics)."""
+    """What the start needs of the other options (consumeFromWhere, group)."""
     given_start = any(opts.given(name) for name in _START_OPTIONS)
     consume_from_where_applies = starting.kind is StartKind.GROUP or (
         not given_start and (stream is None or (stream and not what.clustering))
@@ -465,22 +465,31 @@ def _check_starting(opts: OptionValues, starting: StartingPosition, what: _What,
                 "pymq option startingOffsets=group needs consumerGroup: set the group "
                 "whose progress on the broker to start from"
             )
-    if starting.kind is StartKind.OFFSETS:
-        _check_offset_topics("startingOffsets", opts.get("startingOffsets"), starting.offsets, what.topics)
 
 
-def _check_offset_topics(
-    name: str, value: str | None, offsets: Mapping[QueueKey, int], topics: tuple[str, ...]
-) -> None:
-    unknown = sorted({key[0] for key in offsets} - set(topics))
-    if unknown:
-        raise _bad(name, value, f"it names topics {unknown} that are not in topic={','.join(topics)!r}")
+def _check_offset_topics(opts: OptionValues, options: SourceOptions) -> None:
+    """A startingOffsets / endingOffsets JSON names only topics the query reads: its topics, and
+    ``%RETRY%<consumerGroup>`` when it reads it along (the checkpoint keeps its offsets too)."""
+    readable = options.all_topics()
+    for name, offsets in (("startingOffsets", options.starting.offsets),
+                          ("endingOffsets", options.ending.offsets)):
+        unknown = sorted({key[0] for key in offsets} - set(readable))
+        if not unknown:
+            continue
+        hint = ""
+        if any(is_retry_topic(topic) for topic in unknown):
+            hint = " (a query reads %RETRY%<consumerGroup> along with includeRetry=true)"
+        raise opts.bad(
+            name, opts.get(name),
+            f"it names topics {unknown} that the query does not read: it can name "
+            f"{', '.join(repr(topic) for topic in readable)}{hint}",
+        )
 
 
 # -- where a batch read ends -----------------------------------------------------------------------
 
 
-def _parse_ending(opts: OptionValues, starting: StartingPosition, topics: tuple[str, ...]) -> EndingPosition:
+def _parse_ending(opts: OptionValues, starting: StartingPosition) -> EndingPosition:
     ending_ts = opts.integer("endingTimestamp")
     if opts.given("endingOffsets") and ending_ts is not None:
         raise ValueError(
@@ -500,7 +509,6 @@ def _parse_ending(opts: OptionValues, starting: StartingPosition, topics: tuple[
         return EndingPosition(StartKind.LATEST)
     if value.startswith("{"):
         offsets = parse_offsets_json(value, "endingOffsets", allow_earliest=False)
-        _check_offset_topics("endingOffsets", value, offsets, topics)
         return EndingPosition(StartKind.OFFSETS, offsets=offsets)
     raise _bad(
         "endingOffsets",
@@ -514,8 +522,12 @@ def _parse_ending(opts: OptionValues, starting: StartingPosition, topics: tuple[
 
 
 def _parse_include_retry(opts: OptionValues, what: _What, stream: bool | None) -> bool:
-    """includeRetry: defaults to true for streams in CLUSTERING with a group."""
-    default = stream is True and what.clustering and what.group is not None
+    """includeRetry: defaults to true for streams in CLUSTERING with a group.
+
+    At load() (``stream`` None) the default is a stream's: what a stream accepts (an offsets
+    JSON naming %RETRY%<consumerGroup>) must not be refused before Spark says it is one.
+    """
+    default = stream is not False and what.clustering and what.group is not None
     include_retry = opts.boolean("includeRetry", default)
     if include_retry and not what.clustering:
         raise _bad(
@@ -548,9 +560,9 @@ def parse_source_options(raw: Mapping[str, str], *, stream: bool | None) -> Sour
     consume_from_where, consume_timestamp = _parse_consume_from_where(opts)
     starting = _starting_position(opts, what, stream, consume_from_where, consume_timestamp)
     _check_starting(opts, starting, what, stream)
-    ending = _parse_ending(opts, starting, what.topics)
+    ending = _parse_ending(opts, starting)
     include_retry = _parse_include_retry(opts, what, stream)
-    return SourceOptions(
+    options = SourceOptions(
         backend=backend,
         topics=what.topics,
         stream=bool(stream),
@@ -572,3 +584,5 @@ def parse_source_options(raw: Mapping[str, str], *, stream: bool | None) -> Sour
         fail_on_data_loss=opts.boolean("failOnDataLoss"),
         include_retry=include_retry,
     )
+    _check_offset_topics(opts, options)
+    return options
