@@ -283,6 +283,25 @@ def test_starting_json_and_timestamp(spark: Any, ep: str, tmp_path: Path) -> Non
     )
 
 
+def test_starting_json_past_a_queues_end_goes_through_fail_on_data_loss(spark: Any, ep: str) -> None:
+    topic = create(ep, unique("past"), queues=1)
+    produce(ep, topic, 5)
+    mq = PullConsumer(ep, "x").queues(topic)[0]
+    starting = json.dumps({topic: {f"{mq.broker_name}:{mq.queue_id}": 50}})
+
+    def read(**extra: str) -> Any:
+        reader = (spark.read.format("pymq").option("endpoint", ep).option("topic", topic)
+                  .option("startingOffsets", starting))
+        for key, value in extra.items():
+            reader = reader.option(key, value)
+        return reader.load().collect()
+
+    with pytest.raises(Exception, match=r"startingOffsets gives offset 50, past the queue's end \(max "
+                                        r"offset 5\)"):
+        read()
+    assert read(failOnDataLoss="false") == []
+
+
 def test_queue_added_mid_stream_is_read_from_its_start(
     spark: Any, ep: str, paths: tuple[Path, Path]
 ) -> None:

@@ -108,7 +108,8 @@ class PymqDataSource(DataSource):
         only); ``earliest``; ``latest`` (streams: a batch read would read nothing); or JSON ``{"orders":
         {"broker-a:0": 42, "broker-a:1": -2}}`` (-2 earliest, -1 latest; a key ``"1"`` means queue 1 on
         any broker; unlisted queues start at earliest), naming the query's topics and, with
-        ``includeRetry``, ``%RETRY%<consumerGroup>``. A BROADCASTING stream without it starts where
+        ``includeRetry``, ``%RETRY%<consumerGroup>``; an offset before a queue's first message or past
+        its end goes through ``failOnDataLoss``. A BROADCASTING stream without it starts where
         ``consumeFromWhere`` says.
 
     ``startingTimestamp``

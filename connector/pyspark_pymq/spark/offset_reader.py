@@ -181,7 +181,8 @@ class OffsetReader:
 
         The queues of a retry topic read along start as the topics' queues do (see
         :meth:`_start_of`). An offset below a queue's first message goes through
-        failOnDataLoss; when allowed it moves up to the first message.
+        failOnDataLoss; when allowed it moves up to the first message. So does an offset
+        given in startingOffsets past the queue's end; when allowed it moves down to the end.
         ``ending`` is needed for lastMessagesPerQueue.
         """
         opts = self.opts
@@ -200,6 +201,16 @@ class OffsetReader:
                     f"start {mq} at offset {b.min_offset}",
                 )
                 offset = b.min_offset
+            elif offset > b.max_offset and start.kind is StartKind.OFFSETS:
+                # a number the user gave past the queue's end names messages that are not there
+                # (a topic recreated since the offsets were taken?); Spark's Kafka source reports
+                # it the same way
+                report_data_loss(
+                    opts.fail_on_data_loss,
+                    f"queue {mq}: startingOffsets gives offset {offset}, past the queue's end "
+                    f"(max offset {b.max_offset}): the queue has no such message",
+                    f"start {mq} at its end, offset {b.max_offset}",
+                )
             out[mq] = min(offset, b.max_offset)
         return out
 
