@@ -214,3 +214,21 @@ def test_a_group_without_dead_letters_has_nothing_to_read(
         assert f"group {group!r} has no {what} yet" in err and "nothing to read" in err, err
         assert "create" not in err.replace(f"creates {topic}", "")
     assert f"%DLQ%{group}" not in admin.topic_names(include_system=True)  # nothing was created
+
+
+def test_an_access_key_without_its_secret_says_where_the_secret_goes(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("PYMQ_SECRET_KEY", raising=False)
+    monkeypatch.delenv("PYMQ_ACCESS_KEY", raising=False)
+    assert main(["-e", "127.0.0.1:1", "--access-key", "alice", "topics"]) == 2
+    err = capsys.readouterr().err
+    assert "set PYMQ_SECRET_KEY (or --secret-key" in err and "alice" not in err
+    # the client classes name which one is missing or empty, never its value
+    with pytest.raises(ValueError, match="secret_key is missing"):
+        Admin("127.0.0.1:1", access_key="alice")
+    with pytest.raises(ValueError, match="access_key is empty"):
+        Producer("127.0.0.1:1", access_key="", secret_key="s3cret")
+    with pytest.raises(ValueError, match="secret_key is empty") as info:
+        PullConsumer("127.0.0.1:1", "g", access_key="alice", secret_key="")
+    assert "alice" not in str(info.value)

@@ -449,6 +449,11 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"pymq-admin: {problem}", file=sys.stderr)
         return 2
+    if bool(args.access_key) != bool(args.secret_key):
+        print("pymq-admin: --access-key and its secret key go together: set PYMQ_SECRET_KEY (or "
+              "--secret-key, which other users can see in the process list) with --access-key "
+              "(or PYMQ_ACCESS_KEY)", file=sys.stderr)
+        return 2
     if args.namesrv_addr and (args.tls_ca_file or args.tls_cert_file or args.tls_key_file):
         print("pymq-admin: the --tls-* options are for a pymq broker (--endpoint), not --namesrv-addr",
               file=sys.stderr)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pymq_proto.malloc import tune_malloc_once
 
+from ..client.credentials import check_credentials
 from ..client.message import MessageExt, MessageQueue, PullStatus, SendBackColumns, SendResult
 from ..tls import TlsConfig
 
@@ -417,8 +418,7 @@ def backend_config(
             f"('host:9876;host2:9876' of Apache RocketMQ), got endpoint={endpoint!r}, "
             f"namesrv_addr={namesrv_addr!r}"
         )
-    if (access_key is None) != (secret_key is None):
-        raise ValueError("give both access_key and secret_key, or neither")
+    check_credentials(access_key, secret_key)
     return BackendConfig(endpoint, namesrv_addr, access_key, secret_key, tls)
 
 

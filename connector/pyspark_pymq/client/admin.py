@@ -19,6 +19,7 @@ from ..errors import MessageIllegalError, PymqError, TopicNotExistError
 from ..spark.option_registry import DEFAULT_READER_GROUP
 from .codec import decode_messages
 from .consumer import PullConsumer, dlq_topic
+from .credentials import check_credentials
 from .message import MessageExt, MessageQueue, SystemMessage
 from .route import PERM_READ, PERM_WRITE
 from .transport import BrokerClient
@@ -130,8 +131,7 @@ class Admin:
     ) -> None:
         if endpoint is None:
             raise ValueError("Admin needs an endpoint ('host:port' of a pymq broker) or namesrv_addr")
-        if (access_key is None) != (secret_key is None):
-            raise ValueError("give both access_key and secret_key, or neither")
+        check_credentials(access_key, secret_key)
         tls_config = client_tls(tls, tls_ca_file, tls_cert_file, tls_key_file)
         self._client = BrokerClient(endpoint, timeout_ms / 1000.0, access_key=access_key,
                                     secret_key=secret_key, tls=tls_config)

@@ -55,6 +55,7 @@ from ..errors import (
     error_for_code,
 )
 from ..tls import TlsConfig
+from .credentials import check_credentials
 
 __all__ = [
     "CHANNEL_OPTIONS",
@@ -351,9 +352,7 @@ class BrokerClient:
                  secret_key: str | None = None, tls: TlsConfig | None = None) -> None:
         self.endpoint = check_endpoint(endpoint)
         self._timeout = timeout
-        if (access_key is None) != (secret_key is None) or access_key == "" or secret_key == "":
-            raise ValueError("give both access_key and secret_key (non-empty), or neither")
-        self._credentials = None if access_key is None or secret_key is None else (access_key, secret_key)
+        self._credentials = check_credentials(access_key, secret_key)
         self.tls = tls
         sign = None if self._credentials is None else _Signer(*self._credentials)
         channel = _channel(self.endpoint, tls)

@@ -18,6 +18,7 @@ from pymq_proto.topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX, 
 from ..backend.base import BackendConfig, QueueBounds, client_tls, open_backend
 from ..client.admin import DLQ_BROWSER_GROUP, INTERNAL_GROUPS, Admin, GroupConfig, _frame
 from ..client.consumer import PullConsumer, dlq_topic
+from ..client.credentials import check_credentials
 from ..client.message import MessageQueue
 from ..errors import PymqError, TopicNotExistError
 
@@ -81,8 +82,7 @@ class RocketMQAdmin(Admin):
 
         if not namesrv_addr:
             raise ValueError("RocketMQAdmin needs namesrv_addr ('host:9876;host2:9876')")
-        if (access_key is None) != (secret_key is None):
-            raise ValueError("give both access_key and secret_key (RocketMQ's ACL credentials), or neither")
+        check_credentials(access_key, secret_key)
         config = BackendConfig(None, namesrv_addr, access_key, secret_key,
                                client_tls(tls, tls_ca_file, tls_cert_file, tls_key_file))
         backend = open_backend(config, timeout_ms / 1000.0)
