@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from helpers import unique
 from pyspark_pymq import Admin, Message, MessageQueue, Producer, PullConsumer
+from pyspark_pymq.spark.views import VIEWS
 
 pytestmark = pytest.mark.spark
 
@@ -36,7 +37,12 @@ def test_views_show_topics_queues_groups_lag_and_dead_letters(spark: Any, shared
     assert f"%DLQ%{group}" in {r["topic"] for r in view(spark, ep, "TOPICS", includeSystem="true").collect()}
     queues = view(spark, ep, "queues", topic=topic).collect()
     assert sorted(r["queue_id"] for r in queues) == [0, 1] and sum(r["messages"] for r in queues) == 10
-    assert group in {r["group"] for r in view(spark, ep, "groups").collect()}
+    groups = {r["group"]: r for r in view(spark, ep, "groups").collect()}
+    assert groups[group]["consume_enable"] is True and groups[group]["consume_message_orderly"] is False
+    paused = unique("paused")
+    Admin(ep).update_group(paused, consume_enable=False, consume_message_orderly=True)
+    row = next(r for r in view(spark, ep, "groups").collect() if r["group"] == paused)
+    assert (row["consume_enable"], row["consume_message_orderly"]) == (False, True)
     lag = view(spark, ep, "lag", consumerGroup=group).collect()
     assert sum(r["lag"] for r in lag if r["topic"] == topic) == 10 - sum(
         r["consumer_offset"] for r in lag if r["topic"] == topic)
@@ -65,5 +71,4 @@ def test_view_options_are_checked(spark: Any, shared_broker: Any) -> None:
                                         r"int.*\.schema\(\.\.\.\) gave group string: leave out"):
         reader.schema("group string").load().collect()
     # the view's own schema, given explicitly, is the view
-    assert reader.schema("group string, retry_max_times int, retry_queue_nums int, "
-                         "consume_from_where string").load().columns[0] == "group"
+    assert reader.schema(VIEWS["groups"]).load().columns[-1] == "consume_enable"

@@ -20,6 +20,8 @@ def _group_retry_settings(target: Target, group: str) -> tuple[int, int]:
     df = target.admin().groups()
     rows = df[df.group == group]
     assert len(rows) == 1, df
+    # a group the brokers made for a send back: enabled, not orderly (RocketMQ's defaults)
+    assert (bool(rows.iloc[0].consume_enable), bool(rows.iloc[0].consume_message_orderly)) == (True, False)
     return int(rows.iloc[0].retry_max_times), int(rows.iloc[0].retry_queue_nums)
 
 

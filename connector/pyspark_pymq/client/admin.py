@@ -88,6 +88,11 @@ class GroupConfig:
                            c.consume_message_orderly, c.consume_enable)
 
 
+GROUP_COLUMNS = ["group", "retry_max_times", "retry_queue_nums", "consume_from_where",
+                 "consume_message_orderly", "consume_enable"]
+"""The columns of :meth:`Admin.groups` (and of the Spark ``groups`` view), both backends."""
+
+
 def _origin_msg_id(m: MessageExt) -> str:
     """The offsetMsgId of a dead letter's original (its ORIGIN_MESSAGE_ID), "" if unknown."""
     props = m.properties
@@ -228,7 +233,8 @@ class Admin:
         )
 
     def groups(self, include_internal: bool = False) -> pd.DataFrame:
-        """One row per consumer group the broker knows: its retry settings.
+        """One row per consumer group the broker knows: its settings (:data:`GROUP_COLUMNS`;
+        ``consume_enable`` False: a paused group, see :meth:`update_group`).
 
         pymq's own groups (:data:`INTERNAL_GROUPS`: ``PYMQ_SPARK_READER`` of batch reads,
         ``PYMQ_ADMIN_TAIL`` of ``pymq-admin tail``, ...) are left out unless
@@ -242,11 +248,13 @@ class Admin:
                 "retry_max_times": g.retry_max_times,
                 "retry_queue_nums": g.retry_queue_nums,
                 "consume_from_where": g.consume_from_where,
+                "consume_message_orderly": g.consume_message_orderly,
+                "consume_enable": g.consume_enable,
             }
             for g in resp.groups
             if include_internal or g.group_name not in INTERNAL_GROUPS
         ]
-        return _frame(rows, ["group", "retry_max_times", "retry_queue_nums", "consume_from_where"])
+        return _frame(rows, GROUP_COLUMNS)
 
     def group_config(self, group: str) -> GroupConfig:
         """The settings of ``group`` (RocketMQ's defaults for a group the broker has not met)."""

@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Any
 from pymq_proto.topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX, is_retry_topic
 
 from ..backend.base import BackendConfig, QueueBounds, client_tls, open_backend
-from ..client.admin import DLQ_BROWSER_GROUP, INTERNAL_GROUPS, Admin, GroupConfig, _frame
+from ..client.admin import (
+    DLQ_BROWSER_GROUP,
+    GROUP_COLUMNS,
+    INTERNAL_GROUPS,
+    Admin,
+    GroupConfig,
+    _frame,
+)
 from ..client.consumer import PullConsumer, dlq_topic
 from ..client.credentials import check_credentials
 from ..client.message import MessageQueue
@@ -234,14 +241,16 @@ class RocketMQAdmin(Admin):
         rows = [
             {"group": name, "retry_max_times": int(cfg.get("retryMaxTimes", 16)),
              "retry_queue_nums": int(cfg.get("retryQueueNums", 1)),
-             "consume_from_where": str(cfg.get("consumeFromWhere", "") or "")}
+             "consume_from_where": str(cfg.get("consumeFromWhere", "") or ""),
+             "consume_message_orderly": bool(cfg.get("consumeMessageOrderly", False)),
+             "consume_enable": bool(cfg.get("consumeEnable", True))}
             for name, cfg in sorted(seen.items())
             if include_internal or not (
                 name in INTERNAL_GROUPS
                 or (name.isupper() and "_" in name and name.endswith(("_GROUP", "_CONSUMER")))
             )
         ]
-        return _frame(rows, ["group", "retry_max_times", "retry_queue_nums", "consume_from_where"])
+        return _frame(rows, GROUP_COLUMNS)
 
     def group_progress(self, group: str, topic: str | None = None) -> pd.DataFrame:
         """One row per queue the group has progress on: broker offset, consumer offset, lag."""

@@ -7,7 +7,7 @@ view             rows
 ===============  ==========================================================================
 ``topics``       one per topic: queues, permissions, messages, min/max offset, last store time
 ``queues``       one per queue of ``topic`` (or of every topic): offsets, messages
-``groups``       one per consumer group: its retry settings
+``groups``       one per consumer group: its retry settings, orderly, paused
 ``lag``          one per queue of each topic a group has progress on: broker offset,
                  consumer offset (0 where it never committed, as RocketMQ shows), lag
                  (``consumerGroup``; without it, every group)
@@ -43,7 +43,8 @@ VIEWS: dict[str, str] = {
               "min_offset bigint, max_offset bigint, last_store_timestamp timestamp",
     "queues": "topic string, broker_name string, queue_id int, min_offset bigint, max_offset bigint, "
               "messages bigint, last_store_timestamp timestamp",
-    "groups": "group string, retry_max_times int, retry_queue_nums int, consume_from_where string",
+    "groups": "group string, retry_max_times int, retry_queue_nums int, consume_from_where string, "
+              "consume_message_orderly boolean, consume_enable boolean",
     "lag": "group string, topic string, broker_name string, queue_id int, broker_offset bigint, "
            "consumer_offset bigint, lag bigint",
     "deadLetters": "msg_id string, origin_topic string, origin_msg_id string, reconsume_times int, "
