@@ -20,7 +20,7 @@ import pyarrow as pa
 import pytest
 from broker_process import BrokerProcess
 from helpers import read_all, unique
-from pyspark_pymq import Admin, Message, Producer
+from pyspark_pymq import Admin, Message, Producer, PullConsumer
 from pyspark_pymq.client import route as route_module
 from pyspark_pymq.client.message import MessageQueue
 from pyspark_pymq.client.route import TopicRoute
@@ -163,24 +163,63 @@ def test_send_backs_are_retried_until_acknowledged_then_fail_the_task(
     monkeypatch.setattr(rows_module.time, "sleep", lambda s: None)
     calls: list[int] = []
 
-    def flaky() -> list[Any]:
+    def flaky(done: list[Any]) -> list[Any]:
         calls.append(1)
         if len(calls) < 3:
             raise BrokerUnavailableError("broker at x is unavailable")
-        return ["acknowledged"]
+        done[:] = ["acknowledged"] * len(done)
+        return done
 
-    assert send_back_acknowledged(flaky, "3 row(s)") == ["acknowledged"] and len(calls) == 3
+    def rows(items: list[int]) -> str:
+        return f"rows {items} of partition 1"
 
-    def down() -> list[Any]:
+    assert send_back_acknowledged(flaky, 1, rows) == ["acknowledged"] and len(calls) == 3
+
+    def down(done: list[Any]) -> list[Any]:
         calls.append(1)
+        done[1] = "acknowledged"
         raise BrokerUnavailableError("broker at x is unavailable")
 
     calls.clear()
     with pytest.raises(BrokerUnavailableError) as info:
-        send_back_acknowledged(down, "3 row(s) of partition 1")
+        send_back_acknowledged(down, 3, rows)
     assert len(calls) == SEND_BACK_ATTEMPTS
-    assert "could not send 3 row(s) of partition 1 back" in str(info.value)
+    assert "could not send rows [0, 2] of partition 1 back" in str(info.value)
     assert "Spark runs it again" in str(info.value) and info.value.code == "SERVICE_NOT_AVAILABLE"
+
+
+def _source_rows(endpoint: str, topic: str, group: str) -> pa.RecordBatch:
+    """The rows of ``topic``'s one queue as the pymq source gives them."""
+    consumer = PullConsumer(endpoint, group)
+    (mq,) = consumer.queues(topic)
+    return consumer.backend.decode_arrow(consumer.pull_raw(mq, 0, 1000), mq, retry=False)
+
+
+def _send_back_options(endpoint: str, rows: pa.RecordBatch, **options: str) -> SinkOptions:
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return parse_sink_options({"endpoint": endpoint, "action": "reconsumeLater", **options},
+                              from_arrow_schema(rows.schema), stream=False)
+
+
+def test_a_retried_send_back_sends_only_the_rows_not_yet_acknowledged(
+    broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Row 1's properties leave no room for a send back's (nor its direct copy's): it fails on every
+    attempt. Row 0, acknowledged by the first, is in the DLQ once, not once per attempt."""
+    monkeypatch.setattr(rows_module.time, "sleep", lambda s: None)
+    topic, group = unique("send-back-once"), unique("g")
+    Admin(broker.endpoint).create_topic(topic, queues=1)
+    Producer(broker.endpoint).send_batch([Message(topic, b"good"),
+                                          Message(topic, b"full", properties={"pad": "p" * 32_500})])
+    rows = _source_rows(broker.endpoint, topic, group)
+    opts = _send_back_options(broker.endpoint, rows, consumerGroup=group, delayLevel="-1")
+    with pytest.raises(PymqError) as err:
+        write_partition(opts, iter([rows.slice(0, 1), rows]))
+    dead = read_all(broker.endpoint, f"%DLQ%{group}")
+    assert sorted(m.body for m in dead) == [b"good", b"good"]  # once per batch, not per attempt
+    # rows 0, then 1..2: the full row is the task's row 2
+    assert "could not send row 2 of partition 0 of batch 0 to %RETRY%" in str(err.value)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

@@ -65,19 +65,19 @@ def test_send_back_columns_come_straight_from_the_arrow_columns() -> None:
         "error_class": pa.array(["ValueError", "KeyError", None]),
     })
     parts = send_back_columns(batch, 2, {"CONSUME_FAILURE_STAGE": "s"})
-    assert [c.broker_name for c, _ in parts] == ["a", "b"]  # one request per broker
-    a, rows_a = parts[0]
+    assert [(c.broker_name, where) for c, _, where in parts] == [("a", [0, 2]), ("b", [1])]  # per broker
+    a, rows_a, _ = parts[0]
     assert list(a.commit_log_offsets) == [10, 30] and list(a.delay_levels) == [2, 2]
     assert list(a.origin_msg_ids) == ["M0", "M2"] and list(a.origin_topics) == ["t", "u"]
     assert a.property_columns == {"CONSUME_FAILURE_REASON": ["bad\ufffdnews", "x"],
                                   "CONSUME_FAILURE_EXCEPTION": ["ValueError", ""]}
     assert a.properties == {"CONSUME_FAILURE_STAGE": "s"}
-    b, _ = parts[1]
+    b, _, _ = parts[1]
     assert list(b.delay_levels) == [5] and list(b.origin_msg_ids) == [""]
     assert [m.body for m in rows_as_messages(rows_a)([1])] == [b"2"]  # the fallback's rows
     without = batch.drop_columns(["delay_level", "error", "error_class"])
     without = without.filter(pa.array([True, False, True]))
-    (plain, _), = send_back_columns(without, -1, {})
+    (plain, _, _), = send_back_columns(without, -1, {})
     assert list(plain.delay_levels) == [-1, -1] and plain.property_columns == {}
     no_offset = batch.set_column(2, "commit_log_offset", pa.array([1, None, 3], pa.int64()))
     with pytest.raises(ValueError, match="row 1 has no commit_log_offset or topic"):

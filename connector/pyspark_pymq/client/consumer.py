@@ -253,17 +253,20 @@ class PullConsumer:
         delay_level: int = 0,
         max_reconsume_times: int | None = None,
         reasons: Sequence[str | Mapping[str, str] | None] | None = None,
+        *,
+        done: list[SendBackResult | None] | None = None,
     ) -> list[SendBackResult]:
         """:meth:`send_back` for many messages in few requests.
 
         Same rules and fallback, item by item: a message the broker cannot send
         back is sent to %RETRY%<group> directly. ``reasons`` lines up with
-        ``messages``.
+        ``messages``; ``done`` as :meth:`send_back_columns`'s.
         """
         if reasons is not None and len(reasons) != len(messages):
             raise ValueError(
                 f"reasons has {len(reasons)} items for {len(messages)} messages; give one per message"
             )
+        results = _results_so_far(done, len(messages))
         by_broker: dict[str, list[int]] = {}
         for i, m in enumerate(messages):
             if not isinstance(m, MessageExt):
@@ -273,7 +276,6 @@ class PullConsumer:
             by_broker.setdefault(m.broker_name, []).append(i)
         extras = [_reason_properties(reasons[i] if reasons else None) for i in range(len(messages))]
         names = list(dict.fromkeys(k for extra in extras for k in extra))
-        results: list[SendBackResult | None] = [None] * len(messages)
         for broker, idx in by_broker.items():
             columns = SendBackColumns(
                 broker,
@@ -284,9 +286,12 @@ class PullConsumer:
                 reconsume_times=[messages[i].reconsume_times for i in idx],
                 property_columns={k: [extras[i].get(k, "") for i in idx] for k in names},
             )
-            done = self.send_back_columns(columns, _pick(messages, idx), max_reconsume_times)
-            for i, r in zip(idx, done, strict=True):
-                results[i] = r
+            part = [results[i] for i in idx]
+            try:
+                self.send_back_columns(columns, _pick(messages, idx), max_reconsume_times, done=part)
+            finally:
+                for i, r in zip(idx, part, strict=True):
+                    results[i] = r
         return [r for r in results if r is not None]
 
     def send_back_columns(
@@ -294,6 +299,7 @@ class PullConsumer:
         columns: SendBackColumns,
         messages: Callable[[Sequence[int]], Sequence[MessageExt]],
         max_reconsume_times: int | None = None,
+        done: list[SendBackResult | None] | None = None,
     ) -> list[SendBackResult]:
         """:meth:`send_back_batch` for messages given as columns (the Spark sink's way).
 
@@ -301,22 +307,31 @@ class PullConsumer:
         only for the fallback, the direct send of items the broker could not send
         back. Requests of SEND_BACK_RPC_ITEMS go out together, so that the
         broker works on one while the next is on its way.
+
+        ``done``, one slot per item, gets each item's result as soon as it is
+        known, and items whose slot holds one are not sent again: after an error,
+        a call with the same list sends only the rest (the items acknowledged
+        before it are in %RETRY% already; sending them again would copy them twice).
         """
         _check_max_times(max_reconsume_times)
         columns.check()
-        outcomes = self._backend.send_back(self.group, columns, max_reconsume_times)
+        results = _results_so_far(done, len(columns.commit_log_offsets))
+        todo = [i for i, r in enumerate(results) if r is None]
+        if not todo:
+            return list(filter(None, results))
+        part = columns if len(todo) == len(results) else columns.take(todo)
+        outcomes = self._backend.send_back(self.group, part, max_reconsume_times)
         retry, dlq = retry_topic(self.group), dlq_topic(self.group)
-        results: list[SendBackResult | None] = [
-            None if o is None else SendBackResult(dlq if o.dead_letter else retry, o.dead_letter, False)
-            for o in outcomes
-        ]
-        failed = [i for i, r in enumerate(results) if r is None]
+        for i, o in zip(todo, outcomes, strict=True):
+            if o is not None:
+                results[i] = SendBackResult(dlq if o.dead_letter else retry, o.dead_letter, False)
+        failed = [i for i in todo if results[i] is None]
         if failed:
             for i, message in zip(failed, messages(failed), strict=True):
                 results[i] = self._send_back_directly(
                     message, columns.delay_levels[i], max_reconsume_times, columns.extra_properties(i)
                 )
-        return [r for r in results if r is not None]
+        return list(filter(None, results))
 
     def _send_back_directly(
         self, message: MessageExt, delay_level: int, max_times: int | None, extra: dict[str, str]
@@ -352,6 +367,14 @@ class PullConsumer:
         # the DLQ (without one, the group's retryMaxTimes decides: not known here)
         dead = max_times is not None and message.reconsume_times + 1 > max_times
         return SendBackResult(dlq_topic(self.group) if dead else topic, dead, True)
+
+
+def _results_so_far(done: list[SendBackResult | None] | None, n: int) -> list[SendBackResult | None]:
+    if done is None:
+        return [None] * n
+    if len(done) != n:
+        raise ValueError(f"done has {len(done)} slots for {n} messages; give one per message")
+    return done
 
 
 def _pick(

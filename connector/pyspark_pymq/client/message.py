@@ -468,3 +468,15 @@ class SendBackColumns:
         """Item ``i``'s extra properties: the shared ones and its non-empty column values."""
         own = {k: v[i] for k, v in self.property_columns.items() if v[i]}
         return {**self.properties, **own}
+
+    def take(self, items: Sequence[int]) -> SendBackColumns:
+        """The items ``items`` alone, in that order (what is left to send back after an error)."""
+
+        def pick(values: Sequence[Any]) -> list[Any]:
+            return [values[i] for i in items] if values else []
+
+        return SendBackColumns(
+            self.broker_name, pick(self.commit_log_offsets), pick(self.delay_levels),
+            pick(self.origin_msg_ids), pick(self.origin_topics), self.properties,
+            {k: pick(v) for k, v in self.property_columns.items()}, pick(self.reconsume_times),
+        )

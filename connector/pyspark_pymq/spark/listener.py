@@ -125,9 +125,10 @@ def _call(listener: Listener, msgs: list[MessageExt]) -> tuple[bool, str, str]:
 def _send_back(consumer: PullConsumer, cfg: _Config, failed: list[tuple[MessageExt, dict[str, str]]],
                level: int, stats: ConsumeStats) -> None:
     results = send_back_acknowledged(
-        lambda: consumer.send_back_batch([m for m, _ in failed], level, cfg.max_reconsume_times,
-                                         [r for _, r in failed]),
-        f"{len(failed)} message(s) the listener failed to %RETRY%{consumer.group}",
+        lambda done: consumer.send_back_batch([m for m, _ in failed], level, cfg.max_reconsume_times,
+                                              [r for _, r in failed], done=done),
+        len(failed),
+        lambda items: f"{len(items)} message(s) the listener failed to %RETRY%{consumer.group}",
     )
     dead = sum(r.dead_letter for r in results)
     stats.dead_letters += dead

@@ -107,8 +107,9 @@ def rows_as_messages(batch: pa.RecordBatch) -> Callable[[Sequence[int]], list[Me
 
 def send_back_columns(
     batch: pa.RecordBatch, delay_level: int, properties: Mapping[str, str]
-) -> list[tuple[SendBackColumns, pa.RecordBatch]]:
-    """The rows of a pymq source batch as send-back columns, one per broker, with their rows.
+) -> list[tuple[SendBackColumns, pa.RecordBatch, list[int]]]:
+    """The rows of a pymq source batch as send-back columns, one per broker, with their rows
+    and where those are in ``batch`` (an error names the rows of the task).
 
     Straight from the Arrow columns (a MessageExt per row cost more than the send
     back itself). ``delay_level`` is for rows whose ``delay_level`` column is
@@ -129,8 +130,12 @@ def send_back_columns(
     brokers = _strings(batch, "broker_name")
     if len(set(brokers)) > 1:
         names = pa.array(brokers)
-        return [part for b in dict.fromkeys(brokers)
-                for part in send_back_columns(batch.filter(pc.equal(names, b)), delay_level, properties)]
+        parts = []
+        for b in dict.fromkeys(brokers):
+            mine = pc.equal(names, b)
+            ((columns, rows, _),) = send_back_columns(batch.filter(mine), delay_level, properties)
+            parts.append((columns, rows, pc.indices_nonzero(mine).to_numpy().tolist()))
+        return parts
     index = batch.schema.get_field_index("delay_level")
     delays = ([delay_level] * batch.num_rows if index < 0
               else batch.column(index).fill_null(delay_level).to_numpy().tolist())
@@ -143,7 +148,7 @@ def send_back_columns(
         brokers[0] if brokers else "", offsets.to_numpy().tolist(), delays,
         _strings(batch, "msg_id"), _strings(batch, "topic"), properties, reasons, times,
     )
-    return [(columns, batch)]
+    return [(columns, batch, list(range(batch.num_rows)))]
 
 
 _REASON_COLUMNS = (("error", MessageConst.PROPERTY_CONSUME_FAILURE_REASON),
@@ -161,20 +166,30 @@ def _strings(batch: pa.RecordBatch, name: str, *, clean: bool = False) -> list[s
     return list(arr.to_numpy(zero_copy_only=False).tolist())
 
 
-def send_back_acknowledged(send: Callable[[], list[SendBackResult]], what: str) -> list[SendBackResult]:
-    """Run ``send`` (the send back of ``what``), retrying with backoff until acknowledged.
+def send_back_acknowledged(
+    send: Callable[[list[SendBackResult | None]], list[SendBackResult]], items: int,
+    what: Callable[[list[int]], str],
+) -> list[SendBackResult]:
+    """Run ``send`` (the send back of ``items`` items), retrying with backoff until all are acknowledged.
 
     A micro-batch must not complete before its send backs are acknowledged:
     after SEND_BACK_ATTEMPTS the error is raised, so the task fails and Spark
-    runs it again (at-least-once). ``what`` says which rows, for the message.
+    runs it again (at-least-once). ``send(done)`` keeps each item's result in
+    ``done`` and skips the items that have one (``done`` of
+    :meth:`PullConsumer.send_back_columns`): an attempt after an error sends
+    only what the broker has not taken, not the whole request again.
+    ``what(items)`` names the items still without a result, for the message.
     """
+    done: list[SendBackResult | None] = [None] * items
     for attempt in range(SEND_BACK_ATTEMPTS):
         try:
-            return send()
+            return send(done)
         except PymqError as err:
             if attempt + 1 == SEND_BACK_ATTEMPTS:
+                pending = [i for i, r in enumerate(done) if r is None] or list(range(items))
                 raise type(err)(
-                    f"could not send {what} back: {err.remark}; the task fails so that Spark runs it again",
+                    f"could not send {what(pending)} back: {err.remark}; the task fails so that Spark "
+                    "runs it again",
                     code=err.code,
                 ) from err
             time.sleep(0.5 * 2**attempt)

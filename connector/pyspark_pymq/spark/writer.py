@@ -491,18 +491,25 @@ def _send_back_rows(
         MC.PROPERTY_CONSUME_FAILURE_QUERY_ID: ids.query_id,
         MC.PROPERTY_CONSUME_FAILURE_BATCH_ID: ids.batch_id,
     }
+    first = 0  # the task's index of the batch's first row
     for batch in batches:
-        for columns, rows in send_back_columns(batch, opts.delay_level, shared):
+        for columns, rows, where in send_back_columns(batch, opts.delay_level, shared):
             results = send_back_acknowledged(
                 partial(consumer.send_back_columns, columns, rows_as_messages(rows),
                         opts.max_reconsume_times),
-                f"{len(rows)} row(s) of partition {ids.partition_id} of batch {ids.batch_id} "
-                f"to %RETRY%{consumer.group}",
+                rows.num_rows,
+                partial(_rows_sent_back, first, where, f"of partition {ids.partition_id} of batch "
+                        f"{ids.batch_id} to %RETRY%{consumer.group}"),
             )
             total += len(results)
             dead += sum(r.dead_letter for r in results)
             fallbacks += sum(r.fallback for r in results)
+        first += batch.num_rows
     return SinkCommitMessage(ids.partition_id, total, dead, fallbacks)
+
+
+def _rows_sent_back(first: int, where: list[int], of: str, items: list[int]) -> str:
+    return f"{_rows_text([first + where[i] for i in items])} {of}"
 
 
 def write_partition(opts: SinkOptions, batches: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
