@@ -20,6 +20,7 @@ import pyarrow as pa
 import pytest
 from broker_process import BrokerProcess
 from helpers import read_all, unique
+from pymq_proto.record import MAX_REASON_CHARS
 from pyspark_pymq import Admin, Message, Producer, PullConsumer
 from pyspark_pymq.client import route as route_module
 from pyspark_pymq.client.message import MessageQueue
@@ -220,6 +221,37 @@ def test_a_retried_send_back_sends_only_the_rows_not_yet_acknowledged(
     assert sorted(m.body for m in dead) == [b"good", b"good"]  # once per batch, not per attempt
     # rows 0, then 1..2: the full row is the task's row 2
     assert "could not send row 2 of partition 0 of batch 0 to %RETRY%" in str(err.value)
+
+
+def test_a_row_copied_to_retry_keeps_its_error_cut_as_the_broker_would(
+    broker: BrokerProcess, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The broker cannot send these rows back (their commit-log offsets are gone): each is copied to
+    %RETRY% directly, a 40k-character traceback cut to MAX_REASON_CHARS as the broker's send back
+    cuts it, and further where the message's own properties leave less room. A row whose own
+    properties leave none fails the task, naming the row (not the copy's place in its request)."""
+    monkeypatch.setattr(rows_module.time, "sleep", lambda s: None)
+    topic, group = unique("copied-back"), unique("g")
+    Admin(broker.endpoint).create_topic(topic, queues=1)
+    Producer(broker.endpoint).send_batch([
+        Message(topic, b"plain"), Message(topic, b"roomy", properties={"pad": "p" * 30_000}),
+        Message(topic, b"full", properties={"pad": "p" * 32_600}),
+    ])
+    rows = _source_rows(broker.endpoint, topic, group)
+    offsets = rows.schema.get_field_index("commit_log_offset")
+    trace = "Traceback (most recent call last):\n" + "x" * 40_000
+    failed = rows.set_column(offsets, "commit_log_offset", pa.array([10**12] * 3, pa.int64())) \
+        .append_column("error", pa.array([trace] * 3))
+    opts = _send_back_options(broker.endpoint, failed, consumerGroup=group, delayLevel="-1")
+    assert write_partition(opts, iter([failed.slice(0, 2)])).rows == 2
+    reasons = {m.body: m.properties["CONSUME_FAILURE_REASON"] for m in read_all(broker.endpoint,
+                                                                                f"%DLQ%{group}")}
+    assert reasons[b"plain"] == trace[:MAX_REASON_CHARS]
+    assert trace.startswith(reasons[b"roomy"]) and 0 < len(reasons[b"roomy"]) < MAX_REASON_CHARS
+    with pytest.raises(PymqError) as err:
+        write_partition(opts, iter([failed.slice(0, 1), failed.slice(2)]))
+    assert "could not send row 1 of partition 0 of batch 0 to %RETRY%" in str(err.value)
+    assert "message 0 of the batch" not in str(err.value) and "no room" in str(err.value)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

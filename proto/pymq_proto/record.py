@@ -53,6 +53,7 @@ __all__ = [
     "HEADER_DTYPE",
     "HEADER_SIZE",
     "MAX_PROPERTIES_SIZE",
+    "MAX_REASON_CHARS",
     "MAX_TOPIC_BYTES",
     "MESSAGE_MAGIC_CODE",
     "MessageConst",
@@ -77,6 +78,10 @@ HEADER_SIZE = HEADER.size  # 80
 _BLANK_HEAD = struct.Struct("<ii")  # TOTALSIZE, MAGICCODE: all a blank end-of-file record must hold
 _U16 = struct.Struct("<H")
 MAX_PROPERTIES_SIZE = 32767  # RocketMQ stores the properties length in a short
+# a send back's extra properties (a failure reason, a traceback) keep this many characters, so that
+# the copy's properties stay within MAX_PROPERTIES_SIZE: the broker's send back and the client's
+# direct copy to %RETRY% cut them alike
+MAX_REASON_CHARS = 4000
 MAX_TOPIC_BYTES = 65535
 
 # Field indexes of HEADER.unpack(...)

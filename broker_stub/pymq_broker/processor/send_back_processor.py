@@ -26,6 +26,7 @@ from pymq_proto.record import (
     HEADER,
     HEADER_SIZE,
     MAX_PROPERTIES_SIZE,
+    MAX_REASON_CHARS,
     NAME_VALUE_SEPARATOR,
     PROPERTY_SEPARATOR,
     MessageConst,
@@ -46,7 +47,6 @@ from .context import BrokerContext
 from .send_message_processor import PUT_STATUS_TO_CODE, wait_store_ok
 
 MC = MessageConst
-MAX_REASON_CHARS = 4000
 # the entries a send back writes, as "NAME\x01" (values follow)
 _RETRY, _ORIGIN, _TIMES, _MAX_TIMES, _DLQ_TOPIC, _DLQ_ID = (f"{name}{NAME_VALUE_SEPARATOR}" for name in (
     MC.PROPERTY_RETRY_TOPIC, MC.PROPERTY_ORIGIN_MESSAGE_ID, MC.PROPERTY_RECONSUME_TIME,

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from pymq_proto.record import MessageConst, encode_properties
+from pymq_proto.record import MAX_PROPERTIES_SIZE, MAX_REASON_CHARS, MessageConst, encode_properties
 from pymq_proto.topics import get_dlq_topic, get_retry_topic
 
 from ..backend.base import Backend, PullBatch, SendRequest, backend_config, client_tls, open_backend
-from ..errors import TopicNotExistError
+from ..errors import MessageIllegalError, TopicNotExistError
 from ..tls import TlsConfig
 from .codec import uniq_first
 from .message import (
@@ -336,12 +336,8 @@ class PullConsumer:
     def _send_back_directly(
         self, message: MessageExt, delay_level: int, max_times: int | None, extra: dict[str, str]
     ) -> SendBackResult:
-        props = dict(message.properties)
-        props.update(extra)
-        props[MC.PROPERTY_RETRY_TOPIC] = message.retry_topic or message.topic
-        # the first stored copy's offsetMsgId, as the broker's send back sets it
-        props.setdefault(MC.PROPERTY_ORIGIN_MESSAGE_ID, message.offset_msg_id)
-        props[MC.PROPERTY_RECONSUME_TIME] = str(message.reconsume_times + 1)
+        props = {MC.PROPERTY_RETRY_TOPIC: message.retry_topic or message.topic,
+                 MC.PROPERTY_RECONSUME_TIME: str(message.reconsume_times + 1)}
         if delay_level < 0:
             # straight to the DLQ, as a send back with a negative level: the copy's reconsume
             # count over its limit makes the broker's retry rule store it in %DLQ%<group>
@@ -353,11 +349,10 @@ class PullConsumer:
         props[MC.PROPERTY_DELAY_TIME_LEVEL] = str(
             delay_level if delay_level > 0 else 3 + message.reconsume_times
         )
-        props.pop(MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, None)
         topic = retry_topic(self.group)
         # the retry copy keeps the original's UNIQ_KEY, as RocketMQ's client does
         uniq = message.properties.get(MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX) or new_uniq_keys(1)[0]
-        props_b = uniq_first(encode_properties(props), uniq)
+        props_b = _copy_properties(message, extra, props, uniq)
         records, sizes = self._backend.encode_records(topic, [message.body], [props_b], [message.flag])
         request = SendRequest(topic, records, sizes, [uniq], reconsume_times=message.reconsume_times + 1)
         queues = self._retry_route().publish_queues
@@ -367,6 +362,43 @@ class PullConsumer:
         # the DLQ (without one, the group's retryMaxTimes decides: not known here)
         dead = max_times is not None and message.reconsume_times + 1 > max_times
         return SendBackResult(dlq_topic(self.group) if dead else topic, dead, True)
+
+
+# the broker adds entries as it stores a copy (REAL_TOPIC / REAL_QID to delay it, DLQ_ORIGIN_TOPIC /
+# DLQ_ORIGIN_MESSAGE_ID to a dead letter) and refuses it if they take it past MAX_PROPERTIES_SIZE
+_MAX_COPY_PROPERTIES = MAX_PROPERTIES_SIZE - 512
+
+
+def _copy_properties(
+    message: MessageExt, extra: Mapping[str, str], system: Mapping[str, str], uniq: str
+) -> bytes:
+    """A direct copy's properties, encoded: the message's, ``extra`` (the failure reasons), then ``system``.
+
+    The broker's send back cuts each extra value to MAX_REASON_CHARS, so does the
+    copy; and where the message's own properties leave less room, the longest
+    values are cut further: a long traceback must not keep a message from %RETRY%
+    (a send back that fails on every attempt stops the stream).
+    """
+    cut = {k: clean_property_value(v)[:MAX_REASON_CHARS] for k, v in extra.items()}
+    while True:
+        # ORIGIN_MESSAGE_ID unless there is one: the first stored copy's offsetMsgId, as the broker's
+        # send back sets it
+        props = {MC.PROPERTY_ORIGIN_MESSAGE_ID: message.offset_msg_id, **message.properties, **cut, **system}
+        props.pop(MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, None)
+        encoded = uniq_first(encode_properties(props), uniq)
+        over = len(encoded) - _MAX_COPY_PROPERTIES
+        if over <= 0:
+            return encoded
+        longest = max(cut, key=lambda k: len(cut[k]), default=None)
+        if longest is None or not cut[longest]:
+            raise MessageIllegalError(
+                f"the copy of message {message.msg_id} to %RETRY% has properties of {len(encoded)} bytes "
+                f"encoded even without its failure reasons, over the {_MAX_COPY_PROPERTIES} a copy may "
+                f"have (RocketMQ's limit of {MAX_PROPERTIES_SIZE} less what the broker adds to store it): "
+                "the message's own properties leave no room for the send back's"
+            )
+        # each character is a byte or more: this frees ``over`` bytes at least
+        cut[longest] = cut[longest][: max(0, len(cut[longest]) - over)]
 
 
 def _results_so_far(done: list[SendBackResult | None] | None, n: int) -> list[SendBackResult | None]:
