@@ -30,6 +30,14 @@ from pyspark_pymq.spark.sink_options import parse_sink_options
 FIX = "stale: run `python -m pyspark_pymq.spark.option_docs` to render it from the registry"
 EP = "127.0.0.1:8081"
 BODY = StructType([StructField("body", BinaryType())])
+SEND_BACK = StructType.fromJson({"type": "struct", "fields": [
+    {"name": name, "type": kind, "nullable": True, "metadata": {}} for name, kind in (
+        ("commit_log_offset", "long"), ("msg_id", "string"), ("topic", "string"), ("broker_name", "string"),
+        ("reconsume_times", "integer"), ("body", "binary"),
+        ("properties", {"type": "map", "keyType": "string", "valueType": "string",
+                        "valueContainsNull": True}),
+    )
+]})
 IDS = [r.kind for r in REGISTRIES]
 
 
@@ -186,6 +194,9 @@ def test_integer_bounds_are_the_documented_ones(registry: OptionRegistry, spec: 
                     {"endpoint": EP, "topic": "t", "consumerGroup": "g", spec.name: value},
                     stream=spec.scope == "stream",
                 )
+            elif spec.section == "send back":  # refused with action=send
+                parse_sink_options({"endpoint": EP, "action": "reconsumeLater", "consumerGroup": "g",
+                                    spec.name: value}, SEND_BACK, stream=True)
             else:
                 parse_sink_options({"endpoint": EP, "topic": "t", spec.name: value}, BODY, stream=True)
         message = str(info.value)

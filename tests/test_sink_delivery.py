@@ -29,7 +29,7 @@ from pyspark_pymq.errors import BrokerUnavailableError, PymqError, RequestTimeou
 from pyspark_pymq.spark import rows as rows_module
 from pyspark_pymq.spark.rows import SEND_BACK_ATTEMPTS, send_back_acknowledged
 from pyspark_pymq.spark.sink_options import SinkOptions, parse_sink_options
-from pyspark_pymq.spark.writer import write_partition
+from pyspark_pymq.spark.writer import PymqSinkWriter, write_partition
 
 
 def _options(endpoint: str, topic: str, **options: str) -> SinkOptions:
@@ -252,6 +252,23 @@ def test_a_row_copied_to_retry_keeps_its_error_cut_as_the_broker_would(
         write_partition(opts, iter([failed.slice(0, 1), failed.slice(2)]))
     assert "could not send row 1 of partition 0 of batch 0 to %RETRY%" in str(err.value)
     assert "message 0 of the batch" not in str(err.value) and "no room" in str(err.value)
+
+
+def test_rows_copied_to_retry_are_counted_as_copies_not_as_lost_oneway_rows(
+    broker: BrokerProcess, caplog: pytest.LogCaptureFixture,
+) -> None:
+    topic, group = unique("copied-count"), unique("g")
+    Admin(broker.endpoint).create_topic(topic, queues=1)
+    Producer(broker.endpoint).send(Message(topic, b"x"))
+    rows = _source_rows(broker.endpoint, topic, group)
+    gone = rows.set_column(rows.schema.get_field_index("commit_log_offset"), "commit_log_offset",
+                           pa.array([10**12], pa.int64()))
+    writer = PymqSinkWriter(_send_back_options(broker.endpoint, gone, consumerGroup=group))
+    done = writer.write(iter([gone]))
+    assert (done.rows, done.fallbacks, done.unacknowledged) == (1, 1, 0)
+    with caplog.at_level(logging.INFO, logger="pyspark_pymq.spark.writer"):
+        writer.commit([done])
+    assert "1 copied to %RETRY% directly" in caplog.text and "not acknowledged" not in caplog.text
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

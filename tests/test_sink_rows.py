@@ -371,3 +371,40 @@ def test_send_back_rows_without_a_topic_are_refused_by_name() -> None:
                                             "commit_log_offset": pa.array([1, 2], pa.int64())})
         with pytest.raises(ValueError, match="row 0 has no commit_log_offset or topic"):
             send_back_columns(batch, 0, {})
+
+
+
+@pytest.mark.parametrize(("option", "value"), [
+    ("consumerGroup", "g"), ("maxReconsumeTimes", "3"), ("delayLevel", "18"), ("stage", "x"),
+])
+def test_send_back_options_are_refused_with_action_send(option: str, value: str) -> None:
+    """They would be ignored: rows 'sent with delayLevel 18' would arrive at once."""
+    schema = StructType([StructField("body", StringType())])
+    with pytest.raises(ValueError, match=rf"sink option {option} applies to action=reconsumeLater") as err:
+        parse_sink_options({"endpoint": "127.0.0.1:1", "topic": "t", option: value}, schema, stream=False)
+    assert ("delay_level column" in str(err.value)) == (option == "delayLevel")
+
+
+def test_send_back_levels_and_times_are_java_ints() -> None:
+    """RocketMQ carries them as Java ints: past 2**31-1 the option is refused by name, and so is a
+    row's delay_level, before anything is sent (protobuf's bare 'Value out of range' failed every task)."""
+    from pyspark.sql.types import LongType, MapType
+    from pyspark_pymq.spark.writer import write_partition
+
+    schema = StructType([
+        StructField("commit_log_offset", LongType()), StructField("msg_id", StringType()),
+        StructField("topic", StringType()), StructField("broker_name", StringType()),
+        StructField("reconsume_times", IntegerType()), StructField("body", BinaryType()),
+        StructField("properties", MapType(StringType(), StringType())),
+        StructField("delay_level", LongType()),
+    ])
+    base = {"endpoint": "127.0.0.1:1", "action": "reconsumeLater", "consumerGroup": "g"}
+    for option in ("maxReconsumeTimes", "delayLevel"):
+        with pytest.raises(ValueError, match=rf"{option}='2147483648'.*2147483647"):
+            parse_sink_options({**base, option: "2147483648"}, schema, stream=False)
+        parse_sink_options({**base, option: "2147483647"}, schema, stream=False)
+    opts = parse_sink_options(base, schema, stream=False)
+    big = pa.RecordBatch.from_pydict({"delay_level": pa.array([None, 2, 3_000_000_000], pa.int64())})
+    with pytest.raises(ValueError, match=r"row 2 of partition 0 of batch 0 has delay_level 3000000000; "
+                                         r"action=reconsumeLater takes -1\.\.2147483647"):
+        write_partition(opts, iter([big]))

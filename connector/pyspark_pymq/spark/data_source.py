@@ -408,12 +408,13 @@ class PymqDataSource(DataSource):
         to.
 
     ``maxReconsumeTimes``
-        (integer >= 1; default the group's ``retryMaxTimes`` (16) on a pymq broker; 16 on Apache
-        RocketMQ) ``reconsumeLater``: retries before a message goes to ``%DLQ%<consumerGroup>``.
+        (integer 1..2147483647; default the group's ``retryMaxTimes`` (16) on a pymq broker; 16 on
+        Apache RocketMQ) ``reconsumeLater``: retries before a message goes to ``%DLQ%<consumerGroup>``.
 
     ``delayLevel``
-        (integer >= -1; default 0) ``reconsumeLater``: the delay level of the retry; 0 = RocketMQ's 3 +
-        retries, -1 = straight to the DLQ. A row's ``delay_level`` column overrides it.
+        (integer -1..2147483647; default 0) ``reconsumeLater``: the delay level of the retry; 0 =
+        RocketMQ's 3 + retries, -1 = straight to the DLQ, a level past the broker's last is its last (as
+        RocketMQ's). A row's ``delay_level`` column overrides it (within the same bounds).
 
     ``stage``
         (string; default ``spark-stream-sink`` (``writeStream``), ``spark-sink`` (``write``); pymq only)

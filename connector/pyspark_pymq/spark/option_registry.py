@@ -43,6 +43,7 @@ __all__ = [
     "DEFAULT_PULL_MAX_BYTES",
     "DEFAULT_READER_GROUP",
     "DELIVERY_GUARANTEES",
+    "JAVA_INT_MAX",
     "MAX_PULL_BATCH_SIZE",
     "MAX_PULL_MAX_BYTES",
     "REGISTRIES",
@@ -78,6 +79,8 @@ DEFAULT_PRODUCER_GROUP = "PYMQ_SPARK_SINK"
 # few in flight keep the broker busy, while 64 (the client's default) held ~200 MB per task
 # and were ~30% slower (BENCHMARKS.md), with the last requests near sendMsgTimeoutMs.
 DEFAULT_MAX_IN_FLIGHT = 4
+# RocketMQ's send back carries maxReconsumeTimes and the delay level as Java ints (int32 on the wire)
+JAVA_INT_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -444,14 +447,15 @@ _SINK = (
         doc="`reconsumeLater` (required there): the group whose `%RETRY%` topic the rows go back to.",
     ),
     OptionSpec(
-        "maxReconsumeTimes", "integer", section="send back", minimum=1,
+        "maxReconsumeTimes", "integer", section="send back", minimum=1, maximum=JAVA_INT_MAX,
         default_doc="the group's `retryMaxTimes` (16) on a pymq broker; 16 on Apache RocketMQ",
         doc="`reconsumeLater`: retries before a message goes to `%DLQ%<consumerGroup>`.",
     ),
     OptionSpec(
-        "delayLevel", "integer", section="send back", default=0, minimum=-1,
+        "delayLevel", "integer", section="send back", default=0, minimum=-1, maximum=JAVA_INT_MAX,
         doc="`reconsumeLater`: the delay level of the retry; 0 = RocketMQ's 3 + retries, -1 = straight "
-            "to the DLQ. A row's `delay_level` column overrides it.",
+            "to the DLQ, a level past the broker's last is its last (as RocketMQ's). A row's "
+            "`delay_level` column overrides it (within the same bounds).",
     ),
     OptionSpec(
         "stage", "string", section="send back", backend="pymq",

@@ -188,6 +188,20 @@ def _check_send_input(schema: StructType, topic: str | None) -> None:
     _check_columns(schema, _SEND_COLUMNS, "send")
 
 
+_SEND_BACK_OPTIONS = tuple(spec.name for spec in SINK_OPTIONS if spec.section == "send back")
+
+
+def _refuse_send_back_options(opts: OptionValues) -> None:
+    """action=send: an option of the send back would be ignored, so the rows would not be what was asked."""
+    for name in _SEND_BACK_OPTIONS:
+        if opts.given(name):
+            hint = "; to delay the rows sent, give them a delay_level column" if name == "delayLevel" else ""
+            raise ValueError(
+                f"{_PREFIX} {name} applies to action=reconsumeLater (rows sent back to "
+                f"%RETRY%<consumerGroup>), not to action=send: remove it{hint}"
+            )
+
+
 def _check_send_back_input(schema: StructType, group: str | None) -> None:
     if group is None:
         raise ValueError(
@@ -219,7 +233,14 @@ def parse_sink_options(raw_options: Mapping[str, str], schema: StructType, *, st
     topic = _parse_topic(opts)
     group = _parse_group(opts.get("consumerGroup"), _PREFIX)
     if action == "send":
+        _refuse_send_back_options(opts)
         _check_send_input(schema, topic)
+        if exactly_once and "delay_level" in schema.fieldNames():
+            raise ValueError(
+                "pymq sink option deliveryGuarantee=exactly-once cannot send the column 'delay_level': "
+                "a half message cannot be delayed (RocketMQ delays no transactional message). Drop the "
+                "column, or use deliveryGuarantee=at-least-once"
+            )
     else:
         _check_send_back_input(schema, group)
     types = {f.name: _type_name(f.dataType) for f in schema.fields}

@@ -42,6 +42,7 @@ from ..client.consumer import PullConsumer
 from ..client.message import RowKeys, SendStatus
 from ..client.producer import Producer
 from ..errors import PymqError
+from .option_registry import SINK_OPTIONS
 from .rows import column, rows_as_messages, send_back_acknowledged, send_back_columns
 from .sink_options import SinkOptions
 
@@ -55,7 +56,8 @@ log = logging.getLogger(__name__)
 class SinkCommitMessage(WriterCommitMessage):
     """What one task wrote: ``rows`` sent (or sent back), ``dead_letters`` among them.
 
-    ``unacknowledged``: oneway rows whose send failed (oneway does not fail the task).
+    ``unacknowledged``: oneway rows whose send failed (oneway does not fail the task);
+    ``fallbacks``: rows sent back that the client copied to %RETRY% (the broker could not send them back).
     """
 
     partition_id: int
@@ -493,6 +495,7 @@ def _send_back_rows(
     }
     first = 0  # the task's index of the batch's first row
     for batch in batches:
+        _check_delay_levels(batch, first, f"partition {ids.partition_id} of batch {ids.batch_id}")
         for columns, rows, where in send_back_columns(batch, opts.delay_level, shared):
             results = send_back_acknowledged(
                 partial(consumer.send_back_columns, columns, rows_as_messages(rows),
@@ -505,7 +508,23 @@ def _send_back_rows(
             dead += sum(r.dead_letter for r in results)
             fallbacks += sum(r.fallback for r in results)
         first += batch.num_rows
-    return SinkCommitMessage(ids.partition_id, total, dead, fallbacks)
+    return SinkCommitMessage(ids.partition_id, total, dead_letters=dead, fallbacks=fallbacks)
+
+
+def _check_delay_levels(batch: pa.RecordBatch, first: int, where: str) -> None:
+    """A send back's ``delay_level`` column within the delayLevel option's bounds (a Java int on the wire)."""
+    index = batch.schema.get_field_index("delay_level")
+    if index < 0:
+        return
+    spec = SINK_OPTIONS["delayLevel"]
+    levels = batch.column(index)
+    bad = pc.or_(pc.less(levels, spec.minimum), pc.greater(levels, spec.maximum)).fill_null(False)
+    if pc.any(bad).as_py():
+        row = int(pc.index(bad, True).as_py())
+        raise ValueError(
+            f"row {first + row} of {where} has delay_level {levels[row].as_py()}; action=reconsumeLater "
+            f"takes {spec.minimum}..{spec.maximum} (-1: straight to the DLQ, 0: RocketMQ's 3 + retries)"
+        )
 
 
 def _rows_sent_back(first: int, where: list[int], of: str, items: list[int]) -> str:
@@ -524,6 +543,9 @@ def _summary(messages: list[WriterCommitMessage | None]) -> str:
     done = [m for m in messages if isinstance(m, SinkCommitMessage)]
     text = (f"{sum(m.rows for m in done)} row(s) from {len(messages)} task(s), "
             f"{sum(m.dead_letters for m in done)} to the DLQ")
+    copied = sum(m.fallbacks for m in done)
+    if copied:
+        text += f", {copied} copied to %RETRY% directly (the broker could not send them back)"
     lost = sum(m.unacknowledged for m in done)
     return f"{text}, {lost} oneway row(s) not acknowledged" if lost else text
 
