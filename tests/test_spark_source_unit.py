@@ -469,18 +469,21 @@ def test_decoder_stops_at_the_range_end_and_handles_odd_properties() -> None:
     assert decode_to_arrow(b"", topic="t", broker_name="b", retry=False).num_rows == 0
 
 
+def _orders_record(props: bytes, offset: int) -> bytes:
+    """A record of topic 'orders' with these raw properties, at queue offset ``offset``."""
+    return encode_record(
+        topic=b"orders", queue_id=0, flag=0, body=b"x", properties=props, queue_offset=offset,
+        physical_offset=1000 + offset, sys_flag=0, born_timestamp=1, store_timestamp=2,
+        store_host=HOST, reconsume_times=0,
+    )
+
+
 def test_keys_of_a_record_naming_keys_twice_or_empty_stay_its_own() -> None:
     # a foreign producer's properties: KEYS twice in one record, or an empty KEYS, between
     # ordinary records: each row keeps its keys (the last KEYS counts, as the client decoder says)
-    def rec(props: bytes, offset: int) -> bytes:
-        return encode_record(
-            topic=b"orders", queue_id=0, flag=0, body=b"x", properties=props, queue_offset=offset,
-            physical_offset=1000 + offset, sys_flag=0, born_timestamp=1, store_timestamp=2,
-            store_host=HOST, reconsume_times=0,
-        )
-
     for odd, keys in ((b"KEYS\x01a\x02KEYS\x01b c\x02", ["b", "c"]), (b"KEYS\x01\x02UNIQ_KEY\x01U\x02", [])):
-        raw = rec(b"KEYS\x01p\x02", 0) + rec(odd, 1) + rec(b"KEYS\x01q r\x02", 2)
+        raw = (_orders_record(b"KEYS\x01p\x02", 0) + _orders_record(odd, 1)
+               + _orders_record(b"KEYS\x01q r\x02", 2))
         batch = decode_to_arrow(raw, topic="orders", broker_name="broker-a", retry=False)
         assert batch.column("keys").to_pylist() == [["p"], keys, ["q", "r"]]
         assert batch.column("keys").equals(messages_to_batch(
@@ -488,16 +491,10 @@ def test_keys_of_a_record_naming_keys_twice_or_empty_stay_its_own() -> None:
 
 
 def test_a_record_naming_a_property_twice_gets_one_map_entry_the_last_as_the_client_decoder() -> None:
-    def rec(props: bytes, offset: int) -> bytes:
-        return encode_record(
-            topic=b"orders", queue_id=0, flag=0, body=b"x", properties=props, queue_offset=offset,
-            physical_offset=1000 + offset, sys_flag=0, born_timestamp=1, store_timestamp=2,
-            store_host=HOST, reconsume_times=0,
-        )
-
     twice = b"UNIQ_KEY\x01U1\x02TAGS\x01first\x02color\x01red\x02TAGS\x01second\x02color\x01blue\x02"
     alike = b"ab1c\x01x\x02ab2c\x01y\x02"  # same length, first and last byte: told apart all the same
-    raw = rec(b"UNIQ_KEY\x01U0\x02TAGS\x01t\x02", 0) + rec(twice, 1) + rec(alike, 2)
+    raw = (_orders_record(b"UNIQ_KEY\x01U0\x02TAGS\x01t\x02", 0) + _orders_record(twice, 1)
+           + _orders_record(alike, 2))
     batch = decode_to_arrow(raw, topic="orders", broker_name="broker-a", retry=False)
     maps = batch.column("properties").to_pylist()
     assert maps[1] == [("UNIQ_KEY", "U1"), ("TAGS", "second"), ("color", "blue")]
