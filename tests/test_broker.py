@@ -14,7 +14,7 @@ from broker_process import BrokerProcess
 from pymq_proto.v1 import pymq_pb2, pymq_pb2_grpc
 from pyspark_pymq import Admin, Message, MessageQueue, Producer, PullConsumer
 from pyspark_pymq.client.message import PullStatus, SendStatus
-from pyspark_pymq.client.transport import map_rpc_error
+from pyspark_pymq.client.transport import BrokerClient, map_rpc_error
 from pyspark_pymq.errors import (
     BrokerUnavailableError,
     IllegalArgumentError,
@@ -266,6 +266,30 @@ def test_auto_create_topic_and_admin_tables(tmp_path) -> None:
         assert "fresh" not in admin.topic_names()
         with pytest.raises(PymqError):
             admin.topic_stats("fresh")
+
+
+def test_a_topic_keeps_its_id_until_it_is_created_again(tmp_path: Path) -> None:
+    """The id a stream's checkpoint keeps to tell a re-created topic from the one it read."""
+    broker = BrokerProcess(tmp_path / "b").start()
+    try:
+        admin = Admin(broker.endpoint)
+        first = admin.create_topic("kept", queues=2).topic_id
+        assert first > 0
+        assert admin.create_topic("kept", queues=4, update_if_exists=True).topic_id == first
+        other = admin.create_topic("other", queues=1).topic_id
+        assert other not in (0, first)
+        assert broker.stop() == 0
+        broker.start()
+        admin = Admin(broker.endpoint)
+        assert admin.topic_config("kept").topic_id == first  # stored with the topic
+        client = BrokerClient(broker.endpoint)
+        assert client.topic_stats(pymq_pb2.TopicStatsRequest(topic="kept")).topic_id == first
+        admin.delete_topic("kept")
+        again = admin.create_topic("kept", queues=2).topic_id
+        assert again not in (0, first)
+        assert client.topic_stats(pymq_pb2.TopicStatsRequest(topic="kept")).topic_id == again
+    finally:
+        broker.stop()
 
 
 def test_state_survives_a_clean_restart(tmp_path) -> None:

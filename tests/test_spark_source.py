@@ -27,7 +27,7 @@ from pyspark_pymq.client.transport import BrokerClient
 from pyspark_pymq.spark.data_source import PymqDataSource
 from pyspark_pymq.spark.progress import commit_group_progress
 from pyspark_pymq.spark.schema import source_schema
-from pyspark_pymq.spark.source_offset import offsets_from_json
+from pyspark_pymq.spark.source_offset import TOPIC_IDS_KEY, offsets_from_json
 
 pytestmark = pytest.mark.spark
 
@@ -159,8 +159,9 @@ def test_available_now_exactly_once_across_restart_with_group_progress(
     # group's progress equals the end of the batch before the last one.
     offsets = checkpoint_offsets(ckpt)
     last = max(offsets)
-    assert group_offsets(ep, group) == {t: q for t, q in offsets[last - 1].items()}
+    assert group_offsets(ep, group) == {t: q for t, q in offsets[last - 1].items() if t != TOPIC_IDS_KEY}
     assert sum(offsets[last][topic].values()) == 300
+    assert sorted(offsets[last][TOPIC_IDS_KEY]) == sorted([topic, f"%RETRY%{group}"])  # the topics read
 
 
 def test_batch_0_reads_data_and_a_replay_of_it_reads_the_same(spark: Any, ep: str, tmp_path: Path) -> None:
@@ -509,6 +510,35 @@ def test_deleted_topic_goes_through_fail_on_data_loss(
     run_available_now(df, tmp_path / "o-false", tmp_path / "c-false")
     rows = output(tmp_path / "o-false")
     assert len(rows) == 4 + 3 + 2
+
+
+def test_a_topic_created_again_with_more_messages_goes_through_fail_on_data_loss(
+    spark: Any, ep: str, tmp_path: Path
+) -> None:
+    """Offsets alone cannot tell: the new topic has passed the old offsets. Its id can."""
+    topic, group = create(ep, unique("again"), queues=2), unique("g")
+    produce(ep, topic, 4)
+    for fail in ("true", "false"):
+        df = stream(spark, ep, topic, consumerGroup=f"{group}-{fail}", startingOffsets="earliest",
+                    failOnDataLoss=fail)
+        run_available_now(df, tmp_path / f"o-{fail}", tmp_path / f"c-{fail}")
+    Admin(ep).delete_topic(topic)
+    create(ep, topic, queues=2)
+    produce(ep, topic, 10, start=100)
+
+    df = stream(spark, ep, topic, consumerGroup=f"{group}-true", failOnDataLoss="true")
+    message = run_expecting_failure(df, tmp_path / "o-true", tmp_path / "c-true")
+    assert f"topic {topic!r} on broker" in message and "was deleted and created again" in message
+    assert "failOnDataLoss=false" in message
+
+    df = stream(spark, ep, topic, consumerGroup=f"{group}-false", failOnDataLoss="false")
+    run_available_now(df, tmp_path / "o-false", tmp_path / "c-false")
+    bodies = sorted(r["body"].decode() for r in output(tmp_path / "o-false"))
+    assert bodies == sorted([f"{topic}-{i}" for i in range(4)] + [f"{topic}-{i}" for i in range(100, 110)])
+    # The restart committed the last batch of the old topic (Spark commits a batch once the
+    # next is planned): its offsets are not the new topic's progress.
+    consumer = PullConsumer(ep, f"{group}-false")
+    assert {consumer.committed(mq) for mq in consumer.queues(topic)} == {-1}
 
 
 @pytest.fixture

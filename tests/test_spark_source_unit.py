@@ -66,6 +66,7 @@ from pyspark_pymq.spark.schema import (
 from pyspark_pymq.spark.source_offset import (
     FROM_KEY,
     INITIAL,
+    TOPIC_IDS_KEY,
     is_initial,
     offsets_from_json,
     offsets_to_json,
@@ -659,13 +660,13 @@ def test_columns_that_need_no_properties_do_not_parse_them(monkeypatch: pytest.M
 class FakeOffsetReader:
     """Stands in for OffsetReader: queue bounds and the resolved start are given."""
 
-    def __init__(self, bounds: dict[MessageQueue, tuple[int, int]]) -> None:
-        self.set(bounds)
+    def __init__(self, bounds: dict[MessageQueue, tuple[int, int]], topic_id: int = 0) -> None:
+        self.set(bounds, topic_id)
         self.committed: dict[MessageQueue, int] = {}
         self.down: set[str] = set()  # brokers that are down (RocketMQ: not registered now)
 
-    def set(self, bounds: dict[MessageQueue, tuple[int, int]]) -> None:
-        self.queue_bounds = {mq: QueueBounds(lo, hi) for mq, (lo, hi) in bounds.items()}
+    def set(self, bounds: dict[MessageQueue, tuple[int, int]], topic_id: int = 0) -> None:
+        self.queue_bounds = {mq: QueueBounds(lo, hi, topic_id) for mq, (lo, hi) in bounds.items()}
 
     def bounds(self, *, require_topics: bool) -> tuple[dict[MessageQueue, QueueBounds], list[str]]:
         topics = {mq.topic for mq in self.queue_bounds}
@@ -677,8 +678,9 @@ class FakeOffsetReader:
     def unavailable_brokers(self, queues: Any) -> set[str]:
         return {mq.broker_name for mq in queues} & self.down
 
-    def commit(self, offsets: dict[MessageQueue, int]) -> None:
+    def commit(self, offsets: dict[MessageQueue, int], read_with: Any = None) -> None:
         self.committed.update(offsets)
+        self.read_with = read_with
 
 
 def make_stream(fake: FakeOffsetReader, **extra: str) -> PymqMicroBatchStream:
@@ -783,6 +785,45 @@ def test_stream_offsets_available_now_target_and_data_loss() -> None:
     # offsets of a topic the query no longer reads are dropped, not reported
     assert ends(strict.latestOffset({"t": {"b:0": 5}, "old": {"b:0": 3}},
                                     ReadAllAvailable())) == {T0: 50}
+
+
+def test_a_topic_created_again_is_told_by_its_id_whatever_its_offsets() -> None:
+    """The new topic has more messages than the stream had read: offsets alone see nothing."""
+    T0, T1, T2 = (MessageQueue("t", "b", q) for q in range(3))
+    U0 = MessageQueue("u", "b", 0)
+    fake = FakeOffsetReader({T0: (0, 10), T1: (0, 10), T2: (0, 10)}, topic_id=7)
+    strict = make_stream(fake, topic="t")
+    first = strict.latestOffset(strict.initialOffset(), ReadAllAvailable())
+    assert json.loads(json.dumps(first))[TOPIC_IDS_KEY] == {"t": {"b": 7}}
+    assert ends(first) == {T0: 10, T1: 10, T2: 10}
+    # the same topic: nothing new, the same JSON text (Spark plans no batch)
+    assert json.dumps(strict.latestOffset(first, ReadAllAvailable())) == json.dumps(
+        strict.latestOffset(first, ReadAllAvailable()))
+    strict.commit(first)
+    assert fake.read_with == {("t", "b"): 7}  # the ids go with the commit (OffsetReader drops stale ones)
+
+    fake.set({T0: (0, 25), T1: (0, 30)}, topic_id=8)  # deleted, created with 2 queues, refilled
+    changed = r"topic 't' on broker b was deleted and created again since the checkpoint's last batch"
+    with pytest.raises(DataLossError, match=changed + r" \(its id changed from 7 to 8\)"):
+        strict.latestOffset(first, ReadAllAvailable())
+
+    lenient = make_stream(fake, topic="t", failOnDataLoss="false")
+    end = lenient.latestOffset(first, ReadAllAvailable())
+    assert ends(end) == {T0: 25, T1: 30}  # T2 went with the old topic
+    assert json.loads(json.dumps(end))[TOPIC_IDS_KEY] == {"t": {"b": 8}}
+    parts = lenient.partitions(first, end)  # the new topic from its first message, not from 10
+    assert sorted((p.range.queue_id, p.range.start, p.range.end) for p in parts) == [(0, 0, 25), (1, 0, 30)]
+    assert ends(lenient.latestOffset(end, ReadAllAvailable())) == {T0: 25, T1: 30}  # then as usual
+
+    # no id on one side (an older checkpoint, RocketMQ, a broker before ids): not judged
+    no_ids = {k: v for k, v in first.items() if k != TOPIC_IDS_KEY}
+    assert ends(strict.latestOffset(no_ids, ReadAllAvailable())) == {T0: 25, T1: 30, T2: 10}
+    fake.set({T0: (0, 25), T1: (0, 30)})
+    assert TOPIC_IDS_KEY not in strict.latestOffset(no_ids, ReadAllAvailable())
+    # a topic missing now is the deleted-topic check's business, not an id change
+    fake.set({U0: (0, 3)}, topic_id=9)
+    with pytest.raises(DataLossError, match="topic 't' was deleted"):
+        make_stream(fake).latestOffset(first, ReadAllAvailable())
 
 
 def test_the_stream_driver_imports_no_producer_admin_or_transactions() -> None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import secrets
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,11 @@ class TopicConfig:
 
     ``message_type`` is RocketMQ 5's TopicMessageType (one of :data:`TOPIC_MESSAGE_TYPES`):
     the messages apache.rocketmq.v2 may send to the topic (MIXED: any).
+
+    ``topic_id`` is pymq's own (RocketMQ has none; Kafka's topic IDs are the model): a new
+    random id each time a topic of this name is created, kept by updates, 0 for topics
+    stored before ids. A stream's checkpoint keeps it, so a topic deleted and created
+    again is told apart from the one the stream read, whatever its offsets.
     """
 
     topic_name: str
@@ -32,6 +38,7 @@ class TopicConfig:
     dedup_window_ms: int = 0
     order: bool = False
     message_type: str = "NORMAL"
+    topic_id: int = 0
 
     def to_proto(self) -> pymq_pb2.TopicConfig:
         return pymq_pb2.TopicConfig(
@@ -42,7 +49,13 @@ class TopicConfig:
             dedup_window_ms=self.dedup_window_ms,
             order=self.order,
             message_type=self.message_type,
+            topic_id=self.topic_id,
         )
+
+
+def new_topic_id() -> int:
+    """A creation id: random, positive, and fits a Java long (as the proto's int64)."""
+    return secrets.randbits(63) or 1
 
 
 class TopicConfigManager(ConfigManager):
@@ -109,6 +122,8 @@ class TopicConfigManager(ConfigManager):
             raise BrokerException(
                 pymq_pb2.TOPIC_EXIST_ALREADY, f"topic {config.topic_name!r} already exists"
             )
+        # an update keeps the topic's id; only a new topic (or one deleted before) gets a new one
+        config = replace(config, topic_id=old.topic_id if old is not None else new_topic_id())
         self.topic_config_table[config.topic_name] = config
         self.persist()
         return config, old is None
@@ -118,8 +133,7 @@ class TopicConfigManager(ConfigManager):
         if not self.auto_create_topic_enable:
             return None
         cfg = TopicConfig(topic, self.default_topic_queue_nums, self.default_topic_queue_nums)
-        self.create_topic(cfg, update_if_exists=False)
-        return cfg
+        return self.create_topic(cfg, update_if_exists=False)[0]
 
     def create_topic_of_retry(
         self, group: str, retry_queue_nums: int, *, persist: bool = True
@@ -143,7 +157,7 @@ class TopicConfigManager(ConfigManager):
     def _system_topic(self, topic: str, queues: int, *, persist: bool = True) -> TopicConfig:
         cfg = self.topic_config_table.get(topic)
         if cfg is None:
-            cfg = TopicConfig(topic, queues, queues, PERM_READ | PERM_WRITE)
+            cfg = TopicConfig(topic, queues, queues, PERM_READ | PERM_WRITE, topic_id=new_topic_id())
             self.topic_config_table[topic] = cfg
             if persist:
                 self.persist()

@@ -110,7 +110,7 @@ class AdminBrokerProcessor:
                     last_store_timestamp=store.get_last_store_timestamp(req.topic, qid),
                 )
             )
-        return pymq_pb2.TopicStatsResponse(queues=queues)
+        return pymq_pb2.TopicStatsResponse(queues=queues, topic_id=cfg.topic_id)
 
     def consumer_progress(
         self, req: pymq_pb2.ConsumerProgressRequest

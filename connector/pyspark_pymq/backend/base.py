@@ -101,10 +101,16 @@ class BackendConfig:
 
 @dataclass(frozen=True, slots=True)
 class QueueBounds:
-    """A queue's offsets on the broker: messages are at ``[min_offset, max_offset)``."""
+    """A queue's offsets on the broker: messages are at ``[min_offset, max_offset)``.
+
+    ``topic_id`` is the id its broker gave the topic when it was created (the pymq
+    broker's; 0 where the backend has none, as RocketMQ): a new id means the topic was
+    deleted and created again, whatever the offsets say.
+    """
 
     min_offset: int
     max_offset: int
+    topic_id: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,7 +266,8 @@ class Backend(ABC):
                 continue
             bounds = stats.get(mq)
             if bounds is None:  # a queue the broker has not written yet
-                bounds = QueueBounds(self.min_offset(mq), self.max_offset(mq))
+                topic_id = next((b.topic_id for q, b in stats.items() if q.broker_name == mq.broker_name), 0)
+                bounds = QueueBounds(self.min_offset(mq), self.max_offset(mq), topic_id)
             out[mq] = bounds
         return out
 

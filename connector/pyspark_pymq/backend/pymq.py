@@ -116,7 +116,8 @@ class PymqBackend(Backend):
             return None
         return {
             MessageQueue(q.message_queue.topic or topic, q.message_queue.broker_name or broker_name,
-                         q.message_queue.queue_id): QueueBounds(int(q.min_offset), int(q.max_offset))
+                         q.message_queue.queue_id): QueueBounds(int(q.min_offset), int(q.max_offset),
+                                                                 int(resp.topic_id))
             for q in resp.queues
         }
 

@@ -49,7 +49,11 @@ _REFUSED_FOR_GOOD = (TopicNotExistError, MessageIllegalError)
 @dataclass(frozen=True, slots=True)
 class TopicConfig:
     """A topic's configuration on the broker (RocketMQ's TopicConfig; ``message_type`` its
-    TopicMessageType: NORMAL, FIFO, DELAY, TRANSACTION or MIXED)."""
+    TopicMessageType: NORMAL, FIFO, DELAY, TRANSACTION or MIXED).
+
+    ``topic_id``: the pymq broker's id of this topic, new each time a topic of the name is
+    created (0: created before ids, or a RocketMQ cluster, which has none).
+    """
 
     topic_name: str
     read_queue_nums: int
@@ -57,12 +61,13 @@ class TopicConfig:
     perm: int
     dedup_window_ms: int = 0
     message_type: str = "NORMAL"
+    topic_id: int = 0
 
     @staticmethod
     def from_proto(c: pymq_pb2.TopicConfig) -> TopicConfig:
         return TopicConfig(
             c.topic_name, c.read_queue_nums, c.write_queue_nums, c.perm, c.dedup_window_ms,
-            c.message_type or "NORMAL",
+            c.message_type or "NORMAL", c.topic_id,
         )
 
 

@@ -1,10 +1,10 @@
 """The one place that applies ``failOnDataLoss``.
 
 Messages the query should read can be gone: expired by the broker's retention
-(``fileReservedTime``), a topic deleted while the query runs, a queue whose
-offsets went backwards because its topic was recreated. The driver (planning a
-batch) and the executors (pulling a range) both find such gaps; all of them
-call :func:`report_data_loss`, so the policy and the wording live here once.
+(``fileReservedTime``), a topic deleted while the query runs, or deleted and
+created again (its offsets went backwards, or its topic id changed). The driver
+(planning a batch) and the executors (pulling a range) both find such gaps; all
+of them call :func:`report_data_loss`, so the policy and the wording live here once.
 
 With ``failOnDataLoss=true`` (the default) the query stops with a
 :class:`DataLossError` that says what was lost and which option changes the

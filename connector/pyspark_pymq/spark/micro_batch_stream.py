@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -45,11 +46,16 @@ from .read_loop import make_partitions, read_partition
 from .source_offset import (
     FROM_KEY,
     INITIAL,
+    TopicIds,
     batch_start,
     is_initial,
     offsets_from_json,
     offsets_to_json,
+    recreated_topics,
+    topic_ids,
+    topic_ids_from_json,
     with_start,
+    with_topic_ids,
 )
 
 __all__ = ["PymqMicroBatchStream"]
@@ -124,7 +130,7 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
             bounds, _ = reader.bounds(require_topics=True)
             if self._target is not None:  # AvailableNow: "latest" means the target
                 bounds = {
-                    mq: QueueBounds(b.min_offset, min(b.max_offset, self._target[mq]))
+                    mq: replace(b, max_offset=min(b.max_offset, self._target[mq]))
                     for mq, b in bounds.items()
                     if mq in self._target
                 }
@@ -135,6 +141,7 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         current = offsets_from_json(start)
         bounds, missing = reader.bounds(require_topics=False)
+        recreated = self._recreated(topic_ids_from_json(start), topic_ids(bounds))
         self._latest = offsets_to_json({mq: b.max_offset for mq, b in bounds.items()})
         fail = self.options.fail_on_data_loss
 
@@ -155,6 +162,13 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 )
                 continue
             b = bounds.get(mq)
+            if (mq.topic, mq.broker_name) in recreated:
+                # The offset belongs to the deleted topic (reported once per topic in
+                # _recreated): the new topic's queues are read from their first message, and
+                # the old topic's queues it does not have are gone with it.
+                if b is not None:
+                    kept[mq] = skipped[mq] = b.min_offset
+                continue
             if b is not None:
                 self._waiting_told.discard(mq)
             if b is None and (mq.broker_name in down or mq.topic == retry):
@@ -206,12 +220,32 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end = with_start(end, skipped)
         return end
 
+    def _recreated(self, read_with: TopicIds, now: TopicIds) -> set[tuple[str, str]]:
+        """The (topic, broker)s whose topic was deleted and created again since ``read_with``
+        (the ids the start offset was read with): each goes through failOnDataLoss once here.
+
+        A topic missing now, or without an id on either side (RocketMQ, an older checkpoint
+        or broker), is not judged here: the offsets' own checks see what they can.
+        """
+        changed = recreated_topics(read_with, now)
+        for topic, broker in sorted(changed):
+            report_data_loss(
+                self.options.fail_on_data_loss,
+                f"topic {topic!r} on broker {broker} was deleted and created again since the "
+                f"checkpoint's last batch (its id changed from {read_with[(topic, broker)]} to "
+                f"{now[(topic, broker)]}): messages of the old topic not read by then are gone, "
+                "and the new topic's offsets start again from 0",
+                f"read the new topic {topic!r} from its first message",
+            )
+        return changed
+
     def _end_offsets(
         self, kept: Mapping[MessageQueue, int], waiting: Mapping[MessageQueue, int],
         bounds: Mapping[MessageQueue, QueueBounds], limit: ReadLimit,
-    ) -> dict[str, dict[str, int]]:
+    ) -> dict[str, Any]:
         """The next end: queues ``kept`` advance up to their max offset (or the target) within
-        ``limit``, ``waiting`` ones stay, new queues join at their first offset."""
+        ``limit``, ``waiting`` ones stay, new queues join at their first offset; with the
+        topic ids of ``bounds`` (see :mod:`.source_offset`)."""
         fail = self.options.fail_on_data_loss
         # Every queue still there stays in the offsets, at least where it is.
         end = {**kept, **waiting}
@@ -243,7 +277,7 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end.update(limit_offsets(kept, available, limit.max_rows))
         else:
             end.update(available)
-        return offsets_to_json(end)
+        return with_topic_ids(offsets_to_json(end), topic_ids(bounds))
 
     # -- planning (driver) ---------------------------------------------------------------
 
@@ -268,7 +302,7 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if not self.options.commits_progress or is_initial(end):
             return
         try:
-            self.offset_reader.commit(offsets_from_json(end))
+            self.offset_reader.commit(offsets_from_json(end), topic_ids_from_json(end))
         except PymqError as err:
             # The checkpoint is the source of truth; a failed progress update only
             # delays what the broker shows (the next commit carries it).

@@ -33,7 +33,7 @@ from ..errors import (
 )
 from .data_loss import report_data_loss
 from .options import ConsumeFromWhere, SourceOptions, StartingPosition, StartKind
-from .source_offset import EARLIEST, LATEST, lookup
+from .source_offset import EARLIEST, LATEST, TopicIds, lookup, recreated_topics, topic_ids
 
 __all__ = ["OffsetReader", "QueueBounds"]
 
@@ -55,6 +55,8 @@ class OffsetReader:
         self._unreachable: set[str] = set()
         # The queues the last bounds() found readable: the only ones commit() writes.
         self._readable: set[MessageQueue] | None = None
+        # The topic ids the last bounds() found: commit() writes no offsets of an older topic.
+        self._topic_ids: TopicIds = {}
 
     # -- errors -------------------------------------------------------------------
 
@@ -129,6 +131,7 @@ class OffsetReader:
             out.update(found)
         self._unreachable = unreachable or set()
         self._readable = set(out)
+        self._topic_ids = topic_ids(out)
         if self._unreachable:
             logger.warning("pymq source: broker(s) %s do not answer; their queues wait",
                            ", ".join(sorted(self._unreachable)))
@@ -288,18 +291,26 @@ class OffsetReader:
 
     # -- progress -------------------------------------------------------------------------
 
-    def commit(self, offsets: Mapping[MessageQueue, int]) -> None:
+    def commit(self, offsets: Mapping[MessageQueue, int], read_with: TopicIds | None = None) -> None:
         """Write ``offsets`` as the group's progress (CLUSTERING streams only), for the queues
         the last :meth:`bounds` found readable.
 
         A queue that waits in the checkpoint (cut by a scale-in of its topic's read queues, or
         its broker not answering) is left out: a broker refuses a whole update that names a
         queue its topic does not read now, which would hold back every other queue's progress.
+        So are the queues of a topic created again since ``offsets`` were read (``read_with``,
+        their topic ids): they are offsets of the deleted topic, and would overwrite the
+        group's progress on the new one.
         """
         if self._readable is None:
             self.bounds(require_topics=False)
         readable = self._readable or set()
-        kept = {mq: offset for mq, offset in offsets.items() if mq in readable}
+        stale = recreated_topics(read_with or {}, self._topic_ids)
+        if stale:
+            logger.warning("pymq source: group progress of %s not committed: created again since "
+                           "the batch was planned", ", ".join(f"{t}@{b}" for t, b in sorted(stale)))
+        kept = {mq: offset for mq, offset in offsets.items()
+                if mq in readable and (mq.topic, mq.broker_name) not in stale}
         if kept:
             self.backend.commit_offsets(self.opts.pull_group, kept)
 

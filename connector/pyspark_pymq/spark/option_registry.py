@@ -316,20 +316,23 @@ _SOURCE = (
     OptionSpec(
         "failOnDataLoss", "boolean", section="limits", default=True,
         doc="what happens when messages to read are gone (expired by `fileReservedTime`, topic "
-            "deleted, or recreated with fewer messages than the stream had read): `true` fails the "
-            "query saying what was lost; `false` logs it and skips ahead. A topic recreated with as "
-            "many messages or more goes unnoticed, as in Spark's Kafka source: its first ones are "
-            "skipped; give the new topic a new name or start a new checkpoint.",
+            "deleted, or deleted and created again): `true` fails the query saying what was lost; "
+            "`false` logs it and skips ahead (a re-created topic is read from its first message). "
+            "The pymq broker gives each topic an id when it is created, so a stream tells a "
+            "re-created topic whatever its offsets. A RocketMQ cluster has no topic ids: there, as "
+            "in Spark's Kafka source, only offsets going back show it, and a topic re-created with "
+            "as many messages as the stream had read goes unnoticed (its first ones are skipped); "
+            "give the new topic a new name or start a new checkpoint.",
     ),
     OptionSpec(
         "includeRetry", "boolean", section="retries",
         default_doc="streams in CLUSTERING with a `consumerGroup`: `true`; else `false`",
         doc="read `%RETRY%<consumerGroup>` too (needs `consumerGroup` and CLUSTERING). Its queues "
             "start as the topics' do (`startingOffsets`, `startingTimestamp`, `lastMessagesPerQueue`), "
-            "except that with `startingOffsets=group` a queue without the group's progress starts at "
-            "its first message, whatever `consumeFromWhere` says (as RocketMQ's consumers start retry "
-            "topics). A retried message shows its original topic in `topic` and the retry topic in "
-            "`retry_topic`.",
+            "except that with `startingOffsets=group` a queue without the group's progress starts "
+            "as RocketMQ's consumers start retry topics: at its first message, or with "
+            "`consumeFromWhere=CONSUME_FROM_TIMESTAMP` at its last. A retried message shows its "
+            "original topic in `topic` and the retry topic in `retry_topic`.",
     ),
     OptionSpec(
         "pullBatchSize", "integer", section="limits", default=DEFAULT_PULL_BATCH_SIZE,

@@ -29,6 +29,16 @@ A later end carries ``$from`` for the queues whose checkpointed offsets expired
 the batch and in its replay. :func:`offsets_from_json` skips it.
 Checkpoints written before it (batch 0 an empty batch to the resolved start)
 replay as they did.
+
+Offsets read from a pymq broker also keep, under :data:`TOPIC_IDS_KEY`, the id
+each broker gave each topic when it was created::
+
+    {"$topicIds": {"orders": {"broker-a": 5149...}}, "orders": {"broker-a:0": 250}}
+
+so the next batch sees when a topic was deleted and created again (its offsets
+restart at 0 and may well have passed the old ones by then). Backends without
+topic ids (RocketMQ) and checkpoints written before them have no such key, and
+nothing is checked for them.
 """
 
 from __future__ import annotations
@@ -44,14 +54,20 @@ __all__ = [
     "FROM_KEY",
     "INITIAL",
     "LATEST",
+    "TOPIC_IDS_KEY",
     "QueueKey",
+    "TopicIds",
     "batch_start",
     "is_initial",
     "offsets_from_json",
     "offsets_to_json",
     "parse_offsets_json",
     "queue_key",
+    "recreated_topics",
+    "topic_ids",
+    "topic_ids_from_json",
     "with_start",
+    "with_topic_ids",
 ]
 
 #: (topic, broker name, queue id); broker name "" matches any broker.
@@ -66,6 +82,11 @@ INITIAL_KEY = "$initial"
 INITIAL: dict[str, Any] = {INITIAL_KEY: "startingOffsets"}
 #: In batch 0's end offset: the resolved start of batch 0.
 FROM_KEY = "$from"
+#: The topics' creation ids, per topic and broker.
+TOPIC_IDS_KEY = "$topicIds"
+
+#: (topic, broker name) -> the id the broker gave the topic when it was created.
+TopicIds = dict[tuple[str, str], int]
 
 
 def is_initial(offset: Mapping[str, Any]) -> bool:
@@ -105,6 +126,47 @@ def with_start(end: dict[str, dict[str, int]], start: Mapping[MessageQueue, int]
     return {FROM_KEY: offsets_to_json(start), **end}
 
 
+def topic_ids(bounds: Mapping[MessageQueue, Any]) -> TopicIds:
+    """The topic ids of ``bounds`` (:class:`QueueBounds` by queue); topics without one left out."""
+    return {(mq.topic, mq.broker_name): b.topic_id for mq, b in bounds.items() if b.topic_id}
+
+
+def recreated_topics(read_with: TopicIds, now: TopicIds) -> set[tuple[str, str]]:
+    """The (topic, broker)s of ``read_with`` whose id is another one ``now``: deleted and
+    created again. Missing from ``now`` (gone, broker down) is not a new id."""
+    return {key for key, old in read_with.items() if now.get(key, old) != old}
+
+
+def with_topic_ids(end: dict[str, Any], ids: TopicIds) -> dict[str, Any]:
+    """``end`` with ``ids`` under :data:`TOPIC_IDS_KEY` (first, in the one order); as it is
+    when there are none, so offsets of backends without ids keep their form."""
+    if not ids:
+        return end
+    by_topic: dict[str, dict[str, int]] = {}
+    for (topic, broker), topic_id in sorted(ids.items()):
+        by_topic.setdefault(topic, {})[broker] = topic_id
+    return {TOPIC_IDS_KEY: by_topic, **end}
+
+
+def topic_ids_from_json(offset: Mapping[str, Any]) -> TopicIds:
+    """The topic ids a checkpointed offset was read with (none for older checkpoints)."""
+    found = offset.get(TOPIC_IDS_KEY)
+    if found is None:
+        return {}
+    if not isinstance(found, Mapping):
+        raise ValueError(f"checkpointed pymq offset {offset!r} is malformed at {TOPIC_IDS_KEY!r}")
+    out: TopicIds = {}
+    for topic, brokers in found.items():
+        if not isinstance(brokers, Mapping) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in brokers.values()
+        ):
+            raise ValueError(
+                f"checkpointed pymq offset {offset!r} is malformed at {TOPIC_IDS_KEY!r}/{topic!r}"
+            )
+        out.update({(str(topic), str(broker)): v for broker, v in brokers.items()})
+    return out
+
+
 def batch_start(start: Mapping[str, Any], end: Mapping[str, Any]) -> dict[MessageQueue, int] | None:
     """Where the batch from ``start`` to ``end`` begins; None: it reads nothing.
 
@@ -128,7 +190,7 @@ def offsets_from_json(offset: Mapping[str, Any]) -> dict[MessageQueue, int]:
         raise ValueError("the initial marker has no offsets; resolve it first")
     out: dict[MessageQueue, int] = {}
     for topic, queues in offset.items():
-        if topic == FROM_KEY:
+        if topic in (FROM_KEY, TOPIC_IDS_KEY):
             continue
         if not isinstance(queues, Mapping):
             raise ValueError(f"checkpointed pymq offset {offset!r} is malformed at {topic!r}")

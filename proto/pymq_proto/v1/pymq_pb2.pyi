@@ -953,6 +953,7 @@ class TopicConfig(_message.Message):
     TOPIC_FILTER_TYPE_FIELD_NUMBER: _builtins.int
     ORDER_FIELD_NUMBER: _builtins.int
     MESSAGE_TYPE_FIELD_NUMBER: _builtins.int
+    TOPIC_ID_FIELD_NUMBER: _builtins.int
     topic_name: _builtins.str
     read_queue_nums: _builtins.int
     write_queue_nums: _builtins.int
@@ -966,6 +967,10 @@ class TopicConfig(_message.Message):
     MIXED; what apache.rocketmq.v2 sends may carry. "" in a CreateTopicRequest: NORMAL for a new
     topic, unchanged for an existing one.
     """
+    topic_id: _builtins.int
+    """pymq's topic id (RocketMQ has none): new each time a topic of this name is created, kept by
+    updates; 0 for topics stored before ids. Ignored in a CreateTopicRequest.
+    """
     def __init__(
         self,
         *,
@@ -977,10 +982,11 @@ class TopicConfig(_message.Message):
         topic_filter_type: _builtins.str = ...,
         order: _builtins.bool = ...,
         message_type: _builtins.str = ...,
+        topic_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dedup_window_ms", b"dedup_window_ms", "message_type", b"message_type", "order", b"order", "perm", b"perm", "read_queue_nums", b"read_queue_nums", "topic_filter_type", b"topic_filter_type", "topic_name", b"topic_name", "write_queue_nums", b"write_queue_nums"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dedup_window_ms", b"dedup_window_ms", "message_type", b"message_type", "order", b"order", "perm", b"perm", "read_queue_nums", b"read_queue_nums", "topic_filter_type", b"topic_filter_type", "topic_id", b"topic_id", "topic_name", b"topic_name", "write_queue_nums", b"write_queue_nums"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1156,19 +1162,24 @@ Global___TopicStatsRequest: _TypeAlias = TopicStatsRequest  # noqa: Y015
 
 @_typing.final
 class TopicStatsResponse(_message.Message):
+    """topic_id: the topic's TopicConfig.topic_id, so a reader tells a re-created topic from the old one."""
+
     DESCRIPTOR: _descriptor.Descriptor
 
     QUEUES_FIELD_NUMBER: _builtins.int
+    TOPIC_ID_FIELD_NUMBER: _builtins.int
+    topic_id: _builtins.int
     @_builtins.property
     def queues(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueStats]: ...
     def __init__(
         self,
         *,
         queues: _abc.Iterable[Global___QueueStats] | None = ...,
+        topic_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["queues", b"queues"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queues", b"queues", "topic_id", b"topic_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
