@@ -260,3 +260,29 @@ def test_the_spark_source_starts_from_its_group_as_before(endpoint: str) -> None
     # never committed: CONSUME_FROM_LAST_OFFSET, the end of the queue (RocketMQ's 0 would re-read it)
     assert starts("gsrc2")[full] == 3
     assert {"%RETRY%gsrc", "%RETRY%gsrc2"} <= set(Admin(endpoint).topic_names(include_system=True))
+
+
+def test_a_retry_queue_without_progress_starts_where_rocketmq_consumers_start_it(endpoint: str) -> None:
+    """RebalancePushImpl.computePullFromWhereWithException for a %RETRY% queue the group never
+    committed on: its first message for CONSUME_FROM_LAST/FIRST_OFFSET, its max offset for
+    CONSUME_FROM_TIMESTAMP (whatever the timestamp)."""
+    Admin(endpoint).create_topic("rsrc", queues=1)
+    Producer(endpoint).send(Message("rsrc", b"m"))
+    consumer = PullConsumer(endpoint, "gretry")
+    message = consumer.pull(consumer.queues("rsrc")[0], 0, 1).messages[0]
+    for _ in range(2):
+        consumer.send_back(message, delay_level=1)
+    rq = consumer.retry_queues()[0]
+    deadline = time.monotonic() + 30
+    while consumer.max_offset(rq) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+    def retry_start(**where: str) -> int:
+        opts = parse_source_options({"endpoint": endpoint, "topic": "rsrc", "consumerGroup": "gretry",
+                                     **where}, stream=True)
+        reader = OffsetReader(opts)
+        return reader.starting_offsets(reader.bounds(require_topics=True)[0])[rq]
+
+    assert retry_start() == 0  # CONSUME_FROM_LAST_OFFSET
+    assert retry_start(consumeFromWhere="CONSUME_FROM_FIRST_OFFSET") == 0
+    assert retry_start(consumeFromWhere="CONSUME_FROM_TIMESTAMP", consumeTimestamp="0") == 2

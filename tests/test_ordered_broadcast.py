@@ -101,6 +101,9 @@ def test_orderly_gives_up_to_the_dlq_after_max_reconsume_times(spark: Any, share
     dead = Admin(ep).dead_letter_messages(group)
     assert [d.body for d in dead] == [b"s2"]
     assert dead[0].properties["CONSUME_FAILURE_EXCEPTION"] == "ValueError"
+    # tried 1 + 2 times in place: the dead letter counts them, as RocketMQ's orderly consumer's
+    assert dead[0].reconsume_times == 3 and dead[0].properties["RETRY_TOPIC"] == topic
+    assert listener.last_stats.dead_letters == 1 and listener.last_stats.retried_in_place == 2
 
 
 def test_broadcasting_queries_each_see_every_message_without_progress_or_retries(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pymq_proto.record import MAX_PROPERTIES_SIZE, MAX_REASON_CHARS, MessageConst, encode_properties
 from pymq_proto.topics import get_dlq_topic, get_retry_topic
@@ -246,6 +246,32 @@ class PullConsumer:
         caller consumes the message again later.
         """
         return self.send_back_batch([message], delay_level, max_reconsume_times, [reason])[0]
+
+    def send_back_orderly(
+        self,
+        message: MessageExt,
+        reconsume_times: int,
+        max_reconsume_times: int,
+        reason: str | Mapping[str, str] | None = None,
+    ) -> SendBackResult:
+        """An orderly consumer gives a message up (RocketMQ's orderly ``sendMessageBack``).
+
+        An orderly consumer retries a failed message in place, so the stored message
+        never counts those retries: ``reconsume_times`` is the count (the message's own
+        plus the in-place retries). A copy goes to %RETRY%<group> with that count + 1 and
+        ``max_reconsume_times``; past the limit the broker stores it in %DLQ%<group>
+        (RocketMQ's handleRetryAndDLQ), so the dead letter says how often the message
+        was tried; else it comes back after level 3 + ``reconsume_times``.
+        """
+        _check_max_times(max_reconsume_times)
+        if not isinstance(reconsume_times, int) or isinstance(reconsume_times, bool) or reconsume_times < 0:
+            raise ValueError(
+                f"reconsume_times must be an int >= 0 (the retries so far), got {reconsume_times!r}"
+            )
+        if not isinstance(message, MessageExt):
+            raise TypeError(f"send_back_orderly takes a received MessageExt, got {type(message).__name__}")
+        return self._send_back_directly(replace(message, reconsume_times=reconsume_times), 0,
+                                        max_reconsume_times, _reason_properties(reason))
 
     def send_back_batch(
         self,

@@ -135,6 +135,17 @@ def _send_back(consumer: PullConsumer, cfg: _Config, failed: list[tuple[MessageE
     stats.reconsume_later += len(results) - dead
 
 
+def _give_up(consumer: PullConsumer, m: MessageExt, reconsume_times: int, limit: int,
+             reason: dict[str, str], stats: ConsumeStats) -> None:
+    """An orderly message over its limit: to the DLQ with its in-place retries counted, as
+    RocketMQ's orderly consumer sends it (a send back would count the stored message's)."""
+    send_back_acknowledged(
+        lambda _: [consumer.send_back_orderly(m, reconsume_times, limit, reason)], 1,
+        lambda _: f"message {m.msg_id} the orderly listener gave up on to %DLQ%{consumer.group}",
+    )
+    stats.dead_letters += 1
+
+
 def _reason(exc_class: str, text: str, batch_id: str) -> dict[str, str]:
     return {
         MC.PROPERTY_CONSUME_FAILURE_REASON: text,
@@ -202,8 +213,9 @@ def _consume_orderly(
                     stats.consumed += 1
                     break
                 attempts += 1
-                if limit is not None and attempts > limit:
-                    _send_back(consumer, cfg, [(m, _reason(exc_class, text, batch_id))], -1, stats)
+                if limit is not None and m.reconsume_times + attempts > limit:
+                    _give_up(consumer, m, m.reconsume_times + attempts - 1, limit,
+                             _reason(exc_class, text, batch_id), stats)
                     break
                 stats.retried_in_place += 1
                 time.sleep(cfg.suspend_ms / 1000.0)

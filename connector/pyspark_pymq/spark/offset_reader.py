@@ -238,15 +238,16 @@ class OffsetReader:
         if kind is StartKind.LAST_N:
             end = b.max_offset if ending is None else ending.get(mq, b.max_offset)
             return max(b.min_offset, end - start.count)
-        # GROUP: the group's progress, else consumeFromWhere; a retry topic read along starts at
-        # its first message then (RocketMQ's consumers start a %RETRY% queue there too): what is
-        # in it failed in this group and is due again, not history to skip
+        # GROUP: the group's progress, else consumeFromWhere; a retry topic read along starts as
+        # RocketMQ's consumers start a %RETRY% queue (RebalancePushImpl.
+        # computePullFromWhereWithException): at its first message, what is in it failed in this
+        # group and is due again; but at its max offset from a timestamp
         committed = self._committed(mq)
         if committed >= 0:
             return committed
-        if mq.topic == self.opts.retry_topic and mq.topic not in self.opts.topics:
-            return b.min_offset
         where = self.opts.consume_from_where
+        if mq.topic == self.opts.retry_topic and mq.topic not in self.opts.topics:
+            return b.max_offset if where is ConsumeFromWhere.CONSUME_FROM_TIMESTAMP else b.min_offset
         if where is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET:
             return b.min_offset
         if where is ConsumeFromWhere.CONSUME_FROM_TIMESTAMP:
