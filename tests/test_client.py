@@ -158,3 +158,22 @@ def test_clients_keep_multi_megabyte_buffers_in_the_heap(setting: str, where: st
     out = subprocess.run([sys.executable, "-c", _HEAP_PROBE], env=env, capture_output=True, text=True,
                          timeout=120, check=True).stdout.split()
     assert out[-1] == where
+
+
+@pytest.mark.parametrize("char", ["e", "é", "错"])
+def test_a_copy_to_retry_cuts_a_reason_by_bytes_not_characters(char: str) -> None:
+    """Next to large properties, a reason is cut to the room left; a multi-byte one as much as
+    an ASCII one (cutting characters for bytes dropped it whole)."""
+    from pyspark_pymq.client.consumer import _MAX_COPY_PROPERTIES, _copy_properties
+    from pyspark_pymq.client.message import MessageExt
+
+    message = MessageExt(topic="t", queue_id=0, broker_name="broker-a", queue_offset=0, msg_id="AB" * 16,
+                         offset_msg_id="CD" * 16, commit_log_offset=1, body=b"x", tags=None, keys=(),
+                         properties={"blob": "p" * 31_000}, born_timestamp=0, store_timestamp=0,
+                         reconsume_times=0)
+    system = {"RETRY_TOPIC": "t", "RECONSUME_TIME": "1", "MAX_RECONSUME_TIMES": "16", "DELAY": "3"}
+    encoded = _copy_properties(message, {"CONSUME_FAILURE_REASON": char * 10_000}, system, "AB" * 16)
+    reason = decode_properties(encoded)["CONSUME_FAILURE_REASON"]
+    assert set(reason) == {char}
+    # the room is used, all but part of one character
+    assert _MAX_COPY_PROPERTIES - len(char.encode()) < len(encoded) <= _MAX_COPY_PROPERTIES

@@ -423,8 +423,10 @@ def _copy_properties(
                 f"have (RocketMQ's limit of {MAX_PROPERTIES_SIZE} less what the broker adds to store it): "
                 "the message's own properties leave no room for the send back's"
             )
-        # each character is a byte or more: this frees ``over`` bytes at least
-        cut[longest] = cut[longest][: max(0, len(cut[longest]) - over)]
+        # ``over`` bytes of UTF-8, not characters: a reason in Chinese would lose 3 times what it
+        # must, and all of it next to large properties (a character cut in two is dropped)
+        raw = cut[longest].encode()
+        cut[longest] = raw[: max(0, len(raw) - over)].decode(errors="ignore")
 
 
 def _results_so_far(done: list[SendBackResult | None] | None, n: int) -> list[SendBackResult | None]:
