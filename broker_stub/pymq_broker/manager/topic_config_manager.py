@@ -27,8 +27,9 @@ class TopicConfig:
 
     ``topic_id`` is pymq's own (RocketMQ has none; Kafka's topic IDs are the model): a new
     random id each time a topic of this name is created, kept by updates, 0 for topics
-    stored before ids. A stream's checkpoint keeps it, so a topic deleted and created
-    again is told apart from the one the stream read, whatever its offsets.
+    stored before ids and for the topics the broker makes itself (%RETRY%, %DLQ%...). A
+    stream's checkpoint keeps it, so a topic deleted and created again is told apart from
+    the one the stream read, whatever its offsets.
     """
 
     topic_name: str
@@ -157,7 +158,10 @@ class TopicConfigManager(ConfigManager):
     def _system_topic(self, topic: str, queues: int, *, persist: bool = True) -> TopicConfig:
         cfg = self.topic_config_table.get(topic)
         if cfg is None:
-            cfg = TopicConfig(topic, queues, queues, PERM_READ | PERM_WRITE, topic_id=new_topic_id())
+            # no topic id (0): the broker makes these again by itself, e.g. %RETRY%<group> at a
+            # registration after a crash that came before its config was written (persist=False),
+            # while its stored messages are all there: a new id would read as a new topic
+            cfg = TopicConfig(topic, queues, queues, PERM_READ | PERM_WRITE)
             self.topic_config_table[topic] = cfg
             if persist:
                 self.persist()
