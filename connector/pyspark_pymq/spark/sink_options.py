@@ -237,7 +237,7 @@ def parse_sink_options(raw_options: Mapping[str, str], schema: StructType, *, st
         _check_send_input(schema, topic)
         if exactly_once and "delay_level" in schema.fieldNames():
             raise ValueError(
-                "pymq sink option deliveryGuarantee=exactly-once cannot send the column 'delay_level': "
+                f"{_PREFIX} deliveryGuarantee=exactly-once cannot send the column 'delay_level': "
                 "a half message cannot be delayed (RocketMQ delays no transactional message). Drop the "
                 "column, or use deliveryGuarantee=at-least-once"
             )
