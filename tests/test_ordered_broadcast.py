@@ -87,7 +87,7 @@ def test_orderly_gives_up_to_the_dlq_after_max_reconsume_times(spark: Any, share
     ep = shared_broker.endpoint
     topic, group = unique("ordered-poison"), unique("opg")
     Admin(ep).create_topic(topic, queues=1)
-    Producer(ep).send_batch([Message(topic, f"s{i}") for i in range(5)])
+    Producer(ep).send_batch([Message(topic, f"s{i}", flag=7 if i == 2 else 0) for i in range(5)])
 
     def handle(msgs: list[MessageExt]) -> ConsumeOrderlyStatus:
         if msgs[0].body == b"s2":
@@ -103,6 +103,7 @@ def test_orderly_gives_up_to_the_dlq_after_max_reconsume_times(spark: Any, share
     assert dead[0].properties["CONSUME_FAILURE_EXCEPTION"] == "ValueError"
     # tried 1 + 2 times in place: the dead letter counts them, as RocketMQ's orderly consumer's
     assert dead[0].reconsume_times == 3 and dead[0].properties["RETRY_TOPIC"] == topic
+    assert dead[0].flag == 7  # the stored message's, which a Spark row does not carry
     assert listener.last_stats.dead_letters == 1 and listener.last_stats.retried_in_place == 2
 
 

@@ -264,6 +264,10 @@ def test_offset_json_has_one_deterministic_order() -> None:
     )
     # Spark stores json.dumps text and gives json.loads back: a round trip is exact.
     assert offsets_from_json(json.loads(json.dumps(offsets_to_json(a)))) == a
+    # a key a later version adds ("$..." cannot be a topic) leaves the offsets readable, so that
+    # going back a version does not strand a checkpoint (as $topicIds did the version before it)
+    later = {"$later": {"t1": [1, 2]}, **offsets_to_json(a)}
+    assert offsets_from_json(later) == a
 
 
 def test_initial_marker() -> None:
@@ -678,6 +682,9 @@ class FakeOffsetReader:
     def unavailable_brokers(self, queues: Any) -> set[str]:
         return {mq.broker_name for mq in queues} & self.down
 
+    def topic_ids(self) -> dict[tuple[str, str], int]:
+        return {(mq.topic, mq.broker_name): b.topic_id for mq, b in self.queue_bounds.items() if b.topic_id}
+
     def commit(self, offsets: dict[MessageQueue, int], read_with: Any = None) -> None:
         self.committed.update(offsets)
         self.read_with = read_with
@@ -814,6 +821,18 @@ def test_a_topic_created_again_is_told_by_its_id_whatever_its_offsets() -> None:
     parts = lenient.partitions(first, end)  # the new topic from its first message, not from 10
     assert sorted((p.range.queue_id, p.range.start, p.range.end) for p in parts) == [(0, 0, 25), (1, 0, 30)]
     assert ends(lenient.latestOffset(end, ReadAllAvailable())) == {T0: 25, T1: 30}  # then as usual
+
+    # A restart replays the last batch from the checkpoint (partitions without latestOffset):
+    # the re-created topic's queues are not read at the old offsets (then again from the start)
+    fake.set({T0: (0, 10), T1: (0, 10), T2: (0, 10)}, topic_id=7)
+    replayed = strict.latestOffset(first, ReadAllAvailable())  # nothing new: the same end
+    fake.set({T0: (0, 12), T1: (0, 12), T2: (0, 12)}, topic_id=7)
+    batch1 = strict.latestOffset(first, ReadAllAvailable())
+    assert ends(batch1) == {T0: 12, T1: 12, T2: 12} and replayed == first
+    fake.set({T0: (0, 25), T1: (0, 30)}, topic_id=8)
+    with pytest.raises(DataLossError, match=changed):
+        make_stream(fake, topic="t").partitions(first, batch1)
+    assert make_stream(fake, topic="t", failOnDataLoss="false").partitions(first, batch1) == []
 
     # no id on one side (an older checkpoint, RocketMQ, a broker before ids): not judged
     no_ids = {k: v for k, v in first.items() if k != TOPIC_IDS_KEY}

@@ -707,3 +707,21 @@ def test_recovery_does_not_read_a_corrupt_records_claimed_size(
         assert max(reads) <= 1 << 20
     finally:
         again.shutdown()
+
+
+def test_topic_configs_load_with_fields_a_later_version_wrote(tmp_path: Path) -> None:
+    """Going back a version must not keep the broker from starting on its topics.json."""
+    import json
+
+    from pymq_broker.manager.topic_config_manager import TopicConfig, TopicConfigManager
+
+    later = TopicConfigManager(tmp_path / "topics.json")
+    later.create_topic(TopicConfig("orders", 2, 2), update_if_exists=False)
+    data = json.loads((tmp_path / "topics.json").read_text())
+    data["topicConfigTable"]["orders"]["retention_hours"] = 72  # a field this version does not know
+    (tmp_path / "topics.json").write_text(json.dumps(data))
+    loaded = TopicConfigManager(tmp_path / "topics.json")
+    loaded.load()
+    cfg = loaded.select_topic_config("orders")
+    assert cfg is not None and cfg.read_queue_nums == 2
+    assert cfg.topic_id == later.select_topic_config("orders").topic_id != 0  # type: ignore[union-attr]

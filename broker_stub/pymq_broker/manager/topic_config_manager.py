@@ -76,8 +76,10 @@ class TopicConfigManager(ConfigManager):
         return {"topicConfigTable": {k: asdict(v) for k, v in self.topic_config_table.items()}}
 
     def decode(self, data: dict[str, Any]) -> None:
+        known = set(TopicConfig.__dataclass_fields__)
         for name, cfg in data.get("topicConfigTable", {}).items():
-            self.topic_config_table[name] = TopicConfig(**cfg)
+            # fields a later version wrote are left out: going back a version must not stop the broker
+            self.topic_config_table[name] = TopicConfig(**{k: v for k, v in cfg.items() if k in known})
 
     def select_topic_config(self, topic: str) -> TopicConfig | None:
         return self.topic_config_table.get(topic)

@@ -152,10 +152,11 @@ class PymqDataSource(DataSource):
         ``fileReservedTime``, topic deleted, or deleted and created again): ``true`` fails the query
         saying what was lost; ``false`` logs it and skips ahead (a re-created topic is read from its
         first message). The pymq broker gives each topic an id when it is created, so a stream tells a
-        re-created topic whatever its offsets. A RocketMQ cluster has no topic ids: there, as in Spark's
-        Kafka source, only offsets going back show it, and a topic re-created with as many messages as
-        the stream had read goes unnoticed (its first ones are skipped); give the new topic a new name
-        or start a new checkpoint.
+        re-created topic whatever its offsets. Where there is no id (a RocketMQ cluster,
+        ``%RETRY%``/``%DLQ%`` topics, topics made before pymq had ids, batch reads), as in Spark's Kafka
+        source only offsets going back show it, and a topic re-created with as many messages as the
+        stream had read goes unnoticed (its first ones are skipped); give the new topic a new name or
+        start a new checkpoint.
 
     ``includeRetry``
         (boolean; default streams in CLUSTERING with a ``consumerGroup``: ``true``; else ``false``) read

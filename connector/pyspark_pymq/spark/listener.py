@@ -53,7 +53,8 @@ from pymq_proto.record import MessageConst as MC
 
 from ..backend.base import BackendConfig, backend_config, cached_backend, client_tls
 from ..client.consumer import PullConsumer
-from ..client.message import MessageExt
+from ..client.message import MessageExt, MessageQueue
+from ..errors import PymqError
 from .rows import column, messages_from_batch, send_back_acknowledged
 from .schema import source_schema
 
@@ -135,6 +136,16 @@ def _send_back(consumer: PullConsumer, cfg: _Config, failed: list[tuple[MessageE
     stats.reconsume_later += len(results) - dead
 
 
+def _stored(consumer: PullConsumer, m: MessageExt, topic: str) -> MessageExt:
+    """``m`` as its broker stores it in the queue read (``topic``): a Spark row has no ``flag``,
+    which RocketMQ's orderly copy keeps. ``m`` itself where it cannot be read again."""
+    try:
+        got = consumer.pull(MessageQueue(topic, m.broker_name, m.queue_id), m.queue_offset, 1).messages
+    except PymqError:
+        return m
+    return got[0] if got and got[0].queue_offset == m.queue_offset else m
+
+
 def _give_up(consumer: PullConsumer, m: MessageExt, reconsume_times: int, limit: int,
              reason: dict[str, str], stats: ConsumeStats) -> None:
     """An orderly message over its limit: to the DLQ with its in-place retries counted, as
@@ -214,8 +225,8 @@ def _consume_orderly(
                     break
                 attempts += 1
                 if limit is not None and m.reconsume_times + attempts > limit:
-                    _give_up(consumer, m, m.reconsume_times + attempts - 1, limit,
-                             _reason(exc_class, text, batch_id), stats)
+                    _give_up(consumer, _stored(consumer, m, read_from[i]), m.reconsume_times + attempts - 1,
+                             limit, _reason(exc_class, text, batch_id), stats)
                     break
                 stats.retried_in_place += 1
                 time.sleep(cfg.suspend_ms / 1000.0)

@@ -285,9 +285,18 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
         first = batch_start(start, end)
         if first is None:
             return []
+        last = offsets_from_json(end)
+        read_with = topic_ids_from_json(end)
+        if read_with:
+            # A batch replayed from the checkpoint (Spark plans it again without latestOffset)
+            # after its topic was created again would read the new topic at the old offsets,
+            # then the next batch the new topic from its start: its queues are left out here.
+            recreated = self._recreated(read_with, self.offset_reader.topic_ids())
+            first = {mq: o for mq, o in first.items() if (mq.topic, mq.broker_name) not in recreated}
+            last = {mq: o for mq, o in last.items() if (mq.topic, mq.broker_name) not in recreated}
         ranges = plan_ranges(
             first,
-            offsets_from_json(end),
+            last,
             fail_on_data_loss=self.options.fail_on_data_loss,
         )
         ranges = split_ranges(

@@ -152,6 +152,12 @@ class OffsetReader:
         except PymqError as err:  # only what the broker's tools show depends on it
             logger.warning("pymq source: could not register group %s: %s", self.opts.pull_group, err)
 
+    def topic_ids(self) -> TopicIds:
+        """The topic ids of the last :meth:`bounds` (asked now if there was none in this run)."""
+        if self._readable is None:
+            self.bounds(require_topics=False)
+        return dict(self._topic_ids)
+
     def unavailable_brokers(self, queues: Iterable[MessageQueue]) -> set[str]:
         """Brokers of ``queues`` that are down now (a broker's queues are kept, not lost):
         gone from the name servers, or not answering the last :meth:`bounds`."""

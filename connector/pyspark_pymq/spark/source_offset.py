@@ -77,7 +77,9 @@ QueueKey = tuple[str, str, int]
 EARLIEST = -2
 LATEST = -1
 
-#: Topic names cannot contain '$', so this key never clashes with a topic.
+#: Topic names cannot contain '$', so these keys never clash with a topic; offsets_from_json
+#: skips every key that starts with one, so that a key a later version adds does not make its
+#: checkpoints unreadable to this one.
 INITIAL_KEY = "$initial"
 INITIAL: dict[str, Any] = {INITIAL_KEY: "startingOffsets"}
 #: In batch 0's end offset: the resolved start of batch 0.
@@ -190,7 +192,7 @@ def offsets_from_json(offset: Mapping[str, Any]) -> dict[MessageQueue, int]:
         raise ValueError("the initial marker has no offsets; resolve it first")
     out: dict[MessageQueue, int] = {}
     for topic, queues in offset.items():
-        if topic in (FROM_KEY, TOPIC_IDS_KEY):
+        if str(topic).startswith("$"):  # FROM_KEY, TOPIC_IDS_KEY and any later one: not a topic
             continue
         if not isinstance(queues, Mapping):
             raise ValueError(f"checkpointed pymq offset {offset!r} is malformed at {topic!r}")
