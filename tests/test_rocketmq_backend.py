@@ -259,3 +259,45 @@ def test_a_broker_that_does_not_answer_leaves_its_queues_waiting(
     with pytest.raises(BrokerUnavailableError, match=dead):
         backend.commit_offsets(group, {a0: 1, b0: 1})
     assert consumer.committed(b0) == 1
+
+
+def test_a_new_group_registers_with_every_broker_for_its_retry_topic(
+    rocketmq_cluster: RocketMQCluster,
+) -> None:
+    # register() with no topic heartbeats every master (RocketMQ's heartbeat creates %RETRY%<group>
+    # on the broker receiving it), so retry_queues() of a group new to the cluster works
+    c = rocketmq_cluster
+    group = unique("g")
+    consumer = PullConsumer(group=group, namesrv_addr=c.namesrv_addr)
+    # a %RETRY% topic is made by the brokers: nothing to create by hand
+    with pytest.raises(TopicNotExistError, match=rf"group '{group}' has no retries yet") as info:
+        consumer.queues(f"%RETRY%{group}")
+    assert "updateTopic" not in str(info.value)
+    assert {mq.broker_name for mq in consumer.retry_queues()} == {"broker-a", "broker-b"}
+    other = PullConsumer(group=unique("g"), namesrv_addr=c.namesrv_addr)
+    other.register()
+    assert {mq.broker_name for mq in other.queues(f"%RETRY%{other.group}")} == {"broker-a", "broker-b"}
+
+
+def test_a_dead_brokers_message_is_sent_back_through_a_live_broker(rocketmq_cluster: RocketMQCluster) -> None:
+    # The message's broker died after it was read: the send back falls back to the copy, which
+    # goes to %RETRY%<group> on a live broker (made there by a heartbeat), not only its own.
+    c = rocketmq_cluster
+    topic = _topic(c, "deadsendback", queues=1, brokers=["broker-b"])
+    group = unique("g")
+    Producer(namesrv_addr=c.namesrv_addr).send(Message(topic, b"fails"))
+    consumer = PullConsumer(group=group, namesrv_addr=c.namesrv_addr)
+    consumer.register(topic)  # as a stream does: %RETRY%<group> on broker-b only
+    (first,) = [m for _, m in _read(consumer, topic, at_least=1)]
+    c.kill_broker("broker-b")
+    try:
+        deadline = time.monotonic() + 30
+        while "broker-b" in consumer.backend.namesrv.get_broker_names():  # type: ignore[attr-defined]
+            assert time.monotonic() < deadline, "the name server still lists broker-b 30 s after its kill"
+            time.sleep(0.2)
+        result = consumer.send_back(first)  # type: ignore[arg-type]
+        assert (result.topic, result.dead_letter, result.fallback) == (f"%RETRY%{group}", False, True)
+        (copy,) = _wait_for(consumer, f"%RETRY%{group}", 1)
+        assert copy.broker_name == "broker-a" and copy.body == b"fails" and copy.reconsume_times == 1
+    finally:
+        c.start_broker("broker-b")

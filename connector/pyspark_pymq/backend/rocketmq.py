@@ -189,13 +189,30 @@ class RocketMQBackend(Backend):
         # One HEART_BEAT per broker creates %RETRY%<group> (and the group, where the brokers
         # auto-create groups); the client is unregistered at once, so that push consumers
         # of the same group never count this process when they share out queues.
-        data = ConsumerData.for_topics(group, [t for t in topics if not is_retry_topic(t)])
+        read = [t for t in topics if not is_retry_topic(t)]
+        data = ConsumerData.for_topics(group, read)
         client_id = default_client_id()
-        addrs = {addr for t in data.subscriptions if not is_retry_topic(t.topic)
-                 for addr in self._routes.get(t.topic).endpoints.values()}
-        for addr in sorted(addrs):
-            self.api.heartbeat(addr, client_id, [data])
-            self.api.unregister_client(addr, client_id, consumer_group=group)
+        if read:
+            addrs = {addr for t in read for addr in self._routes.get(t).endpoints.values()}
+            for addr in sorted(addrs):
+                self.api.heartbeat(addr, client_id, [data])
+                self.api.unregister_client(addr, client_id, consumer_group=group)
+            return
+        # No topic names the brokers: every master registered now, so that %RETRY%<group> is on
+        # each broker a send back (or its copy) may have to use, the live ones when one is down.
+        # A broker that does not answer is skipped; none answering is the error.
+        failed: PymqError | None = None
+        answered = False
+        for addr in sorted(self.namesrv.get_broker_addrs().values()):
+            try:
+                self.api.heartbeat(addr, client_id, [data])
+                self.api.unregister_client(addr, client_id, consumer_group=group)
+            except (BrokerUnavailableError, RequestTimeoutError) as err:
+                failed = failed or err
+                continue
+            answered = True
+        if failed is not None and not answered:
+            raise failed
 
     # -- pull -------------------------------------------------------------------------------
 

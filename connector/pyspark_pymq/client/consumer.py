@@ -9,7 +9,13 @@ from pymq_proto.record import MAX_PROPERTIES_SIZE, MAX_REASON_CHARS, MessageCons
 from pymq_proto.topics import get_dlq_topic, get_retry_topic
 
 from ..backend.base import Backend, PullBatch, SendRequest, backend_config, client_tls, open_backend
-from ..errors import MessageIllegalError, TopicNotExistError
+from ..errors import (
+    BrokerUnavailableError,
+    MessageIllegalError,
+    PymqError,
+    RequestTimeoutError,
+    TopicNotExistError,
+)
 from ..tls import TlsConfig
 from .codec import uniq_first
 from .message import (
@@ -381,13 +387,46 @@ class PullConsumer:
         props_b = _copy_properties(message, extra, props, uniq)
         records, sizes = self._backend.encode_records(topic, [message.body], [props_b], [message.flag])
         request = SendRequest(topic, records, sizes, [uniq], reconsume_times=message.reconsume_times + 1)
-        queues = self._retry_route().publish_queues
-        mq = next((q for q in queues if q.broker_name == message.broker_name), queues[0])
-        self._backend.send(self.group, request, mq, self._backend.timeout_s)
+        self._send_retry_copy(request, message.broker_name)
         # the broker's rule for a copy to %RETRY% (handleRetryAndDLQ): past the limit it carries,
         # the DLQ (without one, the group's retryMaxTimes decides: not known here)
         dead = max_times is not None and message.reconsume_times + 1 > max_times
         return SendBackResult(dlq_topic(self.group) if dead else topic, dead, True)
+
+    def _send_retry_copy(self, request: SendRequest, broker_name: str) -> None:
+        """Send a copy to %RETRY%<group>: on ``broker_name`` if it has the topic, else on another.
+
+        The message's own broker may be down (its rows are sent back when it died): the copy
+        goes to the next broker of the route that takes it. When none does (the topic is only
+        on dead brokers), the group registers with every live broker, which creates the topic
+        there (as RocketMQ's heartbeat does), and the route's new brokers are tried.
+        """
+        tried: set[str] = set()
+        failed: PymqError | None = None
+        for attempt in range(2):
+            if attempt:
+                self.register()
+            try:
+                queues = self._retry_route().publish_queues
+            except TopicNotExistError as err:
+                failed = failed or err
+                continue
+            # a queue per broker, the message's own first
+            by_broker = {q.broker_name: q for q in reversed(queues) if q.broker_name not in tried}
+            order = sorted(by_broker, key=lambda b: (b != broker_name, b))
+            for broker in order:
+                try:
+                    self._backend.send(self.group, request, by_broker[broker], self._backend.timeout_s)
+                    return
+                except (BrokerUnavailableError, RequestTimeoutError, TopicNotExistError) as err:
+                    tried.add(broker)
+                    failed = err
+        if failed is None:  # a route without a writable queue (the topic's perm)
+            raise TopicNotExistError(
+                f"{retry_topic(self.group)} has no writable queue on any broker, so the copy of a "
+                "message sent back cannot be stored: give the topic write permission (perm 6)"
+            )
+        raise failed
 
 
 # the broker adds entries as it stores a copy (REAL_TOPIC / REAL_QID to delay it, DLQ_ORIGIN_TOPIC /

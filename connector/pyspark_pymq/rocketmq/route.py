@@ -30,6 +30,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pymq_proto.topics import not_created_yet
+
 from ..client.message import MessageQueue
 from ..client.route import PERM_READ, PERM_WRITE, TopicRoute
 from ..errors import BrokerUnavailableError, PymqError, RequestTimeoutError, TopicNotExistError
@@ -240,10 +242,13 @@ class NameServerClient:
             timeout_s,
         )
         if response.code == ResponseCode.TOPIC_NOT_EXIST:
+            why = not_created_yet(topic)  # a group's %RETRY% / %DLQ%: made by the brokers, not by hand
             raise TopicNotExistError(
                 f"topic {topic!r} does not exist: name server {addr} has no route for it "
-                f"(name servers {self.namesrv_addr}). Create it, e.g. `mqadmin updateTopic "
-                f"-c <cluster> -t {topic}`, or check the topic name and namesrvAddr."
+                f"(name servers {self.namesrv_addr})"
+                + (f": {why}." if why is not None else
+                   f". Create it, e.g. `mqadmin updateTopic -c <cluster> -t {topic}`, or check the "
+                   "topic name and namesrvAddr.")
             )
         if response.code != ResponseCode.SUCCESS or not response.body:
             raise response_error(response, addr, f"GET_ROUTEINFO_BY_TOPIC of topic {topic!r}")
