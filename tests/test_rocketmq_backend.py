@@ -301,3 +301,42 @@ def test_a_dead_brokers_message_is_sent_back_through_a_live_broker(rocketmq_clus
         assert copy.broker_name == "broker-a" and copy.body == b"fails" and copy.reconsume_times == 1
     finally:
         c.start_broker("broker-b")
+
+
+def test_progress_of_a_queue_cut_by_a_scale_in_is_committed(rocketmq_cluster: RocketMQCluster) -> None:
+    # RocketMQ's broker keeps a group's offset on any queue id (updateConsumerOffset), unlike the
+    # pymq broker: a queue cut by a scale-in of read queues keeps the end of what was read of it,
+    # so a later reader of the group does not read it again once the queues are raised.
+    import json
+    from types import SimpleNamespace
+
+    from pyspark_pymq.spark.progress import commit_group_progress
+    from pyspark_pymq.spark.source_offset import offsets_to_json
+
+    c = rocketmq_cluster
+    topic = _topic(c, "scalein", queues=2, brokers=["broker-a"])
+    producer = Producer(namesrv_addr=c.namesrv_addr)
+    for i in range(6):
+        producer.send(Message(topic, b"x%d" % i))
+    group = unique("g")
+    consumer = PullConsumer(group=group, namesrv_addr=c.namesrv_addr)
+    assert len(_read(consumer, topic, at_least=6)) == 6  # also creates the group
+    opts = parse_source_options({"namesrvAddr": c.namesrv_addr, "topic": topic, "consumerGroup": group},
+                                stream=True)
+    reader = OffsetReader(opts, open_backend(opts.backend))
+    bounds, _ = reader.bounds(require_topics=True)
+    ends = {mq: b.max_offset for mq, b in bounds.items() if mq.topic == topic}
+    q0, q1 = MessageQueue(topic, "broker-a", 0), MessageQueue(topic, "broker-a", 1)
+    assert set(ends) == {q0, q1} and ends[q1] > 0
+    c.mqadmin("updateTopic", "-b", c.broker_addrs["broker-a"], "-t", topic, "-r", "1", "-w", "1")
+    deadline = time.monotonic() + 30
+    while q1 in consumer.queues(topic):
+        assert time.monotonic() < deadline, "the name server still routes queue 1 after the scale-in"
+        time.sleep(0.2)
+    reader.bounds(require_topics=False)
+    reader.commit(ends)  # a batch's end, committed once the next batch is planned (queue 1 cut)
+    assert (consumer.committed(q0), consumer.committed(q1)) == (ends[q0], ends[q1])
+    later = {q0: ends[q0] + 1, q1: ends[q1] + 1}  # as if the last batch moved both
+    query = SimpleNamespace(lastProgress={"sources": [{"endOffset": json.dumps(offsets_to_json(later))}]})
+    assert commit_group_progress(query, None, group, namesrv_addr=c.namesrv_addr) == 2
+    assert (consumer.committed(q0), consumer.committed(q1)) == (later[q0], later[q1])

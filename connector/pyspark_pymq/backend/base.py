@@ -219,6 +219,11 @@ class Backend(ABC):
     # the reconsume limit a send back carries when the caller gives none (None: the broker's
     # group config decides)
     default_max_reconsume_times: int | None = None
+    # Whether the broker keeps a group's progress on a queue its topic does not read now (cut by a
+    # scale-in of read queues). The pymq broker refuses a whole update that names one, so such
+    # queues are left out of commits there; one that takes them keeps the progress of a drained
+    # queue, which a later reader of the group starts from when the queues are raised again.
+    takes_progress_of_unread_queues: bool = False
 
     # -- routes ------------------------------------------------------------------------
 

@@ -83,6 +83,9 @@ class RocketMQBackend(Backend):
     """Apache RocketMQ 4.x/5.x clusters reached through their name servers (``namesrvAddr``)."""
 
     default_max_reconsume_times = DEFAULT_MAX_RECONSUME_TIMES  # as RocketMQ's push consumer sends
+    # ConsumerManageProcessor.updateConsumerOffset takes any queue id, and commit_offsets sends
+    # one queue per request: a queue cut by a scale-in refuses nothing else's progress
+    takes_progress_of_unread_queues = True
 
     def __init__(self, config: BackendConfig, timeout_s: float = 10.0) -> None:
         assert config.namesrv_addr, "RocketMQBackend needs namesrv_addr"

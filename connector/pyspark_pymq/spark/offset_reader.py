@@ -300,14 +300,11 @@ class OffsetReader:
 
     def commit(self, offsets: Mapping[MessageQueue, int], read_with: TopicIds | None = None) -> None:
         """Write ``offsets`` as the group's progress (CLUSTERING streams only), for the queues
-        the last :meth:`bounds` found readable.
+        the brokers take now (:func:`committable`, after the last :meth:`bounds`).
 
-        A queue that waits in the checkpoint (cut by a scale-in of its topic's read queues, or
-        its broker not answering) is left out: a broker refuses a whole update that names a
-        queue its topic does not read now, which would hold back every other queue's progress.
-        So are the queues of a topic created again since ``offsets`` were read (``read_with``,
-        their topic ids): they are offsets of the deleted topic, and would overwrite the
-        group's progress on the new one.
+        The queues of a topic created again since ``offsets`` were read (``read_with``, their
+        topic ids) are left out: they are offsets of the deleted topic, and would overwrite
+        the group's progress on the new one.
         """
         if self._readable is None:
             self.bounds(require_topics=False)
@@ -316,10 +313,28 @@ class OffsetReader:
         if stale:
             logger.warning("pymq source: group progress of %s not committed: created again since "
                            "the batch was planned", ", ".join(f"{t}@{b}" for t, b in sorted(stale)))
-        kept = {mq: offset for mq, offset in offsets.items()
-                if mq in readable and (mq.topic, mq.broker_name) not in stale}
+        kept = {mq: offset for mq, offset in committable(self.backend, offsets, readable).items()
+                if (mq.topic, mq.broker_name) not in stale}
         if kept:
             self.backend.commit_offsets(self.opts.pull_group, kept)
+
+
+def committable(
+    backend: Backend, offsets: Mapping[MessageQueue, int], readable: Iterable[MessageQueue]
+) -> dict[MessageQueue, int]:
+    """The part of ``offsets`` the brokers take now, ``readable`` being the queues their topics read.
+
+    A queue whose broker does not answer, or whose topic is gone from its broker, is left out.
+    One cut by a scale-in of its topic's read queues is kept where the broker takes it
+    (:attr:`Backend.takes_progress_of_unread_queues`: its progress is the end of what was read
+    from it), and left out where the broker refuses a whole update that names it, which would
+    hold back every other queue's progress.
+    """
+    readable = set(readable)
+    if not backend.takes_progress_of_unread_queues:
+        return {mq: offset for mq, offset in offsets.items() if mq in readable}
+    on_broker = {(mq.topic, mq.broker_name) for mq in readable}
+    return {mq: offset for mq, offset in offsets.items() if (mq.topic, mq.broker_name) in on_broker}
 
 
 def _check_queue_keys(

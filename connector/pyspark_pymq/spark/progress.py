@@ -15,6 +15,7 @@ from typing import Any
 from ..client.consumer import PullConsumer, retry_topic
 from ..client.message import MessageQueue
 from ..errors import TopicNotExistError
+from .offset_reader import committable
 from .source_offset import is_initial, offsets_from_json
 
 __all__ = ["commit_group_progress"]
@@ -28,8 +29,9 @@ def commit_group_progress(
 ) -> int:
     """Write a stopped query's last end offsets as ``group``'s progress; returns the queues written.
 
-    Queues their topic does not read now (cut by a scale-in of read queues, the topic deleted)
-    are left out: a broker refuses a whole update that names one.
+    Queues of a deleted topic are left out, and so are queues cut by a scale-in of read queues
+    where the broker refuses a whole update that names one (a pymq broker; Apache RocketMQ keeps
+    their progress: :func:`~pyspark_pymq.spark.offset_reader.committable`).
 
     ``endpoint`` names a pymq broker; for Apache RocketMQ pass ``None`` and ``namesrv_addr``.
     ``access_key`` / ``secret_key`` sign the commits; ``tls`` (the system's CAs, or
@@ -68,9 +70,9 @@ def commit_group_progress(
         consumer = PullConsumer(endpoint, group, namesrv_addr=namesrv_addr, access_key=access_key,
                                 secret_key=secret_key, tls=tls, tls_ca_file=tls_ca_file,
                                 tls_cert_file=tls_cert_file, tls_key_file=tls_key_file)
-        # as the stream's commits: only queues their topic reads now (see OffsetReader.commit)
+        # as the stream's commits (OffsetReader.commit)
         readable = _readable_queues(consumer, {mq.topic for mq in queues})
-        queues = {mq: o for mq, o in queues.items() if mq in readable}
+        queues = committable(consumer.backend, queues, readable)
         if queues:
             consumer.commit_offsets(queues)
             written += len(queues)
