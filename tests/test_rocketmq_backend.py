@@ -340,3 +340,23 @@ def test_progress_of_a_queue_cut_by_a_scale_in_is_committed(rocketmq_cluster: Ro
     query = SimpleNamespace(lastProgress={"sources": [{"endOffset": json.dumps(offsets_to_json(later))}]})
     assert commit_group_progress(query, None, group, namesrv_addr=c.namesrv_addr) == 2
     assert (consumer.committed(q0), consumer.committed(q1)) == (later[q0], later[q1])
+
+
+def test_a_send_back_finds_the_messages_broker_by_name(rocketmq_cluster: RocketMQCluster) -> None:
+    # The broker that stores a message does its send back whatever its original topic's route
+    # says (RocketMQ's consumer finds it by name): here the topic was deleted after the read, and
+    # another process (an executor holding no route) sends the message back.
+    c = rocketmq_cluster
+    topic = _topic(c, "byname", queues=1, brokers=["broker-a"])
+    group = unique("g")
+    Producer(namesrv_addr=c.namesrv_addr).send(Message(topic, b"fails"))
+    consumer = PullConsumer(group=group, namesrv_addr=c.namesrv_addr)
+    (first,) = [m for _, m in _read(consumer, topic, at_least=1)]
+    c.mqadmin("deleteTopic", "-c", c.cluster_name, "-t", topic)  # the message stays in the commit log
+    elsewhere = PullConsumer(group=group, namesrv_addr=c.namesrv_addr)
+    with pytest.raises(TopicNotExistError):
+        elsewhere.queues(topic)
+    result = elsewhere.send_back(first)  # type: ignore[arg-type]
+    assert (result.topic, result.dead_letter, result.fallback) == (f"%RETRY%{group}", False, False)
+    (copy,) = _wait_for(elsewhere, f"%RETRY%{group}", 1)
+    assert (copy.broker_name, copy.body, copy.properties["RETRY_TOPIC"]) == ("broker-a", b"fails", topic)

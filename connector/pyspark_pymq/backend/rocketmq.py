@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
-from pymq_proto.topics import get_retry_topic, is_retry_topic
+from pymq_proto.topics import is_retry_topic
 
 from ..client.message import MessageExt, MessageQueue, PullStatus, SendBackColumns, SendResult
 from ..client.route import TopicRoute
@@ -108,6 +108,25 @@ class RocketMQBackend(Backend):
     def broker_addr(self, mq: MessageQueue) -> str:
         """The master address of ``mq``'s broker, from the topic's route."""
         return self._routes.broker_addr(mq.topic, mq.broker_name)
+
+    def _master_addr(self, broker_name: str) -> str:
+        """The master address of ``broker_name``, whatever topic: from any route held, else from
+        the name servers' cluster info.
+
+        A send back goes to the broker that stores the message, which its original topic's
+        route may no longer list (the topic deleted, or a retried message on a broker its
+        original topic is not on); RocketMQ's consumer finds the broker by name
+        (``DefaultMQPushConsumerImpl.sendMessageBack``: ``findBrokerAddressInPublish``).
+        """
+        addr = self._routes.master_addr(broker_name)
+        if addr is None:
+            addr = self.namesrv.get_broker_addrs().get(broker_name)
+        if addr is None:
+            raise BrokerUnavailableError(
+                f"broker {broker_name!r} is not registered with the name servers "
+                f"{self.config.namesrv_addr}: it is down, or its name is not this cluster's"
+            )
+        return addr
 
     # -- routes and offsets -----------------------------------------------------------------
 
@@ -412,9 +431,8 @@ class RocketMQBackend(Backend):
         self, group: str, columns: SendBackColumns, max_reconsume_times: int | None
     ) -> list[SendBackOutcome | None]:
         max_times = max_reconsume_times or self.default_max_reconsume_times
-        topic = columns.origin_topics[0] if columns.origin_topics else get_retry_topic(group)
         try:
-            addr = self._routes.broker_addr(topic, columns.broker_name)
+            addr = self._master_addr(columns.broker_name)
         except PymqError:
             return [None] * len(columns.commit_log_offsets)  # each item falls back to a direct send
         # all at once (the broker works on them while more arrive), at most SEND_BACK_WINDOW in flight

@@ -400,6 +400,20 @@ class RouteCache:
             )
         return addr
 
+    def master_addr(self, broker_name: str) -> str | None:
+        """The master address of ``broker_name`` in any route held (the newest first), or None.
+
+        As RocketMQ's client finds a broker by name in the addresses of every route it
+        fetched (``MQClientInstance.findBrokerAddressInPublish``), whatever the topic.
+        """
+        with self._lock:
+            entries = sorted(self._routes.values(), key=lambda e: e[0], reverse=True)
+        for _, data, _ in entries:
+            broker = data.broker(broker_name)
+            if broker is not None and broker.master_addr is not None:
+                return broker.master_addr
+        return None
+
     def invalidate(self, topic: str) -> None:
         """Forget the route of ``topic``: the next call asks the name servers."""
         with self._lock:
