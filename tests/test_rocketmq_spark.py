@@ -424,3 +424,29 @@ def test_access_key_signing_against_a_broker_with_authentication(
         assert "not-the-secret" not in str(info.value)
     finally:
         auth_cluster.stop(grace=3.0)  # nothing reads its store again
+
+
+def test_a_group_the_brokers_do_not_have_fails_the_query_at_start(
+    spark: Any, rocketmq_cluster: RocketMQCluster
+) -> None:
+    """Brokers with autoCreateSubscriptionGroup=false refuse pulls of a group they do not have: the
+    query fails while it is planned, naming the option and how to create the group, and a pull
+    elsewhere (a task's) says how too, not only the broker's SUBSCRIPTION_GROUP_NOT_EXIST."""
+    c = rocketmq_cluster
+    topic, group = unique("nogroup"), unique("g")
+    c.create_topic(topic, 1, brokers=["broker-a"])
+    Producer(namesrv_addr=c.namesrv_addr).send(Message(topic, b"x"))
+    addr = c.broker_addrs["broker-a"]
+    c.mqadmin("updateBrokerConfig", "-b", addr, "-k", "autoCreateSubscriptionGroup", "-v", "false")
+    try:
+        df = (spark.read.format("pymq").option("namesrvAddr", c.namesrv_addr).option("topic", topic)
+              .option("consumerGroup", group).load())
+        with pytest.raises(Exception, match=rf"pymq option consumerGroup='{group}'.*updateSubGroup") as info:
+            df.collect()
+        assert "autoCreateSubscriptionGroup" in str(info.value)
+        consumer = PullConsumer(group=group, namesrv_addr=c.namesrv_addr)
+        with pytest.raises(PymqError, match=rf"consumer group '{group}' does not exist on broker 'broker-a'"
+                                            r".*cannot be pulled.*updateSubGroup"):
+            consumer.pull(MessageQueue(topic, "broker-a", 0), 0)
+    finally:
+        c.mqadmin("updateBrokerConfig", "-b", addr, "-k", "autoCreateSubscriptionGroup", "-v", "true")

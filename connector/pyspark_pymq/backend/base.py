@@ -309,6 +309,13 @@ class Backend(ABC):
     def commit_offsets(self, group: str, offsets: Mapping[MessageQueue, int]) -> None:
         """Record the group's progress (one request per broker where the wire allows)."""
 
+    def check_consumer_group(self, group: str, queues: Iterable[MessageQueue]) -> None:  # noqa: B027
+        """Raise if the brokers of ``queues`` refuse pulls of ``group`` (a group that does not
+        exist where brokers do not create groups), so that a query fails before its tasks.
+
+        Nothing to check by default (the pymq broker takes any group).
+        """
+
     def register_consumer(self, group: str, topics: Sequence[str]) -> None:  # noqa: B027
         """Tell the brokers that ``group`` consumes ``topics`` (CLUSTERING).
 

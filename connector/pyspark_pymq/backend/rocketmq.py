@@ -77,6 +77,7 @@ SEND_BACK_WINDOW = 256  # CONSUMER_SEND_MSG_BACK requests in flight
 _TRAN_MSG = "TRAN_MSG"  # MessageConst.PROPERTY_TRANSACTION_PREPARED
 _RECONSUME_TIME = "RECONSUME_TIME"  # MessageConst.PROPERTY_RECONSUME_TIME
 _MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"  # MessageConst.PROPERTY_MAX_RECONSUME_TIMES
+_GROUP_NOT_EXIST = "SUBSCRIPTION_GROUP_NOT_EXIST"  # ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST
 
 
 class RocketMQBackend(Backend):
@@ -196,16 +197,35 @@ class RocketMQBackend(Backend):
                 down.add(mq.broker_name)
                 failed = failed or err
             except PymqError as err:
-                if err.code != "SUBSCRIPTION_GROUP_NOT_EXIST":
+                if err.code != _GROUP_NOT_EXIST:
                     raise
-                raise type(err)(
-                    f"consumer group {group!r} does not exist on broker {mq.broker_name!r}, so its "
-                    f"progress on {mq} cannot be kept: create it (mqadmin updateSubGroup -n "
-                    f"{self.config.namesrv_addr} -c <cluster> -g {group}) or enable the brokers' "
-                    "autoCreateSubscriptionGroup (a pull creates the group then)", code=err.code,
-                ) from None
+                raise self._no_group(err, group, mq, f"its progress on {mq} cannot be kept") from None
         if failed is not None:
             raise failed
+
+    def _no_group(self, err: PymqError, group: str, mq: MessageQueue, what: str) -> PymqError:
+        """``err`` (SUBSCRIPTION_GROUP_NOT_EXIST from ``mq``'s broker) saying how to make ``group``."""
+        return type(err)(
+            f"consumer group {group!r} does not exist on broker {mq.broker_name!r}, so {what}: "
+            f"create it (mqadmin updateSubGroup -n {self.config.namesrv_addr} -c <cluster> -g {group}) "
+            "or enable the brokers' autoCreateSubscriptionGroup (a pull creates the group then)",
+            code=err.code,
+        )
+
+    def check_consumer_group(self, group: str, queues: Iterable[MessageQueue]) -> None:
+        # One pull per broker at a queue's end (nothing to transfer): a broker that does not
+        # create groups (autoCreateSubscriptionGroup=false) refuses an unknown one before the
+        # group is checked against the topic (PullMessageProcessor), and one that does creates
+        # it now, as the first pull of a task would. Other errors are the pulls' own to report.
+        first: dict[str, MessageQueue] = {}
+        for mq in sorted(queues):
+            first.setdefault(mq.broker_name, mq)
+        for mq in first.values():
+            try:
+                self.pull(group, mq, self.max_offset(mq), 1)
+            except PymqError as err:
+                if err.code == _GROUP_NOT_EXIST:
+                    raise
 
     def register_consumer(self, group: str, topics: Sequence[str]) -> None:
         # One HEART_BEAT per broker creates %RETRY%<group> (and the group, where the brokers
@@ -250,6 +270,18 @@ class RocketMQBackend(Backend):
         max_bytes: int = 0,
         suspend_timeout_ms: int = 0,
         timeout_s: float | None = None,
+    ) -> PullBatch:
+        try:
+            return self._pull(group, mq, offset, max_nums, subscription, expression_type,
+                              suspend_timeout_ms, timeout_s)
+        except PymqError as err:
+            if err.code != _GROUP_NOT_EXIST:
+                raise
+            raise self._no_group(err, group, mq, f"{mq} cannot be pulled with it") from None
+
+    def _pull(
+        self, group: str, mq: MessageQueue, offset: int, max_nums: int, subscription: str,
+        expression_type: str, suspend_timeout_ms: int, timeout_s: float | None,
     ) -> PullBatch:
         addr = self._addr(mq)
         # RocketMQ's broker reads " * " as the tag "*" (FilterAPI.buildSubscriptionData trims

@@ -57,6 +57,8 @@ class OffsetReader:
         self._readable: set[MessageQueue] | None = None
         # The topic ids the last bounds() found: commit() writes no offsets of an older topic.
         self._topic_ids: TopicIds = {}
+        # Whether the brokers took a pull of the query's group (checked once, at the start).
+        self._group_checked = False
 
     # -- errors -------------------------------------------------------------------
 
@@ -132,10 +134,29 @@ class OffsetReader:
         self._unreachable = unreachable or set()
         self._readable = set(out)
         self._topic_ids = topic_ids(out)
+        if require_topics and not self._group_checked:
+            self._check_group(out)
         if self._unreachable:
             logger.warning("pymq source: broker(s) %s do not answer; their queues wait",
                            ", ".join(sorted(self._unreachable)))
         return out, missing
+
+    def _check_group(self, queues: Iterable[MessageQueue]) -> None:
+        """A group the brokers refuse (RocketMQ's autoCreateSubscriptionGroup=false) fails the
+        query here, naming the option, rather than each task with the broker's answer."""
+        group = self.opts.pull_group
+        try:
+            self.backend.check_consumer_group(group, queues)
+        except PymqError as err:
+            if err.code != "SUBSCRIPTION_GROUP_NOT_EXIST":
+                raise self._explain(err) from None
+            if self.opts.consumer_group:
+                remark = f"pymq option consumerGroup={group!r}: {err.remark}"
+            else:
+                remark = (f"pymq source without option consumerGroup pulls as {group!r}: {err.remark}, "
+                          "or set consumerGroup to a group the brokers have")
+            raise type(err)(remark, code=err.code) from None
+        self._group_checked = True
 
     def _register(self) -> None:
         """A stream in CLUSTERING registers its group (where the broker wants it), again every
