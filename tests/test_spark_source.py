@@ -541,6 +541,24 @@ def test_a_topic_created_again_with_more_messages_goes_through_fail_on_data_loss
     assert {consumer.committed(mq) for mq in consumer.queues(topic)} == {-1}
 
 
+def test_commit_group_progress_writes_no_offsets_of_a_topic_created_again(ep: str) -> None:
+    """A stopped query's last offsets are of the old topic: written onto the new one they would
+    make a group start skip its first messages."""
+    topic, group = create(ep, unique("again-prog"), queues=1), unique("g")
+    produce(ep, topic, 7)
+    consumer = PullConsumer(ep, group)
+    mq = consumer.queues(topic)[0]
+    topic_id = Admin(ep).topic_config(topic).topic_id
+    end = {TOPIC_IDS_KEY: {topic: {mq.broker_name: topic_id}}, topic: {f"{mq.broker_name}:0": 7}}
+    query = type("StoppedQuery", (), {"lastProgress": {"sources": [{"endOffset": json.dumps(end)}]}})()
+    assert commit_group_progress(query, ep, group) == 1 and consumer.committed(mq) == 7
+    Admin(ep).delete_topic(topic)
+    create(ep, topic, queues=1)
+    produce(ep, topic, 10)
+    assert commit_group_progress(query, ep, group) == 0
+    assert consumer.committed(mq) == -1
+
+
 @pytest.fixture
 def retention_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
     """A broker whose 8 MiB commit-log segments expire after ~0.4 s."""

@@ -321,27 +321,18 @@ class OffsetReader:
 
     def commit(self, offsets: Mapping[MessageQueue, int], read_with: TopicIds | None = None) -> None:
         """Write ``offsets`` as the group's progress (CLUSTERING streams only), for the queues
-        the brokers take now (:func:`committable`, after the last :meth:`bounds`).
-
-        The queues of a topic created again since ``offsets`` were read (``read_with``, their
-        topic ids) are left out: they are offsets of the deleted topic, and would overwrite
-        the group's progress on the new one.
-        """
+        the brokers take now (:func:`committable`, after the last :meth:`bounds`); ``read_with``:
+        the topic ids ``offsets`` were read with."""
         if self._readable is None:
             self.bounds(require_topics=False)
-        readable = self._readable or set()
-        stale = recreated_topics(read_with or {}, self._topic_ids)
-        if stale:
-            logger.warning("pymq source: group progress of %s not committed: created again since "
-                           "the batch was planned", ", ".join(f"{t}@{b}" for t, b in sorted(stale)))
-        kept = {mq: offset for mq, offset in committable(self.backend, offsets, readable).items()
-                if (mq.topic, mq.broker_name) not in stale}
+        kept = committable(self.backend, offsets, self._readable or set(), read_with or {}, self._topic_ids)
         if kept:
             self.backend.commit_offsets(self.opts.pull_group, kept)
 
 
 def committable(
-    backend: Backend, offsets: Mapping[MessageQueue, int], readable: Iterable[MessageQueue]
+    backend: Backend, offsets: Mapping[MessageQueue, int], readable: Iterable[MessageQueue],
+    read_with: TopicIds, now: TopicIds,
 ) -> dict[MessageQueue, int]:
     """The part of ``offsets`` the brokers take now, ``readable`` being the queues their topics read.
 
@@ -349,9 +340,16 @@ def committable(
     One cut by a scale-in of its topic's read queues is kept where the broker takes it
     (:attr:`Backend.takes_progress_of_unread_queues`: its progress is the end of what was read
     from it), and left out where the broker refuses a whole update that names it, which would
-    hold back every other queue's progress.
+    hold back every other queue's progress. So are the queues of a topic created again since
+    ``offsets`` were read (its id in ``read_with`` is not the one ``now``): they are offsets of
+    the deleted topic, and would overwrite the group's progress on the new one.
     """
     readable = set(readable)
+    stale = recreated_topics(read_with, now)
+    if stale:
+        logger.warning("pymq source: group progress of %s not committed: created again since its "
+                       "offsets were read", ", ".join(f"{t}@{b}" for t, b in sorted(stale)))
+    offsets = {mq: o for mq, o in offsets.items() if (mq.topic, mq.broker_name) not in stale}
     if not backend.takes_progress_of_unread_queues:
         return {mq: offset for mq, offset in offsets.items() if mq in readable}
     on_broker = {(mq.topic, mq.broker_name) for mq in readable}

@@ -12,11 +12,12 @@ import json
 from collections.abc import Collection, Iterable
 from typing import Any
 
+from ..backend.base import QueueBounds
 from ..client.consumer import PullConsumer, retry_topic
 from ..client.message import MessageQueue
 from ..errors import TopicNotExistError
 from .offset_reader import committable
-from .source_offset import is_initial, offsets_from_json
+from .source_offset import is_initial, offsets_from_json, topic_ids, topic_ids_from_json
 
 __all__ = ["commit_group_progress"]
 
@@ -71,20 +72,21 @@ def commit_group_progress(
                                 secret_key=secret_key, tls=tls, tls_ca_file=tls_ca_file,
                                 tls_cert_file=tls_cert_file, tls_key_file=tls_key_file)
         # as the stream's commits (OffsetReader.commit)
-        readable = _readable_queues(consumer, {mq.topic for mq in queues})
-        queues = committable(consumer.backend, queues, readable)
+        now = _queue_bounds(consumer, {mq.topic for mq in queues})
+        queues = committable(consumer.backend, queues, now, topic_ids_from_json(offset), topic_ids(now))
         if queues:
             consumer.commit_offsets(queues)
             written += len(queues)
     return written
 
 
-def _readable_queues(consumer: PullConsumer, topics: Iterable[str]) -> set[MessageQueue]:
-    """The queues ``topics`` read now; a deleted topic (or a %RETRY% topic not made yet) has none."""
-    out: set[MessageQueue] = set()
+def _queue_bounds(consumer: PullConsumer, topics: Iterable[str]) -> dict[MessageQueue, QueueBounds]:
+    """The queues ``topics`` read now, with their topic ids; a deleted topic (or a %RETRY% topic not
+    made yet) has none, nor has a broker that does not answer."""
+    out: dict[MessageQueue, QueueBounds] = {}
     for topic in sorted(topics):
         try:
-            out.update(consumer.queues(topic))
+            out.update(consumer.backend.queue_bounds(topic, unreachable=set()) or {})
         except TopicNotExistError:
             continue
     return out
