@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 import time
 from collections import Counter
+from typing import Any
 
 import pytest
 from helpers import unique
@@ -28,6 +29,16 @@ def _topic(
     topic = unique(prefix)
     cluster.create_topic(topic, queues, brokers=brokers)
     return topic
+
+
+def _one_read(c: RocketMQCluster, prefix: str, broker: str) -> tuple[str, PullConsumer, Any]:
+    """A topic on ``broker`` alone with one message ``fails``, read by a new group's consumer:
+    (topic, consumer, the message)."""
+    topic = _topic(c, prefix, queues=1, brokers=[broker])
+    Producer(namesrv_addr=c.namesrv_addr).send(Message(topic, b"fails"))
+    consumer = PullConsumer(group=unique("g"), namesrv_addr=c.namesrv_addr)
+    (first,) = [m for _, m in _read(consumer, topic, at_least=1)]
+    return topic, consumer, first
 
 
 def _read(
@@ -283,12 +294,9 @@ def test_a_dead_brokers_message_is_sent_back_through_a_live_broker(rocketmq_clus
     # The message's broker died after it was read: the send back falls back to the copy, which
     # goes to %RETRY%<group> on a live broker (made there by a heartbeat), not only its own.
     c = rocketmq_cluster
-    topic = _topic(c, "deadsendback", queues=1, brokers=["broker-b"])
-    group = unique("g")
-    Producer(namesrv_addr=c.namesrv_addr).send(Message(topic, b"fails"))
-    consumer = PullConsumer(group=group, namesrv_addr=c.namesrv_addr)
+    topic, consumer, first = _one_read(c, "deadsendback", "broker-b")
+    group = consumer.group
     consumer.register(topic)  # as a stream does: %RETRY%<group> on broker-b only
-    (first,) = [m for _, m in _read(consumer, topic, at_least=1)]
     c.kill_broker("broker-b")
     try:
         deadline = time.monotonic() + 30
@@ -347,11 +355,8 @@ def test_a_send_back_finds_the_messages_broker_by_name(rocketmq_cluster: RocketM
     # says (RocketMQ's consumer finds it by name): here the topic was deleted after the read, and
     # another process (an executor holding no route) sends the message back.
     c = rocketmq_cluster
-    topic = _topic(c, "byname", queues=1, brokers=["broker-a"])
-    group = unique("g")
-    Producer(namesrv_addr=c.namesrv_addr).send(Message(topic, b"fails"))
-    consumer = PullConsumer(group=group, namesrv_addr=c.namesrv_addr)
-    (first,) = [m for _, m in _read(consumer, topic, at_least=1)]
+    topic, consumer, first = _one_read(c, "byname", "broker-a")
+    group = consumer.group
     c.mqadmin("deleteTopic", "-c", c.cluster_name, "-t", topic)  # the message stays in the commit log
     elsewhere = PullConsumer(group=group, namesrv_addr=c.namesrv_addr)
     with pytest.raises(TopicNotExistError):
