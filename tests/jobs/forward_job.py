@@ -29,8 +29,11 @@ def main() -> None:
     from pyspark.sql import SparkSession
     from pyspark_pymq import Admin
 
+    # Start-up speed over peak speed (C1 only): each driver lives for a few micro-batches of a crash
+    # test, and C2's compiler threads compete for the CPUs with Spark's start.
     spark = (SparkSession.builder.master("local[2]").appName("pymq-forward")
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+             .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     df = (spark.readStream.format("pymq").option("endpoint", endpoint).option("topic", src)
