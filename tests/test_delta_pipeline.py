@@ -71,7 +71,7 @@ class PipelineRun:
             self._queue.put(f"[{time.monotonic() - self.started:6.1f} s] {line.rstrip()}")
         self._queue.put(None)
 
-    def wait_for(self, pattern: str, timeout: float = 180.0) -> re.Match[str]:
+    def wait_for(self, pattern: str, timeout: float = 300.0) -> re.Match[str]:
         """The first line from now on that matches ``pattern`` (fails if the run ends first)."""
         deadline = time.monotonic() + timeout
         regex = re.compile(pattern)
@@ -94,7 +94,7 @@ class PipelineRun:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=30)
 
-    def finish(self, timeout: float = 240.0) -> int:
+    def finish(self, timeout: float = 420.0) -> int:
         try:
             rc = self.proc.wait(timeout=timeout)
         finally:
