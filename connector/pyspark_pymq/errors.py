@@ -56,6 +56,10 @@ __all__ = [
 # what a BrokerUnavailableError of the embedded broker tells to check (the source adds the option's name)
 UNREACHABLE_HINT = "Check that pymq-broker runs there and the endpoint is right"
 
+# the code of a pull or commit whose consumer group the broker does not have (RocketMQ's brokers with
+# autoCreateSubscriptionGroup=false); the source turns it into how to create the group
+GROUP_NOT_EXIST = "SUBSCRIPTION_GROUP_NOT_EXIST"
+
 
 class PymqError(Exception):
     """Root of pymq's errors. ``code`` is RocketMQ's ResponseCode name.

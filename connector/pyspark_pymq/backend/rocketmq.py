@@ -38,7 +38,13 @@ from pymq_proto.topics import is_retry_topic
 
 from ..client.message import MessageExt, MessageQueue, PullStatus, SendBackColumns, SendResult
 from ..client.route import TopicRoute
-from ..errors import BrokerUnavailableError, PymqError, RequestTimeoutError, TopicNotExistError
+from ..errors import (
+    GROUP_NOT_EXIST,
+    BrokerUnavailableError,
+    PymqError,
+    RequestTimeoutError,
+    TopicNotExistError,
+)
 from ..rocketmq import codec
 from ..rocketmq.api import ConsumerData, MQClientAPI, PullResultExt, build_pull_sys_flag, default_client_id
 from ..rocketmq.remoting import RemotingClient, SessionCredentials
@@ -77,7 +83,6 @@ SEND_BACK_WINDOW = 256  # CONSUMER_SEND_MSG_BACK requests in flight
 _TRAN_MSG = "TRAN_MSG"  # MessageConst.PROPERTY_TRANSACTION_PREPARED
 _RECONSUME_TIME = "RECONSUME_TIME"  # MessageConst.PROPERTY_RECONSUME_TIME
 _MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"  # MessageConst.PROPERTY_MAX_RECONSUME_TIMES
-_GROUP_NOT_EXIST = "SUBSCRIPTION_GROUP_NOT_EXIST"  # ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST
 
 
 class RocketMQBackend(Backend):
@@ -197,14 +202,14 @@ class RocketMQBackend(Backend):
                 down.add(mq.broker_name)
                 failed = failed or err
             except PymqError as err:
-                if err.code != _GROUP_NOT_EXIST:
+                if err.code != GROUP_NOT_EXIST:
                     raise
                 raise self._no_group(err, group, mq, f"its progress on {mq} cannot be kept") from None
         if failed is not None:
             raise failed
 
     def _no_group(self, err: PymqError, group: str, mq: MessageQueue, what: str) -> PymqError:
-        """``err`` (SUBSCRIPTION_GROUP_NOT_EXIST from ``mq``'s broker) saying how to make ``group``."""
+        """``err`` (SUBSCRIPTIONGROUP_NOT_EXIST from ``mq``'s broker) saying how to make ``group``."""
         return type(err)(
             f"consumer group {group!r} does not exist on broker {mq.broker_name!r}, so {what}: "
             f"create it (mqadmin updateSubGroup -n {self.config.namesrv_addr} -c <cluster> -g {group}) "
@@ -224,7 +229,7 @@ class RocketMQBackend(Backend):
             try:
                 self.pull(group, mq, self.max_offset(mq), 1)
             except PymqError as err:
-                if err.code == _GROUP_NOT_EXIST:
+                if err.code == GROUP_NOT_EXIST:
                     raise
 
     def register_consumer(self, group: str, topics: Sequence[str]) -> None:
@@ -236,20 +241,20 @@ class RocketMQBackend(Backend):
         client_id = default_client_id()
         if read:
             addrs = {addr for t in read for addr in self._routes.get(t).endpoints.values()}
-            for addr in sorted(addrs):
-                self.api.heartbeat(addr, client_id, [data])
-                self.api.unregister_client(addr, client_id, consumer_group=group)
-            return
-        # No topic names the brokers: every master registered now, so that %RETRY%<group> is on
-        # each broker a send back (or its copy) may have to use, the live ones when one is down.
-        # A broker that does not answer is skipped; none answering is the error.
+        else:
+            # No topic names the brokers: every master registered now, so that %RETRY%<group> is
+            # on each broker a send back (or its copy) may have to use, the live ones when one is
+            # down. A broker that does not answer is skipped; none answering is the error.
+            addrs = set(self.namesrv.get_broker_addrs().values())
         failed: PymqError | None = None
         answered = False
-        for addr in sorted(self.namesrv.get_broker_addrs().values()):
+        for addr in sorted(addrs):
             try:
                 self.api.heartbeat(addr, client_id, [data])
                 self.api.unregister_client(addr, client_id, consumer_group=group)
             except (BrokerUnavailableError, RequestTimeoutError) as err:
+                if read:  # the topics' brokers are the ones the stream reads: each must answer
+                    raise
                 failed = failed or err
                 continue
             answered = True
@@ -275,7 +280,7 @@ class RocketMQBackend(Backend):
             return self._pull(group, mq, offset, max_nums, subscription, expression_type,
                               suspend_timeout_ms, timeout_s)
         except PymqError as err:
-            if err.code != _GROUP_NOT_EXIST:
+            if err.code != GROUP_NOT_EXIST:
                 raise
             raise self._no_group(err, group, mq, f"{mq} cannot be pulled with it") from None
 

@@ -27,7 +27,7 @@ from ..client.admin import (
 from ..client.consumer import PullConsumer, dlq_topic
 from ..client.credentials import check_credentials
 from ..client.message import MessageQueue
-from ..errors import PymqError, TopicNotExistError
+from ..errors import GROUP_NOT_EXIST, PymqError, TopicNotExistError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -259,7 +259,7 @@ class RocketMQAdmin(Admin):
             try:
                 table = self._api.get_consume_stats(addr, group, topic)
             except PymqError as err:
-                if err.code in ("SUBSCRIPTION_GROUP_NOT_EXIST", "CONSUMER_NOT_ONLINE", "TOPIC_NOT_EXIST"):
+                if err.code in (GROUP_NOT_EXIST, "CONSUMER_NOT_ONLINE", "TOPIC_NOT_EXIST"):
                     continue
                 raise
             for mq, (broker_offset, consumer_offset, _) in table.items():

@@ -25,6 +25,7 @@ from pymq_proto.topics import not_created_yet
 from ..backend.base import Backend, QueueBounds, open_backend
 from ..client.message import MessageQueue
 from ..errors import (
+    GROUP_NOT_EXIST,
     UNREACHABLE_HINT,
     BrokerUnavailableError,
     PymqError,
@@ -148,7 +149,7 @@ class OffsetReader:
         try:
             self.backend.check_consumer_group(group, queues)
         except PymqError as err:
-            if err.code != "SUBSCRIPTION_GROUP_NOT_EXIST":
+            if err.code != GROUP_NOT_EXIST:
                 raise self._explain(err) from None
             if self.opts.consumer_group:
                 remark = f"pymq option consumerGroup={group!r}: {err.remark}"
