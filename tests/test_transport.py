@@ -109,6 +109,21 @@ def test_rocketmq_flow_control_answers_are_retriable() -> None:
     assert not err.retriable
 
 
+def test_rocketmq_remarks_lose_their_faq_links_and_the_separator_before_them() -> None:
+    from pyspark_pymq.rocketmq.protocol import RemotingCommand, ResponseCode, response_error
+
+    url = "https://rocketmq.apache.org/docs/bestPractice/06FAQ"
+    # FAQUrl.suggestTodo after a ", " as the pull and send processors write it; attachDefaultURL
+    for remark in (
+        f"subscription group [g1] does not exist, \nSee {url} for further details.",
+        f"subscription group [g1] does not exist\nFor more information, please visit the url, {url}",
+    ):
+        err = response_error(RemotingCommand.response(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, 1, remark),
+                             "a:1", "PULL_MESSAGE")
+        assert str(err).endswith("PULL_MESSAGE to a:1 failed with SUBSCRIPTION_GROUP_NOT_EXIST: "
+                                 "subscription group [g1] does not exist"), str(err)
+
+
 def test_the_producer_has_no_list_of_retriable_classes() -> None:
     from pyspark_pymq.client import producer
 

@@ -447,8 +447,12 @@ _ERROR_CLASSES: dict[int, type[PymqError]] = {
     ResponseCode.FLOW_CONTROL: SystemBusyError,
     ResponseCode.POLLING_FULL: SystemBusyError,
 }
-# RocketMQ appends this to many remarks; it says nothing about the failure.
-_FAQ_SUFFIX = re.compile(r"\s*See https?://rocketmq\.apache\.org/\S*\s+for further details\.?\s*$")
+# RocketMQ appends one of these to many remarks (FAQUrl.suggestTodo, FAQUrl.attachDefaultURL), most
+# after a ", " ("subscription group [g] does not exist, \nSee ..."); they say nothing about the failure.
+_FAQ_SUFFIX = re.compile(
+    r"[\s,;]*(?:See https?://rocketmq\.apache\.org/\S*\s+for further details\.?"
+    r"|For more information, please visit the url, https?://\S*)\s*$"
+)
 
 
 def response_error(response: RemotingCommand, addr: str, call: str) -> PymqError:
