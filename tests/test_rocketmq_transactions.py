@@ -196,3 +196,23 @@ def test_what_the_broker_answers_to_end_transaction(rocketmq_cluster: RocketMQCl
         api.end_transaction(addr, wait=True, producer_group=group, **end)  # type: ignore[arg-type]
         api.end_transaction(addr, wait=True, producer_group=group, **end)  # type: ignore[arg-type]
         assert _bodies(ns, topic, 2) == [b"twice", b"twice"]
+
+
+def test_a_committed_message_an_orderly_consumer_gives_up_is_a_dead_letter(
+    rocketmq_cluster: RocketMQCluster,
+) -> None:
+    """RocketMQ keeps TRAN_MSG on a committed message; a copy to %RETRY% with it is stored as a half
+    message (its dead letter waits for a check-back of the original producer group, never reaching
+    %DLQ%). The copy drops it, as ConsumeMessageOrderlyService.sendMessageBack does."""
+    ns = rocketmq_cluster.namesrv_addr
+    topic, group = _topic(rocketmq_cluster, "tx-dead"), unique("tx-dead-g")
+    with TransactionProducer(namesrv_addr=ns, producer_group=unique("txd"),
+                             check_listener=Recorder(COMMIT)) as p:
+        p.send_message_in_transaction(Message(topic, b"tx"), lambda m, x: COMMIT)
+    assert _bodies(ns, topic, 1) == [b"tx"]
+    consumer = PullConsumer(group=group, namesrv_addr=ns)
+    [m] = [m for mq in consumer.queues(topic) for m in consumer.pull(mq, 0, 64).messages]
+    assert m.properties.get("TRAN_MSG") == "true"
+    result = consumer.send_back_orderly(m, 1, 1, "gave up")
+    assert result.dead_letter and result.topic == f"%DLQ%{group}"
+    assert _bodies(ns, f"%DLQ%{group}", 1) == [b"tx"]

@@ -420,3 +420,25 @@ def test_a_half_message_re_put_by_a_check_back_counts_once_after_restarts(tmp_pa
         assert bodies(store, "orders") == [b"paid"]
     finally:
         store.shutdown()
+
+
+def test_a_committed_transactional_message_given_up_reaches_the_dead_letter_queue(
+    tx_broker: BrokerProcess,
+) -> None:
+    """A committed message keeps TRAN_MSG; the copies a consumer makes of it (an orderly give-up, a
+    send back's fallback) must not: the broker would keep them as half messages of the original
+    producer group, out of %RETRY% and %DLQ% (RocketMQ's clients clear it from their copies)."""
+    ep = tx_broker.endpoint
+    with TransactionProducer(ep, "tx", lambda m: COMMIT) as producer:
+        producer.send_message_in_transaction(Message("orders", b"tx"), lambda m, a: COMMIT)
+    consumer = PullConsumer(ep, "gave-up")
+    [m] = [m for m in read_all(ep, "orders") if m.body == b"tx"]
+    assert m.properties.get("TRAN_MSG") == "true"  # what makes the copy's rule matter
+    result = consumer.send_back_orderly(m, 1, 1, "gave up")
+    assert (result.topic, result.dead_letter, result.fallback) == ("%DLQ%gave-up", True, False)
+    assert wait_for(lambda: [d.body for d in read_all(ep, "%DLQ%gave-up")] == [b"tx"])
+    [dead] = read_all(ep, "%DLQ%gave-up")
+    assert "TRAN_MSG" not in dead.properties and dead.reconsume_times == 2
+    # a send back's own fallback copy alike: level 1 brings it back through %RETRY%
+    consumer._send_back_directly(m, 1, 16, {})
+    assert wait_for(lambda: [r.body for r in read_all(ep, "%RETRY%gave-up")] == [b"tx"])

@@ -276,8 +276,9 @@ class PullConsumer:
             )
         if not isinstance(message, MessageExt):
             raise TypeError(f"send_back_orderly takes a received MessageExt, got {type(message).__name__}")
-        return self._send_back_directly(replace(message, reconsume_times=reconsume_times), 0,
-                                        max_reconsume_times, _reason_properties(reason))
+        result = self._send_back_directly(replace(message, reconsume_times=reconsume_times), 0,
+                                          max_reconsume_times, _reason_properties(reason))
+        return replace(result, fallback=False)  # the copy is how an orderly consumer sends back
 
     def send_back_batch(
         self,
@@ -450,6 +451,10 @@ def _copy_properties(
         # send back sets it
         props = {MC.PROPERTY_ORIGIN_MESSAGE_ID: message.offset_msg_id, **message.properties, **cut, **system}
         props.pop(MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, None)
+        # A committed transactional message keeps TRAN_MSG; with it the broker would store the
+        # copy as a half message (one that reaches %DLQ% too) that waits for a check-back of the
+        # original producer group, so RocketMQ's consumers clear it from their copies
+        props.pop(MC.PROPERTY_TRANSACTION_PREPARED, None)
         encoded = uniq_first(encode_properties(props), uniq)
         over = len(encoded) - _MAX_COPY_PROPERTIES
         if over <= 0:
