@@ -83,6 +83,9 @@ def spark() -> Iterator[object]:
         .config("spark.ui.enabled", "false")
         .config("spark.sql.streaming.stopTimeout", "10s")
         .config("spark.driver.memory", "2g")
+        # C1 only, as the crash tests' drivers and the RocketMQ fixture's JVMs: small data, many
+        # short queries, and C2's compiler threads compete with the tests for the two cores
+        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("WARN")
