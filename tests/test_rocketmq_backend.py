@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from helpers import unique
-from pyspark_pymq import Message, MessageQueue, Producer, PullConsumer, PullStatus
+from pyspark_pymq import Admin, Message, MessageQueue, Producer, PullConsumer, PullStatus
 from pyspark_pymq.backend import BackendConfig, QueueBounds, open_backend
 from pyspark_pymq.errors import BrokerUnavailableError, PymqError, TopicNotExistError
 from pyspark_pymq.spark.offset_reader import OffsetReader
@@ -365,3 +365,20 @@ def test_a_send_back_finds_the_messages_broker_by_name(rocketmq_cluster: RocketM
     assert (result.topic, result.dead_letter, result.fallback) == (f"%RETRY%{group}", False, False)
     (copy,) = _wait_for(elsewhere, f"%RETRY%{group}", 1)
     assert (copy.broker_name, copy.body, copy.properties["RETRY_TOPIC"]) == ("broker-a", b"fails", topic)
+
+
+def test_admin_groups_leave_out_rocketmqs_own_groups_only(rocketmq_cluster: RocketMQCluster) -> None:
+    # RocketMQ's system groups are the ones its brokers create (SubscriptionGroupManager.init())
+    # and CID_RMQ_SYS_*; a user's group spelt as many are (ORDER_..._CONSUMER, ..._GROUP) is listed.
+    c = rocketmq_cluster
+    suffix = unique("x").upper().replace("-", "")
+    mine = [f"ORDER_{suffix}_CONSUMER", f"PAY_{suffix}_GROUP"]
+    for group in mine:
+        c.mqadmin("updateSubGroup", "-c", c.cluster_name, "-g", group)
+    admin = Admin(namesrv_addr=c.namesrv_addr)
+    listed = set(admin.groups()["group"])
+    assert set(mine) <= listed
+    system = {"TOOLS_CONSUMER", "FILTERSRV_CONSUMER", "SELF_TEST_C_GROUP", "CID_ONS-HTTP-PROXY",
+              "CID_ONSAPI_PULL", "CID_ONSAPI_PERMISSION", "CID_ONSAPI_OWNER", "CID_RMQ_SYS_TRANS"}
+    assert not listed & system, listed & system
+    assert set(admin.groups(include_internal=True)["group"]) >= system | set(mine)

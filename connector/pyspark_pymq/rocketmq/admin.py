@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from .api import MQClientAPI
     from .route import NameServerClient
 
-__all__ = ["RocketMQAdmin", "is_system_topic"]
+__all__ = ["RocketMQAdmin", "is_system_group", "is_system_topic"]
 
 _SYSTEM_PREFIXES = (RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX, "RMQ_SYS_", "rmq_sys_", "%SYS%")
 _SYSTEM_TOPICS = frozenset({
@@ -45,9 +45,27 @@ _SYSTEM_TOPICS = frozenset({
 })
 
 
+# RocketMQ's own consumer groups: those every broker creates (SubscriptionGroupManager.init():
+# MixAll's TOOLS_CONSUMER_GROUP, FILTERSRV_CONSUMER_GROUP, SELF_TEST_CONSUMER_GROUP,
+# ONS_HTTP_PROXY_GROUP, CID_ONSAPI_PULL_GROUP, CID_ONSAPI_PERMISSION_GROUP, CID_ONSAPI_OWNER_GROUP
+# and CID_SYS_RMQ_TRANS), and MixAll.isSysConsumerGroup's CID_RMQ_SYS_ prefix. Any other name is a
+# user's group, however it is spelt (ORDER_X_CONSUMER is one).
+_SYSTEM_GROUPS = frozenset({
+    "TOOLS_CONSUMER", "FILTERSRV_CONSUMER", "SELF_TEST_C_GROUP", "CID_ONS-HTTP-PROXY", "CID_ONSAPI_PULL",
+    "CID_ONSAPI_PERMISSION", "CID_ONSAPI_OWNER", "CID_RMQ_SYS_TRANS",
+})
+_SYSTEM_GROUP_PREFIX = "CID_RMQ_SYS_"
+
+
 def is_system_topic(topic: str, cluster_topics: frozenset[str] = frozenset()) -> bool:
     """RocketMQ's own topics (and the topics named after clusters and brokers)."""
     return topic in _SYSTEM_TOPICS or topic in cluster_topics or topic.startswith(_SYSTEM_PREFIXES)
+
+
+def is_system_group(group: str) -> bool:
+    """RocketMQ's own consumer groups: those its brokers create (``TOOLS_CONSUMER``,
+    ``CID_ONSAPI_PULL``, ...) and ``CID_RMQ_SYS_*``."""
+    return group in _SYSTEM_GROUPS or group.startswith(_SYSTEM_GROUP_PREFIX)
 
 
 def _refused(name: str, *, changes: bool) -> Callable[..., Any]:
@@ -231,9 +249,10 @@ class RocketMQAdmin(Admin):
                            bool(cfg.get("consumeEnable", True)))
 
     def groups(self, include_internal: bool = False) -> pd.DataFrame:
-        """Every consumer group the brokers know, with its retry settings (RocketMQ's own
-        groups, such as ``TOOLS_CONSUMER``, and pymq's, such as ``PYMQ_SPARK_READER``, left out
-        unless ``include_internal``)."""
+        """Every consumer group the brokers know, with its retry settings. Left out unless
+        ``include_internal``: RocketMQ's own groups (:func:`is_system_group`: those its brokers
+        create, such as ``TOOLS_CONSUMER`` and ``CID_ONSAPI_PULL``, and ``CID_RMQ_SYS_*``) and
+        pymq's (:data:`~pyspark_pymq.client.admin.INTERNAL_GROUPS`, such as ``PYMQ_SPARK_READER``)."""
         seen: dict[str, dict[str, Any]] = {}
         for addr in self._namesrv.get_broker_addrs().values():
             for name, cfg in self._api.get_all_subscription_groups(addr).items():
@@ -245,10 +264,7 @@ class RocketMQAdmin(Admin):
              "consume_message_orderly": bool(cfg.get("consumeMessageOrderly", False)),
              "consume_enable": bool(cfg.get("consumeEnable", True))}
             for name, cfg in sorted(seen.items())
-            if include_internal or not (
-                name in INTERNAL_GROUPS
-                or (name.isupper() and "_" in name and name.endswith(("_GROUP", "_CONSUMER")))
-            )
+            if include_internal or not (name in INTERNAL_GROUPS or is_system_group(name))
         ]
         return _frame(rows, GROUP_COLUMNS)
 
