@@ -382,3 +382,19 @@ def test_admin_groups_leave_out_rocketmqs_own_groups_only(rocketmq_cluster: Rock
               "CID_ONSAPI_PULL", "CID_ONSAPI_PERMISSION", "CID_ONSAPI_OWNER", "CID_RMQ_SYS_TRANS"}
     assert not listed & system, listed & system
     assert set(admin.groups(include_internal=True)["group"]) >= system | set(mine)
+
+
+def test_admin_topics_leave_out_the_topics_named_after_clusters_and_brokers(
+    rocketmq_cluster: RocketMQCluster,
+) -> None:
+    # RocketMQ's brokers create a topic named after their cluster, <cluster>_REPLY_TOPIC and one
+    # named after each broker: system topics, listed only with include_system.
+    c = rocketmq_cluster
+    topic = _topic(c, "usertopic", queues=1)
+    admin = Admin(namesrv_addr=c.namesrv_addr)
+    own = {c.cluster_name, f"{c.cluster_name}_REPLY_TOPIC", *c.broker_names}
+    everything = set(admin.topic_names(include_system=True))
+    assert own <= everything
+    names = set(admin.topic_names())
+    assert topic in names and not names & own, names & own
+    assert not set(admin.topics()["topic"]) & own

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = ["RocketMQAdmin", "is_system_group", "is_system_topic"]
 
 _SYSTEM_PREFIXES = (RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX, "RMQ_SYS_", "rmq_sys_", "%SYS%")
+_REPLY_TOPIC_POSTFIX = "REPLY_TOPIC"  # each cluster's <cluster>_REPLY_TOPIC (request-reply messages)
 _SYSTEM_TOPICS = frozenset({
     "SCHEDULE_TOPIC_XXXX", "TBW102", "BenchmarkTest", "OFFSET_MOVED_EVENT", "SELF_TEST_TOPIC",
     "TRANS_CHECK_MAX_TIME_TOPIC", "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRACE_TOPIC",
@@ -58,7 +59,8 @@ _SYSTEM_GROUP_PREFIX = "CID_RMQ_SYS_"
 
 
 def is_system_topic(topic: str, cluster_topics: frozenset[str] = frozenset()) -> bool:
-    """RocketMQ's own topics (and the topics named after clusters and brokers)."""
+    """RocketMQ's own topics (and ``cluster_topics``: the topics named after its clusters and
+    brokers, ``<cluster>_REPLY_TOPIC`` too)."""
     return topic in _SYSTEM_TOPICS or topic in cluster_topics or topic.startswith(_SYSTEM_PREFIXES)
 
 
@@ -180,7 +182,12 @@ class RocketMQAdmin(Admin):
     # -- topics -------------------------------------------------------------------------------
 
     def _cluster_topics(self) -> frozenset[str]:
-        return frozenset(self._namesrv.get_broker_addrs())
+        """The topics RocketMQ names after its brokers and clusters: each broker's and cluster's
+        name, and ``<cluster>_REPLY_TOPIC`` (``MixAll.REPLY_TOPIC_POSTFIX``)."""
+        info = self._namesrv.get_cluster_info()
+        return frozenset(info.broker_addrs).union(
+            *((cluster, f"{cluster}_{_REPLY_TOPIC_POSTFIX}") for cluster in info.clusters)
+        )
 
     def topic_names(self, include_system: bool = False) -> list[str]:
         names = self._namesrv.get_all_topics()

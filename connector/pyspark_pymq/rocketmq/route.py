@@ -43,6 +43,7 @@ __all__ = [
     "ROUTE_RETRY_AFTER_S",
     "ROUTE_TTL_S",
     "BrokerData",
+    "ClusterInfo",
     "NameServerClient",
     "QueueData",
     "RouteCache",
@@ -197,6 +198,18 @@ class TopicRouteData:
         return TopicRoute(self.topic, self.publish_queues(), self.subscribe_queues(), endpoints)
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterInfo:
+    """What the name servers answer to ``GET_BROKER_CLUSTER_INFO`` (``ClusterInfo``).
+
+    ``broker_addrs``: broker name -> master address (a slave's for a broker without one), of every
+    broker registered now; ``clusters``: cluster name -> the names of its brokers.
+    """
+
+    broker_addrs: Mapping[str, str]
+    clusters: Mapping[str, frozenset[str]]
+
+
 class NameServerClient:
     """Requests to the name servers of ``namesrvAddr``, asking them in turn.
 
@@ -269,8 +282,8 @@ class NameServerClient:
             )
         return route
 
-    def get_broker_addrs(self, *, timeout_s: float | None = None) -> dict[str, str]:
-        """Broker name -> master address of every broker registered now (GET_BROKER_CLUSTER_INFO)."""
+    def get_cluster_info(self, *, timeout_s: float | None = None) -> ClusterInfo:
+        """The brokers registered now and their clusters (``GET_BROKER_CLUSTER_INFO``)."""
         response, addr = self.invoke(
             lambda: RemotingCommand.request(RequestCode.GET_BROKER_CLUSTER_INFO),
             "GET_BROKER_CLUSTER_INFO",
@@ -285,7 +298,13 @@ class NameServerClient:
             master = addrs.get("0") or next(iter(addrs.values()), None)
             if master:
                 out[str(name)] = master
-        return out
+        clusters = {str(name): frozenset(str(b) for b in brokers or ())
+                    for name, brokers in (doc.get("clusterAddrTable") or {}).items()}
+        return ClusterInfo(out, clusters)
+
+    def get_broker_addrs(self, *, timeout_s: float | None = None) -> dict[str, str]:
+        """Broker name -> master address of every broker registered now (GET_BROKER_CLUSTER_INFO)."""
+        return dict(self.get_cluster_info(timeout_s=timeout_s).broker_addrs)
 
     def get_broker_names(self, *, timeout_s: float | None = None) -> set[str]:
         """The brokers registered with the name servers now.
