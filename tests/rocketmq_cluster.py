@@ -255,6 +255,21 @@ class RocketMQCluster:
             p.popen.kill()
             p.popen.wait(30)
 
+    def pause_broker(self, name: str) -> None:
+        """SIGSTOP one broker: hung (still registered at the name server, answering nothing) until
+        :meth:`resume_broker`; a test must resume it (in a ``finally``) within the name server's
+        120 s broker expiry, or the broker leaves the cluster until its next heartbeat."""
+        p = self._broker(name)
+        if p.popen is None or p.popen.poll() is not None:
+            raise RuntimeError(f"{name} is not running")
+        os.kill(p.popen.pid, signal.SIGSTOP)
+
+    def resume_broker(self, name: str) -> None:
+        """SIGCONT a broker :meth:`pause_broker` stopped."""
+        p = self._broker(name)
+        if p.popen is not None and p.popen.poll() is None:
+            os.kill(p.popen.pid, signal.SIGCONT)
+
     def stop_broker(self, name: str, grace: float = 30.0) -> None:
         """SIGTERM one broker and wait: a clean shutdown (it unregisters from the name server)."""
         _terminate([self._broker(name)], grace)

@@ -398,3 +398,48 @@ def test_admin_topics_leave_out_the_topics_named_after_clusters_and_brokers(
     names = set(admin.topic_names())
     assert topic in names and not names & own, names & own
     assert not set(admin.topics()["topic"]) & own
+
+
+def test_admin_tables_of_a_cluster_with_a_hung_broker(
+    rocketmq_cluster: RocketMQCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    # broker-a hung (SIGSTOP: still registered, answering nothing). The progress of a group whose
+    # consumers met broker-b only comes from broker-b alone (the brokers of %RETRY%<group>'s route,
+    # as mqadmin consumerProgress asks), and the listings give what answered, with a warning
+    # naming broker-a and saying its rows are missing, instead of failing on its time-out.
+    c = rocketmq_cluster
+    topic = _topic(c, "hung", queues=1, brokers=["broker-b"])
+    Producer(namesrv_addr=c.namesrv_addr).send_batch([Message(topic, b"a"), Message(topic, b"b")])
+    group = unique("g")
+    consumer = PullConsumer(group=group, namesrv_addr=c.namesrv_addr)
+    consumer.register(topic)  # a heartbeat: %RETRY%<group> on broker-b only
+    mq = MessageQueue(topic, "broker-b", 0)
+    consumer.commit(mq, 1)
+    admin = Admin(namesrv_addr=c.namesrv_addr, timeout_ms=2000)
+    progress = ["topic", "broker_name", "queue_id", "broker_offset", "consumer_offset", "lag"]
+    deadline = time.monotonic() + 30
+    while admin.group_progress(group)[progress].values.tolist() != [[topic, "broker-b", 0, 2, 1, 1]]:
+        assert time.monotonic() < deadline, admin.group_progress(group)
+        time.sleep(0.3)
+    hung = f"'broker-a' ({c.broker_addrs['broker-a']})"
+    caplog.set_level("WARNING", logger="pyspark_pymq.rocketmq.admin")
+    c.pause_broker("broker-a")
+    try:
+        started = time.monotonic()
+        for of_topic in (None, topic):
+            rows = admin.group_progress(group, of_topic)[progress].values.tolist()
+            assert rows == [[topic, "broker-b", 0, 2, 1, 1]]
+        assert time.monotonic() - started < 2  # broker-a was not asked
+        assert not caplog.records
+        assert group in set(admin.groups()["group"])  # broker-b's groups, after broker-a's time-out
+        (warning,) = caplog.records
+        assert f"consumer groups: broker {hung} did not answer, its rows are missing" in warning.message
+        caplog.clear()
+        started = time.monotonic()
+        row = admin.topics().set_index("topic").loc[topic]
+        assert (row["messages"], row["max_offset"]) == (2, 2)
+        assert time.monotonic() - started < 2  # not asked again for each topic of broker-a
+        assert caplog.records and all(hung in r.message and "rows are missing" in r.message
+                                      for r in caplog.records)
+    finally:
+        c.resume_broker("broker-a")

@@ -6,14 +6,29 @@ RocketMQ's name servers and brokers answer (the requests ``mqadmin topicList``,
 ``topicStatus``, ``consumerProgress`` and ``subscriptionGroupList`` make). The
 Spark views (``option("view", ...)``) use it too. Changing the cluster (topics,
 groups, dead-letter re-sends) stays with RocketMQ's own tools.
+
+A broker that does not answer (hung, or gone but still registered at the name servers) does
+not fail a table: its rows are left out and a warning names it (broker name and address) and
+says so; the Admin asks it again only after ``UNANSWERED_RETRY_S``, so that the ``lag`` view
+of many groups waits one time-out for it, not one per group. (``mqadmin consumerProgress``
+without ``-g`` skips a group so too; with ``-g``, and ``mqadmin topicStatus``, fail instead.)
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from pymq_proto.topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX, is_retry_topic
+from pymq_proto.topics import (
+    DLQ_GROUP_TOPIC_PREFIX,
+    RETRY_GROUP_TOPIC_PREFIX,
+    get_retry_topic,
+    is_retry_topic,
+)
 
 from ..backend.base import BackendConfig, QueueBounds, client_tls, open_backend
 from ..client.admin import (
@@ -27,7 +42,13 @@ from ..client.admin import (
 from ..client.consumer import PullConsumer, dlq_topic
 from ..client.credentials import check_credentials
 from ..client.message import MessageQueue
-from ..errors import GROUP_NOT_EXIST, PymqError, TopicNotExistError
+from ..errors import (
+    GROUP_NOT_EXIST,
+    BrokerUnavailableError,
+    PymqError,
+    RequestTimeoutError,
+    TopicNotExistError,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -36,7 +57,14 @@ if TYPE_CHECKING:
     from .api import MQClientAPI
     from .route import NameServerClient
 
-__all__ = ["RocketMQAdmin", "is_system_group", "is_system_topic"]
+__all__ = ["UNANSWERED_RETRY_S", "RocketMQAdmin", "is_system_group", "is_system_topic"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# A broker that did not answer is not asked again by the same Admin for this long (its rows are
+# left out, with a warning each time), as a route the name servers did not give is kept 30 s.
+UNANSWERED_RETRY_S = 30.0
 
 _SYSTEM_PREFIXES = (RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX, "RMQ_SYS_", "rmq_sys_", "%SYS%")
 _REPLY_TOPIC_POSTFIX = "REPLY_TOPIC"  # each cluster's <cluster>_REPLY_TOPIC (request-reply messages)
@@ -117,6 +145,7 @@ class RocketMQAdmin(Admin):
         self._backend = backend
         self._namesrv: NameServerClient = backend.namesrv
         self._api: MQClientAPI = backend.api
+        self._unanswered: dict[str, float] = {}  # broker address -> when it last did not answer
 
     @property
     def endpoint(self) -> str:
@@ -159,6 +188,30 @@ class RocketMQAdmin(Admin):
 
     # -- brokers ------------------------------------------------------------------------------
 
+    def _ask(self, broker_name: str, addr: str, what: str, call: Callable[[], T]) -> T | None:
+        """``call()`` (a request to broker ``broker_name`` at ``addr``), or None with a warning that
+        its rows are missing from ``what`` when the broker does not answer (time-out, or gone).
+
+        A broker that did not answer is not asked again for UNANSWERED_RETRY_S. Its other errors
+        are raised, naming the broker too.
+        """
+        since = self._unanswered.get(addr)
+        if since is not None and time.monotonic() - since < UNANSWERED_RETRY_S:
+            log.warning("%s: broker %r (%s) did not answer %.0f s ago and is not asked again yet; its rows "
+                        "are missing", what, broker_name, addr, time.monotonic() - since)
+            return None
+        try:
+            result = call()
+        except (RequestTimeoutError, BrokerUnavailableError) as err:
+            self._unanswered[addr] = time.monotonic()
+            log.warning("%s: broker %r (%s) did not answer, its rows are missing: %s", what, broker_name,
+                        addr, err.remark)
+            return None
+        except PymqError as err:
+            raise type(err)(f"broker {broker_name!r} ({addr}): {err.remark}", code=err.code) from None
+        self._unanswered.pop(addr, None)
+        return result
+
     def broker_names(self) -> list[str]:
         """The cluster's brokers, as its name servers list them now."""
         return sorted(self._namesrv.get_broker_addrs())
@@ -200,12 +253,13 @@ class RocketMQAdmin(Admin):
         """Bounds and last store time of every queue of ``name`` (one request per broker)."""
         route = self._backend.route(name, refresh=True)
         out: dict[Any, tuple[QueueBounds, int]] = {}
-        for _, addr in sorted(route.endpoints.items()):
+        for broker, addr in sorted(route.endpoints.items()):
             try:
-                found = self._api.get_topic_stats_info(addr, name)
+                found = self._ask(broker, addr, f"stats of topic {name!r}",
+                                  partial(self._api.get_topic_stats_info, addr, name))
             except TopicNotExistError:
                 continue
-            for mq, o in found.items():
+            for mq, o in (found or {}).items():
                 out[mq] = (QueueBounds(o.min_offset, o.max_offset), o.last_update_timestamp)
         return dict(sorted(out.items()))
 
@@ -247,8 +301,10 @@ class RocketMQAdmin(Admin):
         """The settings of ``group`` on the first broker that has it (RocketMQ's defaults for a
         group no broker has met)."""
         cfg: dict[str, Any] = {}
-        for addr in self._namesrv.get_broker_addrs().values():
-            cfg = self._api.get_all_subscription_groups(addr).get(group) or {}
+        for broker, addr in sorted(self._namesrv.get_broker_addrs().items()):
+            found = self._ask(broker, addr, f"settings of group {group!r}",
+                              partial(self._api.get_all_subscription_groups, addr))
+            cfg = (found or {}).get(group) or {}
             if cfg:
                 break
         return GroupConfig(group, int(cfg.get("retryMaxTimes", 16)), int(cfg.get("retryQueueNums", 1)),
@@ -261,8 +317,10 @@ class RocketMQAdmin(Admin):
         create, such as ``TOOLS_CONSUMER`` and ``CID_ONSAPI_PULL``, and ``CID_RMQ_SYS_*``) and
         pymq's (:data:`~pyspark_pymq.client.admin.INTERNAL_GROUPS`, such as ``PYMQ_SPARK_READER``)."""
         seen: dict[str, dict[str, Any]] = {}
-        for addr in self._namesrv.get_broker_addrs().values():
-            for name, cfg in self._api.get_all_subscription_groups(addr).items():
+        for broker, addr in sorted(self._namesrv.get_broker_addrs().items()):
+            found = self._ask(broker, addr, "consumer groups",
+                              partial(self._api.get_all_subscription_groups, addr))
+            for name, cfg in (found or {}).items():
                 seen.setdefault(name, cfg)
         rows = [
             {"group": name, "retry_max_times": int(cfg.get("retryMaxTimes", 16)),
@@ -275,17 +333,35 @@ class RocketMQAdmin(Admin):
         ]
         return _frame(rows, GROUP_COLUMNS)
 
+    def _progress_brokers(self, group: str, topic: str | None) -> dict[str, str]:
+        """Broker name -> address of the brokers to ask for ``group``'s progress, as ``mqadmin
+        consumerProgress`` finds them (``DefaultMQAdminExtImpl.examineConsumeStats``): those of
+        ``%RETRY%<group>``'s route (every consumer's heartbeat makes it on the brokers of its
+        topics), and of ``topic``'s; every registered broker when the retry topic has no route."""
+        try:
+            brokers = dict(self._backend.route(get_retry_topic(group), refresh=True).endpoints)
+        except TopicNotExistError:  # no consumer of the group has met the brokers
+            brokers = self._namesrv.get_broker_addrs()
+        if topic is not None:
+            with contextlib.suppress(TopicNotExistError):
+                brokers.update(self._backend.route(topic, refresh=True).endpoints)
+        return brokers
+
     def group_progress(self, group: str, topic: str | None = None) -> pd.DataFrame:
-        """One row per queue the group has progress on: broker offset, consumer offset, lag."""
+        """One row per queue the group has progress on: broker offset, consumer offset, lag.
+
+        The brokers asked are those of ``%RETRY%<group>``'s route and of ``topic``'s (all of them
+        when the group has no retry topic), as ``mqadmin consumerProgress`` asks them."""
         rows = []
-        for addr in self._namesrv.get_broker_addrs().values():
+        for broker, addr in sorted(self._progress_brokers(group, topic).items()):
             try:
-                table = self._api.get_consume_stats(addr, group, topic)
+                table = self._ask(broker, addr, f"progress of group {group!r}",
+                                  partial(self._api.get_consume_stats, addr, group, topic))
             except PymqError as err:
                 if err.code in (GROUP_NOT_EXIST, "CONSUMER_NOT_ONLINE", "TOPIC_NOT_EXIST"):
                     continue
                 raise
-            for mq, (broker_offset, consumer_offset, _) in table.items():
+            for mq, (broker_offset, consumer_offset, _) in (table or {}).items():
                 if is_retry_topic(mq.topic) and consumer_offset < 0:
                     continue
                 rows.append({
