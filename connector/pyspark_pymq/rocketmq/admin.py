@@ -7,11 +7,14 @@ RocketMQ's name servers and brokers answer (the requests ``mqadmin topicList``,
 Spark views (``option("view", ...)``) use it too. Changing the cluster (topics,
 groups, dead-letter re-sends) stays with RocketMQ's own tools.
 
-A broker that does not answer (hung, or gone but still registered at the name servers) does
-not fail a table: its rows are left out and a warning names it (broker name and address) and
-says so; the Admin asks it again only after ``UNANSWERED_RETRY_S``, so that the ``lag`` view
-of many groups waits one time-out for it, not one per group. (``mqadmin consumerProgress``
-without ``-g`` skips a group so too; with ``-g``, and ``mqadmin topicStatus``, fail instead.)
+A broker that does not answer (hung, or gone but still registered at the name servers) fails
+a table with an error naming it (broker name and address), as ``mqadmin topicStatus`` and
+``consumerProgress -g`` fail: a table with its rows silently missing would show less lag than
+there is (the Spark views run on executors, where no warning reaches the user). The one
+exception: a group's progress is asked of the brokers of ``%RETRY%<group>``'s route (those its
+consumers registered with, as ``mqadmin consumerProgress`` asks) and of the topic's; the other
+brokers are asked too, in case a consumer committed there without registering, but one of them
+that does not answer is left out with a warning and not asked again for ``UNANSWERED_RETRY_S``.
 """
 
 from __future__ import annotations
@@ -188,27 +191,31 @@ class RocketMQAdmin(Admin):
 
     # -- brokers ------------------------------------------------------------------------------
 
-    def _ask(self, broker_name: str, addr: str, what: str, call: Callable[[], T]) -> T | None:
-        """``call()`` (a request to broker ``broker_name`` at ``addr``), or None with a warning that
-        its rows are missing from ``what`` when the broker does not answer (time-out, or gone).
-
-        A broker that did not answer is not asked again for UNANSWERED_RETRY_S. Its other errors
-        are raised, naming the broker too.
+    def _ask(
+        self, broker_name: str, addr: str, what: str, call: Callable[[], T], *, optional: bool = False,
+    ) -> T | None:
+        """``call()``, a request to broker ``broker_name`` at ``addr`` for ``what``; its errors name
+        the broker. One that does not answer (time-out, or gone) fails the table, unless
+        ``optional``: then None, with a warning that its rows are missing, and it is not asked
+        again for UNANSWERED_RETRY_S (so that the ``lag`` of many groups waits one time-out for it).
         """
         since = self._unanswered.get(addr)
-        if since is not None and time.monotonic() - since < UNANSWERED_RETRY_S:
-            log.warning("%s: broker %r (%s) did not answer %.0f s ago and is not asked again yet; its rows "
-                        "are missing", what, broker_name, addr, time.monotonic() - since)
+        if optional and since is not None and time.monotonic() - since < UNANSWERED_RETRY_S:
+            log.warning("%s: broker %r (%s) did not answer %.0f s ago and is not asked again yet; rows "
+                        "it may hold are missing", what, broker_name, addr, time.monotonic() - since)
             return None
         try:
             result = call()
         except (RequestTimeoutError, BrokerUnavailableError) as err:
+            if not optional:
+                raise type(err)(f"{what}: broker {broker_name!r} ({addr}) did not answer, and the table "
+                                f"would miss its rows: {err.remark}", code=err.code) from None
             self._unanswered[addr] = time.monotonic()
-            log.warning("%s: broker %r (%s) did not answer, its rows are missing: %s", what, broker_name,
-                        addr, err.remark)
+            log.warning("%s: broker %r (%s) did not answer; rows it may hold are missing: %s", what,
+                        broker_name, addr, err.remark)
             return None
         except PymqError as err:
-            raise type(err)(f"broker {broker_name!r} ({addr}): {err.remark}", code=err.code) from None
+            raise type(err)(f"{what}: broker {broker_name!r} ({addr}): {err.remark}", code=err.code) from None
         self._unanswered.pop(addr, None)
         return result
 
@@ -333,30 +340,36 @@ class RocketMQAdmin(Admin):
         ]
         return _frame(rows, GROUP_COLUMNS)
 
-    def _progress_brokers(self, group: str, topic: str | None) -> dict[str, str]:
-        """Broker name -> address of the brokers to ask for ``group``'s progress, as ``mqadmin
-        consumerProgress`` finds them (``DefaultMQAdminExtImpl.examineConsumeStats``): those of
-        ``%RETRY%<group>``'s route (every consumer's heartbeat makes it on the brokers of its
-        topics), and of ``topic``'s; every registered broker when the retry topic has no route."""
+    def _progress_brokers(self, group: str, topic: str | None) -> dict[str, tuple[str, bool]]:
+        """Broker name -> (address, optional) of the brokers to ask for ``group``'s progress.
+
+        Required: those of ``%RETRY%<group>``'s route (every consumer's heartbeat makes it on the
+        brokers of its topics; ``DefaultMQAdminExtImpl.examineConsumeStats`` asks them) and of
+        ``topic``'s; every registered broker when the retry topic has no route. Without ``topic``
+        the other registered brokers are asked as optional: a consumer may commit without
+        registering there (``PullConsumer.commit`` does not heartbeat)."""
+        everyone = self._namesrv.get_broker_addrs()
         try:
-            brokers = dict(self._backend.route(get_retry_topic(group), refresh=True).endpoints)
+            required = dict(self._backend.route(get_retry_topic(group), refresh=True).endpoints)
         except TopicNotExistError:  # no consumer of the group has met the brokers
-            brokers = self._namesrv.get_broker_addrs()
+            required = dict(everyone)
         if topic is not None:
             with contextlib.suppress(TopicNotExistError):
-                brokers.update(self._backend.route(topic, refresh=True).endpoints)
-        return brokers
+                required.update(self._backend.route(topic, refresh=True).endpoints)
+            return {b: (a, False) for b, a in required.items()}
+        return {b: (a, b not in required) for b, a in {**everyone, **required}.items()}
 
     def group_progress(self, group: str, topic: str | None = None) -> pd.DataFrame:
         """One row per queue the group has progress on: broker offset, consumer offset, lag.
 
-        The brokers asked are those of ``%RETRY%<group>``'s route and of ``topic``'s (all of them
-        when the group has no retry topic), as ``mqadmin consumerProgress`` asks them."""
+        The brokers of ``%RETRY%<group>``'s route and of ``topic``'s must answer (as ``mqadmin
+        consumerProgress`` asks them); without ``topic`` the other brokers are asked too, and one
+        of them that does not answer is left out with a warning (see the module)."""
         rows = []
-        for broker, addr in sorted(self._progress_brokers(group, topic).items()):
+        for broker, (addr, optional) in sorted(self._progress_brokers(group, topic).items()):
             try:
                 table = self._ask(broker, addr, f"progress of group {group!r}",
-                                  partial(self._api.get_consume_stats, addr, group, topic))
+                                  partial(self._api.get_consume_stats, addr, group, topic), optional=optional)
             except PymqError as err:
                 if err.code in (GROUP_NOT_EXIST, "CONSUMER_NOT_ONLINE", "TOPIC_NOT_EXIST"):
                     continue
