@@ -209,7 +209,7 @@ class RocketMQBackend(Backend):
             raise failed
 
     def _no_group(self, err: PymqError, group: str, mq: MessageQueue, what: str) -> PymqError:
-        """``err`` (SUBSCRIPTIONGROUP_NOT_EXIST from ``mq``'s broker) saying how to make ``group``."""
+        """``err`` (SUBSCRIPTION_GROUP_NOT_EXIST from ``mq``'s broker) saying how to make ``group``."""
         return type(err)(
             f"consumer group {group!r} does not exist on broker {mq.broker_name!r}, so {what}: "
             f"create it (mqadmin updateSubGroup -n {self.config.namesrv_addr} -c <cluster> -g {group}) "

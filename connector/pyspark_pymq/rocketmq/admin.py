@@ -348,16 +348,16 @@ class RocketMQAdmin(Admin):
         ``topic``'s; every registered broker when the retry topic has no route. Without ``topic``
         the other registered brokers are asked as optional: a consumer may commit without
         registering there (``PullConsumer.commit`` does not heartbeat)."""
-        everyone = self._namesrv.get_broker_addrs()
         try:
             required = dict(self._backend.route(get_retry_topic(group), refresh=True).endpoints)
+            others = topic is None
         except TopicNotExistError:  # no consumer of the group has met the brokers
-            required = dict(everyone)
+            required, others = self._namesrv.get_broker_addrs(), False
         if topic is not None:
             with contextlib.suppress(TopicNotExistError):
                 required.update(self._backend.route(topic, refresh=True).endpoints)
-            return {b: (a, False) for b, a in required.items()}
-        return {b: (a, b not in required) for b, a in {**everyone, **required}.items()}
+        optional = self._namesrv.get_broker_addrs() if others else {}
+        return {**{b: (a, True) for b, a in optional.items()}, **{b: (a, False) for b, a in required.items()}}
 
     def group_progress(self, group: str, topic: str | None = None) -> pd.DataFrame:
         """One row per queue the group has progress on: broker offset, consumer offset, lag.
