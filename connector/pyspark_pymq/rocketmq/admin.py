@@ -256,9 +256,10 @@ class RocketMQAdmin(Admin):
         own = self._cluster_topics()
         return [t for t in names if not is_system_topic(t, own)]
 
-    def _stats(self, name: str) -> dict[Any, tuple[QueueBounds, int]]:
-        """Bounds and last store time of every queue of ``name`` (one request per broker)."""
-        route = self._backend.route(name, refresh=True)
+    def _stats(self, name: str, *, refresh: bool = True) -> dict[Any, tuple[QueueBounds, int]]:
+        """Bounds and last store time of every queue of ``name`` (one request per broker);
+        ``refresh=False`` when its route was just fetched."""
+        route = self._backend.route(name, refresh=refresh)
         out: dict[Any, tuple[QueueBounds, int]] = {}
         for broker, addr in sorted(route.endpoints.items()):
             try:
@@ -275,7 +276,7 @@ class RocketMQAdmin(Admin):
         for name in self.topic_names(include_system):
             try:
                 data = self._backend._routes.route_data(name, refresh=True)
-                stats = self._stats(name)
+                stats = self._stats(name, refresh=False)
             except TopicNotExistError:
                 continue
             bounds = [b for b, _ in stats.values()]
