@@ -62,6 +62,7 @@ for _sub in ("proto", "broker_stub", "connector", "tests"):
         sys.path.insert(0, str(ROOT / _sub))
 
 from broker_process import BrokerProcess  # noqa: E402
+from source_tree import compile_bytecode  # noqa: E402
 
 ECHO_METHOD = "/pymqbench.Echo/Call"
 TOPIC = "bench"
@@ -541,6 +542,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.serve_echo:
         serve_echo()
         return 0
+    compile_bytecode()  # the broker and producer processes start as from an installed pymq
     if args.single:
         return single(args, argv)
     if args.wait_quiet is None:

@@ -52,11 +52,14 @@ def use_repository() -> None:
     on the PYTHONPATH of the processes Spark and the brokers start; Spark's Python on this interpreter.
 
     The scripts run from a checkout with the project's interpreter, not from an installed pymq."""
-    src = [str(ROOT / d) for d in ("connector", "broker_stub", "proto")]
-    sys.path[:0] = [*src, str(ROOT / "tests")]
-    os.environ["PYTHONPATH"] = os.pathsep.join([*src, os.environ.get("PYTHONPATH", "")])
+    sys.path.insert(0, str(ROOT / "tests"))
+    from source_tree import SOURCE_DIRS, compile_bytecode
+
+    sys.path[:0] = SOURCE_DIRS
+    os.environ["PYTHONPATH"] = os.pathsep.join([*SOURCE_DIRS, os.environ.get("PYTHONPATH", "")])
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    compile_bytecode()  # as an installed pymq has it: no process compiles the modules again
 
 
 # -- CPU per process kind ----------------------------------------------------------------------

@@ -14,9 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from source_tree import SOURCE_DIRS, compile_bytecode
 
-ROOT = Path(__file__).resolve().parent.parent
-SOURCE_DIRS = [str(ROOT / "connector"), str(ROOT / "broker_stub"), str(ROOT / "proto")]
 for _d in reversed(SOURCE_DIRS):
     if _d not in sys.path:
         sys.path.insert(0, _d)
@@ -25,6 +24,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 )
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+compile_bytecode()
 
 from broker_process import BrokerProcess  # noqa: E402
 from rocketmq_cluster import RocketMQCluster  # noqa: E402
