@@ -238,6 +238,11 @@ def test_listener_settings_are_checked_when_it_is_made() -> None:
         with pytest.raises(ValueError, match=r"max_reconsume_times must be an int >= 1 .* got"):
             MessageListener("127.0.0.1:1", "g", lambda m: None, max_reconsume_times=bad)  # type: ignore[arg-type]
     MessageListener("127.0.0.1:1", "g", lambda m: None, max_reconsume_times=1)
+    for level in ("3", 2**31, -2, True, 1.0):
+        with pytest.raises(ValueError, match=rf"delay_level must be an int in -1\.\.2147483647 .* {level!r}"):
+            MessageListener("127.0.0.1:1", "g", lambda m: None, delay_level=level)  # type: ignore[arg-type]
+    for level in (-1, 0, 18, 2**31 - 1):
+        MessageListener("127.0.0.1:1", "g", lambda m: None, delay_level=level)
 
 
 def test_sharded_rows_go_where_producer_send_puts_their_key_on_a_topic_of_two_brokers() -> None:

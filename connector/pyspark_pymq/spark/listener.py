@@ -55,6 +55,7 @@ from ..backend.base import BackendConfig, backend_config, cached_backend, client
 from ..client.consumer import PullConsumer
 from ..client.message import MessageExt, MessageQueue
 from ..errors import PymqError
+from .option_registry import SINK_OPTIONS
 from .rows import column, messages_from_batch, send_back_acknowledged
 from .schema import source_schema
 
@@ -298,6 +299,15 @@ class MessageListener:
             raise ValueError(
                 "max_reconsume_times must be an int >= 1 (None: the group's retryMaxTimes), got "
                 f"{max_reconsume_times!r}"
+            )
+        levels = SINK_OPTIONS["delayLevel"]  # the sink's own bounds for a send back's level
+        assert levels.minimum is not None and levels.maximum is not None
+        if isinstance(delay_level, bool) or not isinstance(delay_level, int) or not (
+            levels.minimum <= delay_level <= levels.maximum
+        ):
+            raise ValueError(
+                f"delay_level must be an int in {levels.minimum}..{levels.maximum} (-1: straight to the "
+                f"DLQ, 0: RocketMQ's 3 + retries), got {delay_level!r}"
             )
         if suspend_current_queue_time_millis < 0:
             raise ValueError(
