@@ -384,6 +384,22 @@ def test_admin_groups_leave_out_rocketmqs_own_groups_only(rocketmq_cluster: Rock
     assert set(admin.groups(include_internal=True)["group"]) >= system | set(mine)
 
 
+def test_lag_of_a_topic_that_does_not_exist_is_an_error(rocketmq_cluster: RocketMQCluster) -> None:
+    # As on the embedded broker and in mqadmin consumerProgress -t: a misspelt topic must not read
+    # as "no lag" (the brokers answer an empty table for a topic they do not have).
+    c = rocketmq_cluster
+    topic, consumer, _ = _one_read(c, "lagtypo", "broker-a")
+    consumer.commit(MessageQueue(topic, "broker-a", 0), 1)
+    admin = Admin(namesrv_addr=c.namesrv_addr)
+    missing = unique("no-such-topic")
+    with pytest.raises(TopicNotExistError, match=missing):
+        admin.group_progress(consumer.group, missing)
+    deadline = time.monotonic() + 30
+    while admin.group_progress(consumer.group, topic)["consumer_offset"].tolist() != [1]:
+        assert time.monotonic() < deadline, admin.group_progress(consumer.group, topic)
+        time.sleep(0.3)
+
+
 def test_admin_topics_leave_out_the_topics_named_after_clusters_and_brokers(
     rocketmq_cluster: RocketMQCluster,
 ) -> None:

@@ -431,14 +431,29 @@ def test_a_group_the_brokers_do_not_have_fails_the_query_at_start(
 ) -> None:
     """Brokers with autoCreateSubscriptionGroup=false refuse pulls of a group they do not have: the
     query fails while it is planned, naming the option and how to create the group, and a pull
-    elsewhere (a task's) says how too, not only the broker's SUBSCRIPTION_GROUP_NOT_EXIST."""
+    elsewhere (a task's) says how too, not only the broker's SUBSCRIPTION_GROUP_NOT_EXIST. What
+    commits nothing (a batch read without consumerGroup, the dead letters) pulls as
+    TOOLS_CONSUMER, which every broker has, as RocketMQ's own tools do: it works there."""
     c = rocketmq_cluster
-    topic, group = unique("nogroup"), unique("g")
+    topic, group, dead_group = unique("nogroup"), unique("g"), unique("gdead")
     c.create_topic(topic, 1, brokers=["broker-a"])
     Producer(namesrv_addr=c.namesrv_addr).send(Message(topic, b"x"))
+    (message,) = _read_topic(c.namesrv_addr, topic, dead_group, at_least=1)
+    PullConsumer(group=dead_group, namesrv_addr=c.namesrv_addr).send_back(message, -1)  # to %DLQ%
     addr = c.broker_addrs["broker-a"]
     c.mqadmin("updateBrokerConfig", "-b", addr, "-k", "autoCreateSubscriptionGroup", "-v", "false")
     try:
+        for made_before in ("PYMQ_SPARK_READER", "PYMQ_DLQ_BROWSER"):  # pymq's groups until then
+            with contextlib.suppress(RuntimeError):
+                c.mqadmin("deleteSubGroup", "-b", addr, "-g", made_before)
+        browsed = (spark.read.format("pymq").option("namesrvAddr", c.namesrv_addr).option("topic", topic)
+                   .load().select("body").collect())
+        assert [r.body for r in browsed] == [b"x"]
+        admin = Admin(namesrv_addr=c.namesrv_addr)
+        deadline = time.monotonic() + 30
+        while admin.dead_letters(dead_group)["body"].tolist() != [b"x"]:
+            assert time.monotonic() < deadline, admin.dead_letters(dead_group)
+            time.sleep(0.3)
         df = (spark.read.format("pymq").option("namesrvAddr", c.namesrv_addr).option("topic", topic)
               .option("consumerGroup", group).load())
         with pytest.raises(Exception, match=rf"pymq option consumerGroup='{group}'.*updateSubGroup") as info:

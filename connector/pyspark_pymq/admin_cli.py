@@ -41,6 +41,7 @@ from .backend.base import client_tls
 from .client import Admin, Message, Producer, PullConsumer
 from .client.admin import ADMIN_TAIL_GROUP, INTERNAL_GROUPS
 from .errors import NoPermissionError, PymqError, TopicNotExistError
+from .spark.option_registry import TOOLS_CONSUMER_GROUP, browse_group
 
 __all__ = ["ProgressBar", "main", "render_table"]
 
@@ -228,7 +229,8 @@ def _cmd_send(admin: Admin, a: argparse.Namespace) -> None:
 
 
 def _cmd_tail(admin: Admin, a: argparse.Namespace) -> None:
-    consumer = PullConsumer(group=a.group, **a.target, **a.security)
+    group = a.group or browse_group("rocketmq" if a.namesrv_addr else "pymq", ADMIN_TAIL_GROUP)
+    consumer = PullConsumer(group=group, **a.target, **a.security)
     for mq in consumer.queues(a.topic):
         end = consumer.max_offset(mq)
         start = max(consumer.min_offset(mq), end - a.last)
@@ -421,8 +423,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("topic", help="the topic")
     sp.add_argument("--last", type=int, default=5,
                     help="how many of EACH queue (default 5): a topic of 4 queues shows up to 4 x N")
-    sp.add_argument("--group", default=ADMIN_TAIL_GROUP,
-                    help=f"the group to pull as; nothing is committed (default {ADMIN_TAIL_GROUP})")
+    sp.add_argument("--group", help=(
+        f"the group to pull as; nothing is committed (default {ADMIN_TAIL_GROUP}; on RocketMQ "
+        f"{TOOLS_CONSUMER_GROUP}, which every broker has)"))
     return p
 
 

@@ -19,7 +19,6 @@ that does not answer is left out with a warning and not asked again for ``UNANSW
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -35,7 +34,6 @@ from pymq_proto.topics import (
 
 from ..backend.base import BackendConfig, QueueBounds, client_tls, open_backend
 from ..client.admin import (
-    DLQ_BROWSER_GROUP,
     GROUP_COLUMNS,
     INTERNAL_GROUPS,
     Admin,
@@ -52,6 +50,7 @@ from ..errors import (
     RequestTimeoutError,
     TopicNotExistError,
 )
+from ..spark.option_registry import browse_group
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -355,8 +354,9 @@ class RocketMQAdmin(Admin):
         except TopicNotExistError:  # no consumer of the group has met the brokers
             required, others = self._namesrv.get_broker_addrs(), False
         if topic is not None:
-            with contextlib.suppress(TopicNotExistError):
-                required.update(self._backend.route(topic, refresh=True).endpoints)
+            # a topic without a route fails, as on the embedded broker and in ``mqadmin
+            # consumerProgress -t``: its brokers would answer an empty table, a misspelt topic "no lag"
+            required.update(self._backend.route(topic, refresh=True).endpoints)
         optional = self._namesrv.get_broker_addrs() if others else {}
         return {**{b: (a, True) for b, a in optional.items()}, **{b: (a, False) for b, a in required.items()}}
 
@@ -391,7 +391,7 @@ class RocketMQAdmin(Admin):
     # -- dead letters --------------------------------------------------------------------------
 
     def _dead_letter_queues(self, group: str) -> tuple[PullConsumer, list[MessageQueue]]:
-        consumer = PullConsumer(group=DLQ_BROWSER_GROUP, backend=self._backend)
+        consumer = PullConsumer(group=browse_group("rocketmq"), backend=self._backend)
         try:
             return consumer, consumer.queues(dlq_topic(group))
         except TopicNotExistError:

@@ -83,7 +83,8 @@ class PymqDataSource(DataSource):
     ``consumerGroup``
         (string) the consumer group: 1-127 letters, digits, ``|``, ``_`` or ``-``. Required for streams
         in CLUSTERING, whose progress on the broker is the group's; batch reads need none (their pulls
-        carry ``PYMQ_SPARK_READER``, under which nothing is committed).
+        carry ``PYMQ_SPARK_READER``, or RocketMQ's ``TOOLS_CONSUMER`` on RocketMQ, under which nothing
+        is committed).
 
     ``messageModel``
         (one of ``CLUSTERING``, ``BROADCASTING``; default ``CLUSTERING``) ``CLUSTERING``: Spark's

@@ -49,9 +49,11 @@ __all__ = [
     "REGISTRIES",
     "SINK_OPTIONS",
     "SOURCE_OPTIONS",
+    "TOOLS_CONSUMER_GROUP",
     "VIEW_OPTIONS",
     "OptionRegistry",
     "OptionSpec",
+    "browse_group",
 ]
 
 OptionType = Literal["string", "integer", "boolean", "choice", "list", "json"]
@@ -63,6 +65,17 @@ BackendScope = Literal["both", "pymq", "rocketmq"]
 #: Group name used for pulls when the user gave none (batch reads, BROADCASTING).
 #: Nothing is ever committed under it.
 DEFAULT_READER_GROUP = "PYMQ_SPARK_READER"
+#: RocketMQ's ``MixAll.TOOLS_CONSUMER_GROUP``: every broker creates it at start
+#: (``SubscriptionGroupManager.init``) and RocketMQ's own tools pull as it. A production cluster
+#: (``autoCreateSubscriptionGroup=false``) refuses pulls of any group not created for it.
+TOOLS_CONSUMER_GROUP = "TOOLS_CONSUMER"
+
+
+def browse_group(backend: str, pymq_group: str = DEFAULT_READER_GROUP) -> str:
+    """The group that pulls carry when nothing is committed (batch reads, dead letters, tail):
+    ``pymq_group`` on the embedded broker, :data:`TOOLS_CONSUMER_GROUP` on RocketMQ (``backend``
+    is a ``BackendConfig.kind``)."""
+    return TOOLS_CONSUMER_GROUP if backend == "rocketmq" else pymq_group
 MAX_PULL_BATCH_SIZE = 100_000  # the broker answers at most this many messages per pull
 DEFAULT_PULL_BATCH_SIZE = 32_768
 # Measured on loopback: pulls answering ~1 MiB move 2-3x more bytes per second than
@@ -230,7 +243,8 @@ _SOURCE = (
         "consumerGroup", "string", section="what",
         doc="the consumer group: 1-127 letters, digits, `|`, `_` or `-`. Required for streams in "
             "CLUSTERING, whose progress on the broker is the group's; batch reads need none (their "
-            f"pulls carry `{DEFAULT_READER_GROUP}`, under which nothing is committed).",
+            f"pulls carry `{DEFAULT_READER_GROUP}`, or RocketMQ's `{TOOLS_CONSUMER_GROUP}` on RocketMQ, "
+            "under which nothing is committed).",
     ),
     OptionSpec(
         "messageModel", "choice", section="what", default="CLUSTERING",

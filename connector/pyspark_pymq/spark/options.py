@@ -40,6 +40,7 @@ from .option_registry import (
     MAX_PULL_MAX_BYTES,
     SOURCE_OPTIONS,
     OptionRegistry,
+    browse_group,
 )
 from .source_offset import QueueKey, parse_offsets_json
 
@@ -147,7 +148,7 @@ class SourceOptions:
     @property
     def pull_group(self) -> str:
         """The group that pulls carry (the user's, or a fixed reader group)."""
-        return self.consumer_group or DEFAULT_READER_GROUP
+        return self.consumer_group or browse_group(self.backend.kind)
 
     @property
     def retry_topic(self) -> str | None:
