@@ -20,6 +20,7 @@ from pyspark_pymq.backend import BackendConfig, QueueBounds, open_backend
 from pyspark_pymq.errors import BrokerUnavailableError, PymqError, RequestTimeoutError, TopicNotExistError
 from pyspark_pymq.spark.offset_reader import OffsetReader
 from pyspark_pymq.spark.options import parse_source_options
+from pyspark_pymq.spark.views import _rows, parse_view_options
 from rocketmq_cluster import JavaMessage, RocketMQCluster
 
 
@@ -474,5 +475,18 @@ def test_admin_tables_of_a_cluster_with_a_hung_broker(
             with pytest.raises(RequestTimeoutError) as info:
                 table()
             assert hung in str(info.value) and "would miss its rows" in str(info.value)
+
+        def view(name: str, **options: str) -> list[tuple[Any, ...]]:
+            # as an executor reads a view: a new Admin (10 s time-out), never waiting for broker-a
+            began = time.monotonic()
+            rows = _rows(parse_view_options({"namesrvAddr": c.namesrv_addr, "view": name, **options}))
+            assert time.monotonic() - began < 3, f"view {name} waited for broker-a"
+            shown = ("group", "topic", "broker_name", "consumer_offset", "lag", "messages")
+            return [tuple(r[k] for k in shown if k in r) for r in rows]
+
+        # one topic's rows need only the brokers of its route
+        assert view("topics", topic=topic) == [(topic, 2)]
+        assert view("topics", topic=unique("missing")) == []  # as the embedded broker's view
+        assert view("lag", topic=topic) == [(group, topic, "broker-b", 1, 1)]
     finally:
         c.resume_broker("broker-a")

@@ -211,11 +211,15 @@ class Admin:
         resp = self._client.list_topics(pymq_pb2.ListTopicsRequest(include_system=include_system))
         return [t.topic_name for t in resp.topics]
 
-    def topics(self, include_system: bool = False) -> pd.DataFrame:
-        """One row per topic: queues, permissions, messages, offsets, last store time."""
-        resp = self._client.list_topics(pymq_pb2.ListTopicsRequest(include_system=include_system))
+    def topics(self, include_system: bool = False, topic: str | None = None) -> pd.DataFrame:
+        """One row per topic: queues, permissions, messages, offsets, last store time.
+
+        ``topic``: that topic's row only, a system topic too (none if it does not exist)."""
+        request = pymq_pb2.ListTopicsRequest(include_system=include_system or topic is not None)
         rows = []
-        for t in resp.topics:
+        for t in self._client.list_topics(request).topics:
+            if topic is not None and t.topic_name != topic:
+                continue  # not asked for: no stats request
             stats = self._client.topic_stats(pymq_pb2.TopicStatsRequest(topic=t.topic_name))
             rows.append(
                 {
@@ -237,9 +241,12 @@ class Admin:
              "max_offset", "last_store_timestamp"],
         )
 
-    def groups(self, include_internal: bool = False) -> pd.DataFrame:
+    def groups(self, include_internal: bool = False, topic: str | None = None) -> pd.DataFrame:
         """One row per consumer group the broker knows: its settings (:data:`GROUP_COLUMNS`;
         ``consume_enable`` False: a paused group, see :meth:`update_group`).
+
+        ``topic``: the groups known to the brokers of its route, those that may have progress on
+        it (a cluster's other brokers are not asked); the one broker here knows them all.
 
         pymq's own groups (:data:`INTERNAL_GROUPS`: ``PYMQ_SPARK_READER`` of batch reads,
         ``PYMQ_ADMIN_TAIL`` of ``pymq-admin tail``, ...) are left out unless
@@ -314,12 +321,18 @@ class Admin:
              "last_store_timestamp"],
         )
 
-    def group_progress(self, group: str, topic: str | None = None) -> pd.DataFrame:
+    def group_progress(
+        self, group: str, topic: str | None = None, *, committed_only: bool = False,
+    ) -> pd.DataFrame:
         """Broker and consumer offset and lag per queue, as ``mqadmin consumerProgress``:
         every read queue of ``topic``, or of each topic the group has progress on; a
-        queue the group never committed on shows consumer offset 0."""
+        queue the group never committed on shows consumer offset 0.
+
+        ``committed_only``: ``topic``'s rows only if the group has progress on it (none, rather
+        than every queue at full lag, for a group that never read it)."""
+        asked = "" if committed_only else topic or ""  # no topic: the broker answers the queues with progress
         resp = self._client.consumer_progress(
-            pymq_pb2.ConsumerProgressRequest(consumer_group=group, topic=topic or "")
+            pymq_pb2.ConsumerProgressRequest(consumer_group=group, topic=asked)
         )
         rows = [
             {
@@ -332,6 +345,7 @@ class Admin:
                 "lag": max(0, q.broker_offset - max(q.consumer_offset, 0)),
             }
             for q in resp.queues
+            if topic in (None, q.message_queue.topic)
         ]
         return _frame(
             rows,

@@ -270,25 +270,39 @@ class RocketMQAdmin(Admin):
                 out[mq] = (QueueBounds(o.min_offset, o.max_offset), o.last_update_timestamp)
         return dict(sorted(out.items()))
 
-    def topics(self, include_system: bool = False) -> pd.DataFrame:
-        rows = []
-        for name in self.topic_names(include_system):
-            try:
-                data = self._backend._routes.route_data(name, refresh=True)
-                stats = self._stats(name, refresh=False)
-            except TopicNotExistError:
-                continue
-            bounds = [b for b, _ in stats.values()]
-            rows.append({
-                "topic": name,
-                "read_queues": sum(q.read_queue_nums for q in data.queue_datas),
-                "write_queues": sum(q.write_queue_nums for q in data.queue_datas),
-                "perm": max((q.perm for q in data.queue_datas), default=0),
-                "messages": sum(b.max_offset - b.min_offset for b in bounds),
-                "min_offset": min((b.min_offset for b in bounds), default=0),
-                "max_offset": max((b.max_offset for b in bounds), default=0),
-                "last_store_timestamp": max((t for _, t in stats.values()), default=0),
-            })
+    def _route_brokers(self, topic: str) -> dict[str, str]:
+        """Broker name -> address of ``topic``'s route, fetched anew (none when it has no route):
+        the brokers that hold its queues, and so every group's progress on it."""
+        try:
+            return dict(self._backend.route(topic, refresh=True).endpoints)
+        except TopicNotExistError:
+            return {}
+
+    def _topic_row(self, name: str) -> dict[str, Any] | None:
+        """``name``'s row of :meth:`topics`, from the brokers of its route only (None when it has
+        no route); its queue counts and its stats share the one route request."""
+        try:
+            data = self._backend._routes.route_data(name, refresh=True)
+            stats = self._stats(name, refresh=False)
+        except TopicNotExistError:
+            return None
+        bounds = [b for b, _ in stats.values()]
+        return {
+            "topic": name,
+            "read_queues": sum(q.read_queue_nums for q in data.queue_datas),
+            "write_queues": sum(q.write_queue_nums for q in data.queue_datas),
+            "perm": max((q.perm for q in data.queue_datas), default=0),
+            "messages": sum(b.max_offset - b.min_offset for b in bounds),
+            "min_offset": min((b.min_offset for b in bounds), default=0),
+            "max_offset": max((b.max_offset for b in bounds), default=0),
+            "last_store_timestamp": max((t for _, t in stats.values()), default=0),
+        }
+
+    def topics(self, include_system: bool = False, topic: str | None = None) -> pd.DataFrame:
+        """One row per topic; ``topic``: that topic's row only, a system topic too (none if it does
+        not exist), so a broker outside its route need not answer."""
+        names = [topic] if topic is not None else self.topic_names(include_system)
+        rows = [row for row in map(self._topic_row, names) if row is not None]
         return _frame(rows, ["topic", "read_queues", "write_queues", "perm", "messages", "min_offset",
                              "max_offset", "last_store_timestamp"])
 
@@ -318,13 +332,18 @@ class RocketMQAdmin(Admin):
                            str(cfg.get("consumeFromWhere", "") or ""), bool(cfg.get("consumeMessageOrderly")),
                            bool(cfg.get("consumeEnable", True)))
 
-    def groups(self, include_internal: bool = False) -> pd.DataFrame:
+    def groups(self, include_internal: bool = False, topic: str | None = None) -> pd.DataFrame:
         """Every consumer group the brokers know, with its retry settings. Left out unless
         ``include_internal``: RocketMQ's own groups (:func:`is_system_group`: those its brokers
         create, such as ``TOOLS_CONSUMER`` and ``CID_ONSAPI_PULL``, and ``CID_RMQ_SYS_*``) and
-        pymq's (:data:`~pyspark_pymq.client.admin.INTERNAL_GROUPS`, such as ``PYMQ_SPARK_READER``)."""
+        pymq's (:data:`~pyspark_pymq.client.admin.INTERNAL_GROUPS`, such as ``PYMQ_SPARK_READER``).
+
+        ``topic``: the groups the brokers of its route know, as :meth:`group_progress` of a topic
+        asks only them: a group with progress on the topic committed it there (a broker meets a
+        group at its first pull), so the other brokers need not answer."""
+        brokers = self._namesrv.get_broker_addrs() if topic is None else self._route_brokers(topic)
         seen: dict[str, dict[str, Any]] = {}
-        for broker, addr in sorted(self._namesrv.get_broker_addrs().items()):
+        for broker, addr in sorted(brokers.items()):
             found = self._ask(broker, addr, "consumer groups",
                               partial(self._api.get_all_subscription_groups, addr))
             for name, cfg in (found or {}).items():
@@ -340,14 +359,19 @@ class RocketMQAdmin(Admin):
         ]
         return _frame(rows, GROUP_COLUMNS)
 
-    def _progress_brokers(self, group: str, topic: str | None) -> dict[str, tuple[str, bool]]:
+    def _progress_brokers(
+        self, group: str, topic: str | None, committed_only: bool = False,
+    ) -> dict[str, tuple[str, bool]]:
         """Broker name -> (address, optional) of the brokers to ask for ``group``'s progress.
 
         Required: those of ``%RETRY%<group>``'s route (every consumer's heartbeat makes it on the
         brokers of its topics; ``DefaultMQAdminExtImpl.examineConsumeStats`` asks them) and of
         ``topic``'s; every registered broker when the retry topic has no route. Without ``topic``
         the other registered brokers are asked as optional: a consumer may commit without
-        registering there (``PullConsumer.commit`` does not heartbeat)."""
+        registering there (``PullConsumer.commit`` does not heartbeat). ``committed_only`` with a
+        ``topic``: its brokers only, as :meth:`groups` of a topic (they hold every offset on it)."""
+        if committed_only and topic is not None:
+            return {b: (a, False) for b, a in self._route_brokers(topic).items()}
         try:
             required = dict(self._backend.route(get_retry_topic(group), refresh=True).endpoints)
             others = topic is None
@@ -360,23 +384,27 @@ class RocketMQAdmin(Admin):
         optional = self._namesrv.get_broker_addrs() if others else {}
         return {**{b: (a, True) for b, a in optional.items()}, **{b: (a, False) for b, a in required.items()}}
 
-    def group_progress(self, group: str, topic: str | None = None) -> pd.DataFrame:
+    def group_progress(
+        self, group: str, topic: str | None = None, *, committed_only: bool = False,
+    ) -> pd.DataFrame:
         """One row per queue the group has progress on: broker offset, consumer offset, lag.
 
         The brokers of ``%RETRY%<group>``'s route and of ``topic``'s must answer (as ``mqadmin
         consumerProgress`` asks them); without ``topic`` the other brokers are asked too, and one
-        of them that does not answer is left out with a warning (see the module)."""
+        of them that does not answer is left out with a warning (see the module).
+        ``committed_only``: see :meth:`Admin.group_progress`; only ``topic``'s brokers are asked."""
+        asked = None if committed_only else topic  # no topic: the broker answers the queues with progress
         rows = []
-        for broker, (addr, optional) in sorted(self._progress_brokers(group, topic).items()):
+        for broker, (addr, optional) in sorted(self._progress_brokers(group, topic, committed_only).items()):
             try:
                 table = self._ask(broker, addr, f"progress of group {group!r}",
-                                  partial(self._api.get_consume_stats, addr, group, topic), optional=optional)
+                                  partial(self._api.get_consume_stats, addr, group, asked), optional=optional)
             except PymqError as err:
                 if err.code in (GROUP_NOT_EXIST, "CONSUMER_NOT_ONLINE", "TOPIC_NOT_EXIST"):
                     continue
                 raise
             for mq, (broker_offset, consumer_offset, _) in (table or {}).items():
-                if is_retry_topic(mq.topic) and consumer_offset < 0:
+                if (is_retry_topic(mq.topic) and consumer_offset < 0) or topic not in (None, mq.topic):
                     continue
                 rows.append({
                     "group": group, "topic": mq.topic, "broker_name": mq.broker_name,

@@ -112,11 +112,9 @@ def _rows(opts: ViewOptions) -> list[dict[str, Any]]:
              if cfg.namesrv_addr
              else Admin(cfg.endpoint, access_key=cfg.access_key, secret_key=cfg.secret_key, tls=cfg.tls))
     if opts.view == "topics":
-        # a topic asked for by name is shown, system topic (%DLQ%g) or not, as the queues view does
-        frame = admin.topics(include_system=opts.include_system or bool(opts.topic))
-        if opts.topic:
-            frame = frame[frame["topic"] == opts.topic]
-        return list(frame.to_dict("records"))
+        # a topic asked for by name is shown, system topic (%DLQ%g) or not, as the queues view does;
+        # only its own brokers are asked (a hung broker elsewhere does not fail its row)
+        return list(admin.topics(include_system=opts.include_system, topic=opts.topic).to_dict("records"))
     if opts.view == "queues":
         names = [opts.topic] if opts.topic else admin.topic_names(include_system=opts.include_system)
         return [r for name in names for r in admin.topic_stats(name).to_dict("records")]
@@ -125,10 +123,11 @@ def _rows(opts: ViewOptions) -> list[dict[str, Any]]:
     if opts.view == "lag":
         if opts.group:
             return list(admin.group_progress(opts.group, opts.topic).to_dict("records"))
-        # every group, on the topics each has progress on: asked about a topic by name, the
-        # broker answers every queue of it for any group (a group that never read it: full lag)
-        rows = [r for g in admin.groups()["group"] for r in admin.group_progress(g).to_dict("records")]
-        return [r for r in rows if not opts.topic or r["topic"] == opts.topic]
+        # every group, on the topics each has progress on (committed_only: a group that never read
+        # the topic is left out, not shown at full lag); of a topic, only its brokers are asked
+        # (they know its groups and hold their offsets): a hung broker elsewhere does not stop it
+        return [r for g in admin.groups(topic=opts.topic)["group"]
+                for r in admin.group_progress(g, opts.topic, committed_only=True).to_dict("records")]
     assert opts.group is not None
     return list(admin.dead_letters(opts.group, opts.max_messages).to_dict("records"))
 
