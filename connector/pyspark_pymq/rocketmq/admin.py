@@ -50,7 +50,7 @@ from ..errors import (
     RequestTimeoutError,
     TopicNotExistError,
 )
-from ..spark.option_registry import browse_group
+from ..spark.option_registry import TOOLS_CONSUMER_GROUP
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -419,7 +419,7 @@ class RocketMQAdmin(Admin):
     # -- dead letters --------------------------------------------------------------------------
 
     def _dead_letter_queues(self, group: str) -> tuple[PullConsumer, list[MessageQueue]]:
-        consumer = PullConsumer(group=browse_group("rocketmq"), backend=self._backend)
+        consumer = PullConsumer(group=TOOLS_CONSUMER_GROUP, backend=self._backend)
         try:
             return consumer, consumer.queues(dlq_topic(group))
         except TopicNotExistError:

@@ -70,12 +70,6 @@ DEFAULT_READER_GROUP = "PYMQ_SPARK_READER"
 #: (``autoCreateSubscriptionGroup=false``) refuses pulls of any group not created for it.
 TOOLS_CONSUMER_GROUP = "TOOLS_CONSUMER"
 
-
-def browse_group(backend: str, pymq_group: str = DEFAULT_READER_GROUP) -> str:
-    """The group that pulls carry when nothing is committed (batch reads, dead letters, tail):
-    ``pymq_group`` on the embedded broker, :data:`TOOLS_CONSUMER_GROUP` on RocketMQ (``backend``
-    is a ``BackendConfig.kind``)."""
-    return TOOLS_CONSUMER_GROUP if backend == "rocketmq" else pymq_group
 MAX_PULL_BATCH_SIZE = 100_000  # the broker answers at most this many messages per pull
 DEFAULT_PULL_BATCH_SIZE = 32_768
 # Measured on loopback: pulls answering ~1 MiB move 2-3x more bytes per second than
@@ -94,6 +88,13 @@ DEFAULT_PRODUCER_GROUP = "PYMQ_SPARK_SINK"
 DEFAULT_MAX_IN_FLIGHT = 4
 # RocketMQ's send back carries maxReconsumeTimes and the delay level as Java ints (int32 on the wire)
 JAVA_INT_MAX = 2**31 - 1
+
+
+def browse_group(backend: str, pymq_group: str = DEFAULT_READER_GROUP) -> str:
+    """The group that pulls carry when nothing is committed (batch reads, dead letters, tail):
+    ``pymq_group`` on the embedded broker, :data:`TOOLS_CONSUMER_GROUP` on RocketMQ (``backend``
+    is a ``BackendConfig.kind``)."""
+    return TOOLS_CONSUMER_GROUP if backend == "rocketmq" else pymq_group
 
 
 @dataclass(frozen=True)
