@@ -18,6 +18,7 @@ from helpers import unique
 from pyspark_pymq import Admin, Message, MessageQueue, Producer, PullConsumer, PullStatus
 from pyspark_pymq.backend import BackendConfig, QueueBounds, open_backend
 from pyspark_pymq.errors import BrokerUnavailableError, PymqError, RequestTimeoutError, TopicNotExistError
+from pyspark_pymq.rocketmq.route import NameServerClient
 from pyspark_pymq.spark.offset_reader import OffsetReader
 from pyspark_pymq.spark.options import parse_source_options
 from pyspark_pymq.spark.views import _rows, parse_view_options
@@ -428,6 +429,38 @@ def test_admin_topics_leave_out_the_topics_named_after_clusters_and_brokers(
     assert not set(table["topic"]) & own
     assert topic in set(table["topic"])
     assert asked[topic] == 1 and set(asked.values()) == {1}, asked
+
+
+def test_the_lag_view_of_a_topic_asks_its_route_once(
+    rocketmq_cluster: RocketMQCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The lag view without consumerGroup lists the groups of the topic's brokers, then each
+    # group's progress there: one route request for the topic, however many groups read it.
+    c = rocketmq_cluster
+    topic, first, _ = _one_read(c, "lagroute", "broker-a")
+    groups = [first, *(PullConsumer(group=unique("g"), namesrv_addr=c.namesrv_addr) for _ in range(2))]
+    mq = MessageQueue(topic, "broker-a", 0)
+    for n, consumer in enumerate(groups):
+        consumer.register(topic)  # the broker meets the group (a commit alone does not make it)
+        consumer.commit(mq, n % 2)
+    names = {g.group for g in groups}
+    options = parse_view_options({"namesrvAddr": c.namesrv_addr, "view": "lag", "topic": topic})
+    deadline = time.monotonic() + 30
+    while {r["group"] for r in _rows(options)} != names:  # commits reach the broker asynchronously
+        assert time.monotonic() < deadline, _rows(options)
+        time.sleep(0.3)
+    asked: Counter[str] = Counter()
+    get_route_info = NameServerClient.get_route_info
+
+    def counted(self: NameServerClient, name: str) -> Any:
+        asked[name] += 1
+        return get_route_info(self, name)
+
+    monkeypatch.setattr(NameServerClient, "get_route_info", counted)
+    rows = _rows(options)
+    assert sorted((r["group"], r["consumer_offset"], r["lag"]) for r in rows) == sorted(
+        (g.group, n % 2, 1 - n % 2) for n, g in enumerate(groups))
+    assert asked == Counter({topic: 1}), asked
 
 
 def test_admin_tables_of_a_cluster_with_a_hung_broker(

@@ -270,11 +270,12 @@ class RocketMQAdmin(Admin):
                 out[mq] = (QueueBounds(o.min_offset, o.max_offset), o.last_update_timestamp)
         return dict(sorted(out.items()))
 
-    def _route_brokers(self, topic: str) -> dict[str, str]:
-        """Broker name -> address of ``topic``'s route, fetched anew (none when it has no route):
-        the brokers that hold its queues, and so every group's progress on it."""
+    def _route_brokers(self, topic: str, *, refresh: bool = True) -> dict[str, str]:
+        """Broker name -> address of ``topic``'s route (none when it has no route): the brokers
+        that hold its queues, and so every group's progress on it. Fetched anew unless
+        ``refresh=False`` (the cached route, at most ``ROUTE_TTL_S`` old, as a consumer uses)."""
         try:
-            return dict(self._backend.route(topic, refresh=True).endpoints)
+            return dict(self._backend.route(topic, refresh=refresh).endpoints)
         except TopicNotExistError:
             return {}
 
@@ -359,19 +360,14 @@ class RocketMQAdmin(Admin):
         ]
         return _frame(rows, GROUP_COLUMNS)
 
-    def _progress_brokers(
-        self, group: str, topic: str | None, committed_only: bool = False,
-    ) -> dict[str, tuple[str, bool]]:
+    def _progress_brokers(self, group: str, topic: str | None) -> dict[str, tuple[str, bool]]:
         """Broker name -> (address, optional) of the brokers to ask for ``group``'s progress.
 
         Required: those of ``%RETRY%<group>``'s route (every consumer's heartbeat makes it on the
         brokers of its topics; ``DefaultMQAdminExtImpl.examineConsumeStats`` asks them) and of
         ``topic``'s; every registered broker when the retry topic has no route. Without ``topic``
         the other registered brokers are asked as optional: a consumer may commit without
-        registering there (``PullConsumer.commit`` does not heartbeat). ``committed_only`` with a
-        ``topic``: its brokers only, as :meth:`groups` of a topic (they hold every offset on it)."""
-        if committed_only and topic is not None:
-            return {b: (a, False) for b, a in self._route_brokers(topic).items()}
+        registering there (``PullConsumer.commit`` does not heartbeat)."""
         try:
             required = dict(self._backend.route(get_retry_topic(group), refresh=True).endpoints)
             others = topic is None
@@ -392,10 +388,14 @@ class RocketMQAdmin(Admin):
         The brokers of ``%RETRY%<group>``'s route and of ``topic``'s must answer (as ``mqadmin
         consumerProgress`` asks them); without ``topic`` the other brokers are asked too, and one
         of them that does not answer is left out with a warning (see the module).
-        ``committed_only``: see :meth:`Admin.group_progress`; only ``topic``'s brokers are asked."""
+        ``committed_only``: see :meth:`Admin.group_progress`; only ``topic``'s brokers are asked
+        (they hold every offset on it), from the route :meth:`groups` of the topic just fetched:
+        the ``lag`` view asks the name servers once, not once per group."""
         asked = None if committed_only else topic  # no topic: the broker answers the queues with progress
+        brokers = ({b: (a, False) for b, a in self._route_brokers(topic, refresh=False).items()}
+                   if committed_only and topic is not None else self._progress_brokers(group, topic))
         rows = []
-        for broker, (addr, optional) in sorted(self._progress_brokers(group, topic, committed_only).items()):
+        for broker, (addr, optional) in sorted(brokers.items()):
             try:
                 table = self._ask(broker, addr, f"progress of group {group!r}",
                                   partial(self._api.get_consume_stats, addr, group, asked), optional=optional)
