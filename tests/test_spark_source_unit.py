@@ -849,8 +849,9 @@ def test_the_stream_driver_imports_no_producer_admin_or_transactions() -> None:
     """Spark starts fresh Python processes, one after the other, before a streaming query's
     first batch: to create the data source and check its options, to plan the read, and the
     source's runner. What they import is the query's start-up time. Options and schema need
-    neither numpy, ssl, gRPC nor Arrow (~0.1 s); the runner plans offsets, the producer,
-    the admin client and transactions are not its business (~0.1 s more)."""
+    neither numpy, ssl, gRPC nor Arrow (~0.1 s), and a tag subscription is checked without the
+    broker's parsers and protobuf (~0.05 s); the runner plans offsets, the producer, the admin
+    client and transactions are not its business (~0.1 s more)."""
     import subprocess
     import sys
 
@@ -858,8 +859,11 @@ def test_the_stream_driver_imports_no_producer_admin_or_transactions() -> None:
         "import sys\n"
         "import pyspark_pymq.spark.data_source\n"
         "from pyspark_pymq.spark.options import parse_source_options\n"
-        "parse_source_options({'endpoint': '127.0.0.1:1', 'topic': 't', 'consumerGroup': 'g'}, stream=True)\n"
-        "for m in ('numpy', 'ssl', 'grpc', 'pyarrow', 'pyspark_pymq.client.transport'):\n"
+        "for tags in ('*', 'TagA || TagB'):\n"
+        "    parse_source_options({'endpoint': '127.0.0.1:1', 'topic': 't', 'consumerGroup': 'g',\n"
+        "                          'subscription': tags}, stream=True)\n"
+        "for m in ('numpy', 'ssl', 'grpc', 'pyarrow', 'pyspark_pymq.client.transport', 'pymq_broker',\n"
+        "          'google.protobuf'):\n"
         "    assert m not in sys.modules, m\n"
         "import pyspark_pymq.spark.data_source, pyspark_pymq.spark.micro_batch_stream\n"
         "loaded = sorted(m for m in sys.modules if m.startswith('pyspark_pymq.client.'))\n"

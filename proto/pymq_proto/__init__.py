@@ -4,7 +4,8 @@
 `pymq_proto.record` is the commit-log record layout shared by the broker, which
 writes records, and the client, which decodes them from pull responses.
 `pymq_proto.topics` names a consumer group's retry and dead-letter topics
-(%RETRY%<group>, %DLQ%<group>), which both sides use.
+(%RETRY%<group>, %DLQ%<group>), which both sides use; `pymq_proto.subscription` the
+rule of tag expressions.
 """
 
 import os as _os

@@ -6,12 +6,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pymq_proto.record import decode_properties, tag_hash
+from pymq_proto.subscription import check_tags
 from pymq_proto.v1 import pymq_pb2
 
 from ..common.broker_exception import BrokerException
 from ..filter.sql92 import compile_sql92
-
-SUB_ALL = "*"
 
 
 @dataclass(frozen=True)
@@ -49,13 +48,8 @@ def parse_subscription(
 
 def parse_tag_expression(expression: str) -> frozenset[int] | None:
     """The tag hash codes a subscription accepts, or None for every message."""
-    expr = (expression or SUB_ALL).strip()
-    if expr == SUB_ALL:
-        return None
-    tags = [t.strip() for t in expr.split("||")]
-    if any(not t for t in tags):
-        raise BrokerException(
-            pymq_pb2.SUBSCRIPTION_PARSE_FAILED,
-            f"tag expression {expression!r} has an empty tag; write '*' or 'TagA || TagB'",
-        )
-    return frozenset(tag_hash(t.encode()) for t in tags)
+    try:
+        tags = check_tags(expression)
+    except ValueError as err:
+        raise BrokerException(pymq_pb2.SUBSCRIPTION_PARSE_FAILED, str(err)) from None
+    return None if tags is None else frozenset(tag_hash(t.encode()) for t in tags)

@@ -25,6 +25,7 @@ from pathlib import Path
 from pymq_proto.record import MessageConst, decode_properties, tag_hash
 from pymq_proto.rocketmq_v2 import definition_pb2 as v2
 from pymq_proto.rocketmq_v2 import service_pb2 as sv
+from pymq_proto.subscription import split_tags
 from pymq_proto.v1 import pymq_pb2
 
 from ..common.broker_exception import BrokerException
@@ -633,9 +634,10 @@ def parse_filter(
         return None, None, sub.property_filter
     if expression.type not in (v2.TAG, v2.FILTER_TYPE_UNSPECIFIED):
         raise ProxyException(v2.ILLEGAL_FILTER_EXPRESSION, f"filter type {expression.type} is unknown")
-    if not text or text == "*":
+    named = split_tags(text)
+    if named is None:
         return None, None, None
-    tags = frozenset(t.strip() for t in text.split("||") if t.strip())
+    tags = frozenset(t for t in named if t)
     if not tags:
         raise ProxyException(v2.ILLEGAL_FILTER_EXPRESSION, f"tag expression {text!r} names no tag")
     return frozenset(tag_hash(t.encode()) for t in tags), tags, None

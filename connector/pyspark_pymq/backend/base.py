@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from pymq_proto.malloc import tune_malloc_once
+from pymq_proto.subscription import check_tags, split_tags
 
 from ..client.credentials import check_credentials
 from ..client.message import MessageExt, MessageQueue, PullStatus, SendBackColumns, SendResult
@@ -166,10 +167,7 @@ def subscribed_tags(subscription: str, expression_type: str) -> list[str]:
     """The tags of a tag subscription (none for ``*`` or SQL92)."""
     if expression_type != "TAG":
         return []
-    text = subscription.strip()
-    if text in ("", "*"):
-        return []
-    return [t.strip() for t in text.split("||") if t.strip()]
+    return [t for t in split_tags(subscription) or [] if t]
 
 
 def filter_by_tags(messages: Sequence[MessageExt], tags: Iterable[str]) -> list[MessageExt]:
@@ -572,13 +570,7 @@ def check_subscription(config: BackendConfig, expression: str, expression_type: 
     else:
         # the broker's own rule, so an empty tag ('TagA ||') fails here and not in the first task
         # that meets a message
-        from pymq_broker.common.broker_exception import BrokerException
-        from pymq_broker.processor.subscription import parse_tag_expression
-
-        try:
-            parse_tag_expression(expression)
-        except BrokerException as err:
-            raise ValueError(err.remark) from None
+        check_tags(expression)
 
 
 _backends: dict[tuple[int, BackendConfig, float], Backend] = {}

@@ -48,6 +48,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from pymq_proto.subscription import SUB_ALL, split_tags
 from pymq_proto.topics import get_retry_topic
 
 from ..client.message import MessageQueue, PullStatus, SendResult, SendStatus, frozen_msg_ids, new_uniq_key
@@ -338,11 +339,12 @@ class SubscriptionData:
         sub_string = self.sub_string.strip()
         tags: list[str] = []
         if self.expression_type == "TAG":
-            if sub_string in ("", "*"):
-                sub_string = "*"
+            # FilterAPI.buildSubscriptionData: "A || B" -> tags {A, B} (blanks dropped), codes their hashes
+            named = split_tags(sub_string)
+            if named is None:
+                sub_string = SUB_ALL
             else:
-                # FilterAPI.buildSubscriptionData: "A || B" -> tags {A, B}, codes their hashes
-                tags = [t.strip() for t in sub_string.split("||") if t.strip()]
+                tags = [t for t in named if t]
         return {
             "classFilterMode": False,
             "codeSet": [java_string_hash(t) for t in tags],
