@@ -36,6 +36,25 @@ FAST_DELAY_LEVELS = (
 )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def java_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``java.io.tmpdir`` of every JVM the tests start (Spark drivers, RocketMQ, the Java client).
+
+    JVMs keep files there that only a clean exit removes, and some not even then: Spark's block
+    and artifact directories and the native libraries it unpacks (lz4, snappy), RocketMQ's
+    RocksDB library and self-signed certificates. The drivers and brokers the tests kill -9 left
+    them in /tmp, ~30 MB a run; here they go with the session's other temporary files.
+    """
+    path = tmp_path_factory.mktemp("java-tmp")
+    before = os.environ.get("JAVA_TOOL_OPTIONS")
+    os.environ["JAVA_TOOL_OPTIONS"] = f"{before or ''} -Djava.io.tmpdir={path}".strip()
+    yield path
+    if before is None:
+        os.environ.pop("JAVA_TOOL_OPTIONS", None)
+    else:
+        os.environ["JAVA_TOOL_OPTIONS"] = before
+
+
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
     """A fresh broker process with its own data dir, on a free loopback port."""

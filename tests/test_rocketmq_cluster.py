@@ -6,6 +6,8 @@ If these fail, every test against real RocketMQ would fail for the same reason: 
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
+from typing import Any
 
 from rocketmq_cluster import JavaMessage, RocketMQCluster
 
@@ -83,3 +85,15 @@ def test_broker_crash_and_restart_keeps_its_messages(rocketmq_cluster: RocketMQC
     assert status[("broker-a", 0)][1] + status[("broker-a", 1)][1] == len(before)
     (after,) = c.produce(topic, [JavaMessage(b"back", broker="broker-a", queue_id=0)])
     assert (after.broker_name, after.queue_offset) == ("broker-a", 2)
+
+
+def test_the_jvms_keep_their_temporary_files_in_the_sessions_directory(
+    rocketmq_cluster: RocketMQCluster, spark: Any, java_tmpdir: Path
+) -> None:
+    # Spark's driver puts its block manager's directories there; RocketMQ's brokers their
+    # self-signed certificates (netty's, never deleted). In /tmp they outlived every run.
+    jvm = spark.sparkContext._jvm
+    assert jvm.java.lang.System.getProperty("java.io.tmpdir") == str(java_tmpdir)
+    names = sorted(p.name for p in java_tmpdir.iterdir())
+    assert any(n.startswith("blockmgr-") for n in names), names
+    assert any(n.startswith("keyutil_") for n in names), names
