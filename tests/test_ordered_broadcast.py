@@ -38,7 +38,7 @@ def test_ordered_messages_keep_per_key_order_and_retry_in_place(
         tries = sum(1 for c in calls if c.split(" ")[1] == body) + 1
         ok = not (body.endswith(":3") and tries < 3)  # step 3 fails twice, then works
         with log.open("a") as f:
-            f.write(f"{'ok' if ok else 'fail'} {body}\n")
+            f.write(f"{'ok' if ok else 'fail'} {body} {msgs[0].reconsume_times}\n")
         return ConsumeOrderlyStatus.SUCCESS if ok else ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
 
     listener = MessageListener(ep, group, handle, orderly=True,
@@ -48,13 +48,15 @@ def test_ordered_messages_keep_per_key_order_and_retry_in_place(
     good = listener.process(df, 0)
     assert good.count() == 60
     calls = [line.split(" ") for line in log.read_text().splitlines()]
-    processed = [body for status, body in calls if status == "ok"]
+    processed = [body for status, body, _ in calls if status == "ok"]
     for key in keys:  # per-key order kept, retries in place did not reorder
         steps = [int(b.split(":")[1]) for b in processed if b.startswith(key + ":")]
         assert steps == list(range(10))
-    for key in keys:  # the failing step was retried in place, before the key's next step
-        mine = [(s, b) for s, b in calls if b.startswith(key + ":")]
-        assert mine[3:6] == [("fail", f"{key}:3"), ("fail", f"{key}:3"), ("ok", f"{key}:3")]
+    for key in keys:  # the failing step was retried in place, before the key's next step, and each
+        # retry told the listener it was one (RocketMQ's checkReconsumeTimes counts up before it)
+        mine = [tuple(c) for c in calls if c[1].startswith(key + ":")]
+        assert mine[3:6] == [("fail", f"{key}:3", "0"), ("fail", f"{key}:3", "1"), ("ok", f"{key}:3", "2")]
+        assert {c[2] for c in mine[:3] + mine[6:]} == {"0"}
     assert listener.last_stats.retried_in_place == 2 * len(keys)
     assert listener.last_stats.reconsume_later == 0  # orderly never sends back
 

@@ -46,7 +46,7 @@ import enum
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from pymq_proto.record import MessageConst as MC
@@ -219,7 +219,10 @@ def _consume_orderly(
             m = messages[i]
             attempts = 0
             while True:
-                success, exc_class, text = _call(listener, [m])
+                # each retry in place counts, as RocketMQ's checkReconsumeTimes raises the message's
+                # reconsumeTimes before it: a listener may give up on its own (``reconsume_times >= n``)
+                tried = m if attempts == 0 else replace(m, reconsume_times=m.reconsume_times + attempts)
+                success, exc_class, text = _call(listener, [tried])
                 if success:
                     ok[i] = True
                     stats.consumed += 1
