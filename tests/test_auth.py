@@ -14,8 +14,9 @@ from typing import Any
 import grpc
 import pytest
 from broker_process import BrokerProcess
+from pymq_broker.auth.auth_admin_processor import AuthAdminProcessor
 from pymq_broker.auth.authentication import AuthenticationHeader, DefaultAuthenticationProvider
-from pymq_broker.auth.metadata_provider import AuthenticationMetadataProvider
+from pymq_broker.auth.metadata_provider import AuthenticationMetadataProvider, AuthorizationMetadataProvider
 from pymq_broker.auth.model import User
 from pymq_broker.common.broker_exception import BrokerException
 from pymq_proto.topics import get_dlq_topic, get_retry_topic
@@ -519,6 +520,35 @@ def test_users_and_acls_survive_a_restart(tmp_path: Path) -> None:
         Admin(proc.endpoint, access_key=ROOT, secret_key="rotated").topics()
         with pytest.raises(AuthenticationError):
             root_admin(proc.endpoint).topics()
+
+
+@pytest.mark.parametrize("crash_at", ["users", "acls"])
+def test_a_crash_while_deleting_a_user_never_leaves_its_acl_behind(
+    tmp_path: Path, crash_at: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # users.json and acls.json are two files: whichever write a crash interrupts, what is on disk
+    # has no ACL of a deleted user (a user created again by that name would get its rights).
+    def providers() -> tuple[AuthenticationMetadataProvider, AuthorizationMetadataProvider]:
+        users = AuthenticationMetadataProvider(tmp_path / "users.json")
+        acls = AuthorizationMetadataProvider(tmp_path / "acls.json")
+        users.load()
+        acls.load()
+        return users, acls
+
+    users, acls = providers()
+    processor = AuthAdminProcessor(users, acls, DefaultAuthenticationProvider(users, 900_000))
+    processor.create_user(pymq_pb2.CreateUserRequest(user=pymq_pb2.UserInfo(username="eve", password="pw")))
+    processor.create_acl(pymq_pb2.CreateAclRequest(acl=pymq_pb2.AclInfo(
+        subject="User:eve", entries=[pymq_pb2.PolicyEntry(resource="Topic:t", actions=["Pub"])])))
+
+    def crash() -> None:
+        raise OSError("killed")
+
+    monkeypatch.setattr({"users": users, "acls": acls}[crash_at], "persist", crash)
+    with pytest.raises(OSError, match="killed"):
+        processor.delete_user(pymq_pb2.DeleteUserRequest(username="eve"))
+    on_disk_users, on_disk_acls = providers()
+    assert "User:eve" not in on_disk_acls.acls or "eve" in on_disk_users.users
 
 
 def test_settings_are_checked_at_start(tmp_path: Path) -> None:

@@ -76,12 +76,15 @@ class AuthAdminProcessor:
         return pymq_pb2.UserResponse()
 
     def delete_user(self, req: pymq_pb2.DeleteUserRequest) -> pymq_pb2.UserResponse:
-        if self.users.users.pop(req.username, None) is None:
+        if req.username not in self.users.users:
             raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT, f"user {req.username!r} does not exist")
-        self.users.persist()
-        self.authentication.forget(req.username)
+        # The ACL goes to disk first: a crash between the two writes leaves a user without rights,
+        # never rights without their user (which a user created again by that name would inherit).
         if self.acls.acls.pop(f"User:{req.username}", None) is not None:
             self.acls.persist()
+        del self.users.users[req.username]
+        self.users.persist()
+        self.authentication.forget(req.username)
         return pymq_pb2.UserResponse()
 
     def list_users(self, req: pymq_pb2.ListUsersRequest) -> pymq_pb2.ListUsersResponse:
