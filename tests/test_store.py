@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -605,6 +606,80 @@ def test_a_deleted_topic_stays_deleted_after_a_crash(tmp_path: Path, recreate: b
         assert _bodies(again, "t") == ([b"new-0", b"new-1", b"new-2"] if recreate else [])
         assert again.get_max_offset_in_queue("t", 0) == (3 if recreate else 0)
         assert _bodies(again, "other") == [b"kept"]
+    finally:
+        again.shutdown()
+
+
+def test_a_consume_queue_that_begins_later_keeps_its_entries_across_restarts(tmp_path: Path) -> None:
+    """A queue rebuilt from mid-queue (its first entries gone) had zeros before its first entry:
+    the next load took them for the queue's end, max offset 0, and acknowledged messages were
+    unreadable and their offsets reused. RocketMQ's fillPreBlank entries hold that place."""
+    store = make_store(tmp_path)
+    for i in range(5):
+        store.put_messages("t", 0, [msg(b"old-%d" % i)])
+    store.checkpoint_now()
+    for i in range(5, 8):
+        store.put_messages("t", 0, [msg(b"old-%d" % i)])
+    _crash(store)
+    shutil.rmtree(tmp_path / "consumequeue" / "t")  # the queue's files are gone: rebuilt from 5
+    again = make_store(tmp_path)
+    assert (again.get_min_offset_in_queue("t", 0), again.get_max_offset_in_queue("t", 0)) == (5, 8)
+    for i in range(8, 11):
+        assert again.put_messages("t", 0, [msg(b"new-%d" % i)]).queue_offset == i
+    again.shutdown()
+    for restart in range(2):  # a clean restart, then a crash
+        again = make_store(tmp_path)
+        assert (again.get_min_offset_in_queue("t", 0), again.get_max_offset_in_queue("t", 0)) == (5, 11)
+        assert again.get_message("t", 0, 0, 10).status == GetMessageStatus.OFFSET_TOO_SMALL
+        got = records(again.get_message("t", 0, 5, 100).records)
+        assert [(r[2], r[3]) for r in got] == [(i, b"old-%d" % i) for i in range(5, 8)] + [
+            (i, b"new-%d" % i) for i in range(8, 11)]
+        if restart:
+            _crash(again)
+        else:
+            again.shutdown()
+    again = make_store(tmp_path)
+    try:
+        assert again.put_messages("t", 0, [msg(b"newer")]).queue_offset == 11
+    finally:
+        again.shutdown()
+
+
+def test_a_kill_while_a_topic_is_deleted_never_brings_its_queue_back_mid_queue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """delete_topic removed the queue files, then moved the checkpoint past the topic's records: a
+    kill -9 in between re-queued the records after the older checkpoint, and the deleted topic's
+    queue came back beginning mid-queue (offsets 5..7). The checkpoint now goes first."""
+    from pymq_broker.store.consume_queue import ConsumeQueue
+
+    store = make_store(tmp_path)
+    for i in range(5):
+        store.put_messages("t", 0, [msg(b"old-%d" % i)])
+    store.checkpoint_now()
+    for i in range(5, 8):
+        store.put_messages("t", 0, [msg(b"old-%d" % i)])
+
+    class Killed(Exception):
+        pass
+
+    destroy = ConsumeQueue.destroy
+
+    def destroy_then_die(self: ConsumeQueue) -> None:  # kill -9 right after the queue files went
+        destroy(self)
+        raise Killed
+
+    monkeypatch.setattr(ConsumeQueue, "destroy", destroy_then_die)
+    with pytest.raises(Killed):
+        store.delete_topic("t")
+    _crash(store)
+    monkeypatch.undo()
+    again = make_store(tmp_path)
+    try:
+        assert again.get_max_offset_in_queue("t", 0) == 0
+        assert _bodies(again, "t") == []
+        assert again.put_messages("t", 0, [msg(b"new")]).queue_offset == 0  # created again
+        assert _bodies(again, "t") == [b"new"]
     finally:
         again.shutdown()
 

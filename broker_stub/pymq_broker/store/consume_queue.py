@@ -12,11 +12,14 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from .mapped_file import MappedFileQueue
+from .mapped_file import MappedFile, MappedFileQueue
 
 CQ_STORE_UNIT_SIZE = 20
 CQ_ENTRY = np.dtype([("phy", "<i8"), ("size", "<i4"), ("tag", "<i8")])
 assert CQ_ENTRY.itemsize == CQ_STORE_UNIT_SIZE
+# RocketMQ's fillPreBlank entry (phy 0, size Integer.MAX_VALUE): the segment bytes before the first
+# entry of a queue that begins later. Zeros there would read as the queue's end at the next load.
+PRE_BLANK_SIZE = 2**31 - 1
 
 EntryArray = npt.NDArray[np.void]
 
@@ -49,7 +52,8 @@ class ConsumeQueue:
         self.queue.load()
 
     def recover(self) -> None:
-        """Find the real end of the last segment: the first entry with size 0."""
+        """Find the real end of the last segment: the first entry with size 0 (a pre-blank
+        entry's size is positive: a queue that begins later keeps its entries)."""
         files = self.queue.files
         if not files:
             return
@@ -60,14 +64,24 @@ class ConsumeQueue:
             used = int(empty[0]) if len(empty) else len(arr)
             mf.wrote_position = mf.flushed_position = used * CQ_STORE_UNIT_SIZE
             if used:
-                last = arr[used - 1]
-                self.max_physic_offset = int(last["phy"]) + int(last["size"])
+                real = arr[:used][arr["size"][:used] != PRE_BLANK_SIZE]
+                if len(real):
+                    self.max_physic_offset = int(real[-1]["phy"]) + int(real[-1]["size"])
                 break
             if mf is not files[0]:  # an empty trailing segment: drop it
                 self.queue.files.remove(mf)
                 mf.destroy()
         if not self.min_logic_offset:
-            self.min_logic_offset = files[0].file_from_offset if files else 0
+            self.min_logic_offset = self._first_entry_past_pre_blank(files[0]) if files else 0
+
+    @staticmethod
+    def _first_entry_past_pre_blank(mf: MappedFile) -> int:
+        """Where the first segment's entries begin (bytes): past its pre-blank entries, if any."""
+        raw = mf.read(0, mf.wrote_position)
+        arr = np.frombuffer(raw[: len(raw) - len(raw) % 20], dtype=CQ_ENTRY)
+        blank = np.flatnonzero(arr["size"] != PRE_BLANK_SIZE)
+        skip = int(blank[0]) if len(blank) else len(arr)
+        return mf.file_from_offset + skip * CQ_STORE_UNIT_SIZE
 
     @property
     def min_offset_in_queue(self) -> int:
@@ -95,7 +109,7 @@ class ConsumeQueue:
                 file_start = first - first % self.mapped_file_size
                 mf = self.queue.last_mapped_file(create_offset=file_start)
                 assert mf is not None
-                mf.wrote_position = first - file_start
+                self._fill_pre_blank(mf, first - file_start)
                 self.min_logic_offset = first
             else:
                 raise ValueError(
@@ -111,6 +125,12 @@ class ConsumeQueue:
             view = view[n:]
         self.max_physic_offset = max(self.max_physic_offset, end_physic_offset)
         self.dirty = True
+
+    @staticmethod
+    def _fill_pre_blank(mf: MappedFile, until: int) -> None:
+        """RocketMQ's fillPreBlank: pre-blank entries up to ``until`` (bytes into ``mf``)."""
+        count = until // CQ_STORE_UNIT_SIZE
+        mf.append(pack_entries([0] * count, [PRE_BLANK_SIZE] * count, [0] * count))
 
     def get_entries(self, offset: int, count: int) -> EntryArray:
         """Entries ``offset`` .. ``offset + count`` (fewer at the end of the queue)."""

@@ -42,7 +42,7 @@ from ..common.mix_all import SCHEDULE_TOPIC, TIMER_TOPIC
 from .allocate_mapped_file_service import AllocateMappedFileService
 from .commit_log import AppendMessageResult, CommitLog, MessageToStore
 from .config import SYNC_FLUSH, MessageStoreConfig
-from .consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue, pack_entries
+from .consume_queue import CQ_STORE_UNIT_SIZE, PRE_BLANK_SIZE, ConsumeQueue, pack_entries
 from .crc32_vector import crc32_slices
 from .disk_space import DiskSpaceService, is_disk_full
 from .encoded_batch import EncodedRecords, use_scalar
@@ -574,15 +574,16 @@ class DefaultMessageStore:
     def delete_topic(self, topic: str) -> None:
         """Drop the topic's consume queues (its records expire with the commit log)."""
         self.do_reput()
+        # a crash recovery re-queues the records after the checkpoint: move it past the topic's
+        # records before its queue files go, or a kill -9 in between would build its queues again
+        # from the older checkpoint, beginning mid-queue
+        if self._running:
+            self.checkpoint_now()
         queues = self.consume_queue_table.pop(topic, {})
         for qid, cq in queues.items():
             cq.destroy()
             self.commit_log.topic_queue_table.pop(f"{topic}-{qid}", None)
         shutil.rmtree(self.config.store_path_consume_queue / topic, ignore_errors=True)
-        # a crash recovery re-queues the records after the checkpoint: move it past the topic's
-        # records, or they would build its consume queues again
-        if self._running:
-            self.checkpoint_now()
 
     # -- get --------------------------------------------------------------------
 
@@ -623,7 +624,7 @@ class DefaultMessageStore:
         filtered = tag_hashes is not None or property_filter is not None
         scan = want if not filtered else min(max(want * 4, 1024), 64_000)
         entries = cq.get_entries(offset, scan)
-        mask = entries["phy"] >= self.commit_log.min_offset
+        mask = (entries["phy"] >= self.commit_log.min_offset) & (entries["size"] != PRE_BLANK_SIZE)
         if tag_hashes is not None:
             mask &= np.isin(entries["tag"], np.fromiter(tag_hashes, dtype=np.int64))
         if property_filter is not None:
