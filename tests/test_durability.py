@@ -163,3 +163,22 @@ def test_dedup_window_survives_a_broker_crash(tmp_path: Path) -> None:
         assert len(read_all(ep, "short")) == 600, "keys older than the window must not be dropped"
     finally:
         broker.stop()
+
+
+def test_a_deleted_topics_consumer_offsets_stay_deleted_after_a_crash(tmp_path: Path) -> None:
+    """DeleteTopic removed the topic's consumer offsets in memory only, written by the periodic
+    flush: a kill -9 right after it answered brought them back, applied to the topic created again."""
+    broker = BrokerProcess(tmp_path / "b").start()
+    try:
+        ep = broker.endpoint
+        Admin(ep).create_topic("gone", queues=1)
+        mq = MessageQueue("gone", "broker-a", 0)
+        PullConsumer(ep, "G").commit(mq, 8)
+        time.sleep(1.5)  # the periodic flush wrote offset 8
+        Admin(ep).delete_topic("gone")
+        broker.restart(crash=True)
+        ep = broker.endpoint
+        Admin(ep).create_topic("gone", queues=1)
+        assert PullConsumer(ep, "G").committed(mq) < 0
+    finally:
+        broker.stop()

@@ -172,9 +172,15 @@ class TopicConfigManager(ConfigManager):
         return cfg
 
     def delete_topic(self, topic: str) -> None:
-        """A client's DeleteTopic. The broker's own topics (schedule, transaction halves and
-        op records, TBW102, RMQ_SYS_*) are refused: deleting the half topic would lose every
-        pending transaction at the next restart. %RETRY% and %DLQ% topics may go (a DLQ purge)."""
+        """A client's DeleteTopic (see :meth:`check_deletable`)."""
+        self.check_deletable(topic)
+        del self.topic_config_table[topic]
+        self.persist()
+
+    def check_deletable(self, topic: str) -> None:
+        """The broker's own topics (schedule, transaction halves and op records, TBW102,
+        RMQ_SYS_*) are refused: deleting the half topic would lose every pending transaction
+        at the next restart. %RETRY% and %DLQ% topics may go (a DLQ purge)."""
         if is_broker_topic(topic):
             raise BrokerException(
                 pymq_pb2.NO_PERMISSION,
@@ -183,5 +189,3 @@ class TopicConfigManager(ConfigManager):
             )
         if topic not in self.topic_config_table:
             raise BrokerException(pymq_pb2.TOPIC_NOT_EXIST, f"topic {topic!r} does not exist")
-        del self.topic_config_table[topic]
-        self.persist()

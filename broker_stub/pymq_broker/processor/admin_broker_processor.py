@@ -79,10 +79,17 @@ class AdminBrokerProcessor:
         return pymq_pb2.CreateTopicResponse(config=cfg.to_proto(), created=created)
 
     def delete_topic(self, req: pymq_pb2.DeleteTopicRequest) -> pymq_pb2.DeleteTopicResponse:
-        self.ctx.topic_config_manager.delete_topic(req.topic)
-        self.ctx.store.delete_topic(req.topic)
-        self.ctx.consumer_offset_manager.remove_topic(req.topic)
-        self.dedup.forget_topic(req.topic)
+        """RocketMQ's deleteTopicInBroker. The topic's config goes last, once everything else is
+        durable: a kill -9 before it leaves the topic listed (a retried DeleteTopic finishes), never
+        a deleted topic whose queue files or consumer offsets come back at the next start."""
+        topic = req.topic
+        self.ctx.topic_config_manager.check_deletable(topic)
+        self.ctx.store.delete_topic(topic)
+        offsets = self.ctx.consumer_offset_manager
+        offsets.remove_topic(topic)  # cleanOffsetByTopic
+        offsets.persist_if_dirty()  # not left to the periodic flush, after DeleteTopic answered
+        self.dedup.forget_topic(topic)
+        self.ctx.topic_config_manager.delete_topic(topic)
         return pymq_pb2.DeleteTopicResponse()
 
     def list_topics(self, req: pymq_pb2.ListTopicsRequest) -> pymq_pb2.ListTopicsResponse:
