@@ -579,6 +579,25 @@ def test_delivery_attempts_changed_together_survive_a_crash_after_idling(tmp_pat
         assert [(m.body, m.system_properties.delivery_attempt) for m in again] == [(b"one", 2), (b"two", 2)]
 
 
+def test_a_topic_deleted_and_created_again_is_received_from_its_start(v2_broker: BrokerProcess) -> None:
+    """DeleteTopic cleaned the group's stored offsets but not the v2 proxy's pop state: a group read the
+    topic created again from its old next offset, past every new message, and counted a new message's
+    deliveries on from the old unacked message at its offset. RocketMQ cleans both with the topic."""
+    endpoint = v2_broker.endpoint
+    topic, group = _topic(endpoint, 1), _name("v2G")
+    for i in range(4):
+        Producer(endpoint).send(PymqMessage(topic, b"old-%d" % i))
+    assert len(_receive_raw(endpoint, topic, group)) == 4  # none acked
+    time.sleep(1.1)
+    assert [m.system_properties.delivery_attempt for m in _receive_raw(endpoint, topic, group)] == [2] * 4
+    Admin(endpoint).delete_topic(topic)
+    Admin(endpoint).create_topic(topic, 1, message_type="MIXED")
+    for i in range(2):
+        Producer(endpoint).send(PymqMessage(topic, b"new-%d" % i))
+    got = _receive_raw(endpoint, topic, group)
+    assert [(m.body, m.system_properties.delivery_attempt) for m in got] == [(b"new-0", 1), (b"new-1", 1)]
+
+
 def test_a_paused_group_receives_nothing(v2_broker: BrokerProcess, clients: _Clients) -> None:
     """consumeEnable=false refuses the official clients' receives too (RocketMQ's pop: NO_PERMISSION)."""
     endpoint = v2_broker.endpoint

@@ -88,6 +88,8 @@ class AdminBrokerProcessor:
         offsets = self.ctx.consumer_offset_manager
         offsets.remove_topic(topic)  # cleanOffsetByTopic
         offsets.persist_if_dirty()  # not left to the periodic flush, after DeleteTopic answered
+        for hook in self.ctx.delete_topic_hooks:  # the v2 proxy's pop state
+            hook(topic)
         self.dedup.forget_topic(topic)
         self.ctx.topic_config_manager.delete_topic(topic)
         return pymq_pb2.DeleteTopicResponse()

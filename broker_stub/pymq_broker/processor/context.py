@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from pymq_proto.topics import not_created_yet
 from pymq_proto.v1 import pymq_pb2
@@ -25,6 +26,8 @@ class BrokerContext:
     consumer_offset_manager: ConsumerOffsetManager
     subscription_group_manager: SubscriptionGroupManager
     endpoint: str = ""  # host:port the gRPC server is bound to (set once it is)
+    # called with a topic DeleteTopic removes, before it answers (the v2 proxy drops its pop state)
+    delete_topic_hooks: list[Callable[[str], None]] = field(default_factory=list)
 
     @property
     def broker_name(self) -> str:

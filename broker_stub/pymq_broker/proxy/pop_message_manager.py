@@ -122,6 +122,15 @@ class DeliveryAttempts(ConfigManager):
                 del self.table[group_topic]
             self.dirty = True
 
+    def remove_topic(self, topic: str) -> None:
+        """Forget a deleted topic's attempts, on disk too: a message of the topic created again
+        at the same queue offset is a first delivery."""
+        stale = [k for k in self.table if k.rpartition("@")[2] == topic]
+        for key in stale:
+            del self.table[key]
+        if stale and self.enabled:
+            self.persist()
+
     def flush(self) -> None:
         """Write what changed since the last write (at shutdown)."""
         if self.enabled:
@@ -370,6 +379,19 @@ class PopMessageManager:
         self._state(group, topic, inflight.queue_id).pending[inflight.queue_offset] = renewed
         self._track(renewed)
         return renewed
+
+    def clean_by_topic(self, topic: str) -> None:
+        """A deleted topic's pop state goes with its queues and offsets (RocketMQ's deleteTopicInBroker:
+        cleanOffsetByTopic, clearInFlightMessageNumByTopicName): else a group kept reading the topic
+        created again from its old next offset, past the new messages, and counted their deliveries
+        on from the old messages' attempts at the same offsets."""
+        for key in [k for k in self._queues if k[1] == topic]:
+            del self._queues[key]
+        for handle in [h for h, f in self._handles.items() if f.topic == topic]:
+            del self._handles[handle]
+        for group_topic in [k for k in self._expiry if k[1] == topic]:
+            del self._expiry[group_topic]
+        self.attempts.remove_topic(topic)
 
     def in_flight(self, group: str, topic: str) -> int:
         """How many messages of (group, topic) are handed out and not acked (for tests and stats)."""
