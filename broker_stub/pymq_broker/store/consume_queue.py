@@ -59,7 +59,7 @@ class ConsumeQueue:
             return
         for mf in reversed(files):
             raw = mf.read(0, mf.file_size)
-            arr = np.frombuffer(raw[: len(raw) - len(raw) % 20], dtype=CQ_ENTRY)
+            arr = np.frombuffer(raw[: len(raw) - len(raw) % CQ_STORE_UNIT_SIZE], dtype=CQ_ENTRY)
             empty = np.flatnonzero(arr["size"] <= 0)
             used = int(empty[0]) if len(empty) else len(arr)
             mf.wrote_position = mf.flushed_position = used * CQ_STORE_UNIT_SIZE
@@ -77,8 +77,11 @@ class ConsumeQueue:
     @staticmethod
     def _first_entry_past_pre_blank(mf: MappedFile) -> int:
         """Where the first segment's entries begin (bytes): past its pre-blank entries, if any."""
+        head = np.frombuffer(mf.read(0, CQ_STORE_UNIT_SIZE), dtype=CQ_ENTRY)
+        if len(head) == 0 or int(head["size"][0]) != PRE_BLANK_SIZE:  # the usual queue: no read past it
+            return mf.file_from_offset
         raw = mf.read(0, mf.wrote_position)
-        arr = np.frombuffer(raw[: len(raw) - len(raw) % 20], dtype=CQ_ENTRY)
+        arr = np.frombuffer(raw[: len(raw) - len(raw) % CQ_STORE_UNIT_SIZE], dtype=CQ_ENTRY)
         blank = np.flatnonzero(arr["size"] != PRE_BLANK_SIZE)
         skip = int(blank[0]) if len(blank) else len(arr)
         return mf.file_from_offset + skip * CQ_STORE_UNIT_SIZE
