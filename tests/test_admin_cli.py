@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -93,6 +94,25 @@ def test_admin_cli_reads_an_apache_rocketmq_cluster(
     rocketmq_cluster.mqadmin("updateSubGroup", "-c", rocketmq_cluster.cluster_name, "-g", group, "-r", "5")
     assert Admin(namesrv_addr=ns).group_config(group).retry_max_times == 5
     assert repr(Admin(namesrv_addr=ns)) == f"RocketMQAdmin(namesrv_addr={ns!r})"
+
+
+def test_admin_cli_tail_on_rocketmq_pulls_past_one_pull(
+    rocketmq_cluster: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A RocketMQ broker answers a pull with 32 messages at most: tail --last 50 pulls until the end."""
+    ns = rocketmq_cluster.namesrv_addr
+    topic = unique("cli-tail")
+    rocketmq_cluster.create_topic(topic, 1, brokers=["broker-a"])
+    Producer(namesrv_addr=ns).send_batch([Message(topic, f"m{i:03d}") for i in range(100)])
+    deadline = time.monotonic() + 30
+    while True:
+        assert main(["-n", ns, "tail", topic, "--last", "50"]) == 0
+        lines = [line for line in capsys.readouterr().out.splitlines() if f"{topic}@" in line]
+        if len(lines) == 50 or time.monotonic() > deadline:  # the consume queue follows the commit log
+            break
+        time.sleep(0.3)
+    assert [line.split()[1] for line in lines] == [f"@{i}" for i in range(50, 100)]
+    assert "body=m099" in lines[-1]
 
 
 def test_a_flag_wins_over_the_other_targets_environment_variable(

@@ -15,9 +15,9 @@
 An Apache RocketMQ cluster is read with ``-n host:9876`` (``--namesrv-addr``, or PYMQ_NAMESRV_ADDR),
 as ``mqadmin`` takes it: topics, topic-stats, progress, dead-letters, tail, broker (every broker,
 or ``--broker-name``), and send writes test messages; what changes the cluster stays with
-``mqadmin``. (tail and dead-letters pull as the groups PYMQ_ADMIN_TAIL and PYMQ_DLQ_BROWSER, which
-a broker with autoCreateSubscriptionGroup=true, RocketMQ's default, then knows.) A flag wins
-over the other one's environment variable.
+``mqadmin``. (tail and dead-letters pull as RocketMQ's own group TOOLS_CONSUMER, as ``mqadmin``
+does, which every broker has; tail's ``--group`` pulls as another.) A flag wins over the other
+one's environment variable.
 
 The endpoint can also come from PYMQ_ENDPOINT; a broker with authentication on takes
 ``--access-key`` (or PYMQ_ACCESS_KEY) and the secret key from PYMQ_SECRET_KEY (or
@@ -39,7 +39,7 @@ from pymq_proto.topics import TOPIC_MESSAGE_TYPES, not_created_yet
 
 from .backend.base import client_tls
 from .client import Admin, Message, Producer, PullConsumer
-from .client.admin import ADMIN_TAIL_GROUP, INTERNAL_GROUPS
+from .client.admin import ADMIN_TAIL_GROUP, INTERNAL_GROUPS, pull_messages
 from .errors import NoPermissionError, PymqError, TopicNotExistError
 from .spark.option_registry import TOOLS_CONSUMER_GROUP, browse_group
 
@@ -234,7 +234,8 @@ def _cmd_tail(admin: Admin, a: argparse.Namespace) -> None:
     for mq in consumer.queues(a.topic):
         end = consumer.max_offset(mq)
         start = max(consumer.min_offset(mq), end - a.last)
-        for m in consumer.pull(mq, start, a.last).messages if end > start else []:
+        # pulled until the end: an Apache RocketMQ broker answers at most 32 messages a pull
+        for m in pull_messages(consumer, mq, start, end - start):
             print(f"{mq} @{m.queue_offset} tags={m.tags} keys={' '.join(m.keys)} body={_cell(m.body)}")
 
 

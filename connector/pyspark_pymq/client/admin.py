@@ -105,6 +105,20 @@ def _origin_msg_id(m: MessageExt) -> str:
             or props.get(MessageConst.PROPERTY_ORIGIN_MESSAGE_ID, ""))
 
 
+def pull_messages(consumer: PullConsumer, mq: MessageQueue, offset: int, max_num: int) -> list[MessageExt]:
+    """Up to ``max_num`` messages of ``mq`` from ``offset`` on, oldest first, pulled until there are
+    that many or the queue has no more: a broker answers a pull with fewer than asked for (an Apache
+    RocketMQ broker at most 32, its maxTransferCountOnMessageInMemory)."""
+    out: list[MessageExt] = []
+    while len(out) < max_num:
+        result = consumer.pull(mq, offset, min(1000, max_num - len(out)))
+        if not result.messages:
+            break
+        out.extend(result.messages)
+        offset = result.next_begin_offset
+    return out
+
+
 def _frame(rows: list[dict[str, Any]], columns: list[str]) -> pd.DataFrame:
     import pandas as pd
 
@@ -410,13 +424,7 @@ class Admin:
         consumer, queues = self._dead_letter_queues(group)
         out: list[MessageExt] = []
         for mq in queues:
-            offset = consumer.min_offset(mq)
-            while len(out) < max_num:
-                result = consumer.pull(mq, offset, min(1000, max_num - len(out)))
-                if not result.messages:
-                    break
-                out.extend(result.messages)
-                offset = result.next_begin_offset
+            out.extend(pull_messages(consumer, mq, consumer.min_offset(mq), max_num - len(out)))
         return out
 
     def _dead_letter_queues(self, group: str) -> tuple[PullConsumer, list[MessageQueue]]:
