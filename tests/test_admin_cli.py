@@ -11,7 +11,7 @@ import pytest
 from helpers import unique
 from pyspark_pymq import Admin, Message, Producer, PullConsumer
 from pyspark_pymq.admin_cli import main, parser, render_table
-from pyspark_pymq.errors import PymqError
+from pyspark_pymq.errors import GROUP_NOT_EXIST, PymqError
 from pyspark_pymq.spark.option_registry import DEFAULT_READER_GROUP
 
 
@@ -115,6 +115,17 @@ def test_admin_cli_tail_on_rocketmq_pulls_past_one_pull(
     assert "body=m099" in lines[-1]
 
 
+def test_admin_cli_progress_on_rocketmq_of_an_unknown_group_exits_1(
+    rocketmq_cluster: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As mqadmin consumerProgress fails: not "(none)", which reads as a group without lag."""
+    ns = rocketmq_cluster.namesrv_addr
+    group = unique("no-such-group")
+    assert main(["-n", ns, "progress", group]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and f"group {group!r} is unknown to the brokers of {ns}" in captured.err
+
+
 def test_a_flag_wins_over_the_other_targets_environment_variable(
     endpoint: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -177,6 +188,9 @@ def test_progress_of_an_unknown_group_exits_1(shared_broker: Any, capsys: pytest
     assert captured.out == "" and f"group {group!r} is unknown to the broker" in captured.err
     assert "`pymq-admin groups` lists the groups" in captured.err
     assert group not in set(Admin(endpoint).groups()["group"])  # asking did not create it
+    with pytest.raises(PymqError, match=f"consumer group {group!r} is unknown to the broker") as info:
+        Admin(endpoint).group_progress(group)  # the Admin too: not an empty table ("no lag")
+    assert info.value.code == GROUP_NOT_EXIST
     # a group the broker knows (its settings), without progress: (none), exit 0
     Admin(endpoint).update_group(group, retry_max_times=3)
     assert main(["-e", endpoint, "progress", group]) == 0

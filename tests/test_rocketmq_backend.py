@@ -17,7 +17,13 @@ import pytest
 from helpers import unique
 from pyspark_pymq import Admin, Message, MessageQueue, Producer, PullConsumer, PullStatus
 from pyspark_pymq.backend import BackendConfig, QueueBounds, open_backend
-from pyspark_pymq.errors import BrokerUnavailableError, PymqError, RequestTimeoutError, TopicNotExistError
+from pyspark_pymq.errors import (
+    GROUP_NOT_EXIST,
+    BrokerUnavailableError,
+    PymqError,
+    RequestTimeoutError,
+    TopicNotExistError,
+)
 from pyspark_pymq.rocketmq.route import NameServerClient
 from pyspark_pymq.spark.offset_reader import OffsetReader
 from pyspark_pymq.spark.options import parse_source_options
@@ -523,3 +529,39 @@ def test_admin_tables_of_a_cluster_with_a_hung_broker(
         assert view("lag", topic=topic) == [(group, topic, "broker-b", 1, 1)]
     finally:
         c.resume_broker("broker-a")
+
+
+def test_a_group_no_broker_knows_fails_its_progress_naming_it(rocketmq_cluster: RocketMQCluster) -> None:
+    # mqadmin consumerProgress -g <no such group> fails; an empty table would read as "no lag" (in the
+    # lag view too). A group the brokers know without progress, and one that only committed offsets
+    # (never registered: %RETRY%<group> has no route), still show their (empty or not) tables.
+    c = rocketmq_cluster
+    admin = Admin(namesrv_addr=c.namesrv_addr)
+    missing = unique("no-such-group")
+    with pytest.raises(PymqError, match=f"consumer group {missing!r} is unknown") as info:
+        admin.group_progress(missing)
+    assert info.value.code == GROUP_NOT_EXIST
+    with pytest.raises(PymqError, match=f"consumer group {missing!r} is unknown"):
+        _rows(parse_view_options({"namesrvAddr": c.namesrv_addr, "view": "lag", "consumerGroup": missing}))
+    topic = _topic(c, "commit-only", queues=1, brokers=["broker-a"])
+    Producer(namesrv_addr=c.namesrv_addr).send_batch([Message(topic, b"a"), Message(topic, b"b")])
+    group = unique("g")
+    consumer = PullConsumer(group=group, namesrv_addr=c.namesrv_addr)
+    _read(consumer, topic, at_least=2)  # pulls only, no heartbeat
+    consumer.commit(MessageQueue(topic, "broker-a", 0), 1)
+    with pytest.raises(TopicNotExistError):
+        open_backend(BackendConfig(namesrv_addr=c.namesrv_addr)).route(f"%RETRY%{group}", refresh=True)
+    progress = ["group", "topic", "broker_name", "queue_id", "broker_offset", "consumer_offset", "lag"]
+    deadline = time.monotonic() + 30
+    while admin.group_progress(group)[progress].values.tolist() != [[group, topic, "broker-a", 0, 2, 1, 1]]:
+        assert time.monotonic() < deadline, admin.group_progress(group)
+        time.sleep(0.3)
+    lag = _rows(parse_view_options({"namesrvAddr": c.namesrv_addr, "view": "lag", "topic": topic}))
+    assert [(r["group"], r["lag"]) for r in lag] == [(group, 1)]  # without consumerGroup: as before
+    known = unique("known-group")
+    c.mqadmin("updateSubGroup", "-c", c.cluster_name, "-g", known)
+    while known not in set(admin.groups()["group"]):
+        assert time.monotonic() < deadline + 30, known
+        time.sleep(0.3)
+    assert admin.group_progress(known).empty
+

@@ -39,8 +39,8 @@ from pymq_proto.topics import TOPIC_MESSAGE_TYPES, not_created_yet
 
 from .backend.base import client_tls
 from .client import Admin, Message, Producer, PullConsumer
-from .client.admin import ADMIN_TAIL_GROUP, INTERNAL_GROUPS, pull_messages
-from .errors import NoPermissionError, PymqError, TopicNotExistError
+from .client.admin import ADMIN_TAIL_GROUP, pull_messages
+from .errors import GROUP_NOT_EXIST, PymqError, TopicNotExistError
 from .spark.option_registry import TOOLS_CONSUMER_GROUP, browse_group
 
 __all__ = ["ProgressBar", "main", "render_table"]
@@ -142,24 +142,18 @@ def _cmd_stats(admin: Admin, a: argparse.Namespace) -> None:
 
 
 def _cmd_progress(admin: Admin, a: argparse.Namespace) -> None:
-    frame = admin.group_progress(a.group, a.topic)
-    if not len(frame) and not _group_known(admin, a):
-        raise ValueError(f"group {a.group!r} is unknown to the broker at {admin.endpoint} (no settings, no "
-                         "progress): check its name; `pymq-admin groups` lists the groups the broker knows")
+    try:
+        frame = admin.group_progress(a.group, a.topic)
+    except PymqError as err:
+        if err.code != GROUP_NOT_EXIST:
+            raise
+        where = "the brokers of" if a.namesrv_addr else "the broker at"
+        raise type(err)(f"group {a.group!r} is unknown to {where} {admin.endpoint} (no settings, no "
+                        "progress): check its name; `pymq-admin groups` lists the groups the broker knows",
+                        code=err.code) from None
     _print_frame(frame)
     if len(frame):
         print(f"total lag: {int(frame['lag'].sum())}")
-
-
-def _group_known(admin: Admin, a: argparse.Namespace) -> bool:
-    """Whether the broker knows ``a.group`` (its settings or offsets), or pymq's own; True when that
-    cannot be told (a RocketMQ cluster, a user who may not list the groups)."""
-    if a.namesrv_addr or a.group in INTERNAL_GROUPS:
-        return True
-    try:
-        return a.group in set(admin.groups()["group"])
-    except NoPermissionError:
-        return True
 
 
 def _cmd_dead_letters(admin: Admin, a: argparse.Namespace) -> None:

@@ -15,7 +15,7 @@ from pymq_proto.topics import TOPIC_MESSAGE_TYPES
 from pymq_proto.v1 import pymq_pb2
 
 from ..backend.base import client_tls
-from ..errors import MessageIllegalError, PymqError, TopicNotExistError
+from ..errors import GROUP_NOT_EXIST, MessageIllegalError, NoPermissionError, PymqError, TopicNotExistError
 from ..spark.option_registry import DEFAULT_READER_GROUP
 from .codec import decode_messages
 from .consumer import PullConsumer, dlq_topic
@@ -343,7 +343,12 @@ class Admin:
         queue the group never committed on shows consumer offset 0.
 
         ``committed_only``: ``topic``'s rows only if the group has progress on it (none, rather
-        than every queue at full lag, for a group that never read it)."""
+        than every queue at full lag, for a group that never read it).
+
+        A group the broker does not know (no settings, no progress: a misspelt name) fails with
+        a PymqError of code ``SUBSCRIPTION_GROUP_NOT_EXIST`` naming it, rather than an empty table
+        that reads as "no lag" (not checked with ``committed_only``, whose groups come from
+        :meth:`groups`)."""
         asked = "" if committed_only else topic or ""  # no topic: the broker answers the queues with progress
         resp = self._client.consumer_progress(
             pymq_pb2.ConsumerProgressRequest(consumer_group=group, topic=asked)
@@ -361,11 +366,32 @@ class Admin:
             for q in resp.queues
             if topic in (None, q.message_queue.topic)
         ]
+        if not rows and not committed_only:
+            self._check_group_known(group)
         return _frame(
             rows,
             ["group", "topic", "broker_name", "queue_id", "broker_offset", "consumer_offset",
              "lag"],
         )
+
+    def _check_group_known(self, group: str) -> None:
+        """A PymqError (GROUP_NOT_EXIST) naming ``group`` unless the brokers know it (its settings or
+        its offsets) or it is pymq's own; nothing when that cannot be told (a user who may not list
+        the groups)."""
+        if group in INTERNAL_GROUPS:
+            return
+        try:
+            known = set(self.groups(include_internal=True)["group"])
+        except NoPermissionError:
+            return
+        if group not in known:
+            raise PymqError(f"consumer group {group!r} is unknown to {self._brokers_here()} (no settings, "
+                            "no progress): check its name; Admin.groups() lists the groups they know",
+                            code=GROUP_NOT_EXIST)
+
+    def _brokers_here(self) -> str:
+        """The brokers this Admin reads, as an error names them."""
+        return f"the broker at {self.endpoint}"
 
     def view_message(self, msg_id: str, topic: str | None = None) -> MessageExt:
         """A message by its msgId (UNIQ_KEY) within ``topic``, or by its offsetMsgId.

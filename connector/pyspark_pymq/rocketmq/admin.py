@@ -156,6 +156,9 @@ class RocketMQAdmin(Admin):
     def __repr__(self) -> str:
         return f"RocketMQAdmin(namesrv_addr={self.endpoint!r})"
 
+    def _brokers_here(self) -> str:
+        return f"every broker registered with the name servers at {self.endpoint}"
+
     def _not_here(self, what: str) -> PymqError:
         return PymqError(
             f"{what} changes an Apache RocketMQ cluster: use RocketMQ's tools (mqadmin, RocketMQ "
@@ -412,6 +415,8 @@ class RocketMQAdmin(Admin):
                     "consumer_offset": consumer_offset,
                     "lag": max(0, broker_offset - max(consumer_offset, 0)),
                 })
+        if not rows and not committed_only:  # a misspelt group fails, as on the embedded broker
+            self._check_group_known(group)
         rows.sort(key=lambda r: (r["topic"], r["broker_name"], r["queue_id"]))
         return _frame(rows, ["group", "topic", "broker_name", "queue_id", "broker_offset",
                              "consumer_offset", "lag"])

@@ -286,8 +286,8 @@ class PymqDataSource(DataSource):
         ``consumerGroup``).
 
     ``consumerGroup``
-        (string) ``lag``: the group (without it, every group); ``deadLetters`` (required there): whose
-        ``%DLQ%`` topic.
+        (string) ``lag``: the group (without it, every group), a group no broker knows fails naming it;
+        ``deadLetters`` (required there): whose ``%DLQ%`` topic.
 
     ``topic``
         (string) ``topics``, ``queues`` and ``lag``: this topic only.

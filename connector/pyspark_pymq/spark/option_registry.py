@@ -501,8 +501,8 @@ _VIEW = (
     ),
     OptionSpec(
         "consumerGroup", "string", section="what",
-        doc="`lag`: the group (without it, every group); `deadLetters` (required there): whose "
-            "`%DLQ%` topic.",
+        doc="`lag`: the group (without it, every group), a group no broker knows fails naming it; "
+            "`deadLetters` (required there): whose `%DLQ%` topic.",
     ),
     OptionSpec(
         "topic", "string", section="what",
