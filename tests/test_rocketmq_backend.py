@@ -20,6 +20,7 @@ from pyspark_pymq.backend import BackendConfig, QueueBounds, open_backend
 from pyspark_pymq.errors import (
     GROUP_NOT_EXIST,
     BrokerUnavailableError,
+    NoPermissionError,
     PymqError,
     RequestTimeoutError,
     TopicNotExistError,
@@ -565,3 +566,31 @@ def test_a_group_no_broker_knows_fails_its_progress_naming_it(rocketmq_cluster: 
         time.sleep(0.3)
     assert admin.group_progress(known).empty
 
+
+def test_dead_letters_of_a_write_only_dlq_topic_fail_saying_how_to_read_them(
+    rocketmq_cluster: RocketMQCluster,
+) -> None:
+    # RocketMQ 4.3-4.7 create every %DLQ% topic write-only (perm 2): its letters would show as none
+    c = rocketmq_cluster
+    _, consumer, first = _one_read(c, "dlq-perm", "broker-a")
+    dlq = f"%DLQ%{consumer.group}"
+    assert consumer.send_back(first, -1).topic == dlq  # straight to the dead letters
+    admin = Admin(namesrv_addr=c.namesrv_addr)
+    deadline = time.monotonic() + 30
+    while len(admin.dead_letters(consumer.group)) != 1:
+        assert time.monotonic() < deadline, admin.dead_letters(consumer.group)
+        time.sleep(0.3)
+    c.mqadmin("updateTopicPerm", "-c", c.cluster_name, "-t", dlq, "-p", "2")
+    while True:
+        try:
+            rows = admin.dead_letters(consumer.group)
+        except PymqError as err:
+            assert isinstance(err, NoPermissionError), err
+            assert f"dead-letter topic {dlq!r}" in str(err), err
+            assert f"updateTopicPerm -c <cluster> -t {dlq} -p 6" in str(err), err
+            break
+        assert len(rows) == 1 and time.monotonic() < deadline + 30, rows  # until the name servers know
+        time.sleep(0.3)
+    with pytest.raises(NoPermissionError, match="not readable"):
+        _rows(parse_view_options({"namesrvAddr": c.namesrv_addr, "view": "deadLetters",
+                                  "consumerGroup": consumer.group}))

@@ -46,6 +46,7 @@ from ..client.message import MessageQueue
 from ..errors import (
     GROUP_NOT_EXIST,
     BrokerUnavailableError,
+    NoPermissionError,
     PymqError,
     RequestTimeoutError,
     TopicNotExistError,
@@ -424,8 +425,19 @@ class RocketMQAdmin(Admin):
     # -- dead letters --------------------------------------------------------------------------
 
     def _dead_letter_queues(self, group: str) -> tuple[PullConsumer, list[MessageQueue]]:
+        """A consumer for %DLQ%<group> and its queues (none if the topic does not exist). A topic
+        whose brokers hold it but none readable (perm 2, write-only, as RocketMQ 4.3-4.7 create
+        every %DLQ% topic) fails, saying how to make it readable: its letters would show as none."""
         consumer = PullConsumer(group=TOOLS_CONSUMER_GROUP, backend=self._backend)
+        topic = dlq_topic(group)
         try:
-            return consumer, consumer.queues(dlq_topic(group))
+            route = self._backend.route(topic, refresh=True)
         except TopicNotExistError:
             return consumer, []
+        if route.endpoints and not route.subscribe_queues:
+            raise NoPermissionError(
+                f"dead-letter topic {topic!r} of group {group!r} is not readable on brokers "
+                f"{', '.join(sorted(route.endpoints))} (write-only, as RocketMQ 4.3-4.7 create every %DLQ% "
+                f"topic): its dead letters cannot be read until it is, with `mqadmin updateTopicPerm "
+                f"-c <cluster> -t {topic} -p 6`")
+        return consumer, list(route.subscribe_queues)
