@@ -19,7 +19,7 @@ from pymq_proto.record import HEADER, split_tail
 from pymq_proto.v1 import pymq_pb2
 from pyspark_pymq import Admin, Message, MessageExt, MessageQueue, Producer, PullConsumer
 from pyspark_pymq.client.transport import BrokerClient
-from pyspark_pymq.errors import TopicNotExistError
+from pyspark_pymq.errors import GROUP_NOT_EXIST, PymqError, TopicNotExistError
 from pyspark_pymq.spark.offset_reader import OffsetReader
 from pyspark_pymq.spark.options import parse_source_options
 
@@ -213,7 +213,11 @@ def test_group_progress_shows_every_queue_and_zero_where_never_committed(endpoin
     # as mqadmin consumerProgress: every read queue of the group's topics, 0 where never committed
     assert rows == {q: ((2, 0, 2) if q == full.queue_id else (0, 0, 0)) for q in range(3)}
     assert len(Admin(endpoint).group_progress("gprog", "gp")) == 3
-    assert Admin(endpoint).group_progress("nobody").empty
+    with pytest.raises(PymqError, match="consumer group 'nobody' is unknown") as info:
+        Admin(endpoint).group_progress("nobody")  # a misspelt group: not an empty table ("no lag")
+    assert info.value.code == GROUP_NOT_EXIST
+    Admin(endpoint).update_group("nobody", retry_max_times=3)
+    assert Admin(endpoint).group_progress("nobody").empty  # known, no progress
 
 
 # -- registration ---------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from pyspark_pymq import Admin, Message, Producer, PullConsumer
 from pyspark_pymq.charts import message_table, plot_lag, plot_retry_dlq, retry_dlq_counts
+from pyspark_pymq.errors import PymqError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -112,13 +113,16 @@ def test_plot_retry_dlq_on_given_axes(traffic: dict[str, str], tmp_path: Path) -
 
 
 def test_charts_of_nothing_say_so(endpoint: str) -> None:
-    ax = plot_lag(endpoint, "nobody")
-    assert "no progress on the broker for group 'nobody'" in [t.get_text() for t in ax.texts]
     ax = plot_retry_dlq(endpoint)
     assert "no retries and no dead letters" in [t.get_text() for t in ax.texts]
     assert retry_dlq_counts(endpoint).empty
     with pytest.raises(TypeError, match="Admin or an endpoint"):
         plot_lag(42, "g")  # type: ignore[arg-type]
+    with pytest.raises(PymqError, match="consumer group 'nobody' is unknown"):
+        plot_lag(endpoint, "nobody")  # a misspelt group: not a chart of no lag
+    Admin(endpoint).update_group("nobody", retry_max_times=3)
+    ax = plot_lag(endpoint, "nobody")
+    assert "no progress on the broker for group 'nobody'" in [t.get_text() for t in ax.texts]
 
 
 def test_message_table_by_key_and_msg_id(traffic: dict[str, str]) -> None:

@@ -214,7 +214,8 @@ def plot_lag(
     Each bar is one MessageQueue the group has progress on (its
     ``%RETRY%<group>`` queue included), split into what the group has
     consumed and what it has not yet (the lag, labelled at the bar's end).
-    ``topic`` keeps one topic's queues only.
+    ``topic`` keeps one topic's queues only. A group the broker knows without progress draws a
+    note; one it does not know fails (:meth:`Admin.group_progress`'s SUBSCRIPTION_GROUP_NOT_EXIST).
 
     Args:
         admin_or_endpoint: an ``Admin`` or ``"host:port"``.
