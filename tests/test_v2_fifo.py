@@ -132,6 +132,10 @@ def test_settings_say_fifo_and_the_cli_sets_it(
     first = next(iter(answers))
     assert first.settings.subscription.fifo is True
     assert first.settings.backoff_policy.max_attempts == 4
+    # RocketMQ's CustomizedRetryPolicy default: the client's attempt 2 waits 1 s, attempt 3 5 s, ... 2 h
+    delays = [d.ToMilliseconds() for d in first.settings.backoff_policy.customized_backoff.next]
+    assert delays[:5] == [1000, 5000, 10_000, 30_000, 60_000]
+    assert (len(delays), delays[-1]) == (18, 7_200_000)
     Admin(broker.endpoint).update_group(group, consume_message_orderly=False)
     assert Admin(broker.endpoint).group_config(group).consume_message_orderly is False
 

@@ -596,7 +596,7 @@ class MessagingProcessor:
             policy = out.backoff_policy
             policy.Clear()
             policy.max_attempts = sub.retry_max_times + 1
-            for ms in _retry_delays_ms(self.ctx.store.config.delay_levels_ms):
+            for ms in CUSTOMIZED_RETRY_NEXT_MS:
                 policy.customized_backoff.next.add().FromMilliseconds(ms)
             s = out.subscription
             s.fifo = sub.consume_message_orderly
@@ -644,9 +644,12 @@ def parse_filter(
     return frozenset(tag_hash(t.encode()) for t in tags), tags, None
 
 
-def _retry_delays_ms(levels_ms: Sequence[int]) -> list[int]:
-    """The group's retry delays as the send back applies them: delay level 3 onwards."""
-    return list(levels_ms[2:]) or list(levels_ms)
+# RocketMQ's CustomizedRetryPolicy default (remoting ... subscription/CustomizedRetryPolicy.java), what
+# GrpcClientSettingsManager sends a group without its own retry policy; the client's attempt N waits
+# entry N-1. pymq groups have no retry policy of their own, so every group gets this list.
+CUSTOMIZED_RETRY_NEXT_MS: tuple[int, ...] = tuple(
+    s * 1000 for s in (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
+)
 
 
 def _overall(entries: Sequence[sv.AckMessageResultEntry]) -> v2.Status:
