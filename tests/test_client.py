@@ -177,3 +177,17 @@ def test_a_copy_to_retry_cuts_a_reason_by_bytes_not_characters(char: str) -> Non
     assert set(reason) == {char}
     # the room is used, all but part of one character
     assert _MAX_COPY_PROPERTIES - len(char.encode()) < len(encoded) <= _MAX_COPY_PROPERTIES
+
+
+def test_user_properties_leave_out_rocketmqs_system_properties() -> None:
+    """RocketMQ's STRING_HASH_SET (a delayed message's TIMER_DELIVER_MS, __BORNHOST...) and the v2
+    trace context are no user's; a dead letter resent with them kept its stale delivery time."""
+    from pyspark_pymq.client.message import MessageExt
+
+    system = {"TIMER_DELIVER_MS": "1", "TRACE_CONTEXT": "00-abc-def-01", "__BORNHOST": "1.2.3.4:5",
+              "TIMER_DELAY_MS": "5", "DLQ_ORIGIN_TOPIC": "t", "TAGS": "a", "UNIQ_KEY": "AB" * 16}
+    message = MessageExt(topic="t", queue_id=0, broker_name="broker-a", queue_offset=0, msg_id="AB" * 16,
+                         offset_msg_id="CD" * 16, commit_log_offset=1, body=b"x", tags="a", keys=(),
+                         properties={**system, "p": "v"}, born_timestamp=0, store_timestamp=0,
+                         reconsume_times=0)
+    assert message.user_properties == {"p": "v"}

@@ -213,12 +213,17 @@ class MessageConst:
             "EXTEND_UNIQ_INFO", "INSTANCE_ID", "CORRELATION_ID", "REPLY_TO_CLIENT", "TTL", "ARRIVE_TIME",
             "PUSH_REPLY_TIME", PROPERTY_CLUSTER, "MSG_TYPE", "INNER_MULTI_QUEUE_OFFSET", "TIMER_DELAY_SEC",
             "TIMER_DELIVER_MS", "TIMER_ENQUEUE_MS", "TIMER_DEQUEUE_MS", "TIMER_ROLL_TIMES", "TIMER_OUT_MS",
-            "TIMER_DEL_UNIQKEY", "TIMER_DELAY_LEVEL", "__BORNHOST", "BORN_TIMESTAMP",
+            "TIMER_DEL_UNIQKEY", "TIMER_DELAY_LEVEL", "__BORNHOST", "BORN_TIMESTAMP", "TIMER_DELAY_MS",
+            "__CRC32#",
             # pymq's broker sets or reads these as well
             PROPERTY_SHARDING_KEY, PROPERTY_TRANSACTION_CHECK_TIMES, PROPERTY_DLQ_ORIGIN_TOPIC,
             PROPERTY_DLQ_ORIGIN_MESSAGE_ID, PROPERTY_SINK_TRANSACTION,
         }
     )
+    # what is never a user's property when read (MessageExt.user_properties, the v2 service's
+    # user_properties): RocketMQ's STRING_HASH_SET (GrpcConverter.buildUserAttributes), pymq's
+    # system properties, and the v2 trace context and batch count, which have fields of their own
+    NOT_USER_PROPERTIES = frozenset({*STRING_HASH_SET, *SYSTEM_PROPERTIES, "TRACE_CONTEXT", "INNER_NUM"})
 
 
 def encode_properties(props: Mapping[str, str]) -> bytes:

@@ -338,9 +338,9 @@ class MessageExt:
 
     @property
     def user_properties(self) -> dict[str, str]:
-        """Properties without RocketMQ's system ones."""
+        """Properties without RocketMQ's system ones (STRING_HASH_SET) and pymq's."""
         return {
-            k: v for k, v in self.properties.items() if k not in MessageConst.SYSTEM_PROPERTIES
+            k: v for k, v in self.properties.items() if k not in MessageConst.NOT_USER_PROPERTIES
         }
 
 
