@@ -176,6 +176,22 @@ def test_stored_record_reads_back_as_the_v2_message(tmp_path: Path) -> None:
         assert sp.born_timestamp.ToMilliseconds() == 123 and sp.store_host == "127.0.0.1:8080"
         assert to_v2_message(m).system_properties.delivery_attempt == 3  # reconsume times + 1
         assert parse_record(store.look_message_by_offset(m.commit_log_offset) or b"").body == b"payload"
+        assert not sp.HasField("dead_letter_queue")
+    finally:
+        store.shutdown()
+
+
+def test_a_dead_letter_reads_back_with_its_origin(tmp_path: Path) -> None:
+    """GrpcConverter: DLQ_ORIGIN_TOPIC and DLQ_ORIGIN_MESSAGE_ID become dead_letter_queue."""
+    store = _store(tmp_path)
+    try:
+        encoded = b"UNIQ_KEY\x01ID-9\x02DLQ_ORIGIN_TOPIC\x01orders\x02DLQ_ORIGIN_MESSAGE_ID\x01AB12\x02"
+        store.put_messages("%DLQ%g", 0, [MessageToStore(b"payload", 0, encoded, 123, 3)])
+        [m] = split_records(store.get_message("%DLQ%g", 0, 0, 10).records)
+        out = to_v2_message(m)
+        dlq = out.system_properties.dead_letter_queue
+        assert (dlq.topic, dlq.message_id) == ("orders", "AB12")
+        assert dict(out.user_properties) == {}
     finally:
         store.shutdown()
 

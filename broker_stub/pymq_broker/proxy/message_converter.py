@@ -340,6 +340,11 @@ def to_v2_message(
         sp.receipt_handle = receipt_handle
         sp.invisible_duration.FromMilliseconds(invisible_ms)
     sp.delivery_attempt = delivery_attempt or m.reconsume_times + 1
+    origin_topic = props.get(MC.PROPERTY_DLQ_ORIGIN_TOPIC)
+    origin_id = props.get(MC.PROPERTY_DLQ_ORIGIN_MESSAGE_ID)
+    if origin_topic is not None and origin_id is not None:  # GrpcConverter: a dead letter's origin
+        sp.dead_letter_queue.topic = origin_topic
+        sp.dead_letter_queue.message_id = origin_id
     return out
 
 
