@@ -112,6 +112,9 @@ def test_unacked_messages_come_back_first_then_the_dlq_and_the_next(broker: Brok
         assert _bodies(got) == ["c3"]  # c1, c2 dead-lettered, the queue moves on
         dead = Admin(broker.endpoint).dead_letter_messages(fifo.group)
         assert sorted(d.body for d in dead) == [b"c1", b"c2"]
+        # RocketMQ: each redelivery a copy with reconsume times + 1, the dead letter one more
+        assert [d.reconsume_times for d in dead] == [2, 2]
+        assert {d.properties["RECONSUME_TIME"] for d in dead} == {"2"}
     finally:
         fifo.close()
 
@@ -194,8 +197,8 @@ def test_a_cancelled_receive_leaves_the_due_messages_it_took(
         writing, release = threading.Event(), asyncio.Event()
         send_back = messaging.send_back.consumer_send_msg_back_batch
 
-        async def slow_dlq_write(req: Any) -> Any:  # stands in for a SYNC_FLUSH wait
-            answer = await send_back(req)
+        async def slow_dlq_write(req: Any, **kwargs: Any) -> Any:  # stands in for a SYNC_FLUSH wait
+            answer = await send_back(req, **kwargs)
             writing.set()
             await release.wait()
             return answer

@@ -20,6 +20,7 @@ entries a send back sets, plus the new entries: no decoding of the rest.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pymq_proto.record import (
@@ -101,12 +102,17 @@ class SendBackProcessor:
         )
 
     async def consumer_send_msg_back_batch(
-        self, req: pymq_pb2.ConsumerSendMsgBackBatchRequest
+        self, req: pymq_pb2.ConsumerSendMsgBackBatchRequest, deliveries: Sequence[int] = ()
     ) -> pymq_pb2.ConsumerSendMsgBackBatchResponse:
-        """Each item as ConsumerSendMsgBack; messages bound for one queue share a write."""
+        """Each item as ConsumerSendMsgBack; messages bound for one queue share a write.
+
+        ``deliveries`` (the v2 service's pop, one per item): how often the item was delivered, where
+        that is more than its stored reconsume times + 1 (pymq redelivers the stored message itself,
+        RocketMQ's revive a copy with reconsume times + 1); the new message counts from there.
+        """
         cols = _check_columns(req)
         answers = _Answers.of(cols.n)
-        writes = self._resend_messages(req, cols, answers)
+        writes = self._resend_messages(req, cols, answers, deliveries)
         if any(answers.dead_letters):
             self.ctx.topic_config_manager.create_topic_of_dlq(req.group)
         await self._store(writes, answers)
@@ -116,7 +122,8 @@ class SendBackProcessor:
         )
 
     def _resend_messages(
-        self, req: pymq_pb2.ConsumerSendMsgBackBatchRequest, cols: _Columns, answers: _Answers
+        self, req: pymq_pb2.ConsumerSendMsgBackBatchRequest, cols: _Columns, answers: _Answers,
+        deliveries: Sequence[int] = (),
     ) -> dict[tuple[str, int], list[tuple[int, MessageToStore]]]:
         """The new message of each item, by the queue it is written to (SCHEDULE_TOPIC_XXXX or DLQ).
 
@@ -147,6 +154,8 @@ class SendBackProcessor:
                 continue
             h = HEADER.unpack_from(record)
             total, flag, phy, born, reconsume, body_len = h[0], h[4], h[6], h[8], h[11], h[13]
+            if deliveries:
+                reconsume = max(reconsume, deliveries[i] - 1)
             t0, t1, p0, p1 = split_tail(record, 0, total, body_len)
             props = record[p0:p1]
             old = cols.replaced.values(props)

@@ -500,7 +500,8 @@ class MessagingProcessor:
             origin_topics=[inflight.topic],
         )
         try:
-            resp = await self.send_back.consumer_send_msg_back_batch(req)
+            resp = await self.send_back.consumer_send_msg_back_batch(
+                req, deliveries=[inflight.delivery_attempt])
         except BrokerException as err:
             raise ProxyException.of(err) from None
         if resp.errors[0]:
