@@ -163,7 +163,8 @@ def _store(tmp_path: Path) -> DefaultMessageStore:
 def test_stored_record_reads_back_as_the_v2_message(tmp_path: Path) -> None:
     store = _store(tmp_path)
     try:
-        props = _send(_message(tag="TagA", keys=["k1"], message_group="g7", message_type=v2.FIFO))
+        props = _send(_message(tag="TagA", keys=["k1"], message_group="g7", message_type=v2.FIFO,
+                               born_host="10.1.2.3"))
         encoded = "".join(f"{k}\x01{v}\x02" for k, v in props.items()).encode()
         store.put_messages("orders", 0, [MessageToStore(b"payload", 0, encoded, 123, 2)])
         [m] = split_records(store.get_message("orders", 0, 0, 10).records)
@@ -177,6 +178,7 @@ def test_stored_record_reads_back_as_the_v2_message(tmp_path: Path) -> None:
         assert to_v2_message(m).system_properties.delivery_attempt == 3  # reconsume times + 1
         assert parse_record(store.look_message_by_offset(m.commit_log_offset) or b"").body == b"payload"
         assert not sp.HasField("dead_letter_queue")
+        assert sp.born_host == "10.1.2.3" and props["__BORNHOST"] == "10.1.2.3"  # SendMessageActivity
     finally:
         store.shutdown()
 

@@ -146,6 +146,8 @@ def to_message_to_send(
         props[PROPERTY_TIMER_DELIVER_MS] = str(deliver_ms)
     if sp.HasField("trace_context") and sp.trace_context:
         props[PROPERTY_TRACE_CONTEXT] = sp.trace_context
+    if sp.born_host.strip():  # SendMessageActivity: __BORNHOST, read back as born_host
+        props[PROPERTY_BORN_HOST] = sp.born_host
     if kind == v2.TRANSACTION:
         props[MC.PROPERTY_TRANSACTION_PREPARED] = "true"
         if producer_group:
@@ -336,6 +338,8 @@ def to_v2_message(
         sp.message_group = props[MC.PROPERTY_SHARDING_KEY]
     if props.get(PROPERTY_TRACE_CONTEXT):
         sp.trace_context = props[PROPERTY_TRACE_CONTEXT]
+    if props.get(PROPERTY_BORN_HOST, "").strip():
+        sp.born_host = props[PROPERTY_BORN_HOST]
     if receipt_handle:
         sp.receipt_handle = receipt_handle
         sp.invisible_duration.FromMilliseconds(invisible_ms)
