@@ -610,16 +610,22 @@ def test_a_deleted_topic_stays_deleted_after_a_crash(tmp_path: Path, recreate: b
         again.shutdown()
 
 
-def test_a_consume_queue_that_begins_later_keeps_its_entries_across_restarts(tmp_path: Path) -> None:
-    """A queue rebuilt from mid-queue (its first entries gone) had zeros before its first entry:
-    the next load took them for the queue's end, max offset 0, and acknowledged messages were
-    unreadable and their offsets reused. RocketMQ's fillPreBlank entries hold that place."""
+def _eight_messages_five_checkpointed(tmp_path: Path) -> DefaultMessageStore:
+    """A store whose topic t holds old-0..old-7 in queue 0, the checkpoint after old-4."""
     store = make_store(tmp_path)
     for i in range(5):
         store.put_messages("t", 0, [msg(b"old-%d" % i)])
     store.checkpoint_now()
     for i in range(5, 8):
         store.put_messages("t", 0, [msg(b"old-%d" % i)])
+    return store
+
+
+def test_a_consume_queue_that_begins_later_keeps_its_entries_across_restarts(tmp_path: Path) -> None:
+    """A queue rebuilt from mid-queue (its first entries gone) had zeros before its first entry:
+    the next load took them for the queue's end, max offset 0, and acknowledged messages were
+    unreadable and their offsets reused. RocketMQ's fillPreBlank entries hold that place."""
+    store = _eight_messages_five_checkpointed(tmp_path)
     _crash(store)
     shutil.rmtree(tmp_path / "consumequeue" / "t")  # the queue's files are gone: rebuilt from 5
     again = make_store(tmp_path)
@@ -653,12 +659,7 @@ def test_a_kill_while_a_topic_is_deleted_never_brings_its_queue_back_mid_queue(
     queue came back beginning mid-queue (offsets 5..7). The checkpoint now goes first."""
     from pymq_broker.store.consume_queue import ConsumeQueue
 
-    store = make_store(tmp_path)
-    for i in range(5):
-        store.put_messages("t", 0, [msg(b"old-%d" % i)])
-    store.checkpoint_now()
-    for i in range(5, 8):
-        store.put_messages("t", 0, [msg(b"old-%d" % i)])
+    store = _eight_messages_five_checkpointed(tmp_path)
 
     class Killed(Exception):
         pass
