@@ -42,7 +42,7 @@ from ..common.mix_all import SCHEDULE_TOPIC, TIMER_TOPIC
 from .allocate_mapped_file_service import AllocateMappedFileService
 from .commit_log import AppendMessageResult, CommitLog, MessageToStore
 from .config import SYNC_FLUSH, MessageStoreConfig
-from .consume_queue import CQ_STORE_UNIT_SIZE, PRE_BLANK_SIZE, ConsumeQueue, pack_entries
+from .consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue, pack_entries
 from .crc32_vector import crc32_slices
 from .disk_space import DiskSpaceService, is_disk_full
 from .encoded_batch import EncodedRecords, use_scalar
@@ -624,7 +624,8 @@ class DefaultMessageStore:
         filtered = tag_hashes is not None or property_filter is not None
         scan = want if not filtered else min(max(want * 4, 1024), 64_000)
         entries = cq.get_entries(offset, scan)
-        mask = (entries["phy"] >= self.commit_log.min_offset) & (entries["size"] != PRE_BLANK_SIZE)
+        # pre-blank entries (PRE_BLANK_SIZE) lie below min_off, so a pull never reaches them
+        mask = entries["phy"] >= self.commit_log.min_offset
         if tag_hashes is not None:
             mask &= np.isin(entries["tag"], np.fromiter(tag_hashes, dtype=np.int64))
         if property_filter is not None:
