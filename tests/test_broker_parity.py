@@ -216,8 +216,11 @@ def test_group_progress_shows_every_queue_and_zero_where_never_committed(endpoin
     with pytest.raises(PymqError, match="consumer group 'nobody' is unknown") as info:
         Admin(endpoint).group_progress("nobody")  # a misspelt group: not an empty table ("no lag")
     assert info.value.code == GROUP_NOT_EXIST
+    with pytest.raises(PymqError, match="consumer group 'nobody' is unknown"):
+        Admin(endpoint).group_progress("nobody", "gp")  # not "gp"'s queues at consumer offset 0
     Admin(endpoint).update_group("nobody", retry_max_times=3)
     assert Admin(endpoint).group_progress("nobody").empty  # known, no progress
+    assert Admin(endpoint).group_progress("nobody", "gp")["consumer_offset"].tolist() == [0, 0, 0]
 
 
 # -- registration ---------------------------------------------------------------------------

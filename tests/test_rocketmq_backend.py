@@ -549,6 +549,8 @@ def test_a_group_no_broker_knows_fails_its_progress_naming_it(rocketmq_cluster: 
     group = unique("g")
     consumer = PullConsumer(group=group, namesrv_addr=c.namesrv_addr)
     _read(consumer, topic, at_least=2)  # pulls only, no heartbeat
+    with pytest.raises(PymqError, match=f"consumer group {missing!r} is unknown"):
+        admin.group_progress(missing, topic)  # not the topic's queues at consumer offset 0
     consumer.commit(MessageQueue(topic, "broker-a", 0), 1)
     with pytest.raises(TopicNotExistError):
         open_backend(BackendConfig(namesrv_addr=c.namesrv_addr)).route(f"%RETRY%{group}", refresh=True)

@@ -40,7 +40,7 @@ from pymq_proto.topics import TOPIC_MESSAGE_TYPES, not_created_yet
 from .backend.base import client_tls
 from .client import Admin, Message, Producer, PullConsumer
 from .client.admin import ADMIN_TAIL_GROUP, pull_messages
-from .errors import GROUP_NOT_EXIST, PymqError, TopicNotExistError
+from .errors import PymqError, TopicNotExistError
 from .spark.option_registry import TOOLS_CONSUMER_GROUP, browse_group
 
 __all__ = ["ProgressBar", "main", "render_table"]
@@ -142,15 +142,7 @@ def _cmd_stats(admin: Admin, a: argparse.Namespace) -> None:
 
 
 def _cmd_progress(admin: Admin, a: argparse.Namespace) -> None:
-    try:
-        frame = admin.group_progress(a.group, a.topic)
-    except PymqError as err:
-        if err.code != GROUP_NOT_EXIST:
-            raise
-        where = "the brokers of" if a.namesrv_addr else "the broker at"
-        raise type(err)(f"group {a.group!r} is unknown to {where} {admin.endpoint} (no settings, no "
-                        "progress): check its name; `pymq-admin groups` lists the groups the broker knows",
-                        code=err.code) from None
+    frame = admin.group_progress(a.group, a.topic)  # an unknown group fails naming it
     _print_frame(frame)
     if len(frame):
         print(f"total lag: {int(frame['lag'].sum())}")

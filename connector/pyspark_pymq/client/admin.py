@@ -347,8 +347,9 @@ class Admin:
 
         A group the broker does not know (no settings, no progress: a misspelt name) fails with
         a PymqError of code ``SUBSCRIPTION_GROUP_NOT_EXIST`` naming it, rather than an empty table
-        that reads as "no lag" (not checked with ``committed_only``, whose groups come from
-        :meth:`groups`)."""
+        that reads as "no lag", with or without ``topic`` (whose queues the broker answers at
+        consumer offset 0 for any group); not checked with ``committed_only``, whose groups come
+        from :meth:`groups`."""
         asked = "" if committed_only else topic or ""  # no topic: the broker answers the queues with progress
         resp = self._client.consumer_progress(
             pymq_pb2.ConsumerProgressRequest(consumer_group=group, topic=asked)
@@ -366,19 +367,20 @@ class Admin:
             for q in resp.queues
             if topic in (None, q.message_queue.topic)
         ]
-        if not rows and not committed_only:
-            self._check_group_known(group)
+        if not committed_only:
+            self._check_group_known(group, rows)
         return _frame(
             rows,
             ["group", "topic", "broker_name", "queue_id", "broker_offset", "consumer_offset",
              "lag"],
         )
 
-    def _check_group_known(self, group: str) -> None:
-        """A PymqError (GROUP_NOT_EXIST) naming ``group`` unless the brokers know it (its settings or
-        its offsets) or it is pymq's own; nothing when that cannot be told (a user who may not list
-        the groups)."""
-        if group in INTERNAL_GROUPS:
+    def _check_group_known(self, group: str, progress: list[dict[str, Any]]) -> None:
+        """A PymqError (GROUP_NOT_EXIST) naming ``group`` unless its ``progress`` rows show a commit,
+        the brokers know it (its settings or its offsets) or it is pymq's own; nothing when that
+        cannot be told (a user who may not list the groups). Rows at consumer offset 0 prove
+        nothing: brokers answer a topic's every queue so for any group name."""
+        if group in INTERNAL_GROUPS or any(r["consumer_offset"] > 0 for r in progress):
             return
         try:
             known = set(self.groups(include_internal=True)["group"])
@@ -386,7 +388,8 @@ class Admin:
             return
         if group not in known:
             raise PymqError(f"consumer group {group!r} is unknown to {self._brokers_here()} (no settings, "
-                            "no progress): check its name; Admin.groups() lists the groups they know",
+                            "no progress): check its name; Admin.groups() (`pymq-admin groups`) lists the "
+                            "groups they know",
                             code=GROUP_NOT_EXIST)
 
     def _brokers_here(self) -> str:

@@ -416,8 +416,8 @@ class RocketMQAdmin(Admin):
                     "consumer_offset": consumer_offset,
                     "lag": max(0, broker_offset - max(consumer_offset, 0)),
                 })
-        if not rows and not committed_only:  # a misspelt group fails, as on the embedded broker
-            self._check_group_known(group)
+        if not committed_only:  # a misspelt group fails, as on the embedded broker
+            self._check_group_known(group, rows)
         rows.sort(key=lambda r: (r["topic"], r["broker_name"], r["queue_id"]))
         return _frame(rows, ["group", "topic", "broker_name", "queue_id", "broker_offset",
                              "consumer_offset", "lag"])
