@@ -23,7 +23,7 @@ from pymq_broker.proxy.message_converter import (
     to_message_to_send,
     to_v2_message,
 )
-from pymq_broker.proxy.pop_message_manager import PopMessageManager
+from pymq_broker.proxy.pop_message_manager import DeliveryAttempts, PopMessageManager
 from pymq_broker.proxy.proxy_config import ProxyConfig
 from pymq_broker.proxy.status import ProxyException
 from pymq_broker.store.commit_log import MessageToStore
@@ -225,6 +225,53 @@ def test_pop_ack_redelivery_and_committed_offset(tmp_path: Path) -> None:
         pop.ack("g", "t", renewed.handle, now_ms=12_500)
         assert offsets.query_offset("g", "t", 0) == 3
         assert PopMessageManager(store, offsets).next_offset("g", "t", 0) == 3  # a restart starts there
+    finally:
+        store.shutdown()
+
+
+def test_acks_above_the_committed_offset_survive_a_restart(tmp_path: Path) -> None:
+    """The committed offset is the lowest pending one: a restart read every message acked above it
+    again (duplicates). The stored next offset and pending messages tell them apart, as RocketMQ's
+    pop checkpoints and acks do: only the pending ones come back, their attempts counted on."""
+    store = _store(tmp_path)
+    offsets = ConsumerOffsetManager(tmp_path / "offsets.json")
+    path = tmp_path / "popDeliveryAttempts.json"
+    try:
+        store.put_messages("t", 0, [MessageToStore(f"m{i}".encode(), 0, b"", 1, 0) for i in range(5)])
+        pop = PopMessageManager(store, offsets, attempts=DeliveryAttempts(path))
+        got = pop.pop_new("g", "t", 0, 4, invisible_ms=60_000, now_ms=0)
+        for acked in (1, 3):
+            pop.ack("g", "t", got[acked].inflight.handle, now_ms=10)
+        pop.attempts.persist()  # a clean shutdown
+        assert offsets.query_offset("g", "t", 0) == 0
+        restored = DeliveryAttempts(path)
+        restored.load()
+        pop = PopMessageManager(store, offsets, attempts=restored)  # the broker restarted
+        again = pop.pop_new("g", "t", 0, 10, invisible_ms=60_000, now_ms=100)
+        assert [(p.message.body, p.inflight.delivery_attempt) for p in again] == [
+            (b"m0", 2), (b"m2", 2), (b"m4", 1)]
+        for p in again:
+            pop.ack("g", "t", p.inflight.handle, now_ms=110)
+        assert offsets.query_offset("g", "t", 0) == 5
+        store.put_messages("t", 0, [MessageToStore(b"m5", 0, b"", 1, 0)])
+        assert [p.message.body for p in pop.pop_new("g", "t", 0, 10, 60_000, now_ms=200)] == [b"m5"]
+    finally:
+        store.shutdown()
+
+
+def test_a_stored_next_offset_past_the_queue_end_is_not_taken_for_acks(tmp_path: Path) -> None:
+    """Messages lost in a crash (async flush) leave a stored next offset past the queue's end: the new
+    messages written at those offsets are delivered, not taken for acked ones."""
+    store = _store(tmp_path)
+    try:
+        store.put_messages("t", 0, [MessageToStore(b"m0", 0, b"", 1, 0)])
+        attempts = DeliveryAttempts(None)
+        attempts.next_offsets = {"g@t": {"0": 9}}
+        offsets = ConsumerOffsetManager(tmp_path / "offsets.json")
+        offsets.commit_offset("g", "t", 0, 0)
+        pop = PopMessageManager(store, offsets, attempts=attempts)
+        store.put_messages("t", 0, [MessageToStore(b"m1", 0, b"", 1, 0)])
+        assert [p.message.body for p in pop.pop_new("g", "t", 0, 10, 60_000, now_ms=0)] == [b"m1"]
     finally:
         store.shutdown()
 

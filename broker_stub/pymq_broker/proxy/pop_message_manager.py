@@ -15,13 +15,18 @@ The bookkeeping, per (group, topic, queue):
   offset, or ``next_offset`` when none is pending: what a restart starts from.
 
 What differs from RocketMQ: invisibility lives in memory (RocketMQ writes
-checkpoints to ``rmq_sys_REVIVE_LOG``), so after a broker restart every message
-not acked before it is delivered again from the committed offset
-(at-least-once, nothing lost). Its delivery attempts go on from where they
-were: :class:`DeliveryAttempts` keeps them on disk (``popDeliveryAttempts.json``,
-written by the broker within a second of a change and at shutdown), so a message that makes its
-consumers crash still reaches the DLQ. Redelivery re-reads the original
-record; RocketMQ writes a copy to ``%RETRY%<group>`` first.
+checkpoints and acks to ``rmq_sys_REVIVE_LOG``). What a restart needs of it is on
+disk: :class:`DeliveryAttempts` (``popDeliveryAttempts.json``, written by the
+broker within a second of a change and at shutdown) keeps each pending message's
+delivery attempts and each queue's ``next_offset``. A restart reads from the
+committed offset again, and below the stored ``next_offset`` delivers only the
+messages that were pending: the others were acked (or filtered out), and are
+not delivered again. Every pending message comes back at once (its invisible
+time is forgotten) with its attempts counted on, so a message that makes its
+consumers crash still reaches the DLQ. A kill -9 may deliver again what was
+acked in its last second (at-least-once, nothing lost); a clean shutdown does
+not. Redelivery re-reads the original record; RocketMQ writes a copy to
+``%RETRY%<group>`` first.
 
 Receipt handles are opaque strings valid in this broker run; a handle that is
 unknown, already acked, replaced (by a change of invisible duration or a
@@ -42,6 +47,7 @@ leaves its messages to be delivered again after their invisible time.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import secrets
@@ -81,13 +87,37 @@ class InFlight:
 class _QueueState:
     next_offset: int
     pending: dict[int, InFlight] = field(default_factory=dict)
+    # after a restart: below ``done_below`` (the stored next offset) only the offsets of ``redo``
+    # (pending then, sorted) are delivered; the others were acked before it
+    done_below: int = 0
+    redo: list[int] = field(default_factory=list)
+
+    def skip_done(self) -> None:
+        """Move ``next_offset`` past the offsets acked before a restart (up to the next one to redo)."""
+        if self.next_offset >= self.done_below:
+            self.done_below, self.redo = 0, []
+            return
+        later = bisect.bisect_left(self.redo, self.next_offset)
+        self.next_offset = self.redo[later] if later < len(self.redo) else self.done_below
+
+    def done(self, queue_offset: int) -> bool:
+        """Acked before a restart: not delivered again."""
+        if queue_offset >= self.done_below:
+            return False
+        i = bisect.bisect_left(self.redo, queue_offset)
+        return i == len(self.redo) or self.redo[i] != queue_offset
 
 
 class DeliveryAttempts(ConfigManager):
-    """How often each message handed out and not yet acked was delivered, persisted.
+    """What a restart needs of the pop state, persisted: how often each message handed out and
+    not yet acked was delivered, and where each queue's next new message is.
 
-    ``{"group@topic": {"queueId:queueOffset": attempts}}``; an entry goes when
-    its message is acked or dead-lettered. ``path`` None: kept in memory only.
+    ``{"deliveryAttempts": {"group@topic": {"queueId:queueOffset": attempts}},
+    "nextOffsets": {"group@topic": {"queueId": nextOffset}}}``; an attempts entry goes
+    when its message is acked or dead-lettered, so its keys are the pending messages,
+    and with the next offset they tell which messages above the committed offset were
+    acked (RocketMQ's pop checkpoints and acks). One document, so one snapshot holds
+    both as they were together. ``path`` None: kept in memory only.
     A change only marks it dirty: the controller writes it every ``persist_interval_s``
     when dirty (a write on each change was skipped within a second of the last one,
     and nothing wrote it later: a crash after any idle time lost the change).
@@ -97,14 +127,41 @@ class DeliveryAttempts(ConfigManager):
         super().__init__(path or Path("/dev/null"))
         self.enabled = path is not None
         self.table: dict[str, dict[str, int]] = {}
+        self.next_offsets: dict[str, dict[str, int]] = {}
         self.persist_interval_s = persist_interval_s
 
     def encode(self) -> dict[str, Any]:
-        return {"deliveryAttempts": self.table}
+        return {"deliveryAttempts": self.table, "nextOffsets": self.next_offsets}
 
     def decode(self, data: dict[str, Any]) -> None:
         stored = data.get("deliveryAttempts", {})
         self.table = {k: {q: int(n) for q, n in v.items()} for k, v in stored.items()}
+        offsets = data.get("nextOffsets", {})
+        self.next_offsets = {k: {q: int(n) for q, n in v.items()} for k, v in offsets.items()}
+
+    def next_offset(self, group: str, topic: str, queue_id: int) -> int:
+        """The queue's next offset never handed out, as stored; -1 if none is."""
+        return self.next_offsets.get(f"{group}@{topic}", {}).get(str(queue_id), -1)
+
+    def set_next_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        entries = self.next_offsets.setdefault(f"{group}@{topic}", {})
+        if entries.get(str(queue_id)) != offset:
+            entries[str(queue_id)] = offset
+            self.dirty = True
+
+    def pending_offsets(self, group: str, topic: str, queue_id: int) -> list[int]:
+        """The queue offsets of the messages of the queue pending (as stored), sorted."""
+        prefix = f"{queue_id}:"
+        entries = self.table.get(f"{group}@{topic}", {})
+        return sorted(int(k[len(prefix):]) for k in entries if k.startswith(prefix))
+
+    def bound_next_offsets(self, max_offset: Callable[[str, int], int]) -> None:
+        """No stored next offset past its queue's end: messages lost in a crash (an async flush) are
+        not in the store, and new ones written at their offsets must not pass for acked."""
+        for group_topic, entries in self.next_offsets.items():
+            topic = group_topic.rpartition("@")[2]
+            for queue, offset in entries.items():
+                entries[queue] = min(offset, max_offset(topic, int(queue)))
 
     def get(self, inflight: InFlight) -> int:
         return self.table.get(f"{inflight.group}@{inflight.topic}", {}).get(_key(inflight), 0)
@@ -125,9 +182,11 @@ class DeliveryAttempts(ConfigManager):
     def remove_topic(self, topic: str) -> None:
         """Forget a deleted topic's attempts, on disk too: a message of the topic created again
         at the same queue offset is a first delivery."""
-        stale = [k for k in self.table if k.rpartition("@")[2] == topic]
-        for key in stale:
-            del self.table[key]
+        stale = False
+        for table in (self.table, self.next_offsets):
+            for key in [k for k in table if k.rpartition("@")[2] == topic]:
+                del table[key]
+                stale = True
         if stale and self.enabled:
             self.persist()
 
@@ -160,6 +219,7 @@ class PopMessageManager:
         self.store = store
         self.offsets = offsets
         self.attempts = attempts or DeliveryAttempts(None)
+        self.attempts.bound_next_offsets(store.get_max_offset_in_queue)
         self.renewable = renewable or (lambda _client_id: False)
         self.max_renew_ms = max_renew_ms
         self._queues: dict[tuple[str, str, int], _QueueState] = {}
@@ -174,6 +234,10 @@ class PopMessageManager:
         state = self._queues.get(key)
         if state is None:
             state = self._queues[key] = _QueueState(self._start_offset(group, topic, queue_id))
+            stored_next = self.attempts.next_offset(group, topic, queue_id)
+            if stored_next > state.next_offset:  # a restart: what was acked above the committed offset
+                state.done_below = stored_next
+                state.redo = self.attempts.pending_offsets(group, topic, queue_id)
         return state
 
     def _start_offset(self, group: str, topic: str, queue_id: int) -> int:
@@ -207,6 +271,7 @@ class PopMessageManager:
         state = self._state(group, topic, queue_id)
         if fifo and state.pending:
             return []
+        state.skip_done()
         min_offset = self.store.get_min_offset_in_queue(topic, queue_id)
         if state.next_offset < min_offset:  # expired from the store meanwhile
             state.next_offset = min_offset
@@ -216,10 +281,11 @@ class PopMessageManager:
         if result.status not in (GetMessageStatus.FOUND, GetMessageStatus.NO_MATCHED_MESSAGE):
             if result.status == GetMessageStatus.OFFSET_OVERFLOW_BADLY:
                 state.next_offset = result.max_offset
+                self.attempts.set_next_offset(group, topic, queue_id, state.next_offset)
             return []
         out = []
         for m in split_records(result.records):
-            if tags is not None and m.tag not in tags:
+            if (tags is not None and m.tag not in tags) or state.done(m.queue_offset):
                 continue
             inflight = InFlight(
                 self._new_handle(), group, topic, queue_id, m.queue_offset, m.commit_log_offset,
@@ -233,6 +299,7 @@ class PopMessageManager:
             self._track(inflight)
             out.append(Popped(m, inflight))
         state.next_offset = max(state.next_offset, result.next_begin_offset)
+        self.attempts.set_next_offset(group, topic, queue_id, state.next_offset)
         self._commit(state, group, topic, queue_id)
         return out
 
