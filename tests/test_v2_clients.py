@@ -8,6 +8,7 @@ the v2 gRPC stub where the official client would refuse the bad input itself.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -591,6 +592,47 @@ def test_messages_acked_above_the_committed_offset_are_not_delivered_after_a_res
         broker.restart(crash=crash)
         again = _receive_raw(broker.endpoint, topic, group)
         assert [(m.body, m.system_properties.delivery_attempt) for m in again] == [(b"m0", 2), (b"m2", 2)]
+
+
+@pytest.mark.parametrize("goes", ["notifies its termination", "closes its telemetry stream"])
+def test_a_push_consumer_gone_has_its_messages_delivered_again_within_a_second(
+        v2_broker: BrokerProcess, goes: str) -> None:
+    """A push consumer's messages (auto renew: invisible 60 s) stayed hidden that long after it went
+    away; RocketMQ's DefaultReceiptHandleManager makes them visible in 1 s (invisibleTimeMillisWhenClear)
+    when the client unregisters or its channel closes, for the group's other consumers."""
+    endpoint = v2_broker.endpoint
+    topic, group = _topic(endpoint, 1), _name("v2G")
+    Producer(endpoint).send(PymqMessage(topic, b"cached"))
+    client_id = _name("push-client@")
+    metadata = (("x-mq-client-id", client_id),)
+    stop = threading.Event()
+
+    def commands() -> Iterator[sv.TelemetryCommand]:
+        settings = v2.Settings(client_type=v2.PUSH_CONSUMER)
+        settings.subscription.group.name = group
+        yield sv.TelemetryCommand(settings=settings)
+        stop.wait(30)
+
+    with grpc.insecure_channel(endpoint) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        telemetry = stub.Telemetry(commands(), metadata=metadata)
+        next(telemetry)  # the settings' answer: the stream is open
+        receive = sv.ReceiveMessageRequest(
+            group=v2.Resource(name=group), batch_size=4, auto_renew=True,
+            message_queue=v2.MessageQueue(topic=v2.Resource(name=topic), id=-1))
+        receive.long_polling_timeout.FromMilliseconds(5000)
+        got = [a.message for a in stub.ReceiveMessage(receive, timeout=10, metadata=metadata)
+               if a.HasField("message")]
+        assert [m.body for m in got] == [b"cached"]
+        if goes == "notifies its termination":
+            stub.NotifyClientTermination(sv.NotifyClientTerminationRequest(group=v2.Resource(name=group)),
+                                         timeout=10, metadata=metadata)
+        stop.set()
+        telemetry.cancel()
+    start = time.monotonic()
+    again = _until(lambda: _receive_raw(endpoint, topic, group), timeout=4, what="the message again")
+    assert [(m.body, m.system_properties.delivery_attempt) for m in again] == [(b"cached", 2)]
+    assert time.monotonic() - start < 3
 
 
 def test_delivery_attempts_changed_together_survive_a_crash_after_idling(tmp_path: Path) -> None:

@@ -176,7 +176,14 @@ class MessagingProcessor:
         self, req: sv.NotifyClientTerminationRequest, client_id: str
     ) -> sv.NotifyClientTerminationResponse:
         self.clients.pop(client_id, None)
+        self._clear_receipt_handles(client_id)
         return sv.NotifyClientTerminationResponse(status=status())
+
+    def _clear_receipt_handles(self, client_id: str) -> None:
+        """A client gone (unregistered, or its channel closed): what it received with auto renew is
+        visible again in invisibleTimeMillisWhenClear (DefaultReceiptHandleManager.clearGroup)."""
+        if client_id:
+            self.pop.clear_owner(client_id, self.config.invisible_time_millis_when_clear, _now_ms())
 
     # -- send ---------------------------------------------------------------------------------------
     async def send_message(self, req: sv.SendMessageRequest) -> sv.SendMessageResponse:
@@ -581,6 +588,7 @@ class MessagingProcessor:
         else:  # gone: its settings go too (a client that comes back sends them again)
             self._streams.pop(client_id, None)
             self.clients.pop(client_id, None)
+            self._clear_receipt_handles(client_id)
 
     def connected(self, client_id: str) -> bool:
         """Whether the client has a Telemetry stream open (RocketMQ: its channel is alive)."""

@@ -41,8 +41,12 @@ pymq sends a FIFO message group to one queue, so each message group is consumed 
 
 Auto renew (a push consumer's receive): the message stays invisible while the
 client that received it is connected (``renewable``), as the proxy renews its
-receipt handles, up to ``max_renew_ms`` after the delivery; a client gone
-leaves its messages to be delivered again after their invisible time.
+receipt handles, up to ``max_renew_ms`` after the delivery. A client that goes
+away (NotifyClientTermination, or its last Telemetry stream closed) has its
+messages visible again within a second (:meth:`PopMessageManager.clear_owner`,
+as DefaultReceiptHandleManager.clearGroup changes their invisible time to
+invisibleTimeMillisWhenClear); a client that is gone without either leaves them
+to their invisible time.
 """
 
 from __future__ import annotations
@@ -366,6 +370,18 @@ class PopMessageManager:
         heap = self._expiry.setdefault((inflight.group, inflight.topic), [])
         heapq.heappush(heap, (inflight.invisible_until, next(self._seq), inflight.handle))
         return True
+
+    def clear_owner(self, owner: str, invisible_ms: int, now_ms: int) -> int:
+        """A client gone: the messages it received with auto renew are no longer renewed and are
+        visible again after ``invisible_ms`` (RocketMQ's clearGroup), not after their invisible time
+        (60 s): its cached, unconsumed messages go to the group's other consumers soon. How many."""
+        cleared = [f for f in self._handles.values() if f.owner == owner]
+        for inflight in cleared:
+            inflight.owner = ""
+            inflight.invisible_until = min(inflight.invisible_until, now_ms + invisible_ms)
+            heap = self._expiry.setdefault((inflight.group, inflight.topic), [])
+            heapq.heappush(heap, (inflight.invisible_until, next(self._seq), inflight.handle))
+        return len(cleared)
 
     def next_due_ms(self, group: str, topic: str) -> int | None:
         """When the next in-flight message of (group, topic) becomes visible again (ms), if any."""

@@ -13,6 +13,8 @@ class ProxyConfig:
     receive or a change of invisible duration may ask for (RocketMQ: 10 s);
     ``default_invisible_time_mills``: a push consumer's (auto renew, 60 s),
     renewed while the client is connected for up to ``renew_max_time_millis`` (3 h);
+    ``invisible_time_millis_when_clear``: how soon the messages a push consumer
+    received become visible again once it is gone (1 s).
     ``max_invisible_time_mills``: the longest (12 h). ``max_delay_time_mills``:
     how far ahead a delivery timestamp may be (here also bounded by the
     broker's longest delay level). ``max_message_group_size``: bytes of a
@@ -31,6 +33,7 @@ class ProxyConfig:
     min_invisible_time_mills_for_recv: int = 10_000
     default_invisible_time_mills: int = 60_000
     renew_max_time_millis: int = 3 * 3600 * 1000
+    invisible_time_millis_when_clear: int = 1000
     max_invisible_time_mills: int = 12 * 3600 * 1000
     max_delay_time_mills: int = 24 * 3600 * 1000
     max_message_group_size: int = 64
