@@ -21,7 +21,17 @@ from pymq_proto.rocketmq_v2 import service_pb2 as sv
 from pymq_proto.rocketmq_v2 import service_pb2_grpc
 from pyspark_pymq.admin_cli import main as admin_main
 from pyspark_pymq.client import Admin
-from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, SimpleConsumer
+from pyspark_pymq.client.route import PERM_WRITE
+from rocketmq import (
+    ClientConfiguration,
+    ConsumeResult,
+    Credentials,
+    FilterExpression,
+    Message,
+    MessageListener,
+    PushConsumer,
+    SimpleConsumer,
+)
 from rocketmq import Producer as V2Producer
 
 
@@ -159,6 +169,61 @@ def test_a_message_due_again_waits_for_the_one_before_it(broker: BrokerProcess) 
         assert [(m.body, m.delivery_attempt) for m in fifo.receive(30)] == [(b"d3", 2)]
     finally:
         fifo.close()
+
+
+def _assigned_queues(endpoint: str, topic: str, group: str) -> list[int] | int:
+    """QueryAssignment's queue ids, or its status code when it is not OK."""
+    stub = service_pb2_grpc.MessagingServiceStub(grpc.insecure_channel(endpoint))
+    answer = stub.QueryAssignment(sv.QueryAssignmentRequest(
+        topic=v2.Resource(name=topic), group=v2.Resource(name=group)), timeout=10)
+    if answer.status.code != v2.OK:
+        return answer.status.code
+    return [a.message_queue.id for a in answer.assignments]
+
+
+def test_an_orderly_group_is_assigned_each_readable_queue(broker: BrokerProcess) -> None:
+    """RouteActivity.queryAssignment: an orderly group gets one assignment per readable queue (a FIFO
+    push consumer consumes each in order), another group one with queue id -1; FORBIDDEN without a
+    readable queue. An orderly group got queue -1 too. The official push consumer, given the queues,
+    consumes each message group in order and every message once."""
+    admin = Admin(broker.endpoint)
+    topic, orderly, plain = _name("fifoT"), _name("fifoG"), _name("plainG")
+    admin.create_topic(topic, 3, message_type="FIFO")
+    admin.update_group(orderly, consume_message_orderly=True)
+    admin.update_group(plain, consume_message_orderly=False)
+    assert _assigned_queues(broker.endpoint, topic, orderly) == [0, 1, 2]
+    assert _assigned_queues(broker.endpoint, topic, plain) == [-1]
+    write_only = _name("fifoW")
+    admin.create_topic(write_only, 3, message_type="FIFO", perm=PERM_WRITE)
+    assert _assigned_queues(broker.endpoint, write_only, orderly) == v2.FORBIDDEN
+
+    seen: list[tuple[str, str]] = []
+
+    class Listener(MessageListener):
+        def consume(self, message: Any) -> ConsumeResult:
+            seen.append((message.message_group, message.body.decode()))
+            return ConsumeResult.SUCCESS
+
+    config = ClientConfiguration(broker.endpoint, Credentials(), request_timeout=8)
+    consumer = PushConsumer(config, orderly, Listener(), {topic: FilterExpression("*")})
+    consumer.startup()
+    producer = V2Producer(config, (topic,))
+    producer.startup()
+    try:
+        for group in ("g1", "g2", "g3"):
+            for i in range(3):
+                m = Message()
+                m.topic, m.body, m.message_group = topic, f"{group}-{i}".encode(), group
+                producer.send(m)
+        deadline = time.monotonic() + 20
+        while len(seen) < 9 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for group in ("g1", "g2", "g3"):
+            assert [b for g, b in seen if g == group] == [f"{group}-{i}" for i in range(3)]
+        assert len(seen) == 9
+    finally:
+        producer.shutdown()
+        consumer.shutdown()
 
 
 def _send_fifo(stub: Any, topic: str, *bodies: str) -> None:

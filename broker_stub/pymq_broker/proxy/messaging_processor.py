@@ -162,14 +162,24 @@ class MessagingProcessor:
         return sv.HeartbeatResponse(status=status())
 
     def query_assignment(self, req: sv.QueryAssignmentRequest) -> sv.QueryAssignmentResponse:
-        """One assignment per broker, queue id -1: a pop consumer reads every queue (the proxy's answer)."""
+        """RouteActivity.queryAssignment: a group that is not orderly gets one assignment, queue id -1
+        (a pop consumer reads every queue); an orderly (FIFO) group one per readable queue, so that
+        a FIFO push consumer keeps one process queue, consumed in order, per queue. FORBIDDEN when
+        the topic has no readable queue. (Either way ReceiveMessage pops every queue of the broker,
+        as the proxy's ReceiveMessageQueueSelector asks the broker for queue id -1.)"""
         cfg = self.topic_config(req.topic)
-        self.group_name(req.group)
+        group = self.group_name(req.group)
+        if not is_readable(cfg.perm) or cfg.read_queue_nums <= 0:
+            raise ProxyException(v2.FORBIDDEN, "no readable queue")
+        sub = self.ctx.subscription_group_manager.find_subscription_group_config(group)
+        queue_ids = range(cfg.read_queue_nums) if sub.consume_message_orderly else (-1,)
+        broker, permission = self._broker(req.endpoints), self._permission(cfg.perm)
         out = sv.QueryAssignmentResponse(status=status())
-        out.assignments.add().message_queue.CopyFrom(v2.MessageQueue(
-            topic=req.topic, id=-1, permission=self._permission(cfg.perm), broker=self._broker(req.endpoints),
-            accept_message_types=accept_message_types(cfg),
-        ))
+        for queue_id in queue_ids:
+            out.assignments.add().message_queue.CopyFrom(v2.MessageQueue(
+                topic=req.topic, id=queue_id, permission=permission, broker=broker,
+                accept_message_types=accept_message_types(cfg),
+            ))
         return out
 
     def notify_client_termination(
@@ -381,7 +391,10 @@ class MessagingProcessor:
     async def receive_message(
         self, req: sv.ReceiveMessageRequest, time_remaining_s: float | None = None, client_id: str = "",
     ) -> list[sv.ReceiveMessageResponse]:
-        """Pop: messages due again first, then new ones, each queue of the topic in turn; long polling."""
+        """Pop: messages due again first, then new ones, each queue of the topic in turn; long polling.
+
+        Every queue whatever the request's queue id (an orderly group's assignment names one): the
+        proxy's ReceiveMessageQueueSelector picks the broker's queue id -1, which pops them all."""
         group = self.group_name(req.group)
         cfg = self.topic_config(req.message_queue.topic)
         if not is_readable(cfg.perm):
