@@ -540,6 +540,23 @@ def _receive_raw(endpoint: str, topic: str, group: str) -> list[v2.Message]:
         return [a.message for a in answers if a.HasField("message")]
 
 
+def test_a_blank_born_host_is_the_senders_address(v2_broker: BrokerProcess) -> None:
+    """SendMessageActivity: a message without a born host gets the sender's address (host:port, from
+    the gRPC peer); it was left empty. One the client sets is kept."""
+    endpoint = v2_broker.endpoint
+    topic, group = _topic(endpoint, 1), _name("v2G")
+    with grpc.insecure_channel(endpoint) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        for body, born_host in ((b"blank", ""), (b"set", "10.1.2.3")):
+            m = v2.Message(topic=v2.Resource(name=topic), body=body)
+            sp = m.system_properties
+            sp.message_id, sp.message_type, sp.born_host = uuid.uuid4().hex.upper(), v2.NORMAL, born_host
+            assert stub.SendMessage(sv.SendMessageRequest(messages=[m]), timeout=10).status.code == v2.OK
+    got = {m.body: m.system_properties.born_host for m in _receive_raw(endpoint, topic, group)}
+    host, _, port = got[b"blank"].rpartition(":")
+    assert (host, port.isdigit(), got[b"set"]) == ("127.0.0.1", True, "10.1.2.3")
+
+
 @pytest.mark.parametrize("crash", [False, True])
 def test_delivery_attempts_survive_a_broker_restart(tmp_path: Path, crash: bool) -> None:
     """Unacked messages come back after a restart (clean or kill -9) with their attempts counted on."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -49,6 +50,15 @@ def client_id_of(context: Context) -> str:
     for key, value in context.invocation_metadata() or ():
         if key == CLIENT_ID_METADATA_KEY:
             return value if isinstance(value, str) else value.decode()
+    return ""
+
+
+def remote_address_of(context: Context) -> str:
+    """The caller's ``host:port`` as the proxy's HeaderInterceptor writes it (HostAndPort: an IPv6
+    host in brackets); "" when it is not an IP address (a Unix socket), as there."""
+    kind, _, address = (context.peer() or "").partition(":")
+    if kind in ("ipv4", "ipv6"):
+        return urllib.parse.unquote(address)  # gRPC percent-encodes an IPv6 peer's brackets
     return ""
 
 
@@ -113,7 +123,6 @@ class GrpcMessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     QueryRoute = _unary("QueryRoute", "query_route", sv.QueryRouteResponse)
     Heartbeat = _unary("Heartbeat", "heartbeat", sv.HeartbeatResponse)
-    SendMessage = _unary("SendMessage", "send_message", sv.SendMessageResponse)
     QueryAssignment = _unary("QueryAssignment", "query_assignment", sv.QueryAssignmentResponse)
     AckMessage = _unary("AckMessage", "ack_message", sv.AckMessageResponse)
     ChangeInvisibleDuration = _unary(
@@ -129,6 +138,13 @@ class GrpcMessagingService(service_pb2_grpc.MessagingServiceServicer):
     QueryOffset = _unary("QueryOffset", "query_offset", sv.QueryOffsetResponse, "pull_offsets")
     RecallMessage = _unary("RecallMessage", "recall_message", sv.RecallMessageResponse)
     SyncLiteSubscription = _not_implemented("SyncLiteSubscription", sv.SyncLiteSubscriptionResponse)
+
+    async def SendMessage(self, request: sv.SendMessageRequest, context: Context) -> sv.SendMessageResponse:
+        try:
+            self.authorize("SendMessage", request, context)
+            return await self.processor.send_message(request, remote_address_of(context))
+        except Exception as err:
+            return sv.SendMessageResponse(status=_failure_status(err, "SendMessage"))
 
     async def NotifyClientTermination(
         self, request: sv.NotifyClientTerminationRequest, context: Context

@@ -84,9 +84,11 @@ def check_topic(name: str) -> None:
 
 def to_message_to_send(
     msg: v2.Message, *, config: ProxyConfig, max_body_size: int,
-    producer_group: str = "", now_ms: int | None = None,
+    producer_group: str = "", now_ms: int | None = None, remote_address: str = "",
 ) -> MessageToSend:
-    """The checks of RocketMQ's proxy (``validateMessage``), then the stored properties."""
+    """The checks of RocketMQ's proxy (``validateMessage``), then the stored properties.
+
+    ``remote_address``: the sender's ``host:port``, its born host when the message has none."""
     sp = msg.system_properties
     topic = msg.topic.name
     check_topic(topic)
@@ -146,8 +148,10 @@ def to_message_to_send(
         props[PROPERTY_TIMER_DELIVER_MS] = str(deliver_ms)
     if sp.HasField("trace_context") and sp.trace_context:
         props[PROPERTY_TRACE_CONTEXT] = sp.trace_context
-    if sp.born_host.strip():  # SendMessageActivity: __BORNHOST, read back as born_host
-        props[PROPERTY_BORN_HOST] = sp.born_host
+    # SendMessageActivity: __BORNHOST, read back as born_host; a blank one is the sender's address
+    born_host = sp.born_host if sp.born_host.strip() else remote_address
+    if born_host.strip():
+        props[PROPERTY_BORN_HOST] = born_host
     if kind == v2.TRANSACTION:
         props[MC.PROPERTY_TRANSACTION_PREPARED] = "true"
         if producer_group:

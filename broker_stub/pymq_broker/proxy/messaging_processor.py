@@ -196,10 +196,13 @@ class MessagingProcessor:
             self.pop.clear_owner(client_id, self.config.invisible_time_millis_when_clear, _now_ms())
 
     # -- send ---------------------------------------------------------------------------------------
-    async def send_message(self, req: sv.SendMessageRequest) -> sv.SendMessageResponse:
+    async def send_message(
+        self, req: sv.SendMessageRequest, remote_address: str = ""
+    ) -> sv.SendMessageResponse:
+        """``remote_address``: the sender's ``host:port`` (a message's born host when it has none)."""
         if not req.messages:
             raise ProxyException(v2.BAD_REQUEST, "SendMessage carries no message")
-        entries = [await self._send_one(m) for m in req.messages]
+        entries = [await self._send_one(m, remote_address) for m in req.messages]
         codes = {e.status.code for e in entries}
         if len(codes) == 1:
             overall = entries[0].status
@@ -207,7 +210,7 @@ class MessagingProcessor:
             overall = status(v2.MULTIPLE_RESULTS, "the messages of this request had different results")
         return sv.SendMessageResponse(status=overall, entries=entries)
 
-    async def _send_one(self, msg: v2.Message) -> sv.SendResultEntry:
+    async def _send_one(self, msg: v2.Message, remote_address: str = "") -> sv.SendResultEntry:
         try:
             cfg = self.topic_config(msg.topic)
             if is_system_topic(cfg.topic_name):
@@ -215,7 +218,7 @@ class MessagingProcessor:
             store_config = self.ctx.store.config
             m = to_message_to_send(
                 msg, config=self.config, max_body_size=store_config.max_message_size,
-                producer_group=cfg.topic_name,
+                producer_group=cfg.topic_name, remote_address=remote_address,
             )
             self._check_message_type(cfg, m.properties)
             queue_id = msg.system_properties.queue_id
