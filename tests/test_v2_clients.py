@@ -652,6 +652,24 @@ def test_a_push_consumer_gone_has_its_messages_delivered_again_within_a_second(
     assert time.monotonic() - start < 3
 
 
+def test_an_auto_renew_receive_hides_messages_for_the_proxys_time(v2_broker: BrokerProcess) -> None:
+    """ReceiveMessageActivity: an auto-renewed receive (a push consumer) hides its messages for
+    defaultInvisibleTimeMills (60 s), whatever invisible duration it asks for; pymq took the request's."""
+    endpoint = v2_broker.endpoint
+    topic, group = _topic(endpoint, 1), _name("v2G")
+    Producer(endpoint).send(PymqMessage(topic, b"renewed"))
+    with grpc.insecure_channel(endpoint) as channel:
+        receive = sv.ReceiveMessageRequest(
+            group=v2.Resource(name=group), batch_size=4, auto_renew=True,
+            message_queue=v2.MessageQueue(topic=v2.Resource(name=topic), id=-1))
+        receive.invisible_duration.FromMilliseconds(1000)
+        receive.long_polling_timeout.FromMilliseconds(5000)
+        answers = service_pb2_grpc.MessagingServiceStub(channel).ReceiveMessage(
+            receive, timeout=10, metadata=(("x-mq-client-id", _name("push-client@")),))
+        [m] = [a.message for a in answers if a.HasField("message")]
+    assert (m.body, m.system_properties.invisible_duration.ToMilliseconds()) == (b"renewed", 60_000)
+
+
 def test_delivery_attempts_changed_together_survive_a_crash_after_idling(tmp_path: Path) -> None:
     """Two attempts counted within a second, then nothing: the broker writes them within a second
     (a write used to come only with a change a second after the last write), so kill -9 keeps both."""

@@ -295,6 +295,25 @@ def test_auto_renew_while_the_client_is_connected(tmp_path: Path) -> None:
         store.shutdown()
 
 
+def test_auto_renew_follows_rocketmqs_renew_strategy(tmp_path: Path) -> None:
+    """Each renewal hid the message for its receive's invisible duration again; the proxy's
+    RenewStrategyPolicy hides it 1, 3, 5, 10, 30 and then 60 minutes."""
+    store = _store(tmp_path)
+    try:
+        store.put_messages("t", 0, [MessageToStore(b"held", 0, b"", 1, 0)])
+        pop = PopMessageManager(store, ConsumerOffsetManager(tmp_path / "offsets.json"),
+                                renewable=lambda client: True)
+        [p] = pop.pop_new("g", "t", 0, 10, invisible_ms=60_000, now_ms=0, owner="push-client")
+        now, hidden = 60_000, []
+        for _ in range(7):
+            assert pop.due("g", "t", now_ms=now, limit=10) == []
+            hidden.append((p.inflight.invisible_until - now) // 60_000)
+            now = p.inflight.invisible_until
+        assert hidden == [1, 3, 5, 10, 30, 60, 60]
+    finally:
+        store.shutdown()
+
+
 def test_fifo_due_waits_for_the_queue_and_goes_lowest_offset_first(tmp_path: Path) -> None:
     store = _store(tmp_path)
     try:

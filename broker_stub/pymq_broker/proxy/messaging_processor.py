@@ -407,11 +407,12 @@ class MessagingProcessor:
                 v2.BAD_REQUEST,
                 f"batch size {req.batch_size} is out of range 1..{self.config.receive_batch_size}",
             )
-        if req.HasField("invisible_duration"):
+        if req.auto_renew:  # a push consumer: the proxy's time whatever the request asks for (ReceiveMessage-
+            # Activity), then renewed while the client is connected (PopMessageManager)
+            invisible_ms = self.config.default_invisible_time_mills
+        elif req.HasField("invisible_duration"):
             invisible_ms = self._invisible_ms(req.invisible_duration.ToMilliseconds(),
                                               self.config.min_invisible_time_mills_for_recv)
-        elif req.auto_renew:  # a push consumer: renewed while it is connected (PopMessageManager)
-            invisible_ms = self.config.default_invisible_time_mills
         else:
             raise ProxyException(
                 v2.ILLEGAL_INVISIBLE_TIME, "a receive without auto renew needs an invisible duration"

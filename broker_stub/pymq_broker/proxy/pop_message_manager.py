@@ -41,7 +41,8 @@ pymq sends a FIFO message group to one queue, so each message group is consumed 
 
 Auto renew (a push consumer's receive): the message stays invisible while the
 client that received it is connected (``renewable``), as the proxy renews its
-receipt handles, up to ``max_renew_ms`` after the delivery. A client that goes
+receipt handles, up to ``max_renew_ms`` after the delivery: each renewal hides it
+for longer (:data:`RENEW_NEXT_MS`, RocketMQ's RenewStrategyPolicy). A client that goes
 away (NotifyClientTermination, or its last Telemetry stream closed) has its
 messages visible again within a second (:meth:`PopMessageManager.clear_owner`,
 as DefaultReceiptHandleManager.clearGroup changes their invisible time to
@@ -69,6 +70,10 @@ from ..store.results import GetMessageStatus
 from .message_converter import StoredMessage, split_records
 from .status import ProxyException
 
+# RocketMQ's RenewStrategyPolicy (the proxy's RENEW_POLICY): renewal N of an auto-renewed message hides
+# it for entry N (the last one from then on): a client that holds a message long is asked less often
+RENEW_NEXT_MS: tuple[int, ...] = tuple(m * 60_000 for m in (1, 3, 5, 10, 30, 60))
+
 
 @dataclass(slots=True)
 class InFlight:
@@ -85,6 +90,7 @@ class InFlight:
     invisible_ms: int
     owner: str = ""  # a push consumer's client id (auto renew): renewed while that client is connected
     delivered_at: int = 0
+    renew_times: int = 0
 
 
 @dataclass(slots=True)
@@ -362,11 +368,13 @@ class PopMessageManager:
         return out
 
     def _renew(self, inflight: InFlight, now_ms: int) -> bool:
-        """Auto renew: hidden for another invisible duration while its client is connected."""
+        """Auto renew: hidden for the next renewal's time (:data:`RENEW_NEXT_MS`) while its client is
+        connected."""
         if (not inflight.owner or not self.renewable(inflight.owner)
                 or now_ms - inflight.delivered_at >= self.max_renew_ms):
             return False
-        inflight.invisible_until = now_ms + inflight.invisible_ms
+        inflight.invisible_until = now_ms + RENEW_NEXT_MS[min(inflight.renew_times, len(RENEW_NEXT_MS) - 1)]
+        inflight.renew_times += 1
         heap = self._expiry.setdefault((inflight.group, inflight.topic), [])
         heapq.heappush(heap, (inflight.invisible_until, next(self._seq), inflight.handle))
         return True
