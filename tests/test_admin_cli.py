@@ -239,7 +239,22 @@ def test_a_group_without_dead_letters_has_nothing_to_read(
 ) -> None:
     endpoint, group = shared_broker.endpoint, unique("analytics")
     admin = Admin(endpoint)
+    # a misspelt group: not "no dead letters", "purged" or "0 re-sent"
+    for call in (admin.dead_letters, admin.dead_letter_messages, admin.resend_dead_letters,
+                 admin.purge_dead_letters):
+        with pytest.raises(PymqError, match=f"consumer group {group!r} is unknown") as info:
+            call(group)
+        assert info.value.code == GROUP_NOT_EXIST
+    for command in ("dead-letters", "resend-dead-letters", "purge-dead-letters"):
+        assert main(["-e", endpoint, command, group]) == 1
+        captured = capsys.readouterr()
+        assert captured.out == "" and f"consumer group {group!r} is unknown" in captured.err, command
+    admin.update_group(group, retry_max_times=3)  # known, without dead letters
     assert admin.dead_letter_messages(group) == [] and admin.dead_letters(group).empty
+    assert main(["-e", endpoint, "resend-dead-letters", group]) == 0
+    captured = capsys.readouterr()  # the progress bar never drawn leaves no empty line
+    assert captured.out == f"0 dead letter(s) of {group} re-sent to their original topics\n"
+    assert captured.err == ""
     assert main(["-e", endpoint, "dead-letters", group]) == 0
     assert capsys.readouterr().out.strip() == "(none)"
     for command, topic, what in (("tail", f"%DLQ%{group}", "dead letters"),

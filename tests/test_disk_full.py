@@ -358,3 +358,14 @@ def test_a_broker_on_a_full_disk_refuses_sends_serves_reads_and_loses_nothing(tm
             *(b"m%d" % i for i in range(10)), b"after"]
     finally:
         broker.stop()
+
+
+def test_the_commit_logs_disk_ratio_key_names_its_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # RocketMQ's commitLogDiskRatio_<storePathCommitLog>: a broker started with a relative
+    # --data-dir must not show a path only its own working directory resolves
+    monkeypatch.chdir(tmp_path)
+    info = DiskSpaceService([Path("data/commitlog"), Path("data/consumequeue")], 90, 0,
+                            space=lambda _p: (1, 9)).runtime_info()
+    assert info[f"commitLogDiskRatio_{tmp_path / 'data' / 'commitlog'}"] == info["commitLogDiskRatio"]

@@ -170,6 +170,21 @@ def test_unknown_options_name_the_closest_registered_one() -> None:
         parse_sink_options({"endpoint": EP, "topic": "t", "sendmodes": "sync"}, BODY, stream=False)
 
 
+@pytest.mark.parametrize(("kafka", "here"), [
+    ("subscribe", "use 'topic' here"),  # not the closest spelling, 'subscription' (the tag filter)
+    ("subscribePattern", "use 'topic' here"),
+    ("kafka.bootstrap.servers", "use 'endpoint' here (the pymq broker's host:port, or namesrvAddr"),
+    ("kafka.group.id", "use 'consumerGroup' here"),
+    ("maxOffsetsPerTrigger", "use 'maxMessagesPerTrigger' here"),
+    ("includeHeaders", "every message's properties (RocketMQ's headers) are in the properties column"),
+])
+def test_the_kafka_connectors_option_names_say_what_they_are_called_here(kafka: str, here: str) -> None:
+    with pytest.raises(ValueError, match="is unknown") as info:  # as Spark hands them over: lower-cased
+        parse_source_options({"endpoint": EP, "topic": "t", kafka.lower(): "x"}, stream=True)
+    assert f"It is an option of Spark's Kafka connector: {here}" in str(info.value)
+    assert "Did you mean" not in str(info.value)
+
+
 @pytest.mark.parametrize("spec", [s for s in SOURCE_OPTIONS if s.scope != "both"], ids=lambda s: s.name)
 def test_source_scope_is_enforced_as_documented(spec: OptionSpec) -> None:
     wrong_kind_is_stream = spec.scope == "batch"

@@ -56,6 +56,7 @@ class ProgressBar:
         self.width = width
         self.started = time.monotonic()
         self.done = 0
+        self.drawn = False
 
     def update(self, done: int, total: int | None = None) -> None:
         if total is not None:
@@ -69,10 +70,13 @@ class ProgressBar:
             f"{done}/{self.total} ({frac:4.0%}) {rate:,.0f}/s"
         )
         self.out.flush()
+        self.drawn = True
 
     def close(self) -> None:
-        self.out.write("\n")
-        self.out.flush()
+        """End the bar's line (nothing when it was never drawn: no empty line)."""
+        if self.drawn:
+            self.out.write("\n")
+            self.out.flush()
 
 
 def _cell(value: Any) -> str:

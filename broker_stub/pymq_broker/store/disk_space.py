@@ -161,7 +161,8 @@ class DiskSpaceService:
         try:
             commit_log, consume_queue = self.paths[0], self.paths[-1]
             ratio = str(used_ratio(*self._space(commit_log)))
-            info["commitLogDiskRatio"] = info[f"commitLogDiskRatio_{commit_log}"] = ratio
+            # RocketMQ's key names the path as configured, which its config makes absolute
+            info["commitLogDiskRatio"] = info[f"commitLogDiskRatio_{os.path.abspath(commit_log)}"] = ratio
             info["consumeQueueDiskRatio"] = str(used_ratio(*self._space(consume_queue)))
             # RocketMQ: File.getTotalSpace() / getFreeSpace() of storePathRootDir (blocks reserved
             # for root count as free there)

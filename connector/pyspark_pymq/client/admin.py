@@ -449,8 +449,11 @@ class Admin:
     # -- dead letters ------------------------------------------------------------
 
     def dead_letter_messages(self, group: str, max_num: int = 1000) -> list[MessageExt]:
-        """The messages in %DLQ%<group>, oldest first (at most ``max_num``)."""
+        """The messages in %DLQ%<group>, oldest first (at most ``max_num``); a group the brokers
+        do not know fails naming it (GROUP_NOT_EXIST), rather than "no dead letters"."""
         consumer, queues = self._dead_letter_queues(group)
+        if not queues:
+            self._check_group_known(group, [])
         out: list[MessageExt] = []
         for mq in queues:
             out.extend(pull_messages(consumer, mq, consumer.min_offset(mq), max_num - len(out)))
@@ -559,10 +562,13 @@ class Admin:
         return sent
 
     def purge_dead_letters(self, group: str) -> None:
-        """Drop every dead letter of ``group`` (%DLQ%<group> starts empty again)."""
+        """Drop every dead letter of ``group`` (%DLQ%<group> starts empty again); a group the
+        broker does not know fails naming it (GROUP_NOT_EXIST), rather than purging nothing."""
         topic = dlq_topic(group)
         if topic in self.topic_names(include_system=True):
             self._client.delete_topic(pymq_pb2.DeleteTopicRequest(topic=topic))
+        else:
+            self._check_group_known(group, [])
 
     def broker_names(self) -> list[str]:
         """The brokers this Admin reads (one for a pymq broker)."""

@@ -181,14 +181,51 @@ def _bad(name: str, value: object, allowed: str, prefix: str = "pymq option") ->
     return ValueError(f"{prefix} {name}={value!r} is not valid: {allowed}")
 
 
+# Spark's Kafka source and sink options (lower-cased, as Spark hands them over) -> pymq's option,
+# or what to do instead: a Kafka user's names would otherwise get a close but wrong spelling
+# (``subscribe`` -> ``subscription``, which is the tag filter)
+_KAFKA_OPTIONS: dict[str, str] = {
+    "subscribe": "topic",
+    "subscribepattern": "topic",
+    "assign": "topic",
+    "kafka.bootstrap.servers": "endpoint",
+    "kafka.group.id": "consumerGroup",
+    "groupidprefix": "consumerGroup",
+    "maxoffsetspertrigger": "maxMessagesPerTrigger",
+    "startingoffsetsbytimestamp": "startingTimestamp",
+    "endingoffsetsbytimestamp": "endingTimestamp",
+    "includeheaders": "",
+}
+_KAFKA_HINTS: dict[str, str] = {
+    "topic": "every queue of the topics is read; startingOffsets JSON sets where each starts",
+    "endpoint": "the pymq broker's host:port, or namesrvAddr for an Apache RocketMQ cluster",
+    "": "every message's properties (RocketMQ's headers) are in the properties column already",
+}
+
+
+def _kafka_hint(key: str, known: tuple[str, ...]) -> str:
+    """What Spark's Kafka option ``key`` is called here, when it is one of them."""
+    target = _KAFKA_OPTIONS.get(key.lower())
+    if target is None or (target and target not in known):
+        return ""
+    what = _KAFKA_HINTS.get(target, "")
+    if not target:
+        return f" It is an option of Spark's Kafka connector: {what}."
+    return (f" It is an option of Spark's Kafka connector: use {target!r} here"
+            f"{f' ({what})' if what else ''}.")
+
+
 def unknown_option(
     key: object, known: tuple[str, ...], *, prefix: str = "pymq option",
     problem: str = "is unknown", known_label: str = "Known options",
 ) -> ValueError:
-    """The error for an option name we do not know, with the closest known one as a hint."""
-    hint = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
-    did_you_mean = f" Did you mean {hint[0]!r}?" if hint else ""
-    return ValueError(f"{prefix} {key!r} {problem}.{did_you_mean} {known_label}: {', '.join(known)}.")
+    """The error for an option name we do not know, with what Spark's Kafka connector's name is
+    called here or else the closest known one as a hint."""
+    hint = _kafka_hint(str(key), known)
+    if not hint:
+        close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+    return ValueError(f"{prefix} {key!r} {problem}.{hint} {known_label}: {', '.join(known)}.")
 
 
 def parse_int_option(

@@ -57,7 +57,8 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("born_timestamp", "timestamp", "when the producer created the message"),
     ("store_timestamp", "timestamp", "when the broker stored the message"),
     ("reconsume_times", "int", "how many times the message was delivered before"),
-    ("retry_topic", "string", "the %RETRY% topic a retried message was read from, else null"),
+    ("retry_topic", "string", "the %RETRY% topic a retried message was read from, else null "
+                              "(its topic is the original)"),
 )
 
 SOURCE_DDL = ", ".join(f"{name} {sql_type}" for name, sql_type, _ in COLUMNS)
