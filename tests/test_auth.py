@@ -359,6 +359,69 @@ def test_deny_wins_prefix_patterns_and_source_ips(auth_broker: BrokerProcess) ->
     send("ord-1")(ep, "bob", "bob-pw")
 
 
+def test_peer_ip_reads_the_peers_grpc_reports() -> None:
+    """gRPC reports an IPv6 peer percent-encoded (``ipv6:%5B::1%5D:port``): read as ``%5B::1%5D``,
+    no source-IP entry ever covered an IPv6 client."""
+    import asyncio
+
+    from grpc import aio
+    from pymq_broker.auth.auth_service import peer_ip
+
+    async def peers() -> list[str]:
+        seen: list[str] = []
+
+        async def handler(_request: bytes, context: Any) -> bytes:
+            seen.append(context.peer())
+            return b""
+
+        server = aio.server()
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            "t.S", {"M": grpc.unary_unary_rpc_method_handler(handler)}),))
+        port = server.add_insecure_port("[::]:0")
+        await server.start()
+        try:
+            for target in (f"[::1]:{port}", f"127.0.0.1:{port}"):
+                async with aio.insecure_channel(target) as channel:
+                    await channel.unary_unary("/t.S/M")(b"")
+        finally:
+            await server.stop(0)
+        return seen
+
+    assert [peer_ip(p) for p in asyncio.run(peers())] == ["::1", "127.0.0.1"]
+    assert peer_ip("ipv6:[::1]:5123") == "::1"  # older gRPC: literal brackets
+    assert peer_ip("ipv6:%5B::ffff:10.0.0.7%5D:5123") == "10.0.0.7"  # a dual-stack listener's IPv4 client
+    assert peer_ip("ipv6:%5Bfe80::1%25eth0%5D:5123") == "fe80::1%eth0"
+    assert peer_ip("unix:/tmp/sock") is None
+
+
+def test_source_ip_entries_hold_for_ipv6_clients(tmp_path: Path) -> None:
+    """A Deny limited to source IPs held for IPv4 clients only: over IPv6 it was bypassed (and an
+    Allow limited to source IPs never held)."""
+    with BrokerProcess(tmp_path, [*AUTH_ARGS, "--host", "[::]"]) as proc:
+        port = proc.endpoint.rpartition(":")[2]
+        ep4, ep6 = f"127.0.0.1:{port}", f"[::1]:{port}"
+        admin = root_admin(ep4)
+        admin.create_topic("ip6-secret", 1)
+        admin.create_topic("ip6-open", 1)
+        admin.create_user("ip6", "pw")
+        admin.create_acl("User:ip6", ["Topic:*"], ["Pub"])
+        admin.create_acl("User:ip6", ["Topic:ip6-secret"], ["Pub"], decision="Deny",
+                         source_ips=["127.0.0.0/8", "::1/128"])
+        admin.create_acl("User:ip6", ["Topic:ip6-open"], ["Pub"], decision="Deny", source_ips=["10.0.0.0/8"])
+        admin.create_acl("User:ip6", ["Topic:ip6-open"], ["Sub"], source_ips=["::1/128"])
+        for ep in (ep4, ep6):
+            with pytest.raises(AccessDeniedError, match="denied by the ACL entry for Topic:ip6-secret"):
+                op_send("ip6-secret")(ep, "ip6", "pw")
+            op_send("ip6-open")(ep, "ip6", "pw")  # a Deny of other addresses does not hold
+        # the Allow of ::1 holds for the IPv6 client only (a raw stub: a client follows the route's address)
+        query = pymq_pb2.QueryOffsetRequest(message_queue=pymq_pb2.MessageQueue(
+            topic="ip6-open", broker_name="broker-a", queue_id=0), type=pymq_pb2.END)
+        assert raw_stub(ep6).QueryOffset(query, metadata=sign_metadata("ip6", "pw")).offset == 2
+        with pytest.raises(grpc.RpcError) as info:
+            raw_stub(ep4).QueryOffset(query, metadata=sign_metadata("ip6", "pw"))
+        assert rpc_code(info.value) == "FORBIDDEN" and "on Topic:ip6-open" in details(info.value)
+
+
 def test_transactions_end_only_under_their_producer_group(auth_broker: BrokerProcess) -> None:
     ep = auth_broker.endpoint
     admin = root_admin(ep)
