@@ -525,6 +525,28 @@ def test_a_half_message_is_sent_only_under_its_own_producer_group(auth_broker: B
             producer_group="hm-mine", topic="hm-t", queue_id=0,
             encoded=pymq_pb2.EncodedBatch(records=records, sizes=sizes.tobytes()))
         assert "(PGROUP)" in refused(rpc, encoded)
+        # a name given twice reads as the store reads it (the last entry): PGROUP of its own group
+        # first, or TRAN_MSG=false first, does not hide the other group's PGROUP
+        uniq = f"UNIQ_KEY\x01{uuid.uuid4().hex.upper()}\x02"
+        for props in (uniq + "TRAN_MSG\x01true\x02PGROUP\x01hm-mine\x02PGROUP\x01hm-owner\x02",
+                      uniq + "TRAN_MSG\x01false\x02TRAN_MSG\x01true\x02PGROUP\x01hm-owner\x02"):
+            twice = pymq_pb2.SendMessageRequest(producer_group="hm-mine", topic="hm-t", queue_id=0, messages=[
+                pymq_pb2.MessageData(body=b"x", properties=props.encode())])
+            assert "of producer group 'hm-owner' (PGROUP)" in refused(rpc, twice), props
+            records, sizes = encode_records("hm-t", [b"x"], [props.encode()])
+            twice_encoded = pymq_pb2.SendMessageRequest(
+                producer_group="hm-mine", topic="hm-t", queue_id=0,
+                encoded=pymq_pb2.EncodedBatch(records=records, sizes=sizes.tobytes()))
+            assert "of producer group 'hm-owner' (PGROUP)" in refused(rpc, twice_encoded), props
+    # TRAN_MSG=true then false is no half message (the last entry), on the encoded fast path too
+    tran_true_then_false = half("hm-owner") + b"TRAN_MSG\x01false\x02"
+    records, sizes = encode_records("hm-t", [b"x"], [tran_true_then_false])
+    with pytest.raises(grpc.RpcError) as info:
+        stub.SendHalfMessageBatch(pymq_pb2.SendMessageRequest(
+            producer_group="hm-mine", topic="hm-t", queue_id=0,
+            encoded=pymq_pb2.EncodedBatch(records=records, sizes=sizes.tobytes())),
+            metadata=sign_metadata("hm", "pw"))
+    assert rpc_code(info.value) == "MESSAGE_ILLEGAL" and "lacks TRAN_MSG=true" in details(info.value)
     # a plain send needs the topic only; a half message of the user's own group is sent and ended
     admin.create_user("hm-plain", "pw")
     admin.create_acl("User:hm-plain", ["Topic:hm-t"], ["Pub"])

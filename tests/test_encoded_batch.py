@@ -547,7 +547,7 @@ def test_byte_windows_are_the_slices_and_write_through() -> None:
 
 def test_tag_codes_of_a_batch_match_find_property_record_by_record() -> None:
     """The dispatch's vectorized TAGS look-up (every record at once over the properties alone)
-    gives each record what find_property gives it: the first TAGS entry, not a name ending in
+    gives each record what find_property gives it: the last TAGS entry, not a name ending in
     TAGS, not text in a value or a body, an empty value, TAGS first, last or missing."""
     import random
     import zlib

@@ -68,6 +68,10 @@ def test_properties_round_trip_and_find() -> None:
     assert find_property(raw, b"KEYS") == b"k1 k2"
     assert find_property(raw, b"EYS") is None  # must match a whole name
     assert find_property(raw, b"missing") is None
+    # a name given twice: the last entry, as decode_properties (RocketMQ's HashMap) reads it
+    for twice in (b"PGROUP\x01a\x02PGROUP\x01b\x02", b"x\x01PGROUP\x01c\x02PGROUP\x01a\x02PGROUP\x01b",
+                  b"PGROUP\x01a\x02y\x01zPGROUP\x01c\x02PGROUP\x01b\x02q\x01r\x02"):
+        assert find_property(twice, b"PGROUP") == b"b" == decode_properties(twice)["PGROUP"].encode()
 
 
 def test_named_entries_read_and_cut_whole_entries_only() -> None:

@@ -259,14 +259,17 @@ def property_key(name: str) -> bytes:
 def find_property(raw: bytes, name: bytes) -> bytes | None:
     """One property's value without decoding the rest (the broker's hot path).
 
-    ``name`` is the encoded property name, e.g. ``b"TAGS"``.
+    ``name`` is the encoded property name, e.g. ``b"TAGS"``. Of a name given twice the last
+    entry is the value, as :func:`decode_properties` and RocketMQ's string2messageProperties
+    (a HashMap) read it: whatever reads a property (an authorization check, the store, a
+    check-back) reads the same value.
     """
     if not raw:
         return None
     needle = name + b"\x01"
-    i = raw.find(needle)
+    i = raw.rfind(needle)
     while i > 0 and raw[i - 1] != 2:  # must start an entry, not end a value
-        i = raw.find(needle, i + 1)
+        i = raw.rfind(needle, 0, i)  # (two hits never overlap: 0x01 ends the needle only)
     if i < 0:
         return None
     start = i + len(needle)

@@ -106,7 +106,7 @@ class EncodedRecords:
     def property_values(self, key: bytes) -> tuple[I64, I64, I64, bytes]:
         """Each record's value of the property whose entry begins with ``key`` (name + 0x01,
         :func:`~pymq_proto.record.property_key`), as :func:`~pymq_proto.record.find_property`
-        finds it (the first entry of that name), for all records at once.
+        finds it (the last entry of that name), for all records at once.
 
         Returns ``(records, starts, ends, blob)``: the indexes of the records that have it, in
         order, and where each value lies in ``blob`` (all properties back to back).
@@ -129,8 +129,9 @@ class EncodedRecords:
         # (the name's bytes themselves never span two records: a hit must fit in its record)
         fits = at + len(key) <= ends[rec]
         at, rec = at[at_entry & fits], rec[at_entry & fits]
-        rec, first = np.unique(rec, return_index=True)
-        starts = at[first] + len(key)
+        # a record's last hit (np.unique keeps the first of each: it reads them reversed)
+        rec, last = np.unique(rec[::-1], return_index=True)
+        starts = at[len(at) - 1 - last] + len(key)
         # the value ends at the next 0x02, or with its record's properties
         twos = np.append(np.flatnonzero(arr == 2), len(arr))
         stop = twos[np.searchsorted(twos, starts)]
@@ -228,10 +229,16 @@ class EncodedRecords:
         arr = np.frombuffer(self.buf, dtype=np.uint8)
         return bool((self.props_end > self.props_start).all() and (arr[self.props_end - 1] == 2).all())
 
-    def each_properties_contain(self, needle: bytes) -> bool:
-        """Whether ``needle`` occurs within every record's properties (one C search each)."""
-        find = self.buf.find
-        return all(find(needle, a, b) >= 0
+    def each_properties_hold_once(self, key: bytes, entry: bytes) -> bool:
+        """Whether every record's properties hold ``key`` (a name + 0x01) once only, in ``entry``
+        (two C searches each).
+
+        Of a name given twice the last entry counts (:func:`~pymq_proto.record.find_property`):
+        ``entry`` found among others of its name says nothing. (A value holding ``key`` is counted
+        too: such a record goes the per-message path, which reads it exactly.)
+        """
+        buf = self.buf
+        return all(buf.count(key, a, b) == 1 and buf.find(entry, a, b) >= 0
                    for a, b in zip(self.props_start.tolist(), self.props_end.tolist(), strict=True))
 
     @classmethod

@@ -62,6 +62,7 @@ _REAL_ENTRIES = entries_named((MC.PROPERTY_REAL_TOPIC, MC.PROPERTY_REAL_QUEUE_ID
 # what a pre-encoded batch of half messages must not (or must) hold, as byte searches
 _NOT_IN_HALF_RECORDS = tuple(property_key(name) for name in (
     MC.PROPERTY_DELAY_TIME_LEVEL, MC.PROPERTY_REAL_TOPIC, MC.PROPERTY_REAL_QUEUE_ID))
+_TRAN_KEY = property_key(MC.PROPERTY_TRANSACTION_PREPARED)
 _TRAN_TRUE = (  # a whole entry, never the first one (UNIQ_KEY is)
     PROPERTY_SEPARATOR.encode() + encode_properties({MC.PROPERTY_TRANSACTION_PREPARED: "true"}))
 
@@ -198,11 +199,11 @@ class TransactionalMessageService(ConfigManager):
 
         REAL_TOPIC/REAL_QID are appended to the properties of all records at once.
         None when some record needs the per-message path (which also names what
-        is wrong): it may lack TRAN_MSG=true, carry a delay or a REAL_TOPIC
+        is wrong): it may lack TRAN_MSG=true (or give it twice), carry a delay or a REAL_TOPIC
         already, or end its properties mid-entry.
         """
         if (any(records.contains(key) for key in _NOT_IN_HALF_RECORDS) or not records.properties_end_whole()
-                or not records.each_properties_contain(_TRAN_TRUE)):
+                or not records.each_properties_hold_once(_TRAN_KEY, _TRAN_TRUE)):
             return None
         keep, uniqs = self._new_transactions([raw.decode() if raw else None for raw in records.uniq_keys()])
         if not keep:
