@@ -160,7 +160,9 @@ RULES.update({
     "v2/PullMessage": lambda r, _b: _sub_queue(r),
     "v2/UpdateOffset": lambda r, _b: _sub_queue(r),
     "v2/GetOffset": lambda r, _b: _sub_queue(r, GET),
-    "v2/QueryOffset": lambda r, _b: _sub_queue(r, GET),
+    # a queue's offset by position or time, no group (RocketMQ's GET_MAX_OFFSET/GET_MIN_OFFSET/
+    # SEARCH_OFFSET_BY_TIMESTAMP need Get on the topic): as the v1 QueryOffset, Sub or Get on it
+    "v2/QueryOffset": lambda r, _b: [topic(r.message_queue.topic.name, SUB, GET)],
     "v2/RecallMessage": lambda r, _b: [topic(r.topic.name, PUB)],
     "v2/Telemetry": _v2_settings,
 })
