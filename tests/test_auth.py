@@ -559,6 +559,25 @@ def test_a_half_message_is_sent_only_under_its_own_producer_group(auth_broker: B
         producer_group="hm-mine", msg_id=msg_id, state=pymq_pb2.ROLLBACK_MESSAGE)).resolved
 
 
+def test_acl_entries_on_retry_and_dead_letter_topics_are_refused(auth_broker: BrokerProcess) -> None:
+    """A retry or dead-letter topic is checked as its group (Sub on Group:<g>): an entry on
+    Topic:%DLQ%<g> was stored and listed, and never applied (a Deny on it let the DLQ be read)."""
+    admin = root_admin(auth_broker.endpoint)
+    admin.create_user("dlq-eve", "pw")
+    for resource, instead in (("Topic:%DLQ%payroll", "Group:payroll"),
+                              ("Topic:%RETRY%payroll", "Group:payroll"),
+                              ("Topic:%RETRY%pay-*", "Group:pay-*"), ("Topic:%DLQ%*", "Group:*")):
+        with pytest.raises(PymqError) as info:
+            admin.create_acl("User:dlq-eve", ["Topic:payroll-t", resource], ["All"], decision="Deny")
+        assert (f"resource {resource} is a retry or dead-letter topic" in str(info.value)
+                and f"grant (or deny) on {instead} instead" in str(info.value)), str(info.value)
+    assert admin.list_acls(subject="User:dlq-eve").empty  # nothing of a refused request is kept
+    admin.create_acl("User:dlq-eve", ["Topic:payroll-t", "Group:payroll"], ["Sub"])
+    admin.create_acl("User:dlq-eve", ["Group:payroll"], ["All"], decision="Deny")  # what holds instead
+    with pytest.raises(AccessDeniedError, match="denied by the ACL entry for Group:payroll"):
+        op_pull(get_dlq_topic("payroll"), "payroll")(auth_broker.endpoint, "dlq-eve", "pw")
+
+
 def test_users_and_acls_are_super_only(auth_broker: BrokerProcess) -> None:
     ep = auth_broker.endpoint
     admin = root_admin(ep)
@@ -679,6 +698,10 @@ def test_admin_cli_users_and_acls(auth_broker: BrokerProcess, capsys: pytest.Cap
     assert admin_main([*base, "acl", "list", "--subject", "User:frank"]) == 0
     out = capsys.readouterr().out
     assert "Topic:cli-*" in out and "Pub,Sub" in out and "127.0.0.1/32" in out
+    # %RETRY%/%DLQ% topics follow their group's rights: an entry on one would be listed, never applied
+    assert admin_main([*base, "acl", "create", "User:frank", "--resource", "Topic:%DLQ%cli-g",
+                       "--action", "All", "--decision", "Deny"]) == 1
+    assert "grant (or deny) on Group:cli-g instead" in capsys.readouterr().err
     assert admin_main([*base, "user", "list", "--filter", "fra"]) == 0
     out = capsys.readouterr().out
     assert "frank" in out and "Normal" in out and "frank-pw" not in out

@@ -25,6 +25,7 @@ from .model import (
     parse_user_status,
     parse_user_type,
 )
+from .rpc_resources import check_acl_resource
 
 
 def _illegal(err: ValueError) -> BrokerException:
@@ -104,6 +105,8 @@ class AuthAdminProcessor:
             subject = Subject.parse(req.acl.subject)
             entries = [PolicyEntry.build(e.resource, e.actions, e.decision or "Allow", e.source_ips)
                        for e in req.acl.entries]
+            for entry in entries:
+                check_acl_resource(entry.resource)
         except ValueError as err:
             raise _illegal(err) from None
         if not entries:

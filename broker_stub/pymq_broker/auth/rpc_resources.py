@@ -24,7 +24,7 @@ from pymq_proto.topics import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
 from ..processor.admin_broker_processor import is_view_by_msg_id
 from ..store.encoded_batch import parse_encoded
 from .authorization import AuthorizationContext
-from .model import Action, Resource, ResourceType
+from .model import Action, Resource, ResourcePattern, ResourceType
 
 SUPER_ONLY = "super-only"
 PUB, SUB, CREATE, UPDATE, DELETE, GET, LIST = (
@@ -33,14 +33,38 @@ PUB, SUB, CREATE, UPDATE, DELETE, GET, LIST = (
 _DATA = {Action.PUB, Action.SUB}
 
 
+def group_of_topic(name: str) -> str | None:
+    """The group whose rights a ``%RETRY%<group>`` or ``%DLQ%<group>`` topic follows (None: another topic)."""
+    for prefix in (RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX):
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return None
+
+
 @functools.lru_cache(maxsize=8192)
 def topic(name: str, *actions: Action) -> AuthorizationContext:
     """A topic check; a retry or dead-letter topic becomes its group's (data actions: Sub)."""
-    for prefix in (RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX):
-        if name.startswith(prefix):
-            group_actions = tuple(dict.fromkeys(SUB if a in _DATA else a for a in actions))
-            return AuthorizationContext(Resource.of(ResourceType.GROUP, name[len(prefix):]), group_actions)
+    owner = group_of_topic(name)
+    if owner is not None:
+        group_actions = tuple(dict.fromkeys(SUB if a in _DATA else a for a in actions))
+        return AuthorizationContext(Resource.of(ResourceType.GROUP, owner), group_actions)
     return AuthorizationContext(Resource.of(ResourceType.TOPIC, name), actions)
+
+
+def check_acl_resource(resource: Resource) -> None:
+    """ValueError for an ACL entry no check would ever read: one on a retry or dead-letter topic
+    (or a prefix of them), whose checks are its group's (:func:`topic`). Stored, it would be
+    listed as if it held (a Deny on ``Topic:%DLQ%g`` ignored); its group's entry is what holds."""
+    if resource.resource_type != ResourceType.TOPIC:
+        return
+    owner = group_of_topic(resource.name)
+    if owner is None:
+        return
+    instead = Resource.parse(f"Group:{owner}{'*' if resource.pattern == ResourcePattern.PREFIXED else ''}")
+    raise ValueError(
+        f"resource {resource} is a retry or dead-letter topic: it follows the rights of its group, "
+        f"and an ACL entry on it would never be applied; grant (or deny) on {instead} instead"
+    )
 
 
 @functools.lru_cache(maxsize=8192)
