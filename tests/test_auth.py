@@ -229,7 +229,7 @@ MATRIX: list[tuple[str, list[tuple[list[str], list[str]]], Op, tuple[str, str]]]
     ("send back", [(["Topic:mx-t", "Group:mx-g"], ["Sub"])], op_send_back("mx-t", "mx-g"),
      ("Group:mx-g", "Sub")),
     ("send back of another topic's message", [(["Topic:mx-t", "Topic:mx-other", "Group:mx-g"], ["Sub"])],
-     op_send_back_naming_another_topic("mx-t", "mx-g", "mx-other"), ("Topic:mx-t", "Sub")),
+     op_send_back_naming_another_topic("mx-t", "mx-g", "mx-other"), ("", "send back the message at")),
     ("pull the retry topic", [(["Group:mx-g"], ["Sub"])], op_pull(get_retry_topic("mx-g"), "mx-g"),
      ("Group:mx-g", "Sub")),
     ("send to the retry topic", [(["Group:mx-g"], ["Sub"])], op_send(get_retry_topic("mx-g")),
@@ -323,8 +323,40 @@ def test_acl_matrix(auth_broker: BrokerProcess, case: int) -> None:
         op(ep, allowed, "pw-ok")
     err = info.value
     assert isinstance(err, NoPermissionError) and err.code == "FORBIDDEN"
-    assert f"user '{denied}' may not {action} on {resource} (" in str(err), str(err)
+    # (a send back's refusal names the offset, not the stored record's topic: test_send_back_...)
+    expected = f"user '{denied}' may not {action}" + (f" on {resource} (" if resource else "")
+    assert expected in str(err), str(err)
     assert "payload" not in str(err) and "secret" not in str(err)
+
+
+def test_a_send_back_refusal_names_no_topic_or_group_the_user_cannot_read(auth_broker: BrokerProcess) -> None:
+    """A send back names records by commit-log offset: its refusal named the stored record's topic
+    (or %RETRY%/%DLQ% group), so probing offsets listed names the user may not see."""
+    ep = auth_broker.endpoint
+    admin = root_admin(ep)
+    admin.create_topic("sb-hidden-orders", 1)
+    admin.create_topic("sb-mine", 1)
+    with Producer(ep, access_key=ROOT, secret_key=ROOT_PW) as p:
+        hidden = p.send(Message("sb-hidden-orders", b"x"))
+    retry = raw_stub(ep).SendMessage(pymq_pb2.SendMessageRequest(  # (a retry topic: created at a send)
+        producer_group="sb-p", topic=get_retry_topic("sb-hidden-payroll"), queue_id=0,
+        messages=[pymq_pb2.MessageData(body=b"y", properties=b"UNIQ_KEY\x01SBRETRY1\x02")]),
+        metadata=sign_metadata(ROOT, ROOT_PW))
+    admin.create_user("sb-con", "pw")
+    admin.create_acl("User:sb-con", ["Topic:sb-mine", "Group:sb-mine"], ["Sub"])
+    client = BrokerClient(ep, access_key="sb-con", secret_key="pw")
+    for sent in (hidden, retry):
+        offset = sent.commit_log_offsets[0]
+        one = pymq_pb2.ConsumerSendMsgBackRequest(group="sb-mine", origin_topic="sb-mine",
+                                                  commit_log_offset=offset, delay_level=1)
+        batch = pymq_pb2.ConsumerSendMsgBackBatchRequest(group="sb-mine", origin_topics=["sb-mine"],
+                                                         commit_log_offsets=[offset], delay_levels=[1])
+        send_back = client.consumer_send_msg_back, client.consumer_send_msg_back_batch
+        for call, request in zip(send_back, (one, batch), strict=True):
+            with pytest.raises(AccessDeniedError) as info:
+                call(request)
+            assert f"may not send back the message at commit log offset {offset}:" in str(info.value)
+            assert "sb-hidden" not in str(info.value), str(info.value)
 
 
 def test_deny_wins_prefix_patterns_and_source_ips(auth_broker: BrokerProcess) -> None:

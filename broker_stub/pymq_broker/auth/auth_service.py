@@ -104,8 +104,7 @@ class AuthService:
         if rpc in ("ConsumerSendMsgBack", "ConsumerSendMsgBackBatch"):
             offsets = ([request.commit_log_offset] if rpc == "ConsumerSendMsgBack"
                        else list(request.commit_log_offsets))
-            stored = sorted(self.records.topics_at(offsets))
-            self.authorization.authorize(user, [topic(t, SUB) for t in stored], ip)
+            self._authorize_send_back(user, self.records.topics_at(offsets), ip)
         if rpc in ("EndTransaction", "EndTransactionBatch"):
             ids = [request.msg_id] if rpc == "EndTransaction" else list(request.msg_ids)
             others = {g for g in self.records.transaction_owners(ids).values() if g != request.producer_group}
@@ -116,6 +115,27 @@ class AuthService:
                     f"{request.producer_group!r}: only the producer group that sent a transaction ends it",
                 )
         return user
+
+    def _authorize_send_back(self, user: User, stored: dict[int, str], ip: str | None) -> None:
+        """Sub on the stored topic of each record a send back names (by commit-log offset).
+
+        The refusal names the offset, not the record's topic (or its %RETRY%/%DLQ% group): the
+        user chose the offset, and may not learn the names of topics and groups it cannot read
+        by probing the commit log.
+        """
+        assert self.authorization is not None
+        first_offset: dict[str, int] = {}
+        for offset, name in sorted(stored.items()):
+            first_offset.setdefault(name, offset)
+        for name, offset in first_offset.items():
+            try:
+                self.authorization.authorize(user, [topic(name, SUB)], ip)
+            except BrokerException:
+                raise BrokerException(
+                    pymq_pb2.FORBIDDEN,
+                    f"user {user.username!r} may not send back the message at commit log offset {offset}: "
+                    "it is not of a topic (and group) the user may Sub",
+                ) from None
 
     def recheck(self, user: User, rpc: str, request: Any, peer: str) -> None:
         """The rights of an open stream's ``user``, again (its request's signature may be old by now).

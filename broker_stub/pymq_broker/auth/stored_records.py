@@ -29,14 +29,14 @@ class StoredRecords:
     def topic_exists(self, topic: str) -> bool:
         return topic in self.controller.topic_config_manager.topic_config_table
 
-    def topics_at(self, offsets: list[int]) -> set[str]:
-        """The topics of the records at ``offsets`` (an offset with no record is skipped)."""
-        topics = set()
-        for rec in self._records(offsets):
+    def topics_at(self, offsets: list[int]) -> dict[int, str]:
+        """The topic of the record at each of ``offsets`` (an offset with no record is left out)."""
+        topics = {}
+        for offset, rec in zip(offsets, self._records(offsets), strict=True):
             if rec is not None:
                 h = HEADER.unpack_from(rec)
                 t0, t1, _p0, _p1 = split_tail(rec, 0, h[0], h[13])
-                topics.add(bytes(rec[t0:t1]).decode("utf-8", "replace"))
+                topics[offset] = bytes(rec[t0:t1]).decode("utf-8", "replace")
         return topics
 
     def transaction_owners(self, msg_ids: list[str]) -> dict[str, str]:
