@@ -359,6 +359,46 @@ def test_a_send_back_refusal_names_no_topic_or_group_the_user_cannot_read(auth_b
             assert "sb-hidden" not in str(info.value), str(info.value)
 
 
+def test_a_send_to_a_retry_or_dead_letter_topic_needs_sub_on_its_origin(auth_broker: BrokerProcess) -> None:
+    """A message in %RETRY%<g> / %DLQ%<g> goes back to its origin topic (RETRY_TOPIC, DLQ_ORIGIN_TOPIC):
+    a consumer with rights on its group only planted one naming any topic, and an operator's
+    Admin.resend_dead_letters published it there."""
+    from pyspark_pymq.client.codec import encode_records
+
+    ep = auth_broker.endpoint
+    admin = root_admin(ep)
+    admin.create_topic("og-payments", 1)
+    admin.create_topic("og-mine", 1)
+    admin.create_user("og-eve", "pw")
+    admin.create_acl("User:og-eve", ["Topic:og-mine", "Group:og-g"], ["Sub"])
+    stub = raw_stub(ep)
+
+    def send(to: str, props: bytes, *, encoded: bool = False) -> pymq_pb2.SendMessageResponse:
+        req = pymq_pb2.SendMessageRequest(producer_group="og-p", topic=to, queue_id=0, reconsume_times=1)
+        if encoded:
+            records, sizes = encode_records(to, [b"pay eve"], [props])
+            req.encoded.CopyFrom(pymq_pb2.EncodedBatch(records=records, sizes=sizes.tobytes()))
+        else:
+            req.messages.append(pymq_pb2.MessageData(body=b"pay eve", properties=props))
+        return stub.SendMessage(req, metadata=sign_metadata("og-eve", "pw"))
+
+    def uniq() -> bytes:
+        return f"UNIQ_KEY\x01{uuid.uuid4().hex.upper()}\x02".encode()
+
+    for to, name in ((get_retry_topic("og-g"), "RETRY_TOPIC"), (get_dlq_topic("og-g"), "DLQ_ORIGIN_TOPIC")):
+        for props in (f"{name}\x01og-payments\x02".encode(),
+                      f"{name}\x01og-mine\x02{name}\x01og-payments\x02".encode()):  # the last entry counts
+            for encoded in (False, True):
+                with pytest.raises(grpc.RpcError) as info:
+                    send(to, uniq() + props, encoded=encoded)
+                assert rpc_code(info.value) == "FORBIDDEN", details(info.value)
+                assert (f"may not send to {to} a message whose origin topic (RETRY_TOPIC / DLQ_ORIGIN_TOPIC) "
+                        "is 'og-payments': it needs Sub on Topic:og-payments") in details(info.value)
+    # the client's send-back fallback: a copy of a message of a topic it reads
+    assert send(get_retry_topic("og-g"), uniq() + b"RETRY_TOPIC\x01og-mine\x02").status == pymq_pb2.SEND_OK
+    assert admin.dead_letters("og-g").empty
+
+
 def test_deny_wins_prefix_patterns_and_source_ips(auth_broker: BrokerProcess) -> None:
     ep = auth_broker.endpoint
     admin = root_admin(ep)

@@ -99,6 +99,8 @@ class AuthService:
                     f"{foreign[0]!r} (PGROUP) as producer group {request.producer_group!r}: "
                     f"a transaction's PGROUP is the producer group that sends it",
                 )
+        if rpc in ("SendMessage", "SendHalfMessageBatch") and rules.group_of_topic(request.topic) is not None:
+            self._authorize_origins(user, request.topic, rules.origin_topics(request), ip)
         if self.records is None:
             return user
         if rpc in ("ConsumerSendMsgBack", "ConsumerSendMsgBackBatch"):
@@ -115,6 +117,23 @@ class AuthService:
                     f"{request.producer_group!r}: only the producer group that sent a transaction ends it",
                 )
         return user
+
+    def _authorize_origins(self, user: User, to: str, origins: set[str], ip: str | None) -> None:
+        """Sub on each origin topic a send to a retry or dead-letter topic names
+        (:func:`rules.origin_topics`): else a consumer allowed on its group only could plant a
+        message that goes to any topic."""
+        assert self.authorization is not None
+        for name in sorted(origins):
+            try:
+                self.authorization.authorize(user, [topic(name, SUB)], ip)
+            except BrokerException:
+                raise BrokerException(
+                    pymq_pb2.FORBIDDEN,
+                    f"user {user.username!r} may not send to {to} a message whose origin topic "
+                    f"(RETRY_TOPIC / DLQ_ORIGIN_TOPIC) is {name!r}: it needs Sub on "
+                    f"{topic(name, SUB).resource} "
+                    "(a retry or dead letter goes back to its origin topic, which its sender read it from)",
+                ) from None
 
     def _authorize_send_back(self, user: User, stored: dict[int, str], ip: str | None) -> None:
         """Sub on the stored topic of each record a send back names (by commit-log offset).

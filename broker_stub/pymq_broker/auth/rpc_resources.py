@@ -102,6 +102,32 @@ def half_message_groups(r: Any) -> set[str]:
             for p in props if find_property(p, _TRAN) == b"true"}
 
 
+_ORIGINS = (MessageConst.PROPERTY_RETRY_TOPIC.encode(), MessageConst.PROPERTY_DLQ_ORIGIN_TOPIC.encode())
+_ORIGIN_KEYS = tuple(name + b"\x01" for name in _ORIGINS)
+
+
+def origin_topics(r: Any) -> set[str]:
+    """The origin topics (RETRY_TOPIC, DLQ_ORIGIN_TOPIC) the messages of a v1 send name.
+
+    A message in ``%RETRY%<g>`` or ``%DLQ%<g>`` goes back to its origin topic: a retry is
+    delivered as of it, and Admin.resend_dead_letters publishes a dead letter into it with the
+    operator's rights. So a send to those topics needs Sub on each topic it names as origin
+    (what its sender must have read it from), not only the group's Sub.
+    (Read only when the request carries one of the names; an encoded batch that does is parsed.)
+    """
+    if r.HasField("encoded"):
+        if not any(key in r.encoded.records for key in _ORIGIN_KEYS):  # the usual: C searches of the bytes
+            return set()
+        try:
+            props = parse_encoded(r.encoded.records, r.encoded.sizes, r.topic).all_properties()
+        except ValueError:
+            return set()  # the send processor refuses the batch, naming what is wrong
+    else:
+        props = [m.properties for m in r.messages]
+    return {value.decode("utf-8", "replace") for p in props for name in _ORIGINS
+            if (value := find_property(p, name))}
+
+
 Rule = Callable[[Any, str], list[AuthorizationContext]]
 
 # RPC name (pymq.proto) -> the checks of a request (second argument: the broker name)
