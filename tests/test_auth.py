@@ -631,6 +631,54 @@ def test_a_half_message_is_sent_only_under_its_own_producer_group(auth_broker: B
         producer_group="hm-mine", msg_id=msg_id, state=pymq_pb2.ROLLBACK_MESSAGE)).resolved
 
 
+def test_a_pending_msg_id_of_another_producer_group_refuses_a_half_message(
+        auth_broker: BrokerProcess) -> None:
+    """Pending transactions are found by msgId: a user who sent a half message with the msgId of
+    another group's coming one had that one skipped as a retried send, answered PUT_OK (its
+    producer then ran its local transaction, and its end was refused or ended the other one)."""
+    from pymq_proto.record import encode_properties
+    from pyspark_pymq.client.codec import encode_records
+
+    ep = auth_broker.endpoint
+    admin = root_admin(ep)
+    admin.create_topic("mc-pay", 1)
+    admin.create_topic("mc-mine", 1)
+    admin.create_user("mc-victim", "pw")
+    admin.create_acl("User:mc-victim", ["Topic:mc-pay", "Group:mc-victim-pg"], ["Pub"])
+    admin.create_user("mc-mallory", "pw")
+    admin.create_acl("User:mc-mallory", ["Topic:mc-mine", "Group:mc-mal-pg"], ["Pub"])
+    stub = raw_stub(ep)
+    msg_id = uuid.uuid4().hex.upper()
+
+    def half(user: str, group: str, topic: str) -> pymq_pb2.SendMessageResponse:
+        props = encode_properties({"UNIQ_KEY": msg_id, "TRAN_MSG": "true", "PGROUP": group})
+        return stub.SendMessage(pymq_pb2.SendMessageRequest(
+            producer_group=group, topic=topic, queue_id=0,
+            messages=[pymq_pb2.MessageData(body=group.encode(), properties=props)]),
+            metadata=sign_metadata(user, "pw"))
+
+    assert half("mc-mallory", "mc-mal-pg", "mc-mine").status == pymq_pb2.SEND_OK
+    with pytest.raises(grpc.RpcError) as info:
+        half("mc-victim", "mc-victim-pg", "mc-pay")
+    assert rpc_code(info.value) == "MESSAGE_ILLEGAL"
+    assert f"msgId (UNIQ_KEY) {msg_id} is a pending transaction of another producer group" in details(
+        info.value)
+    records, sizes = encode_records("mc-pay", [b"v"], [encode_properties(
+        {"UNIQ_KEY": msg_id, "TRAN_MSG": "true", "PGROUP": "mc-victim-pg"})])
+    with pytest.raises(grpc.RpcError) as info:  # the encoded batch's fast path too
+        stub.SendHalfMessageBatch(pymq_pb2.SendMessageRequest(
+            producer_group="mc-victim-pg", topic="mc-pay", queue_id=0,
+            encoded=pymq_pb2.EncodedBatch(records=records, sizes=sizes.tobytes())),
+            metadata=sign_metadata("mc-victim", "pw"))
+    assert rpc_code(info.value) == "MESSAGE_ILLEGAL", details(info.value)
+    again = half("mc-mallory", "mc-mal-pg", "mc-mine")  # a retried send of the same group: skipped, as before
+    assert again.status == pymq_pb2.SEND_OK and again.queue_offset == -1
+    mallory = BrokerClient(ep, access_key="mc-mallory", secret_key="pw")
+    assert mallory.end_transaction(pymq_pb2.EndTransactionRequest(
+        producer_group="mc-mal-pg", msg_id=msg_id, state=pymq_pb2.ROLLBACK_MESSAGE)).resolved
+    assert half("mc-victim", "mc-victim-pg", "mc-pay").status == pymq_pb2.SEND_OK  # once ended, free again
+
+
 def test_acl_entries_on_retry_and_dead_letter_topics_are_refused(auth_broker: BrokerProcess) -> None:
     """A retry or dead-letter topic is checked as its group (Sub on Group:<g>): an entry on
     Topic:%DLQ%<g> was stored and listed, and never applied (a Deny on it let the DLQ be read)."""

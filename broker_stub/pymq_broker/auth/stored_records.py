@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pymq_proto.record import HEADER, MessageConst, decode_properties, split_tail
+from pymq_proto.record import HEADER, split_tail
 
 if TYPE_CHECKING:
     from ..controller import BrokerController
@@ -41,12 +41,4 @@ class StoredRecords:
 
     def transaction_owners(self, msg_ids: list[str]) -> dict[str, str]:
         """The producer group (PGROUP) of each pending transaction among ``msg_ids``."""
-        pending = self.controller.transactions.pending
-        ids = [m for m in dict.fromkeys(msg_ids) if m in pending]
-        out = {}
-        for m, rec in zip(ids, self._records([pending[m][1] for m in ids]), strict=True):
-            if rec is not None:
-                h = HEADER.unpack_from(rec)
-                _t0, _t1, p0, p1 = split_tail(rec, 0, h[0], h[13])
-                out[m] = decode_properties(rec[p0:p1]).get(MessageConst.PROPERTY_PRODUCER_GROUP, "")
-        return out
+        return self.controller.transactions.owners(msg_ids)

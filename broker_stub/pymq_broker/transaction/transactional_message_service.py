@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,9 @@ from pymq_proto.record import (
     property_key,
     split_tail,
 )
+from pymq_proto.v1 import pymq_pb2
 
+from ..common.broker_exception import BrokerException
 from ..common.config_manager import ConfigManager
 from ..common.mix_all import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
 from ..manager.topic_config_manager import TopicConfigManager
@@ -49,6 +51,7 @@ log = logging.getLogger(__name__)
 MC = MessageConst
 OP_BATCH = 50_000  # half offsets per op message: ~0.5 MB of digits, well under maxMessageSize
 _UNIQ = MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX.encode()
+_PGROUP = MC.PROPERTY_PRODUCER_GROUP.encode()
 _REAL_TOPIC = MC.PROPERTY_REAL_TOPIC.encode()
 _REAL_QID = MC.PROPERTY_REAL_QUEUE_ID.encode()
 # Where the message really goes; RocketMQ keeps these (and TRAN_MSG, PGROUP,
@@ -177,7 +180,7 @@ class TransactionalMessageService(ConfigManager):
         """
         keep, uniqs = self._new_transactions([
             raw.decode() if (raw := find_property(m.properties, _UNIQ)) is not None else None for m in msgs
-        ])
+        ], lambda i: (find_property(msgs[i].properties, _PGROUP) or b"").decode("utf-8", "replace"))
         if not keep:
             return PutMessageResult(PutMessageStatus.PUT_OK, TRANS_HALF_TOPIC, 0, -1)
         real = _real_properties(topic, queue_id)
@@ -205,21 +208,40 @@ class TransactionalMessageService(ConfigManager):
         if (any(records.contains(key) for key in _NOT_IN_HALF_RECORDS) or not records.properties_end_whole()
                 or not records.each_properties_hold_once(_TRAN_KEY, _TRAN_TRUE)):
             return None
-        keep, uniqs = self._new_transactions([raw.decode() if raw else None for raw in records.uniq_keys()])
+        keep, uniqs = self._new_transactions(
+            [raw.decode() if raw else None for raw in records.uniq_keys()],
+            lambda i: (find_property(records.all_properties()[i], _PGROUP) or b"").decode("utf-8", "replace"))
         if not keep:
             return PutMessageResult(PutMessageStatus.PUT_OK, TRANS_HALF_TOPIC, 0, -1)
         self.topics.create_system_topic(TRANS_HALF_TOPIC, 1)
         halves = records.select(keep, topic=TRANS_HALF_TOPIC, suffix=_real_properties(topic, queue_id))
         return self._pending_after(self.store.put_records(TRANS_HALF_TOPIC, 0, halves), uniqs)
 
-    def _new_transactions(self, uniqs: list[str | None]) -> tuple[list[int], list[str | None]]:
-        """Indexes (and msgIds) of those neither pending nor earlier in the request (None: no msgId)."""
+    def _new_transactions(self, uniqs: list[str | None],
+                          group_of: Callable[[int], str]) -> tuple[list[int], list[str | None]]:
+        """Indexes (and msgIds) of those neither pending nor earlier in the request (None: no msgId).
+
+        A msgId pending already is skipped only when the pending half message is of the same
+        producer group (``group_of(i)``: the PGROUP of message ``i``): a retried send. Another
+        group's pending half message of that msgId (a transaction is ended and checked back by its
+        msgId: one at a time) refuses the send, MESSAGE_ILLEGAL: skipped, it would be answered
+        PUT_OK, its sender would run its local transaction and end the other group's message.
+        """
         keep: list[int] = []
         kept: list[str | None] = []
         seen: set[str] = set()
         for i, uniq in enumerate(uniqs):
             if uniq is not None:
-                if uniq in self.pending or uniq in seen:
+                if uniq in self.pending:
+                    owner = self.owners([uniq]).get(uniq)
+                    if owner is not None and owner != group_of(i):
+                        raise BrokerException(
+                            pymq_pb2.MESSAGE_ILLEGAL,
+                            f"message {i}'s msgId (UNIQ_KEY) {uniq} is a pending transaction of another "
+                            "producer group: send it with a new msgId",
+                        )
+                    continue
+                if uniq in seen:
                     continue
                 seen.add(uniq)
             keep.append(i)
@@ -232,6 +254,16 @@ class TransactionalMessageService(ConfigManager):
             for i, (uniq, phy) in enumerate(zip(uniqs, result.physical_offsets, strict=True)):
                 self.pending[uniq or str(phy)] = (result.queue_offset + i, phy)
         return result
+
+    def owners(self, msg_ids: list[str]) -> dict[str, str]:
+        """The producer group (PGROUP) of each pending transaction among ``msg_ids``."""
+        ids = [m for m in dict.fromkeys(msg_ids) if m in self.pending]
+        out = {}
+        for m, rec in zip(ids, self.store.look_messages_by_offsets([self.pending[m][1] for m in ids]),
+                          strict=True):
+            if rec is not None:
+                out[m] = self._props(rec).get(MC.PROPERTY_PRODUCER_GROUP, "")
+        return out
 
     def end_transactions(self, msg_ids: list[str], commit: bool) -> tuple[int, list[PutMessageResult]]:
         """End many transactions alike: real messages stored per queue, one op record each.
