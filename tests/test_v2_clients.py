@@ -611,45 +611,90 @@ def test_messages_acked_above_the_committed_offset_are_not_delivered_after_a_res
         assert [(m.body, m.system_properties.delivery_attempt) for m in again] == [(b"m0", 2), (b"m2", 2)]
 
 
-@pytest.mark.parametrize("goes", ["notifies its termination", "closes its telemetry stream"])
-def test_a_push_consumer_gone_has_its_messages_delivered_again_within_a_second(
-        v2_broker: BrokerProcess, goes: str) -> None:
-    """A push consumer's messages (auto renew: invisible 60 s) stayed hidden that long after it went
-    away; RocketMQ's DefaultReceiptHandleManager makes them visible in 1 s (invisibleTimeMillisWhenClear)
-    when the client unregisters or its channel closes, for the group's other consumers."""
+class _PushClient:
+    """A push consumer's raw gRPC side: a Telemetry stream with its settings, auto-renewed receives."""
+
+    def __init__(self, endpoint: str, group: str, client_id: str) -> None:
+        self.group, self.metadata = group, (("x-mq-client-id", client_id),)
+        self.channel = grpc.insecure_channel(endpoint)
+        self.stub = service_pb2_grpc.MessagingServiceStub(self.channel)
+        self.stop = threading.Event()
+        self.open_stream()
+
+    def open_stream(self) -> None:
+        self.stop = threading.Event()
+        stop = self.stop
+
+        def commands() -> Iterator[sv.TelemetryCommand]:
+            settings = v2.Settings(client_type=v2.PUSH_CONSUMER)
+            settings.subscription.group.name = self.group
+            yield sv.TelemetryCommand(settings=settings)
+            stop.wait(30)
+
+        self.telemetry = self.stub.Telemetry(commands(), metadata=self.metadata)
+        next(self.telemetry)  # the settings' answer: the stream is open
+
+    def close_stream(self) -> None:
+        self.stop.set()
+        self.telemetry.cancel()
+
+    def receive(self, topic: str) -> list[v2.Message]:
+        receive = sv.ReceiveMessageRequest(
+            group=v2.Resource(name=self.group), batch_size=4, auto_renew=True,
+            message_queue=v2.MessageQueue(topic=v2.Resource(name=topic), id=-1))
+        receive.long_polling_timeout.FromMilliseconds(5000)
+        return [a.message for a in self.stub.ReceiveMessage(receive, timeout=10, metadata=self.metadata)
+                if a.HasField("message")]
+
+    def close(self) -> None:
+        self.close_stream()
+        self.channel.close()
+
+
+def test_a_push_consumer_that_shuts_down_has_its_messages_delivered_again_within_a_second(
+        v2_broker: BrokerProcess) -> None:
+    """A push consumer's messages (auto renew: invisible 60 s) stayed hidden that long after it
+    unregistered; RocketMQ's DefaultReceiptHandleManager makes them visible in 1 s
+    (invisibleTimeMillisWhenClear), for the group's other consumers."""
     endpoint = v2_broker.endpoint
     topic, group = _topic(endpoint, 1), _name("v2G")
     Producer(endpoint).send(PymqMessage(topic, b"cached"))
-    client_id = _name("push-client@")
-    metadata = (("x-mq-client-id", client_id),)
-    stop = threading.Event()
-
-    def commands() -> Iterator[sv.TelemetryCommand]:
-        settings = v2.Settings(client_type=v2.PUSH_CONSUMER)
-        settings.subscription.group.name = group
-        yield sv.TelemetryCommand(settings=settings)
-        stop.wait(30)
-
-    with grpc.insecure_channel(endpoint) as channel:
-        stub = service_pb2_grpc.MessagingServiceStub(channel)
-        telemetry = stub.Telemetry(commands(), metadata=metadata)
-        next(telemetry)  # the settings' answer: the stream is open
-        receive = sv.ReceiveMessageRequest(
-            group=v2.Resource(name=group), batch_size=4, auto_renew=True,
-            message_queue=v2.MessageQueue(topic=v2.Resource(name=topic), id=-1))
-        receive.long_polling_timeout.FromMilliseconds(5000)
-        got = [a.message for a in stub.ReceiveMessage(receive, timeout=10, metadata=metadata)
-               if a.HasField("message")]
-        assert [m.body for m in got] == [b"cached"]
-        if goes == "notifies its termination":
-            stub.NotifyClientTermination(sv.NotifyClientTerminationRequest(group=v2.Resource(name=group)),
-                                         timeout=10, metadata=metadata)
-        stop.set()
-        telemetry.cancel()
+    client = _PushClient(endpoint, group, _name("push-client@"))
+    try:
+        assert [m.body for m in client.receive(topic)] == [b"cached"]
+        client.stub.NotifyClientTermination(sv.NotifyClientTerminationRequest(group=v2.Resource(name=group)),
+                                            timeout=10, metadata=client.metadata)
+    finally:
+        client.close()
     start = time.monotonic()
     again = _until(lambda: _receive_raw(endpoint, topic, group), timeout=4, what="the message again")
     assert [(m.body, m.system_properties.delivery_attempt) for m in again] == [(b"cached", 2)]
     assert time.monotonic() - start < 3
+
+
+def test_a_push_consumer_that_reconnects_keeps_its_messages(v2_broker: BrokerProcess) -> None:
+    """A closed Telemetry stream made a push consumer's messages visible in 1 s: one that reconnected
+    at once, still working on them, saw them go to another consumer and its ack refused. RocketMQ
+    clears a client's handles when it unregisters or its channel expires, not when a stream closes."""
+    endpoint = v2_broker.endpoint
+    topic, group = _topic(endpoint, 1), _name("v2G")
+    Producer(endpoint).send(PymqMessage(topic, b"working-on-it"))
+    client = _PushClient(endpoint, group, _name("push-client@"))
+    try:
+        [m] = client.receive(topic)
+        client.close_stream()
+        client.open_stream()  # the same client id, at once
+        time.sleep(1.5)
+        with grpc.insecure_channel(endpoint) as channel:  # another consumer of the group: nothing
+            queue = v2.MessageQueue(topic=v2.Resource(name=topic), id=0)
+            other = sv.ReceiveMessageRequest(group=v2.Resource(name=group), batch_size=4, message_queue=queue)
+            other.invisible_duration.FromMilliseconds(10_000)
+            other.long_polling_timeout.FromMilliseconds(5000)
+            answers = list(service_pb2_grpc.MessagingServiceStub(channel).ReceiveMessage(other, timeout=10))
+            assert [a.message.body for a in answers if a.HasField("message")] == []
+        _ack_raw(endpoint, topic, group, [m])  # its handle still holds
+    finally:
+        client.close()
 
 
 def test_an_auto_renew_receive_hides_messages_for_the_proxys_time(v2_broker: BrokerProcess) -> None:

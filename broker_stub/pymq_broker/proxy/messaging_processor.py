@@ -190,8 +190,8 @@ class MessagingProcessor:
         return sv.NotifyClientTerminationResponse(status=status())
 
     def _clear_receipt_handles(self, client_id: str) -> None:
-        """A client gone (unregistered, or its channel closed): what it received with auto renew is
-        visible again in invisibleTimeMillisWhenClear (DefaultReceiptHandleManager.clearGroup)."""
+        """A client gone (unregistered): what it received with auto renew is visible again in
+        invisibleTimeMillisWhenClear (DefaultReceiptHandleManager.clearGroup)."""
         if client_id:
             self.pop.clear_owner(client_id, self.config.invisible_time_millis_when_clear, _now_ms())
 
@@ -605,7 +605,9 @@ class MessagingProcessor:
         else:  # gone: its settings go too (a client that comes back sends them again)
             self._streams.pop(client_id, None)
             self.clients.pop(client_id, None)
-            self._clear_receipt_handles(client_id)
+            # Its messages are no longer renewed, but stay hidden for their invisible time: a client
+            # that reconnects at once is still working on them. RocketMQ's proxy clears a client's
+            # handles only when it unregisters (NotifyClientTermination) or its channel expires.
 
     def connected(self, client_id: str) -> bool:
         """Whether the client has a Telemetry stream open (RocketMQ: its channel is alive)."""

@@ -42,12 +42,12 @@ pymq sends a FIFO message group to one queue, so each message group is consumed 
 Auto renew (a push consumer's receive): the message stays invisible while the
 client that received it is connected (``renewable``), as the proxy renews its
 receipt handles, up to ``max_renew_ms`` after the delivery: each renewal hides it
-for longer (:data:`RENEW_NEXT_MS`, RocketMQ's RenewStrategyPolicy). A client that goes
-away (NotifyClientTermination, or its last Telemetry stream closed) has its
-messages visible again within a second (:meth:`PopMessageManager.clear_owner`,
-as DefaultReceiptHandleManager.clearGroup changes their invisible time to
-invisibleTimeMillisWhenClear); a client that is gone without either leaves them
-to their invisible time.
+for longer (:data:`RENEW_NEXT_MS`, RocketMQ's RenewStrategyPolicy). A client that
+unregisters (NotifyClientTermination) has its messages visible again within a second
+(:meth:`PopMessageManager.clear_owner`, as DefaultReceiptHandleManager.clearGroup changes
+their invisible time to invisibleTimeMillisWhenClear); one whose Telemetry streams all close
+is no longer renewed and leaves them to their invisible time (it may reconnect at once and
+ack them, as RocketMQ clears a channel's handles only once it expires).
 """
 
 from __future__ import annotations
@@ -166,12 +166,40 @@ class DeliveryAttempts(ConfigManager):
         return sorted(int(k[len(prefix):]) for k in entries if k.startswith(prefix))
 
     def bound_next_offsets(self, max_offset: Callable[[str, int], int]) -> None:
-        """No stored next offset past its queue's end: messages lost in a crash (an async flush) are
-        not in the store, and new ones written at their offsets must not pass for acked."""
+        """No stored next offset or pending message past its queue's end: messages lost in a crash
+        (an async flush, the OS gone) are not in the store, and new ones written at their offsets
+        must neither pass for acked nor be skipped to a pending offset past them, nor inherit
+        the lost ones' delivery attempts."""
         for group_topic, entries in self.next_offsets.items():
             topic = group_topic.rpartition("@")[2]
             for queue, offset in entries.items():
                 entries[queue] = min(offset, max_offset(topic, int(queue)))
+        for group_topic, attempts in self.table.items():
+            topic = group_topic.rpartition("@")[2]
+            ends: dict[str, int] = {}
+            for key in list(attempts):
+                queue, _, queue_offset = key.partition(":")
+                if queue not in ends:
+                    ends[queue] = max_offset(topic, int(queue))
+                if int(queue_offset) >= ends[queue]:
+                    del attempts[key]
+                    self.dirty = True
+
+    def forget_below(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """Drop the stored attempts of the queue's messages below ``offset``, which a restart's
+        read passed without delivering (a committed offset moved past them, expired from the
+        store): nothing acks them any more, and the file must not keep them for ever."""
+        entries = self.table.get(f"{group}@{topic}")
+        if not entries:
+            return
+        prefix = f"{queue_id}:"
+        stale = [k for k in entries if k.startswith(prefix) and int(k[len(prefix):]) < offset]
+        for key in stale:
+            del entries[key]
+        if stale:
+            if not entries:
+                del self.table[f"{group}@{topic}"]
+            self.dirty = True
 
     def get(self, inflight: InFlight) -> int:
         return self.table.get(f"{inflight.group}@{inflight.topic}", {}).get(_key(inflight), 0)
@@ -243,21 +271,32 @@ class PopMessageManager:
         key = (group, topic, queue_id)
         state = self._queues.get(key)
         if state is None:
-            state = self._queues[key] = _QueueState(self._start_offset(group, topic, queue_id))
-            stored_next = self.attempts.next_offset(group, topic, queue_id)
+            stored_next = self.attempts.next_offset(group, topic, queue_id)  # -1: none (not read before)
+            redo = [o for o in self.attempts.pending_offsets(group, topic, queue_id) if o < stored_next]
+            start = self._start_offset(group, topic, queue_id, stored_next, redo)
+            state = self._queues[key] = _QueueState(start)
             if stored_next > state.next_offset:  # a restart: what was acked above the committed offset
-                state.done_below = stored_next
-                state.redo = self.attempts.pending_offsets(group, topic, queue_id)
+                state.done_below, state.redo = stored_next, redo
+            # pending before a restart below where the read starts (the group committed past them):
+            # never read, so never acked
+            self.attempts.forget_below(group, topic, queue_id, state.next_offset)
         return state
 
-    def _start_offset(self, group: str, topic: str, queue_id: int) -> int:
+    def _start_offset(self, group: str, topic: str, queue_id: int, stored_next: int, redo: list[int]) -> int:
         """The committed offset; for a new group RocketMQ pop's init mode MAX, except that a young
-        queue whose first message is still in memory is read from 0 (initPopOffsetByCheckMsgInMem)."""
+        queue whose first message is still in memory is read from 0 (initPopOffsetByCheckMsgInMem).
+
+        A group read before a restart (``stored_next``) whose offset was not written yet (the two
+        files are written apart: a kill -9 between them) starts at its first pending message
+        (``redo``), or where it had got to: not at the queue's end, past messages it never acked."""
         committed = self.offsets.query_offset(group, topic, queue_id)
+        min_offset = self.store.get_min_offset_in_queue(topic, queue_id)
+        if committed < 0 and stored_next >= 0:
+            committed = min(redo, default=stored_next)
         if committed >= 0:
-            return max(committed, self.store.get_min_offset_in_queue(topic, queue_id))
+            return max(committed, min_offset)
         store = self.store
-        if (store.get_min_offset_in_queue(topic, queue_id) <= 0
+        if (min_offset <= 0
                 and store.check_in_mem_by_consume_offset(topic, queue_id, 0)):
             return 0
         return store.get_max_offset_in_queue(topic, queue_id)
@@ -281,17 +320,21 @@ class PopMessageManager:
         state = self._state(group, topic, queue_id)
         if fifo and state.pending:
             return []
+        redoing = state.done_below
         state.skip_done()
         min_offset = self.store.get_min_offset_in_queue(topic, queue_id)
         if state.next_offset < min_offset:  # expired from the store meanwhile
             state.next_offset = min_offset
+        if redoing:  # what a restart's read passes without delivering is never acked: forget it
+            self.attempts.forget_below(group, topic, queue_id, min(
+                [state.next_offset, *(f.queue_offset for f in state.pending.values())]))
         result = self.store.get_message(
             topic, queue_id, state.next_offset, max_nums, 0, tag_hashes, property_filter
         )
         if result.status not in (GetMessageStatus.FOUND, GetMessageStatus.NO_MATCHED_MESSAGE):
             if result.status == GetMessageStatus.OFFSET_OVERFLOW_BADLY:
                 state.next_offset = result.max_offset
-                self.attempts.set_next_offset(group, topic, queue_id, state.next_offset)
+                self._store_next_offset(state, group, topic, queue_id)
             return []
         out = []
         for m in split_records(result.records):
@@ -309,9 +352,15 @@ class PopMessageManager:
             self._track(inflight)
             out.append(Popped(m, inflight))
         state.next_offset = max(state.next_offset, result.next_begin_offset)
-        self.attempts.set_next_offset(group, topic, queue_id, state.next_offset)
+        self._store_next_offset(state, group, topic, queue_id)
         self._commit(state, group, topic, queue_id)
         return out
+
+    def _store_next_offset(self, state: _QueueState, group: str, topic: str, queue_id: int) -> None:
+        """Persist where the queue's new messages begin. While a restart's re-read is below the
+        stored one, that stays: the messages acked before the restart are still told by it (a
+        second restart would deliver them again), and the ones to re-read are still pending."""
+        self.attempts.set_next_offset(group, topic, queue_id, max(state.next_offset, state.done_below))
 
     # -- redelivery -----------------------------------------------------------------------------
     def due(self, group: str, topic: str, now_ms: int, limit: int, fifo: bool = False) -> list[InFlight]:
