@@ -89,17 +89,26 @@ def half_message_groups(r: Any) -> set[str]:
     the request's producer group as well as on the topic, and its PGROUP must be that group.
     (Read only when the request carries ``TRAN_MSG``; an encoded batch that does is parsed.)
     """
+    return {(find_property(p, _PGROUP) or b"").decode("utf-8", "replace")
+            for p in _properties_naming(r, (_TRAN_KEY,)) if find_property(p, _TRAN) == b"true"}
+
+
+def _properties_naming(r: Any, keys: tuple[bytes, ...]) -> list[bytes]:
+    """The properties of the messages of a v1 send that hold any of ``keys`` (names + 0x01).
+
+    The usual send names none of them: C searches of the bytes, and an encoded batch is parsed
+    only when one is found (one that cannot be parsed: none, as the send processor refuses it,
+    naming what is wrong)."""
     if r.HasField("encoded"):
-        if _TRAN_KEY not in r.encoded.records:  # the usual send: one C search of the bytes
-            return set()
+        if not any(key in r.encoded.records for key in keys):
+            return []
         try:
             props = parse_encoded(r.encoded.records, r.encoded.sizes, r.topic).all_properties()
         except ValueError:
-            return set()  # the send processor refuses the batch, naming what is wrong
+            return []
     else:
-        props = [m.properties for m in r.messages if _TRAN_KEY in m.properties]
-    return {(find_property(p, _PGROUP) or b"").decode("utf-8", "replace")
-            for p in props if find_property(p, _TRAN) == b"true"}
+        props = [m.properties for m in r.messages]
+    return [p for p in props if any(key in p for key in keys)]
 
 
 _ORIGINS = (MessageConst.PROPERTY_RETRY_TOPIC.encode(), MessageConst.PROPERTY_DLQ_ORIGIN_TOPIC.encode())
@@ -115,17 +124,8 @@ def origin_topics(r: Any) -> set[str]:
     (what its sender must have read it from), not only the group's Sub.
     (Read only when the request carries one of the names; an encoded batch that does is parsed.)
     """
-    if r.HasField("encoded"):
-        if not any(key in r.encoded.records for key in _ORIGIN_KEYS):  # the usual: C searches of the bytes
-            return set()
-        try:
-            props = parse_encoded(r.encoded.records, r.encoded.sizes, r.topic).all_properties()
-        except ValueError:
-            return set()  # the send processor refuses the batch, naming what is wrong
-    else:
-        props = [m.properties for m in r.messages]
-    return {value.decode("utf-8", "replace") for p in props for name in _ORIGINS
-            if (value := find_property(p, name))}
+    return {value.decode("utf-8", "replace") for p in _properties_naming(r, _ORIGIN_KEYS)
+            for name in _ORIGINS if (value := find_property(p, name))}
 
 
 Rule = Callable[[Any, str], list[AuthorizationContext]]
