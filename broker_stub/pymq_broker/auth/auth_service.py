@@ -122,18 +122,20 @@ class AuthService:
         """Sub on each origin topic a send to a retry or dead-letter topic names
         (:func:`rules.origin_topics`): else a consumer allowed on its group only could plant a
         message that goes to any topic."""
-        assert self.authorization is not None
         for name in sorted(origins):
-            try:
-                self.authorization.authorize(user, [topic(name, SUB)], ip)
-            except BrokerException:
-                raise BrokerException(
-                    pymq_pb2.FORBIDDEN,
-                    f"user {user.username!r} may not send to {to} a message whose origin topic "
-                    f"(RETRY_TOPIC / DLQ_ORIGIN_TOPIC) is {name!r}: it needs Sub on "
-                    f"{topic(name, SUB).resource} "
-                    "(a retry or dead letter goes back to its origin topic, which its sender read it from)",
-                ) from None
+            self._require_sub(user, name, ip, (
+                f"user {user.username!r} may not send to {to} a message whose origin topic "
+                f"(RETRY_TOPIC / DLQ_ORIGIN_TOPIC) is {name!r}: it needs Sub on {topic(name, SUB).resource} "
+                "(a retry or dead letter goes back to its origin topic, which its sender read it from)"))
+
+    def _require_sub(self, user: User, name: str, ip: str | None, refusal: str) -> None:
+        """Sub on topic ``name``, else FORBIDDEN with ``refusal`` (which says what it may: the
+        evaluator's own words would name the resource)."""
+        assert self.authorization is not None
+        try:
+            self.authorization.authorize(user, [topic(name, SUB)], ip)
+        except BrokerException:
+            raise BrokerException(pymq_pb2.FORBIDDEN, refusal) from None
 
     def _authorize_send_back(self, user: User, stored: dict[int, str], ip: str | None) -> None:
         """Sub on the stored topic of each record a send back names (by commit-log offset).
@@ -142,19 +144,13 @@ class AuthService:
         user chose the offset, and may not learn the names of topics and groups it cannot read
         by probing the commit log.
         """
-        assert self.authorization is not None
         first_offset: dict[str, int] = {}
         for offset, name in sorted(stored.items()):
             first_offset.setdefault(name, offset)
         for name, offset in first_offset.items():
-            try:
-                self.authorization.authorize(user, [topic(name, SUB)], ip)
-            except BrokerException:
-                raise BrokerException(
-                    pymq_pb2.FORBIDDEN,
-                    f"user {user.username!r} may not send back the message at commit log offset {offset}: "
-                    "it is not of a topic (and group) the user may Sub",
-                ) from None
+            self._require_sub(user, name, ip, (
+                f"user {user.username!r} may not send back the message at commit log offset {offset}: "
+                "it is not of a topic (and group) the user may Sub"))
 
     def recheck(self, user: User, rpc: str, request: Any, peer: str) -> None:
         """The rights of an open stream's ``user``, again (its request's signature may be old by now).
