@@ -6,11 +6,11 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
 
 from pymq_proto.v1 import pymq_pb2
 
 from ..common.broker_exception import BrokerException
+from ..common.remoting_helper import parse_peer_address
 from . import rpc_resources as rules
 from .authentication import DefaultAuthenticationProvider
 from .authorization import DefaultAuthorizationProvider
@@ -23,23 +23,21 @@ if TYPE_CHECKING:
 
 def peer_ip(peer: str) -> str | None:
     """The address of a gRPC peer (``ipv4:10.0.0.7:5123``, ``ipv6:%5B::1%5D:5123``), as a source-IP
-    ACL entry matches it.
+    ACL entry matches it; None when it is not an IP address.
 
-    gRPC writes the peer as a URI: its IPv6 brackets (and a zone's ``%``) percent-encoded, so they
-    are decoded (an undecoded ``%5B::1%5D`` is no address: no source-IP entry, Allow or Deny,
-    would ever cover an IPv6 client). An IPv4-mapped IPv6 address (a dual-stack listener's IPv4
-    client) is its IPv4 address, so ``127.0.0.0/8`` covers it as it covers ``ipv4:127.0.0.1``.
+    Decoded as :func:`~..common.remoting_helper.parse_peer_address` decodes it (an undecoded
+    ``%5B::1%5D`` would be no address: no source-IP entry, Allow or Deny, would ever cover an IPv6
+    client). An IPv4-mapped IPv6 address (a dual-stack listener's IPv4 client) is its IPv4
+    address, so ``127.0.0.0/8`` covers it as it covers ``ipv4:127.0.0.1``.
     """
-    kind, _, rest = peer.partition(":")
-    if kind == "ipv4":
-        return rest.rpartition(":")[0]
-    if kind != "ipv6":
+    address = parse_peer_address(peer)
+    if not address:
         return None
-    host = unquote(rest).rpartition(":")[0].removeprefix("[").removesuffix("]")
+    host = address.rpartition(":")[0].removeprefix("[").removesuffix("]")
     try:
         mapped = ipaddress.IPv6Address(host).ipv4_mapped
     except ValueError:
-        return host  # a zone-scoped address (fe80::1%eth0): as written; ip_address parses it
+        return host  # IPv4, or a zone-scoped address (fe80::1%eth0): as written; ip_address parses it
     return str(mapped) if mapped is not None else host
 
 

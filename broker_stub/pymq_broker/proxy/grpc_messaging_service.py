@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -32,6 +31,7 @@ from pymq_proto.rocketmq_v2 import service_pb2_grpc
 from ..auth.auth_service import AuthService
 from ..auth.model import User
 from ..common.broker_exception import BrokerException, bounded_remark
+from ..common.remoting_helper import parse_peer_address
 from ..processor.end_transaction_processor import ProducerManager
 from ..transaction.transactional_message_service import TransactionCheck
 from .message_converter import parse_record, to_v2_message
@@ -54,12 +54,9 @@ def client_id_of(context: Context) -> str:
 
 
 def remote_address_of(context: Context) -> str:
-    """The caller's ``host:port`` as the proxy's HeaderInterceptor writes it (HostAndPort: an IPv6
-    host in brackets); "" when it is not an IP address (a Unix socket), as there."""
-    kind, _, address = (context.peer() or "").partition(":")
-    if kind in ("ipv4", "ipv6"):
-        return urllib.parse.unquote(address)  # gRPC percent-encodes an IPv6 peer's brackets
-    return ""
+    """The caller's ``host:port`` as the proxy's HeaderInterceptor writes it; "" when it is not an
+    IP address (a Unix socket), as there."""
+    return parse_peer_address(context.peer() or "")
 
 
 def _failure_status(err: Exception, rpc: str) -> v2.Status:
