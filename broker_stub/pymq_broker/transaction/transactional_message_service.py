@@ -180,7 +180,7 @@ class TransactionalMessageService(ConfigManager):
         """
         keep, uniqs = self._new_transactions([
             raw.decode() if (raw := find_property(m.properties, _UNIQ)) is not None else None for m in msgs
-        ], lambda i: (find_property(msgs[i].properties, _PGROUP) or b"").decode("utf-8", "replace"))
+        ], lambda i: msgs[i].properties)
         if not keep:
             return PutMessageResult(PutMessageStatus.PUT_OK, TRANS_HALF_TOPIC, 0, -1)
         real = _real_properties(topic, queue_id)
@@ -209,8 +209,7 @@ class TransactionalMessageService(ConfigManager):
                 or not records.each_properties_hold_once(_TRAN_KEY, _TRAN_TRUE)):
             return None
         keep, uniqs = self._new_transactions(
-            [raw.decode() if raw else None for raw in records.uniq_keys()],
-            lambda i: (find_property(records.all_properties()[i], _PGROUP) or b"").decode("utf-8", "replace"))
+            [raw.decode() if raw else None for raw in records.uniq_keys()], records.properties)
         if not keep:
             return PutMessageResult(PutMessageStatus.PUT_OK, TRANS_HALF_TOPIC, 0, -1)
         self.topics.create_system_topic(TRANS_HALF_TOPIC, 1)
@@ -218,23 +217,28 @@ class TransactionalMessageService(ConfigManager):
         return self._pending_after(self.store.put_records(TRANS_HALF_TOPIC, 0, halves), uniqs)
 
     def _new_transactions(self, uniqs: list[str | None],
-                          group_of: Callable[[int], str]) -> tuple[list[int], list[str | None]]:
+                          properties_of: Callable[[int], bytes]) -> tuple[list[int], list[str | None]]:
         """Indexes (and msgIds) of those neither pending nor earlier in the request (None: no msgId).
 
         A msgId pending already is skipped only when the pending half message is of the same
-        producer group (``group_of(i)``: the PGROUP of message ``i``): a retried send. Another
-        group's pending half message of that msgId (a transaction is ended and checked back by its
-        msgId: one at a time) refuses the send, MESSAGE_ILLEGAL: skipped, it would be answered
-        PUT_OK, its sender would run its local transaction and end the other group's message.
+        producer group (the PGROUP of ``properties_of(i)``, message ``i``'s): a retried send.
+        Another group's pending half message of that msgId (a transaction is ended and checked
+        back by its msgId: one at a time) refuses the send, MESSAGE_ILLEGAL: skipped, it would be
+        answered PUT_OK, its sender would run its local transaction and end the other group's
+        message. (The owners of a request's pending msgIds are read at once: a whole retried batch
+        is the usual case.)
         """
+        retried = [u for u in uniqs if u is not None and u in self.pending]
+        owners = self.owners(retried) if retried else {}
         keep: list[int] = []
         kept: list[str | None] = []
         seen: set[str] = set()
         for i, uniq in enumerate(uniqs):
             if uniq is not None:
                 if uniq in self.pending:
-                    owner = self.owners([uniq]).get(uniq)
-                    if owner is not None and owner != group_of(i):
+                    owner = owners.get(uniq)
+                    group = (find_property(properties_of(i), _PGROUP) or b"").decode("utf-8", "replace")
+                    if owner is not None and owner != group:
                         raise BrokerException(
                             pymq_pb2.MESSAGE_ILLEGAL,
                             f"message {i}'s msgId (UNIQ_KEY) {uniq} is a pending transaction of another "
