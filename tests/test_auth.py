@@ -252,6 +252,10 @@ MATRIX: list[tuple[str, list[tuple[list[str], list[str]]], Op, tuple[str, str]]]
             config=pymq_pb2.SubscriptionGroupConfig(group_name="mx-g", retry_max_times=3, retry_queue_nums=1,
                                                     consume_enable=True)))),
      ("Group:mx-g", "Update")),
+    ("reset offsets needs the group", [(["Topic:mx-t", "Group:mx-g"], ["Update"])],
+     op_admin(lambda a: a.reset_offset("mx-g", "mx-t", 0)), ("Group:mx-g", "Update")),
+    ("reset offsets needs the topic", [(["Topic:mx-t", "Group:mx-g"], ["Update"])],
+     op_admin(lambda a: a.reset_offset("mx-g", "mx-t", 0)), ("Topic:mx-t", "Update")),
     ("get a group", [(["Group:mx-g"], ["Get"])], op_admin(lambda a: a._client.get_subscription_group(
         pymq_pb2.GetSubscriptionGroupRequest(group_name="mx-g"))), ("Group:mx-g", "Get")),
     ("topic stats", [(["Topic:mx-t"], ["Get"])], op_admin(lambda a: a._client.topic_stats(
@@ -308,6 +312,8 @@ def test_acl_matrix(auth_broker: BrokerProcess, case: int) -> None:
         "pull needs the topic": [(["Group:mx-g"], ["Sub"]), (["Topic:mx-t"], ["Get"])],
         "pull needs the group": [(["Topic:mx-t"], ["Sub"])],
         "commit": [(["Topic:mx-t"], ["Sub"])],
+        "reset offsets needs the group": [(["Topic:mx-t"], ["Update"]), (["Group:mx-g"], ["Sub", "Get"])],
+        "reset offsets needs the topic": [(["Group:mx-g"], ["Update"]), (["Topic:mx-t"], ["Sub", "Get"])],
         "send back": [(["Topic:mx-t"], ["Sub"])],
         "send back of another topic's message": [(["Group:mx-g"], ["Sub"])],
         "pull the half topic": [(["Topic:*", "Group:mx-g"], ["Sub"])],  # a pattern never covers it

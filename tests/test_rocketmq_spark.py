@@ -254,6 +254,7 @@ def test_failed_rows_go_back_to_real_retry_then_dlq(
     # every Admin method answers on a cluster: a read it makes, or an error naming RocketMQ's tools
     for change in (lambda: admin.purge_dead_letters(group), lambda: admin.resend_dead_letters(group),
                    lambda: admin.update_group(group, retry_max_times=3),
+                   lambda: admin.reset_offset(group, topic, -1),
                    lambda: admin.create_user("u", "p"), lambda: admin.delete_acl("User:u")):
         with pytest.raises(PymqError, match=r"changes an Apache RocketMQ cluster.*mqadmin") as err:
             change()

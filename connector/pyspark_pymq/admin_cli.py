@@ -4,6 +4,7 @@
     pymq-admin -e 127.0.0.1:8081 create-topic orders --queues 4
     pymq-admin -e 127.0.0.1:8081 topic-stats orders
     pymq-admin -e 127.0.0.1:8081 progress analytics
+    pymq-admin -e 127.0.0.1:8081 reset-offset analytics orders --timestamp 2026-11-28T09:00:00+00:00
     pymq-admin -e 127.0.0.1:8081 dead-letters analytics
     pymq-admin -e 127.0.0.1:8081 resend-dead-letters analytics [--msg-id ID ...]
     pymq-admin -e 127.0.0.1:8081 send orders --count 100000 --size 200
@@ -150,6 +151,31 @@ def _cmd_progress(admin: Admin, a: argparse.Namespace) -> None:
     _print_frame(frame)
     if len(frame):
         print(f"total lag: {int(frame['lag'].sum())}")
+
+
+def _reset_time(text: str) -> int:
+    """argparse's type for reset-offset's --timestamp: ms since the epoch, an ISO 8601 date-time,
+    earliest (each queue's first message) or latest / now (its end)."""
+    named = {"earliest": 0, "latest": -1, "now": -1}
+    if text.lower() in named:
+        return named[text.lower()]
+    if text.isdigit():
+        return int(text)
+    try:
+        return int(datetime.fromisoformat(text).timestamp() * 1000)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a time: give ms since the epoch, an ISO 8601 date-time such as "
+            "2026-11-28T09:00:00+00:00 (without an offset: local time), earliest, latest or now") from None
+
+
+def _cmd_reset_offset(admin: Admin, a: argparse.Namespace) -> None:
+    if (a.timestamp is None) == (a.offset is None):
+        raise ValueError("give --timestamp (every queue, or --queue-id's) or --offset with --queue-id")
+    frame = admin.reset_offset(a.group, a.topic, a.timestamp, offset=a.offset, queue_id=a.queue_id)
+    _print_frame(frame)
+    print(f"offsets of {a.group} on {a.topic} reset ({len(frame)} queue(s)); a running Spark query "
+          "keeps the offsets of its checkpoint")
 
 
 def _cmd_dead_letters(admin: Admin, a: argparse.Namespace) -> None:
@@ -386,6 +412,16 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("group", help="the consumer group")
     sp.add_argument("--topic", help="only this topic, every read queue of it (default: the topics the group "
                                     "has progress on)")
+    sp = add("reset-offset", _cmd_reset_offset,
+             "move a consumer group's offsets on a topic, by time or to an offset "
+             "(mqadmin resetOffsetByTime)")
+    sp.add_argument("group", help="the consumer group")
+    sp.add_argument("topic", help="the topic whose queues move")
+    sp.add_argument("--timestamp", type=_reset_time,
+                    help="to the first message stored at or after this time: ms since the epoch, an ISO "
+                         "8601 date-time (without an offset: local time), earliest, latest or now")
+    sp.add_argument("--offset", type=int, help="to this queue offset (with --queue-id)")
+    sp.add_argument("--queue-id", type=int, help="only this queue (default: every queue of the topic)")
     sp = add("dead-letters", _cmd_dead_letters, "browse a group's dead letters")
     sp.add_argument("group", help="the consumer group (its %%DLQ%%<group> topic)")
     sp.add_argument("--max", type=int, default=100, help="at most this many (default 100)")

@@ -150,6 +150,8 @@ RULES: dict[str, Rule | str] = {
     "TopicStats": lambda r, _b: [topic(r.topic, SUB, GET)],
     "ConsumerProgress": lambda r, _b: [group(r.consumer_group, GET), *_topics([r.topic], GET)],
     "ListGroups": lambda _r, b: [AuthorizationContext(Resource.of(ResourceType.CLUSTER, b), (LIST,))],
+    # ResetOffsetRequestHeader: @RocketMQAction(INVOKE_BROKER_TO_RESET_OFFSET, action = UPDATE)
+    "ResetOffset": lambda r, _b: [group(r.consumer_group, UPDATE), topic(r.topic, UPDATE)],
     "UpdateSubscriptionGroup": lambda r, _b: [group(r.config.group_name, UPDATE)],
     "GetSubscriptionGroup": lambda r, _b: [group(r.group_name, GET)],
     "ViewMessage": lambda r, b: (

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
+from functools import partial
 
 from pymq_proto.v1 import pymq_pb2
 
 from ..common.broker_exception import BrokerException
-from ..common.mix_all import is_system_topic, topic_name_problem
+from ..common.mix_all import group_name_problem, is_system_topic, topic_name_problem
 from ..manager.subscription_group_manager import SubscriptionGroupConfig
 from ..manager.topic_config_manager import TopicConfig
 from ..transaction.transactional_message_service import TransactionalMessageService
@@ -160,6 +161,66 @@ class AdminBrokerProcessor:
                 for n in sorted(names)
             ]
         )
+
+    def reset_offset(self, req: pymq_pb2.ResetOffsetRequest) -> pymq_pb2.ResetOffsetResponse:
+        """INVOKE_BROKER_TO_RESET_OFFSET as RocketMQ 5 runs it by default (``useServerSideResetOffset``,
+        ``resetOffsetInner``): the group's offset on each queue of ``topic`` (or on ``queue_id``) moves
+        to the first message stored at or after ``timestamp`` (-1: the queue's end), or to ``offset``
+        on one queue, lower or higher than before. The group's v2 (pop) consumers read from there
+        too: their messages in flight are forgotten (RocketMQ clears the queue's in-flight count
+        and pop offset). A Spark query keeps its own offsets in its checkpoint: this moves where a
+        new query (startingOffsets=group), a PullConsumer and a RocketMQ 5 client start.
+        """
+        group = req.consumer_group
+        problem = group_name_problem(group)
+        if problem:
+            raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT, problem)
+        cfg = self.ctx.topic_config(req.topic)
+        offsets = self.ctx.consumer_offset_manager
+        if (group not in self.ctx.subscription_group_manager.subscription_group_table
+                and group not in offsets.groups()):
+            raise BrokerException(
+                pymq_pb2.SUBSCRIPTION_GROUP_NOT_EXIST,
+                f"consumer group {group!r} does not exist on broker {self.ctx.broker_name} (no "
+                "settings, no progress): check its name (Admin.groups() lists the groups), or "
+                "create it first (Admin.update_group / pymq-admin update-group)",
+            )
+        store, topic = self.ctx.store, req.topic
+        if req.queue_id < -1:
+            raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT,
+                                  f"queue id {req.queue_id} must be -1 (every queue) or a queue of {topic!r}")
+        if req.HasField("offset") and req.queue_id < 0:
+            raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT,
+                                  f"offset {req.offset} needs the queue id it is for (queue id -1: by time)")
+        if req.queue_id >= 0:
+            self.ctx.check_queue(topic, req.queue_id, write=False)
+        queue_ids = [req.queue_id] if req.queue_id >= 0 else list(range(cfg.read_queue_nums))
+        moved: dict[int, int] = {}
+        for qid in queue_ids:
+            if req.HasField("offset"):
+                low = store.get_min_offset_in_queue(topic, qid)
+                high = store.get_max_offset_in_queue(topic, qid)
+                if not low <= req.offset <= high:
+                    raise BrokerException(
+                        pymq_pb2.ILLEGAL_ARGUMENT,
+                        f"offset {req.offset} is outside {topic}#{qid}'s offsets {low}..{high} "
+                        "(its first message .. its end)",
+                    )
+                moved[qid] = req.offset
+            elif req.timestamp < 0:
+                moved[qid] = store.get_max_offset_in_queue(topic, qid)
+            else:
+                moved[qid] = store.get_offset_in_queue_by_time(topic, qid, req.timestamp)
+        for qid, offset in moved.items():
+            for hook in self.ctx.reset_offset_hooks:  # the v2 proxy's pop state first: it commits too
+                hook(group, topic, qid, offset)
+            offsets.commit_offset(group, topic, qid, offset)
+        offsets.persist_if_dirty()  # an operator's change: on disk before it is answered
+        queue = partial(pymq_pb2.MessageQueue, topic=topic, broker_name=self.ctx.broker_name)
+        return pymq_pb2.ResetOffsetResponse(offsets=[
+            pymq_pb2.QueueOffset(message_queue=queue(queue_id=qid), offset=offset)
+            for qid, offset in moved.items()
+        ])
 
     def update_subscription_group(
         self, req: pymq_pb2.UpdateSubscriptionGroupRequest

@@ -92,6 +92,7 @@ class MessagingProcessor:
         self.pop = PopMessageManager(ctx.store, ctx.consumer_offset_manager, self.connected,
                                      self.config.renew_max_time_millis, attempts)
         ctx.delete_topic_hooks.append(self.pop.clean_by_topic)
+        ctx.reset_offset_hooks.append(self.pop.reset_offset)
         self.timer: TimerMessageStore | None = None  # the controller's, for RecallMessage
         self.clients: dict[str, v2.Settings] = {}  # client id -> its settings (Telemetry)
         self._streams: dict[str, int] = {}  # client id -> its open Telemetry streams

@@ -201,6 +201,21 @@ class DeliveryAttempts(ConfigManager):
                 del self.table[f"{group}@{topic}"]
             self.dirty = True
 
+    def forget_queue(self, group: str, topic: str, queue_id: int) -> None:
+        """Drop what is stored of the group's reading of one queue (its offset was reset): its next
+        offset would make the messages below it pass for acked, its attempts would count on."""
+        group_topic, prefix = f"{group}@{topic}", f"{queue_id}:"
+        entries = self.table.get(group_topic, {})
+        for key in [k for k in entries if k.startswith(prefix)]:
+            del entries[key]
+            self.dirty = True
+        if group_topic in self.table and not entries:
+            del self.table[group_topic]
+        if self.next_offsets.get(group_topic, {}).pop(str(queue_id), None) is not None:
+            self.dirty = True
+            if not self.next_offsets[group_topic]:
+                del self.next_offsets[group_topic]
+
     def get(self, inflight: InFlight) -> int:
         return self.table.get(f"{inflight.group}@{inflight.topic}", {}).get(_key(inflight), 0)
 
@@ -532,6 +547,19 @@ class PopMessageManager:
         for group_topic in [k for k in self._expiry if k[1] == topic]:
             del self._expiry[group_topic]
         self.attempts.remove_topic(topic)
+
+    def reset_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """ResetOffset moved the group's offset on the queue to ``offset`` (the caller commits it): the
+        next receive reads from there. The group's messages in flight on the queue are forgotten
+        (their receipt handles are refused from now on) and the stored state of its reading goes:
+        with it, what was acked above the new offset would be skipped, not read again (RocketMQ's
+        resetOffset clears the queue's in-flight count and pop offset too)."""
+        state = self._queues.pop((group, topic, queue_id), None)
+        if state is not None:
+            for inflight in state.pending.values():
+                self._handles.pop(inflight.handle, None)
+        self.attempts.forget_queue(group, topic, queue_id)
+        self.attempts.flush()  # with the offset the broker writes now: a crash must not keep the old state
 
     def in_flight(self, group: str, topic: str) -> int:
         """How many messages of (group, topic) are handed out and not acked (for tests and stats)."""

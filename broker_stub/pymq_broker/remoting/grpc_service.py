@@ -116,6 +116,7 @@ class BrokerGrpcService(pymq_pb2_grpc.BrokerServicer):
     TopicStats = _rpc("topic_stats", "admin")
     ConsumerProgress = _rpc("consumer_progress", "admin")
     ListGroups = _rpc("list_groups", "admin")
+    ResetOffset = _rpc("reset_offset", "admin")
     UpdateSubscriptionGroup = _rpc("update_subscription_group", "admin")
     GetSubscriptionGroup = _rpc("get_subscription_group", "admin")
     ViewMessage = _rpc("view_message", "admin")

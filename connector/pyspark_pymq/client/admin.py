@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from pymq_proto.record import MessageConst, parse_offset_msg_id
@@ -117,6 +118,19 @@ def pull_messages(consumer: PullConsumer, mq: MessageQueue, offset: int, max_num
         out.extend(result.messages)
         offset = result.next_begin_offset
     return out
+
+
+def _epoch_ms(timestamp: int | datetime | None) -> int:
+    """``timestamp`` as ms since the epoch: an int as it is (>= -1), a datetime by its own time zone
+    (a naive one is local time, as ``datetime.timestamp`` reads it)."""
+    if isinstance(timestamp, datetime):
+        return int(timestamp.timestamp() * 1000)
+    if isinstance(timestamp, bool) or not isinstance(timestamp, int):
+        raise TypeError(f"timestamp must be ms since the epoch (an int) or a datetime, got {timestamp!r}")
+    if timestamp < -1:
+        raise ValueError(f"timestamp {timestamp} must be ms since the epoch (>= 0), or -1 for each "
+                         "queue's end")
+    return timestamp
 
 
 def _frame(rows: list[dict[str, Any]], columns: list[str]) -> pd.DataFrame:
@@ -374,6 +388,54 @@ class Admin:
             ["group", "topic", "broker_name", "queue_id", "broker_offset", "consumer_offset",
              "lag"],
         )
+
+    def reset_offset(
+        self, group: str, topic: str, timestamp: int | datetime | None = None, *,
+        offset: int | None = None, queue_id: int | None = None,
+    ) -> pd.DataFrame:
+        """Move ``group``'s offsets on ``topic``, lower or higher, as ``mqadmin resetOffsetByTime``
+        (RocketMQ 5 resets on the broker): to the first message stored at or after ``timestamp``
+        (ms since the epoch, or a datetime; 0: each queue's first message, -1: its end) on every
+        queue of the topic, or on ``queue_id`` only; or to ``offset`` on ``queue_id``.
+
+        What starts from the group's offsets reads from there: a PullConsumer, a new Spark query
+        with ``startingOffsets=group`` and RocketMQ 5 clients (whose messages in flight on the
+        queues are forgotten: their acks are refused). A running Spark query keeps its own offsets
+        in its checkpoint and is not moved (as Spark's Kafka source ignores ``kafka-consumer-groups
+        --reset-offsets``): stop it and start it with a new checkpoint.
+
+        Returns one row per queue moved: group, topic, broker_name, queue_id, offset. An unknown
+        group or topic fails (SUBSCRIPTION_GROUP_NOT_EXIST, TOPIC_NOT_EXIST), as an offset outside
+        the queue's first message .. end does. Needs Update on the group and the topic when the
+        broker has authorization on.
+
+        Example::
+
+            admin.reset_offset("billing", "orders", datetime(2026, 11, 28, 9, tzinfo=timezone.utc))
+            admin.reset_offset("billing", "orders", offset=1200, queue_id=3)
+        """
+        if (timestamp is None) == (offset is None):
+            raise ValueError("give timestamp= (ms since the epoch or a datetime; 0: the first message, "
+                             "-1: the end) or offset= with queue_id=, "
+                             f"not {'both' if offset is not None else 'neither'}")
+        if queue_id is not None and (isinstance(queue_id, bool) or not isinstance(queue_id, int)
+                                     or queue_id < 0):
+            raise ValueError(f"queue_id must be an int >= 0 (a queue of {topic!r}), got {queue_id!r}")
+        request = pymq_pb2.ResetOffsetRequest(consumer_group=group, topic=topic,
+                                              queue_id=-1 if queue_id is None else queue_id)
+        if offset is not None:
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+                raise ValueError(f"offset must be an int >= 0 (a queue offset), got {offset!r}")
+            if queue_id is None:
+                raise ValueError(f"offset={offset} needs queue_id= (the queue it is for); to move every "
+                                 "queue, give timestamp=")
+            request.offset = offset
+        else:
+            request.timestamp = _epoch_ms(timestamp)
+        resp = self._client.reset_offset(request)
+        rows = [{"group": group, "topic": q.message_queue.topic, "broker_name": q.message_queue.broker_name,
+                 "queue_id": q.message_queue.queue_id, "offset": q.offset} for q in resp.offsets]
+        return _frame(rows, ["group", "topic", "broker_name", "queue_id", "offset"])
 
     def _check_group_known(self, group: str, progress: list[dict[str, Any]]) -> None:
         """A PymqError (GROUP_NOT_EXIST) naming ``group`` unless its ``progress`` rows show a commit,

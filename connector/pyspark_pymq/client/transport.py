@@ -386,6 +386,7 @@ class BrokerClient:
         self.topic_stats = unary(stub.TopicStats, "TopicStats")
         self.consumer_progress = unary(stub.ConsumerProgress, "ConsumerProgress")
         self.list_groups = unary(stub.ListGroups, "ListGroups")
+        self.reset_offset = unary(stub.ResetOffset, "ResetOffset")
         self.update_subscription_group = unary(stub.UpdateSubscriptionGroup, "UpdateSubscriptionGroup")
         self.get_subscription_group = unary(stub.GetSubscriptionGroup, "GetSubscriptionGroup")
         self.view_message = unary(stub.ViewMessage, "ViewMessage")

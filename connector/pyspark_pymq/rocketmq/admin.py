@@ -179,6 +179,7 @@ class RocketMQAdmin(Admin):
     create_topic = _refused("create_topic", changes=True)
     delete_topic = _refused("delete_topic", changes=True)
     update_group = _refused("update_group", changes=True)
+    reset_offset = _refused("reset_offset", changes=True)  # mqadmin resetOffsetByTime
     resend_dead_letters = _refused("resend_dead_letters", changes=True)
     purge_dead_letters = _refused("purge_dead_letters", changes=True)
     create_user = _refused("create_user", changes=True)

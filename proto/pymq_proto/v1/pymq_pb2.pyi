@@ -1261,6 +1261,67 @@ class ConsumerProgressResponse(_message.Message):
 Global___ConsumerProgressResponse: _TypeAlias = ConsumerProgressResponse  # noqa: Y015
 
 @_typing.final
+class ResetOffsetRequest(_message.Message):
+    """INVOKE_BROKER_TO_RESET_OFFSET, server side (RocketMQ 5's resetOffsetInner): the group's offsets on
+    the topic's queues move to the first message stored at or after ``timestamp`` (-1: each queue's
+    end), or, for one queue, to ``offset``; its v2 (pop) consumers read from there too.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    TOPIC_FIELD_NUMBER: _builtins.int
+    QUEUE_ID_FIELD_NUMBER: _builtins.int
+    TIMESTAMP_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    consumer_group: _builtins.str
+    topic: _builtins.str
+    queue_id: _builtins.int
+    """-1: every readable queue of the topic"""
+    timestamp: _builtins.int
+    """ms since the epoch; -1: the queue's end"""
+    offset: _builtins.int
+    """with queue_id >= 0: this offset instead of a time"""
+    def __init__(
+        self,
+        *,
+        consumer_group: _builtins.str = ...,
+        topic: _builtins.str = ...,
+        queue_id: _builtins.int = ...,
+        timestamp: _builtins.int = ...,
+        offset: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_offset", b"_offset", "offset", b"offset"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_offset", b"_offset", "consumer_group", b"consumer_group", "offset", b"offset", "queue_id", b"queue_id", "timestamp", b"timestamp", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__offset: _TypeAlias = _typing.Literal["offset"]  # noqa: Y015
+    _WhichOneofArgType__offset: _TypeAlias = _typing.Literal["_offset", b"_offset"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__offset) -> _WhichOneofReturnType__offset | None: ...
+
+Global___ResetOffsetRequest: _TypeAlias = ResetOffsetRequest  # noqa: Y015
+
+@_typing.final
+class ResetOffsetResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OFFSETS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def offsets(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueueOffset]: ...
+    def __init__(
+        self,
+        *,
+        offsets: _abc.Iterable[Global___QueueOffset] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["offsets", b"offsets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResetOffsetResponse: _TypeAlias = ResetOffsetResponse  # noqa: Y015
+
+@_typing.final
 class ListGroupsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

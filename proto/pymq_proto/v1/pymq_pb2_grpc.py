@@ -105,6 +105,11 @@ class BrokerStub:
                 request_serializer=pymq__proto_dot_v1_dot_pymq__pb2.ListGroupsRequest.SerializeToString,
                 response_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.ListGroupsResponse.FromString,
                 _registered_method=True)
+        self.ResetOffset = channel.unary_unary(
+                '/pymq_proto.v1.Broker/ResetOffset',
+                request_serializer=pymq__proto_dot_v1_dot_pymq__pb2.ResetOffsetRequest.SerializeToString,
+                response_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.ResetOffsetResponse.FromString,
+                _registered_method=True)
         self.UpdateSubscriptionGroup = channel.unary_unary(
                 '/pymq_proto.v1.Broker/UpdateSubscriptionGroup',
                 request_serializer=pymq__proto_dot_v1_dot_pymq__pb2.UpdateSubscriptionGroupRequest.SerializeToString,
@@ -275,6 +280,12 @@ class BrokerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListGroups(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResetOffset(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -459,6 +470,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.ListGroups,
                     request_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.ListGroupsRequest.FromString,
                     response_serializer=pymq__proto_dot_v1_dot_pymq__pb2.ListGroupsResponse.SerializeToString,
+            ),
+            'ResetOffset': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetOffset,
+                    request_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.ResetOffsetRequest.FromString,
+                    response_serializer=pymq__proto_dot_v1_dot_pymq__pb2.ResetOffsetResponse.SerializeToString,
             ),
             'UpdateSubscriptionGroup': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdateSubscriptionGroup,
@@ -925,6 +941,33 @@ class Broker:
             '/pymq_proto.v1.Broker/ListGroups',
             pymq__proto_dot_v1_dot_pymq__pb2.ListGroupsRequest.SerializeToString,
             pymq__proto_dot_v1_dot_pymq__pb2.ListGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetOffset(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pymq_proto.v1.Broker/ResetOffset',
+            pymq__proto_dot_v1_dot_pymq__pb2.ResetOffsetRequest.SerializeToString,
+            pymq__proto_dot_v1_dot_pymq__pb2.ResetOffsetResponse.FromString,
             options,
             channel_credentials,
             insecure,

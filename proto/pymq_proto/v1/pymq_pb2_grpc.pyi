@@ -54,6 +54,7 @@ class BrokerStub:
     TopicStats: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.TopicStatsRequest, _pymq_pb2.TopicStatsResponse]
     ConsumerProgress: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.ConsumerProgressRequest, _pymq_pb2.ConsumerProgressResponse]
     ListGroups: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.ListGroupsRequest, _pymq_pb2.ListGroupsResponse]
+    ResetOffset: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.ResetOffsetRequest, _pymq_pb2.ResetOffsetResponse]
     UpdateSubscriptionGroup: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.UpdateSubscriptionGroupRequest, _pymq_pb2.SubscriptionGroupResponse]
     GetSubscriptionGroup: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.GetSubscriptionGroupRequest, _pymq_pb2.SubscriptionGroupResponse]
     ViewMessage: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.ViewMessageRequest, _pymq_pb2.RecordsResponse]
@@ -97,6 +98,7 @@ class BrokerAsyncStub(BrokerStub):
     TopicStats: _aio.UnaryUnaryMultiCallable[_pymq_pb2.TopicStatsRequest, _pymq_pb2.TopicStatsResponse]  # type: ignore[assignment]
     ConsumerProgress: _aio.UnaryUnaryMultiCallable[_pymq_pb2.ConsumerProgressRequest, _pymq_pb2.ConsumerProgressResponse]  # type: ignore[assignment]
     ListGroups: _aio.UnaryUnaryMultiCallable[_pymq_pb2.ListGroupsRequest, _pymq_pb2.ListGroupsResponse]  # type: ignore[assignment]
+    ResetOffset: _aio.UnaryUnaryMultiCallable[_pymq_pb2.ResetOffsetRequest, _pymq_pb2.ResetOffsetResponse]  # type: ignore[assignment]
     UpdateSubscriptionGroup: _aio.UnaryUnaryMultiCallable[_pymq_pb2.UpdateSubscriptionGroupRequest, _pymq_pb2.SubscriptionGroupResponse]  # type: ignore[assignment]
     GetSubscriptionGroup: _aio.UnaryUnaryMultiCallable[_pymq_pb2.GetSubscriptionGroupRequest, _pymq_pb2.SubscriptionGroupResponse]  # type: ignore[assignment]
     ViewMessage: _aio.UnaryUnaryMultiCallable[_pymq_pb2.ViewMessageRequest, _pymq_pb2.RecordsResponse]  # type: ignore[assignment]
@@ -221,6 +223,13 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _pymq_pb2.ListGroupsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_pymq_pb2.ListGroupsResponse, _abc.Awaitable[_pymq_pb2.ListGroupsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ResetOffset(
+        self,
+        request: _pymq_pb2.ResetOffsetRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pymq_pb2.ResetOffsetResponse, _abc.Awaitable[_pymq_pb2.ResetOffsetResponse]]: ...
 
     @_abc_1.abstractmethod
     def UpdateSubscriptionGroup(
