@@ -23,7 +23,7 @@ def test_views_show_topics_queues_groups_lag_and_dead_letters(spark: Any, shared
     ep = shared_broker.endpoint
     topic, group = unique("viewed"), unique("vg")
     Admin(ep).create_topic(topic, queues=2)
-    Producer(ep).send_batch([Message(topic, f"m{i}") for i in range(10)])
+    Producer(ep).send_batch([Message(topic, f"m{i}", keys=[f"k{i}", "order"]) for i in range(10)])
     consumer = PullConsumer(ep, group)
     for mq in consumer.queues(topic):
         consumer.commit(mq, consumer.max_offset(mq) // 2)
@@ -48,6 +48,7 @@ def test_views_show_topics_queues_groups_lag_and_dead_letters(spark: Any, shared
         r["consumer_offset"] for r in lag if r["topic"] == topic)
     dead = view(spark, ep, "deadLetters", consumerGroup=group).collect()
     assert [(r["body"], r["origin_topic"], r["reason"]) for r in dead] == [(m.body, topic, "broken row")]
+    assert dead[0]["keys"] == list(m.keys) and len(m.keys) == 2  # an array, as the source's keys column
     # a system topic asked for by name is shown (as the queues view shows it)
     dlq = f"%DLQ%{group}"
     assert [r["topic"] for r in view(spark, ep, "topics", topic=dlq).collect()] == [dlq]

@@ -48,7 +48,7 @@ VIEWS: dict[str, str] = {
     "lag": "group string, topic string, broker_name string, queue_id int, broker_offset bigint, "
            "consumer_offset bigint, lag bigint",
     "deadLetters": "msg_id string, origin_topic string, origin_msg_id string, reconsume_times int, "
-                   "reason string, tags string, keys string, store_timestamp timestamp, "
+                   "reason string, tags string, keys array<string>, store_timestamp timestamp, "
                    "queue_offset bigint, body binary",
 }
 
@@ -129,7 +129,10 @@ def _rows(opts: ViewOptions) -> list[dict[str, Any]]:
         return [r for g in admin.groups(topic=opts.topic)["group"]
                 for r in admin.group_progress(g, opts.topic, committed_only=True).to_dict("records")]
     assert opts.group is not None
-    return list(admin.dead_letters(opts.group, opts.max_messages).to_dict("records"))
+    # keys as the source's column has them (array<string>), not Admin's one string (RocketMQ's KEYS,
+    # space-separated: a key never holds a space)
+    return [{**r, "keys": r["keys"].split()} for r in admin.dead_letters(opts.group, opts.max_messages)
+            .to_dict("records")]
 
 
 class ViewReader(DataSourceReader):
