@@ -199,6 +199,70 @@ def test_a_batch_that_ran_past_the_check_window_is_not_committed(tmp_path: Path)
         assert len(_read_at_least(broker.endpoint, topic, 5)) == 5
 
 
+def test_rows_the_broker_gave_up_while_the_query_was_down_are_not_recorded_as_committed(
+    tmp_path: Path,
+) -> None:
+    """The driver dies after writing batch N's marker and stays down past the broker's check window:
+    nobody answers the check-backs and the broker gives the halves up. The restarted query's
+    commit(N) committed nothing and recorded the batch: its rows were lost without a word. Now,
+    every row given up, the marker is withdrawn and the commit fails; the next run commits the
+    batch once. Some rows committed and others given up: the commit fails naming them."""
+    import pyarrow as pa
+    from pyspark.sql.types import BinaryType, StructField, StructType
+    from pyspark_pymq.errors import PymqError
+    from pyspark_pymq.spark import transactional_sink as ts
+
+    def rows(task: int) -> pa.RecordBatch:
+        return pa.RecordBatch.from_pydict({"body": pa.array([f"t{task}-{i}".encode() for i in range(5)])})
+
+    def driver_dies(opts: Any) -> None:  # its check-back listener goes with it
+        ts._LISTENERS.pop((opts.endpoint, opts.producer_group, opts.checkpoint_location)).close()
+
+    def given_up(ep: str) -> None:
+        deadline = time.monotonic() + 30
+        while Admin(ep).broker_info()["transactionsPending"] != "0":
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+
+    flags = ["--transaction-timeout", "300", "--transaction-check-interval", "300",
+             "--transaction-check-max", "3"]
+    with BrokerProcess(tmp_path / "broker", flags) as broker:
+        ep, topic = broker.endpoint, unique("eo-gone")
+        Admin(ep).create_topic(topic, queues=1)
+        ckpt = tmp_path / "ckpt"
+        opts = parse_sink_options(
+            {"endpoint": ep, "topic": topic, "deliveryGuarantee": "exactly-once",
+             "checkpointLocation": str(ckpt)},
+            StructType([StructField("body", BinaryType())]), stream=True,
+        )
+        sent = [ts.TransactionalStreamSinkWriter(opts).write(iter([rows(t)])) for t in range(2)]
+        log = SinkCommitLog(str(ckpt))
+        log.add(SinkCommitMarker(sent[0].query_id, 4, ts._transactions(sent)))  # after-marker
+        driver_dies(opts)
+        given_up(ep)
+        again = [ts.TransactionalStreamSinkWriter(opts).write(iter([rows(t)])) for t in range(2)]
+        with pytest.raises(PymqError, match=r"gave up 10 row\(s\) of .* batch 4 .*marker is withdrawn"):
+            ts.TransactionalStreamSinkWriter(opts).commit(again, 4)  # type: ignore[arg-type]
+        assert log.get(4) is None
+        ts.TransactionalStreamSinkWriter(opts).abort(again, 4)  # type: ignore[arg-type]
+        rerun = [ts.TransactionalStreamSinkWriter(opts).write(iter([rows(t)])) for t in range(2)]
+        ts.TransactionalStreamSinkWriter(opts).commit(rerun, 4)  # type: ignore[arg-type]
+        got = Counter(m.body for m in _read_at_least(ep, topic, 10))
+        assert got == Counter(f"t{t}-{i}".encode() for t in range(2) for i in range(5))
+
+        # one task's rows committed before the driver died, the other's given up: named, not hidden
+        sent = [ts.TransactionalStreamSinkWriter(opts).write(iter([rows(t)])) for t in (5, 6)]
+        marker = SinkCommitMarker(sent[0].query_id, 5, ts._transactions(sent))
+        log.add(marker)
+        ts._end(ts.check_listener(opts), [(sent[0].transaction, sent[0].rows)], COMMIT)  # mid-commit
+        driver_dies(opts)
+        given_up(ep)
+        again = [ts.TransactionalStreamSinkWriter(opts).write(iter([rows(t)])) for t in (5, 6)]
+        with pytest.raises(PymqError, match=r"gave up 5 row\(s\) of .* batch 5 .*other rows are committed"):
+            ts.TransactionalStreamSinkWriter(opts).commit(again, 5)  # type: ignore[arg-type]
+        assert log.get(5) == marker
+
+
 @pytest.mark.spark
 def test_stream_commits_every_batch_once_and_a_replayed_batch_adds_nothing(
     spark: Any, shared_broker: Any, tmp_path: Path

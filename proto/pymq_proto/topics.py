@@ -12,6 +12,7 @@ __all__ = [
     "DLQ_GROUP_TOPIC_PREFIX",
     "RETRY_GROUP_TOPIC_PREFIX",
     "TOPIC_MESSAGE_TYPES",
+    "TRANS_CHECK_MAX_TIME_TOPIC",
     "get_dlq_topic",
     "get_retry_topic",
     "is_dlq_topic",
@@ -21,6 +22,8 @@ __all__ = [
 
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
+# where a broker puts a half message it gave up after transactionCheckMax check-backs
+TRANS_CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
 # RocketMQ 5's TopicMessageType (the topic attribute +message.type); a topic without one is NORMAL
 TOPIC_MESSAGE_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED")
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import re
 
+from pymq_proto.topics import TRANS_CHECK_MAX_TIME_TOPIC as TRANS_CHECK_MAX_TIME_TOPIC
 from pymq_proto.topics import is_dlq_topic, is_retry_topic
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
-TRANS_CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
 AUTO_CREATE_TOPIC_KEY_TOPIC = "TBW102"
 SYSTEM_TOPIC_PREFIX = "RMQ_SYS_"
 TIMER_TOPIC = "rmq_sys_wheel_timer"  # RocketMQ 5's TimerMessageStore.TIMER_TOPIC

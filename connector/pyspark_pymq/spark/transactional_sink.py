@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from pymq_proto.record import MessageConst as MC
 from pymq_proto.record import encode_properties
+from pymq_proto.topics import TRANS_CHECK_MAX_TIME_TOPIC
 from pyspark.sql.datasource import WriterCommitMessage
 
 from ..client.admin import Admin
@@ -124,6 +125,15 @@ class SinkCommitLog:
     def latest(self) -> int | None:
         batches = self._batches()
         return max(batches) if batches else None
+
+    def remove(self, batch_id: int) -> None:
+        """Withdraw a batch's decision (its rows were given up before any was committed)."""
+        (self.path / str(batch_id)).unlink(missing_ok=True)
+        dir_fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
     def purge(self, before: int) -> None:
         for b in self._batches():
@@ -259,15 +269,21 @@ class TransactionalStreamSinkWriter(PymqStreamSinkWriter):
             marker = SinkCommitMarker(query_id, batchId, ours)
             commit_log.add(marker)
             crash_point("after-marker", batchId)
-        elif set(marker.transactions) != set(ours):
+        earlier = set(marker.transactions) != set(ours)
+        if earlier:
             # An earlier run decided this batch before it died: its rows are the output.
             log.warning("pymq exactly-once sink batch %d was committed by an earlier run; "
                         "rolling back this run's %d row(s)", batchId, sum(n for _t, n in ours))
-            _end(producer, ours, ROLLBACK)
+        short = []  # transactions with rows no longer pending: committed before, or given up
         for i, tx in enumerate(marker.transactions):
-            _end(producer, (tx,), COMMIT)
+            if _end(producer, (tx,), COMMIT) < tx[1]:
+                short.append(tx)
             if i == 0:
                 crash_point("mid-commit", batchId)
+        if short:
+            _check_not_given_up(opts, commit_log, marker, short)
+        if earlier:
+            _end(producer, ours, ROLLBACK)
         crash_point("after-commit", batchId)
         commit_log.purge(batchId - MARKERS_TO_RETAIN)
         log.info("pymq exactly-once sink batch %d committed: %s", batchId, _summary(messages))
@@ -329,11 +345,65 @@ def _check_window(opts: SinkOptions, messages: Sequence[WriterCommitMessage | No
         )
 
 
+def _check_not_given_up(opts: SinkOptions, commit_log: SinkCommitLog, marker: SinkCommitMarker,
+                        short: Sequence[tuple[str, int]]) -> None:
+    """Fail the commit of ``marker``'s batch when the broker gave up rows it decided.
+
+    ``short``: its transactions whose rows were not all pending any more. Usually an earlier run
+    committed them before it died; but a driver that stays down longer than transactionTimeOut +
+    transactionCheckMax x transactionCheckInterval after writing a marker answers no check-back,
+    and the broker gives the halves up to TRANS_CHECK_MAX_TIME_TOPIC: committing nothing and
+    recording the batch would lose its rows without a word. A transaction whose first msgId is
+    there was given up. When every transaction of the marker was given up whole, no row of the
+    batch is in the topic: the marker is withdrawn, so that the restarted query runs the batch
+    again and commits it once. Otherwise (some rows committed) the commit fails naming them.
+    """
+    try:
+        admin = Admin(opts.endpoint, access_key=opts.backend.access_key,
+                      secret_key=opts.backend.secret_key, tls=opts.backend.tls)
+        given_up = [(t, n) for t, n in short if _given_up(admin, next(iter(msg_ids(t, n))))]
+    except PymqError as err:  # cannot be told (an ACL without Get on the system topic)
+        log.warning("pymq exactly-once sink batch %d: %d transaction(s) of its marker were not pending; "
+                    "cannot look whether the broker gave them up to %s (%s)", marker.batch_id, len(short),
+                    TRANS_CHECK_MAX_TIME_TOPIC, err)
+        return
+    if not given_up:
+        return
+    rows = sum(n for _t, n in given_up)
+    why = (f"the broker gave up {rows} row(s) of pymq exactly-once sink batch {marker.batch_id} "
+           f"({len(given_up)} task(s)) to {TRANS_CHECK_MAX_TIME_TOPIC} before they were committed: "
+           "the query was down, after deciding the batch, longer than the broker keeps an undecided "
+           "half message (transactionTimeOut + transactionCheckMax x transactionCheckInterval)")
+    if set(given_up) == set(marker.transactions) and set(short) == set(given_up):
+        commit_log.remove(marker.batch_id)
+        raise PymqError(f"{why}. None of the batch's rows is in the topic: its commit marker is withdrawn; "
+                        "restart the query and the batch runs again and commits its rows once")
+    first = ", ".join(next(iter(msg_ids(t, n))) for t, n in given_up)
+    raise PymqError(
+        f"{why}, and its other rows are committed: the batch cannot be completed exactly once. The "
+        f"given-up rows are in {TRANS_CHECK_MAX_TIME_TOPIC} (msgIds from {first}): re-send them, then "
+        f"write {commit_log.path / str(marker.batch_id)} with only the transactions committed and "
+        "restart the query; raise the broker's --transaction-check-max so a restart fits"
+    )
+
+
+def _given_up(admin: Admin, msg_id: str) -> bool:
+    """Whether the broker put ``msg_id``'s half message into TRANS_CHECK_MAX_TIME_TOPIC."""
+    try:
+        admin.view_message(msg_id, TRANS_CHECK_MAX_TIME_TOPIC)
+    except PymqError as err:
+        if err.code in ("QUERY_NOT_FOUND", "TOPIC_NOT_EXIST"):  # none there, or nothing given up ever
+            return False
+        raise
+    return True
+
+
 def _transactions(messages: Sequence[WriterCommitMessage | None]) -> tuple[tuple[str, int], ...]:
     return tuple(sorted((m.transaction, m.rows) for m in messages
                         if isinstance(m, SinkCommitMessage) and m.transaction and m.rows))
 
 
 def _end(producer: TransactionProducer, transactions: Sequence[tuple[str, int]],
-         state: LocalTransactionState) -> None:
-    producer.end_transactions([m for t, n in transactions for m in msg_ids(t, n)], state)
+         state: LocalTransactionState) -> int:
+    """How many of the transactions' rows were pending (and are ended now)."""
+    return producer.end_transactions([m for t, n in transactions for m in msg_ids(t, n)], state)
