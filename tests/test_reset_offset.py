@@ -7,16 +7,15 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import grpc
 import pytest
 from broker_process import BrokerProcess
 from helpers import unique
 from pymq_proto.rocketmq_v2 import definition_pb2 as v2
-from pymq_proto.rocketmq_v2 import service_pb2 as sv
-from pymq_proto.rocketmq_v2 import service_pb2_grpc
+from pymq_proto.v1 import pymq_pb2
 from pyspark_pymq import Admin, Message, Producer, PullConsumer
 from pyspark_pymq.admin_cli import main
 from pyspark_pymq.errors import GROUP_NOT_EXIST, PymqError, TopicNotExistError
+from test_v2_clients import _ack_raw, _receive_raw
 
 
 def _offsets(admin: Admin, group: str, topic: str) -> list[int]:
@@ -80,6 +79,14 @@ def test_bad_resets_name_what_is_wrong_and_change_nothing(shared_broker: BrokerP
         admin.reset_offset(group, topic, -5)
     with pytest.raises(TypeError, match="got '2026-11-28'"):
         admin.reset_offset(group, topic, "2026-11-28")  # type: ignore[arg-type]
+    # what the client checks, the broker checks too (another client, a raw request)
+    raw = admin._client.reset_offset
+    with pytest.raises(PymqError, match=r"needs a timestamp .* not neither"):  # not "the first message"
+        raw(pymq_pb2.ResetOffsetRequest(consumer_group=group, topic=topic, queue_id=-1))
+    with pytest.raises(PymqError, match="not both"):
+        raw(pymq_pb2.ResetOffsetRequest(consumer_group=group, topic=topic, queue_id=0, timestamp=0, offset=1))
+    with pytest.raises(PymqError, match="timestamp -5 must be"):
+        raw(pymq_pb2.ResetOffsetRequest(consumer_group=group, topic=topic, queue_id=-1, timestamp=-5))
     assert _offsets(admin, group, topic) == [2]
 
 
@@ -98,26 +105,6 @@ def test_a_reset_is_on_disk_when_answered(tmp_path: Path) -> None:
         assert _offsets(Admin(broker.endpoint), group, topic) == [2]
 
 
-def _receive(endpoint: str, topic: str, group: str) -> list[v2.Message]:
-    with grpc.insecure_channel(endpoint) as channel:
-        receive = sv.ReceiveMessageRequest(group=v2.Resource(name=group), batch_size=8,
-                                           message_queue=v2.MessageQueue(topic=v2.Resource(name=topic), id=0))
-        receive.invisible_duration.FromMilliseconds(30_000)
-        receive.long_polling_timeout.FromMilliseconds(1000)
-        answers = service_pb2_grpc.MessagingServiceStub(channel).ReceiveMessage(receive, timeout=10)
-        return [a.message for a in answers if a.HasField("message")]
-
-
-def _ack(endpoint: str, topic: str, group: str, messages: list[v2.Message]) -> list[int]:
-    with grpc.insecure_channel(endpoint) as channel:
-        ack = sv.AckMessageRequest(group=v2.Resource(name=group), topic=v2.Resource(name=topic))
-        for m in messages:
-            ack.entries.add(message_id=m.system_properties.message_id,
-                            receipt_handle=m.system_properties.receipt_handle)
-        resp = service_pb2_grpc.MessagingServiceStub(channel).AckMessage(ack, timeout=10)
-        return [e.status.code for e in resp.entries]
-
-
 @pytest.mark.parametrize("crash", [False, True])
 def test_rocketmq_5_clients_receive_again_from_a_reset_offset(tmp_path: Path, crash: bool) -> None:
     """A v2 (pop) group's reading is the proxy's state, not only its offset: a reset moved the
@@ -131,24 +118,24 @@ def test_rocketmq_5_clients_receive_again_from_a_reset_offset(tmp_path: Path, cr
         topic, group = unique("reset-v2"), unique("reset-v2-g")
         admin.create_topic(topic, queues=1, message_type="MIXED")
         Producer(ep).send_batch([Message(topic, f"m{i}") for i in range(4)])
-        got = _receive(ep, topic, group)
+        got = _receive_raw(ep, topic, group, 30_000)
         assert [m.body for m in got] == [b"m0", b"m1", b"m2", b"m3"]
-        assert _ack(ep, topic, group, got) == [v2.OK] * 4
+        assert _ack_raw(ep, topic, group, got) == [v2.OK] * 4
         time.sleep(1.5)  # the pop state (next offset 4) is on disk
-        assert _receive(ep, topic, group) == []
+        assert _receive_raw(ep, topic, group, 30_000) == []
         admin.reset_offset(group, topic, offset=1, queue_id=0)
-        again = _receive(ep, topic, group)
+        again = _receive_raw(ep, topic, group, 30_000)
         assert [(m.body, m.system_properties.delivery_attempt) for m in again] == [
             (b"m1", 1), (b"m2", 1), (b"m3", 1)]
         admin.reset_offset(group, topic, offset=2, queue_id=0)  # m1..m3 in flight: forgotten
-        assert _ack(ep, topic, group, again[:1]) == [v2.INVALID_RECEIPT_HANDLE]
+        assert _ack_raw(ep, topic, group, again[:1]) == [v2.INVALID_RECEIPT_HANDLE]
         broker.restart(crash=crash)
         ep, admin = broker.endpoint, Admin(broker.endpoint)  # a new port
-        after = _receive(ep, topic, group)
+        after = _receive_raw(ep, topic, group, 30_000)
         assert [m.body for m in after] == [b"m2", b"m3"]
-        assert _ack(ep, topic, group, after) == [v2.OK] * 2
+        assert _ack_raw(ep, topic, group, after) == [v2.OK] * 2
         admin.reset_offset(group, topic, -1)  # to the end: nothing more
-        assert _receive(ep, topic, group) == []
+        assert _receive_raw(ep, topic, group, 30_000) == []
 
 
 def test_pymq_admin_reset_offset(shared_broker: BrokerProcess, capsys: pytest.CaptureFixture[str]) -> None:

@@ -445,3 +445,49 @@ def test_fifo_due_waits_for_the_queue_and_goes_lowest_offset_first(tmp_path: Pat
         assert m2.queue_offset == 2
     finally:
         store.shutdown()
+
+
+def test_a_reset_during_a_receives_dead_letter_write_leaves_the_new_state_alone(tmp_path: Path) -> None:
+    """A receive takes the due messages, then awaits a DLQ write; a ResetOffset runs meanwhile. The
+    receive then redelivered, put back or removed what it had taken into the new state: a message
+    the operator skipped came back and pulled the committed offset under the reset; after a
+    backward reset one offset had two live copies, and acking one dropped the other from the books
+    (lost at the next restart). What the reset forgot is dropped now, whatever path it takes."""
+    store = _store(tmp_path)
+    offsets = ConsumerOffsetManager(tmp_path / "offsets.json")
+    try:
+        store.put_messages("t", 0, [MessageToStore(f"m{i}".encode(), 0, b"", 1, 0) for i in range(10)])
+        pop = PopMessageManager(store, offsets, attempts=DeliveryAttempts(tmp_path / "attempts.json"))
+
+        def reset(offset: int) -> None:  # as AdminBrokerProcessor.reset_offset: the offset, then the hook
+            offsets.commit_offset("g", "t", 0, offset)
+            pop.reset_offset("g", "t", {0: offset})
+
+        pop.pop_new("g", "t", 0, 2, invisible_ms=1000, now_ms=10_000)  # m0, m1 in flight
+        due = pop.due("g", "t", now_ms=11_000, limit=10)  # a receive takes both, awaits m0's DLQ write
+        reset(8)
+        pop.remove(due[0])  # its DLQ write done
+        pop.put_back(due[1])  # the receive was cancelled
+        pop.postpone(due[1], 100, now_ms=11_000)
+        assert pop.due("g", "t", now_ms=20_000, limit=10) == []
+        got = pop.pop_new("g", "t", 0, 10, invisible_ms=1000, now_ms=11_000)
+        assert [p.message.body for p in got] == [b"m8", b"m9"] and offsets.query_offset("g", "t", 0) == 8
+        assert set(pop.attempts.table["g@t"]) == {"0:8", "0:9"}
+
+        for p in got:
+            pop.ack("g", "t", p.inflight.handle, now_ms=11_100)
+        reset(3)  # back, with m8 taken by a receive (due) meanwhile
+        again = pop.pop_new("g", "t", 0, 10, invisible_ms=1000, now_ms=12_000)
+        assert [p.message.queue_offset for p in again] == list(range(3, 10))
+        stale = pop.due("g", "t", now_ms=13_000, limit=10)
+        reset(3)
+        for f in stale:
+            pop.put_back(f)
+        fresh = pop.pop_new("g", "t", 0, 10, invisible_ms=5000, now_ms=13_000)
+        assert [p.message.queue_offset for p in fresh] == list(range(3, 10))
+        assert pop.in_flight("g", "t") == 7 and pop.due("g", "t", now_ms=13_500, limit=10) == []
+        for p in fresh[1:]:
+            pop.ack("g", "t", p.inflight.handle, now_ms=13_600)
+        assert offsets.query_offset("g", "t", 0) == 3  # m3 is still pending
+    finally:
+        store.shutdown()

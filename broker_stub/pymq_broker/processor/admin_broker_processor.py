@@ -168,8 +168,10 @@ class AdminBrokerProcessor:
         to the first message stored at or after ``timestamp`` (-1: the queue's end), or to ``offset``
         on one queue, lower or higher than before. The group's v2 (pop) consumers read from there
         too: their messages in flight are forgotten (RocketMQ clears the queue's in-flight count
-        and pop offset). A Spark query keeps its own offsets in its checkpoint: this moves where a
-        new query (startingOffsets=group), a PullConsumer and a RocketMQ 5 client start.
+        and pop offset). A running PullConsumer or Spark query commits its own offsets over it
+        (RocketMQ's reset table, which ignores their commits until their next pull, is not
+        modelled): this moves where a new query (startingOffsets=group), a PullConsumer and a
+        RocketMQ 5 client start.
         """
         group = req.consumer_group
         problem = group_name_problem(group)
@@ -186,18 +188,28 @@ class AdminBrokerProcessor:
                 "create it first (Admin.update_group / pymq-admin update-group)",
             )
         store, topic = self.ctx.store, req.topic
+        by_offset = req.HasField("offset")
+        if by_offset == req.HasField("timestamp"):
+            raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT,
+                                  "a reset needs a timestamp (every queue, or queue_id's) or an offset "
+                                  "(with queue_id), not " + ("both" if by_offset else "neither"))
+        if not by_offset and req.timestamp < -1:
+            raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT, f"timestamp {req.timestamp} must be ms since "
+                                  "the epoch (>= 0), or -1 for each queue's end")
         if req.queue_id < -1:
             raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT,
                                   f"queue id {req.queue_id} must be -1 (every queue) or a queue of {topic!r}")
-        if req.HasField("offset") and req.queue_id < 0:
+        if by_offset and req.queue_id < 0:
             raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT,
                                   f"offset {req.offset} needs the queue id it is for (queue id -1: by time)")
         if req.queue_id >= 0:
             self.ctx.check_queue(topic, req.queue_id, write=False)
         queue_ids = [req.queue_id] if req.queue_id >= 0 else list(range(cfg.read_queue_nums))
+        if not queue_ids:
+            raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT, f"topic {topic!r} has no read queues to reset")
         moved: dict[int, int] = {}
         for qid in queue_ids:
-            if req.HasField("offset"):
+            if by_offset:
                 low = store.get_min_offset_in_queue(topic, qid)
                 high = store.get_max_offset_in_queue(topic, qid)
                 if not low <= req.offset <= high:
@@ -207,15 +219,18 @@ class AdminBrokerProcessor:
                         "(its first message .. its end)",
                     )
                 moved[qid] = req.offset
-            elif req.timestamp < 0:
+            elif req.timestamp == -1:
                 moved[qid] = store.get_max_offset_in_queue(topic, qid)
             else:
                 moved[qid] = store.get_offset_in_queue_by_time(topic, qid, req.timestamp)
         for qid, offset in moved.items():
-            for hook in self.ctx.reset_offset_hooks:  # the v2 proxy's pop state first: it commits too
-                hook(group, topic, qid, offset)
             offsets.commit_offset(group, topic, qid, offset)
-        offsets.persist_if_dirty()  # an operator's change: on disk before it is answered
+        # on disk before the v2 proxy drops its state (a kill -9 between the two then leaves the
+        # old state above a backward reset: nothing delivered twice, the reset to run again) and
+        # before the answer
+        offsets.persist_if_dirty()
+        for hook in self.ctx.reset_offset_hooks:
+            hook(group, topic, moved)
         queue = partial(pymq_pb2.MessageQueue, topic=topic, broker_name=self.ctx.broker_name)
         return pymq_pb2.ResetOffsetResponse(offsets=[
             pymq_pb2.QueueOffset(message_queue=queue(queue_id=qid), offset=offset)

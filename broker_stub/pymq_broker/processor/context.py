@@ -28,9 +28,9 @@ class BrokerContext:
     endpoint: str = ""  # host:port the gRPC server is bound to (set once it is)
     # called with a topic DeleteTopic removes, before it answers (the v2 proxy drops its pop state)
     delete_topic_hooks: list[Callable[[str], None]] = field(default_factory=list)
-    # called with (group, topic, queue id, offset) for each queue ResetOffset moves, before the
-    # group's offset is written (the v2 proxy reads the queue for the group from there)
-    reset_offset_hooks: list[Callable[[str, str, int, int], None]] = field(default_factory=list)
+    # called with (group, topic, {queue id: offset}) of the queues ResetOffset moved, once their
+    # offsets are written (the v2 proxy reads them for the group from there)
+    reset_offset_hooks: list[Callable[[str, str, dict[int, int]], None]] = field(default_factory=list)
 
     @property
     def broker_name(self) -> str:

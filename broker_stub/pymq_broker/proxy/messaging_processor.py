@@ -465,6 +465,8 @@ class MessagingProcessor:
         try:
             for inflight in due:
                 handled += 1
+                if inflight.forgotten:  # its queue's offset was reset during an earlier await
+                    continue
                 if inflight.queue_id in stalled:
                     self.pop.put_back(inflight)
                     continue

@@ -91,6 +91,9 @@ class InFlight:
     owner: str = ""  # a push consumer's client id (auto renew): renewed while that client is connected
     delivered_at: int = 0
     renew_times: int = 0
+    # its queue's offset was reset while it was in flight: nothing of it may touch the new state
+    # (a due message taken by a receive that awaits a DLQ write when the reset comes)
+    forgotten: bool = False
 
 
 @dataclass(slots=True)
@@ -463,7 +466,8 @@ class PopMessageManager:
         return heap[0][0] if heap else None
 
     def redeliver(self, inflight: InFlight, invisible_ms: int, now_ms: int, owner: str = "") -> InFlight:
-        """A due message handed out again: a new handle, delivery attempt + 1."""
+        """A due message handed out again: a new handle, delivery attempt + 1 (not one
+        :attr:`InFlight.forgotten`: the caller skips those)."""
         again = InFlight(
             self._new_handle(), inflight.group, inflight.topic, inflight.queue_id, inflight.queue_offset,
             inflight.commit_log_offset, inflight.delivery_attempt + 1, now_ms + invisible_ms, invisible_ms,
@@ -476,6 +480,8 @@ class PopMessageManager:
 
     def remove(self, inflight: InFlight) -> None:
         """A due message is done (dead-lettered): no longer pending, the offset may move on."""
+        if inflight.forgotten:
+            return
         state = self._state(inflight.group, inflight.topic, inflight.queue_id)
         if state.pending.get(inflight.queue_offset) is inflight:
             del state.pending[inflight.queue_offset]
@@ -485,13 +491,16 @@ class PopMessageManager:
 
     def postpone(self, inflight: InFlight, delay_ms: int, now_ms: int) -> None:
         """A due message the caller could not dead-letter now: due again after ``delay_ms``."""
+        if inflight.forgotten:
+            return
         inflight.invisible_until = now_ms + delay_ms
         self._track(inflight)
 
     def put_back(self, inflight: InFlight) -> None:
         """A due message the caller did not get to (a receive cancelled, a FIFO queue stalled
         behind an earlier message): due again at once, for the next receive."""
-        self._track(inflight)
+        if not inflight.forgotten:
+            self._track(inflight)
 
     # -- ack / change invisible duration --------------------------------------------------------
     def find(self, group: str, topic: str, handle: str, now_ms: int) -> InFlight:
@@ -516,7 +525,8 @@ class PopMessageManager:
         inflight = self.find(group, topic, handle, now_ms)
         del self._handles[handle]
         state = self._state(group, topic, inflight.queue_id)
-        state.pending.pop(inflight.queue_offset, None)
+        if state.pending.get(inflight.queue_offset) is inflight:
+            del state.pending[inflight.queue_offset]
         self.attempts.drop(inflight)
         self._commit(state, group, topic, inflight.queue_id)
         return inflight
@@ -548,18 +558,20 @@ class PopMessageManager:
             del self._expiry[group_topic]
         self.attempts.remove_topic(topic)
 
-    def reset_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        """ResetOffset moved the group's offset on the queue to ``offset`` (the caller commits it): the
-        next receive reads from there. The group's messages in flight on the queue are forgotten
-        (their receipt handles are refused from now on) and the stored state of its reading goes:
-        with it, what was acked above the new offset would be skipped, not read again (RocketMQ's
-        resetOffset clears the queue's in-flight count and pop offset too)."""
-        state = self._queues.pop((group, topic, queue_id), None)
-        if state is not None:
-            for inflight in state.pending.values():
+    def reset_offset(self, group: str, topic: str, offsets: dict[int, int]) -> None:
+        """ResetOffset moved the group's offsets on these queues (queue id -> offset, committed and
+        written by the caller first): the next receive reads each from there. The group's messages
+        in flight on them are forgotten (their receipt handles are refused from now on; one a
+        receive has taken meanwhile is dropped, not delivered) and the stored state of its
+        reading goes: with it, what was acked above a new offset would be skipped, not read again
+        (RocketMQ's resetOffset clears the queue's in-flight count and pop offset too)."""
+        for queue_id in offsets:
+            state = self._queues.pop((group, topic, queue_id), None)
+            for inflight in state.pending.values() if state is not None else ():
+                inflight.forgotten = True
                 self._handles.pop(inflight.handle, None)
-        self.attempts.forget_queue(group, topic, queue_id)
-        self.attempts.flush()  # with the offset the broker writes now: a crash must not keep the old state
+            self.attempts.forget_queue(group, topic, queue_id)
+        self.attempts.flush()  # at once: the next start must not read the old state
 
     def in_flight(self, group: str, topic: str) -> int:
         """How many messages of (group, topic) are handed out and not acked (for tests and stats)."""

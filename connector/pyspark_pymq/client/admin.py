@@ -399,10 +399,12 @@ class Admin:
         queue of the topic, or on ``queue_id`` only; or to ``offset`` on ``queue_id``.
 
         What starts from the group's offsets reads from there: a PullConsumer, a new Spark query
-        with ``startingOffsets=group`` and RocketMQ 5 clients (whose messages in flight on the
-        queues are forgotten: their acks are refused). A running Spark query keeps its own offsets
-        in its checkpoint and is not moved (as Spark's Kafka source ignores ``kafka-consumer-groups
-        --reset-offsets``): stop it and start it with a new checkpoint.
+        with ``startingOffsets=group``, and RocketMQ 5 clients, running ones too (their messages in
+        flight on the queues are forgotten: their acks are refused). A running consumer that keeps
+        its own offsets (a PullConsumer, a Spark query with its checkpoint) writes them over the
+        reset at its next commit: stop it first, as Kafka's ``kafka-consumer-groups
+        --reset-offsets`` wants a group without active members (a Spark query then starts
+        with a new checkpoint).
 
         Returns one row per queue moved: group, topic, broker_name, queue_id, offset. An unknown
         group or topic fails (SUBSCRIPTION_GROUP_NOT_EXIST, TOPIC_NOT_EXIST), as an offset outside

@@ -1279,7 +1279,7 @@ class ResetOffsetRequest(_message.Message):
     queue_id: _builtins.int
     """-1: every readable queue of the topic"""
     timestamp: _builtins.int
-    """ms since the epoch; -1: the queue's end"""
+    """ms since the epoch; -1: the queue's end (this or offset)"""
     offset: _builtins.int
     """with queue_id >= 0: this offset instead of a time"""
     def __init__(
@@ -1288,16 +1288,21 @@ class ResetOffsetRequest(_message.Message):
         consumer_group: _builtins.str = ...,
         topic: _builtins.str = ...,
         queue_id: _builtins.int = ...,
-        timestamp: _builtins.int = ...,
+        timestamp: _builtins.int | None = ...,
         offset: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_offset", b"_offset", "offset", b"offset"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_offset", b"_offset", "_timestamp", b"_timestamp", "offset", b"offset", "timestamp", b"timestamp"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_offset", b"_offset", "consumer_group", b"consumer_group", "offset", b"offset", "queue_id", b"queue_id", "timestamp", b"timestamp", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_offset", b"_offset", "_timestamp", b"_timestamp", "consumer_group", b"consumer_group", "offset", b"offset", "queue_id", b"queue_id", "timestamp", b"timestamp", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__offset: _TypeAlias = _typing.Literal["offset"]  # noqa: Y015
     _WhichOneofArgType__offset: _TypeAlias = _typing.Literal["_offset", b"_offset"]  # noqa: Y015
+    _WhichOneofReturnType__timestamp: _TypeAlias = _typing.Literal["timestamp"]  # noqa: Y015
+    _WhichOneofArgType__timestamp: _TypeAlias = _typing.Literal["_timestamp", b"_timestamp"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__offset) -> _WhichOneofReturnType__offset | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__timestamp) -> _WhichOneofReturnType__timestamp | None: ...
 
 Global___ResetOffsetRequest: _TypeAlias = ResetOffsetRequest  # noqa: Y015
 
