@@ -596,3 +596,30 @@ def test_dead_letters_of_a_write_only_dlq_topic_fail_saying_how_to_read_them(
     with pytest.raises(NoPermissionError, match="not readable"):
         _rows(parse_view_options({"namesrvAddr": c.namesrv_addr, "view": "deadLetters",
                                   "consumerGroup": consumer.group}))
+
+
+def test_a_rocketmq_address_given_as_a_pymq_endpoint_says_to_use_namesrv_addr(
+    rocketmq_cluster: RocketMQCluster,
+) -> None:
+    """RocketMQ's servers complete a TLS handshake too (permissive mode, a self-signed test
+    certificate): a name server or broker given as ``endpoint`` was answered "enable TLS on the
+    client", which led on to a certificate error. It is named for what it is now."""
+    c = rocketmq_cluster
+    for addr in (c.namesrv_addr, c.broker_addrs["broker-a"]):
+        with pytest.raises(BrokerUnavailableError, match=rf"{addr} speaks RocketMQ's remoting") as err:
+            Producer(addr).send(Message("t", b"x"))
+        assert "namesrv_addr=" in str(err.value) and "TLS" not in str(err.value)
+
+
+def test_an_unreachable_name_server_is_explained_once() -> None:
+    """The source's error said what to check three times (the connection's, the name servers', the
+    source's words); once now, the source's."""
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    opts = parse_source_options({"namesrvAddr": dead, "topic": "t", "connectTimeoutMs": "1000",
+                                 "consumerGroup": "g"}, stream=True)
+    with pytest.raises(BrokerUnavailableError) as err:
+        OffsetReader(opts).bounds(require_topics=True)
+    text = str(err.value)
+    assert f"cannot connect to {dead}" in text and text.count("Check ") == 1, text
+    assert text.endswith("Check that the name servers and their brokers run and namesrvAddr is right"), text

@@ -1426,3 +1426,36 @@ def test_a_static_topic_is_refused_by_name(server: FakeServer, client: RemotingC
         ns.get_route_info("T")
     assert err.value.code == "NOT_SUPPORTED"
     t.join(5)
+
+
+@pytest.mark.parametrize("remark", ["check signature failed.", "User:nobody is not found.",
+                                    "username cannot be null."])
+def test_a_refused_signature_says_which_options_hold_the_credentials(remark: str) -> None:
+    """RocketMQ's authentication answers NO_PERMISSION with its own words only: the error named
+    neither the options nor what to do. A refusal of a topic's ACL keeps its own words."""
+    from pyspark_pymq.rocketmq.protocol import response_error
+
+    err = response_error(RemotingCommand.response(ResponseCode.NO_PERMISSION, 1, remark=remark),
+                         "127.0.0.1:10911", "GET_TOPIC_STATS_INFO of topic 'secure'")
+    assert isinstance(err, NoPermissionError) and remark.rstrip(".") in str(err)
+    assert "accessKey / secretKey" in str(err) and "access_key=" in str(err)
+    denied = response_error(RemotingCommand.response(ResponseCode.NO_PERMISSION, 1,
+                                                     remark="User:etl has no permission to Pub Topic:t"),
+                            "127.0.0.1:10911", "SEND_MESSAGE_V2")
+    assert "accessKey" not in str(denied)
+
+
+def test_a_server_that_does_not_speak_remoting_is_named_so(
+    server: FakeServer, client: RemotingClient
+) -> None:
+    """A web or dashboard port given as namesrvAddr: its HTTP answer read as a frame length gave
+    "corrupt frame: length 1213486160"; the error says what the server is not, and what to check."""
+    def answer_http() -> None:
+        conn = server.accept()
+        server.read_frame(conn)
+        conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    threading.Thread(target=answer_http, daemon=True).start()
+    with pytest.raises(BrokerUnavailableError, match=r"does not speak RocketMQ's remoting protocol "
+                                                     r"\(it answered b'HTTP/1.1 400 Bad'\): is this"):
+        client.invoke_sync(server.addr, RemotingCommand.request(RequestCode.GET_ROUTEINFO_BY_TOPIC), 3.0)

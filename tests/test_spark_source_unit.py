@@ -928,3 +928,28 @@ def test_a_queue_gone_from_its_topic_is_reported_once(caplog: pytest.LogCaptureF
         fake.set({T0: (0, 10)})  # and gone again: said again
         stream.latestOffset(start, ReadAllAvailable())
     assert caplog.text.count("is not among topic 't''s read queues now") == 2
+
+
+def test_a_queue_of_a_broker_that_is_down_is_reported_once_per_outage(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Each trigger repeated the warning for every queue of a broker that was down: an hour-long
+    outage with a 2 s trigger flooded the driver's log. Once per queue and outage now."""
+    A0, B0 = MessageQueue("t", "a", 0), MessageQueue("t", "b", 0)
+    fake = FakeOffsetReader({A0: (0, 10)})
+    fake.down = {"b"}
+    stream = make_stream(fake)
+    start: dict[str, Any] = {"t": {"a:0": 10, "b:0": 3}}
+    said = "pymq source: t@b#0 is not in the route now (broker b is unavailable)"
+    with caplog.at_level(logging.WARNING, logger="pyspark_pymq.spark.micro_batch_stream"):
+        for _ in range(3):
+            start = json.loads(json.dumps(stream.latestOffset(start, ReadAllAvailable())))
+        assert ends(start)[B0] == 3  # it waits where it was
+        assert caplog.text.count(said) == 1, caplog.text
+        fake.down = set()
+        fake.set({A0: (0, 10), B0: (0, 3)})  # back
+        stream.latestOffset(start, ReadAllAvailable())
+        fake.down = {"b"}
+        fake.set({A0: (0, 10)})  # down again: said again
+        stream.latestOffset(start, ReadAllAvailable())
+    assert caplog.text.count(said) == 2

@@ -55,6 +55,9 @@ __all__ = [
 
 # what a BrokerUnavailableError of the embedded broker tells to check (the source adds the option's name)
 UNREACHABLE_HINT = "Check that pymq-broker runs there and the endpoint is right"
+# the same for Apache RocketMQ: one address (the remoting client), the cluster (name servers, the source)
+CONNECT_HINT = "Check the address and that the broker or name server runs there"
+NAMESRV_HINT = "Check that the name servers and their brokers run and namesrvAddr is right"
 
 # the code of a pull or commit whose consumer group the broker does not have (RocketMQ's brokers with
 # autoCreateSubscriptionGroup=false); the source turns it into how to create the group

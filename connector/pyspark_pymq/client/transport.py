@@ -149,6 +149,43 @@ class _Signer:
 
 
 _tls_probes: dict[str, tuple[float, bool]] = {}
+_remoting_probes: dict[str, tuple[float, bool]] = {}
+
+
+def _speaks_remoting(endpoint: str) -> bool:
+    """Whether the server at ``endpoint`` answers RocketMQ's remoting protocol in plaintext (an Apache
+    RocketMQ name server or broker given as a pymq endpoint), asked at most every 5 s. Asked before
+    the TLS probe: RocketMQ's servers complete a TLS handshake too (``tls.server.mode=permissive``
+    with a self-signed test certificate), and "enable TLS" would send the user the wrong way."""
+    from ..rocketmq.protocol import RemotingCommand, RequestCode
+
+    hit = _remoting_probes.get(endpoint)
+    if hit is not None and time.monotonic() - hit[0] < 5.0:
+        return hit[1]
+    host, _, port = endpoint.rpartition(":")
+    result = False
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=2.0) as sock:
+            sock.sendall(RemotingCommand.request(RequestCode.GET_BROKER_CLUSTER_INFO).encode())
+            head = b""
+            while len(head) < 4:
+                chunk = sock.recv(4 - len(head))
+                if not chunk:
+                    break
+                head += chunk
+            length = int.from_bytes(head, "big") if len(head) == 4 else 0
+            if 8 <= length + 4 <= 1 << 20:
+                frame = bytearray(head)
+                while len(frame) < length + 4:
+                    chunk = sock.recv(length + 4 - len(frame))
+                    if not chunk:
+                        break
+                    frame += chunk
+                result = RemotingCommand.decode(frame).is_response
+    except (OSError, ValueError, KeyError, TypeError):  # not remoting (or not there): a probe never raises
+        result = False
+    _remoting_probes[endpoint] = (time.monotonic(), result)
+    return result
 
 
 def _speaks_tls(endpoint: str) -> bool:
@@ -193,6 +230,12 @@ def map_rpc_error(
         return error_for_code(code, details or "")
     status = err.code() if hasattr(err, "code") else None
     if status == grpc.StatusCode.UNAVAILABLE:
+        if _speaks_remoting(endpoint):
+            return BrokerUnavailableError(
+                f"{endpoint} speaks RocketMQ's remoting protocol (an Apache RocketMQ name server or "
+                f"broker), not the pymq broker's gRPC ({method}): give it as namesrv_addr= (Spark option "
+                "namesrvAddr, pymq-admin -n / PYMQ_NAMESRV_ADDR), not as the endpoint"
+            )
         if tls is None and _speaks_tls(endpoint):
             return TlsRequiredError(
                 f"broker at {endpoint} serves TLS and this client connects in plaintext ({method}): "

@@ -455,6 +455,11 @@ _FAQ_SUFFIX = re.compile(
 )
 
 
+# what RocketMQ 5's authentication answers for a missing, unknown or wrongly signing user
+_CREDENTIALS_REFUSED = re.compile(r"signature|username cannot be null|User:\S* is not found|accessKey",
+                                  re.IGNORECASE)
+
+
 def response_error(response: RemotingCommand, addr: str, call: str) -> PymqError:
     """The typed error for a failed answer: its ResponseCode's class, naming ``call`` and ``addr``.
 
@@ -463,6 +468,9 @@ def response_error(response: RemotingCommand, addr: str, call: str) -> PymqError
     name = response_code_name(response.code)
     remark = _FAQ_SUFFIX.sub("", (response.remark or "").strip())
     text = f"{call} to {addr} failed with {name}" + (f": {remark}" if remark else "")
+    if response.code == ResponseCode.NO_PERMISSION and _CREDENTIALS_REFUSED.search(remark):
+        text += (". The brokers check ACL credentials: give the user's access key and secret key (Spark "
+                 "options accessKey / secretKey, access_key= / secret_key=, pymq-admin --access-key)")
     cls = _ERROR_CLASSES.get(response.code)
     return cls(text, code=name) if cls is not None else error_for_code(name, text)
 

@@ -68,7 +68,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..errors import BrokerUnavailableError, PymqError, RequestTimeoutError
+from ..errors import CONNECT_HINT, BrokerUnavailableError, PymqError, RequestTimeoutError
 from ..tls import TlsConfig
 from .protocol import (
     FLAG_ONEWAY,
@@ -467,18 +467,26 @@ class _Connection:
         start = end = 0
         unpack = _INT2.unpack_from
         dispatch = self._dispatch
+        framed = False  # a whole frame came: the peer speaks the protocol
         while True:
             need = 0  # the size of the incomplete frame at `start`, once known
             while end - start >= 8:
                 length, type_len = unpack(buf, start)
                 header_len = type_len & 0xFFFFFF
                 if not 4 <= length <= MAX_FRAME_LENGTH or header_len > length - 4:
+                    if not framed:  # its first bytes: not a RocketMQ server at all
+                        said = bytes(buf[start : min(end, start + 16)])
+                        raise ValueError(
+                            f"the server does not speak RocketMQ's remoting protocol (it answered "
+                            f"{said!r}): is this the name server's port (9876) or a broker's? A pymq "
+                            "broker is given as endpoint, not namesrvAddr")
                     raise ValueError(f"corrupt frame: length {length}, header length {header_len}")
                 total = 4 + length
                 if end - start >= total:
                     h0 = start + 8
                     b0 = h0 + header_len
                     start += total
+                    framed = True
                     dispatch(view[h0:b0], type_len >> 24, bytes(view[b0:start]) if start > b0 else b"")
                     continue
                 body_len = length - 4 - header_len
@@ -491,6 +499,7 @@ class _Connection:
                     body[:have] = view[b0:end]
                     _recv_exactly(recv_into, memoryview(body)[have:])
                     start = end = 0
+                    framed = True
                     dispatch(header, type_len >> 24, body)
                     continue
                 need = total if body_len < DIRECT_BODY else 8 + header_len
@@ -818,7 +827,7 @@ class RemotingClient:
         if not lock.acquire(timeout=timeout):
             raise BrokerUnavailableError(
                 f"cannot connect to {addr}: another attempt to connect there did not end within "
-                f"{timeout:g} s. Check the address and that the broker or name server runs there."
+                f"{timeout:g} s. {CONNECT_HINT}."
             )
         try:
             conn = self._conns.get(key)
@@ -851,13 +860,11 @@ class RemotingClient:
             sock = socket.create_connection((host, port), timeout=timeout)
         except TimeoutError:
             raise BrokerUnavailableError(
-                f"cannot connect to {addr}: no answer within {timeout:g} s. "
-                "Check the address and that the broker or name server runs there."
+                f"cannot connect to {addr}: no answer within {timeout:g} s. {CONNECT_HINT}."
             ) from None
         except OSError as err:
             raise BrokerUnavailableError(
-                f"cannot connect to {addr}: {err.strerror or err}. "
-                "Check the address and that the broker or name server runs there."
+                f"cannot connect to {addr}: {err.strerror or err}. {CONNECT_HINT}."
             ) from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)

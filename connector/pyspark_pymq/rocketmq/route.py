@@ -34,7 +34,14 @@ from pymq_proto.topics import not_created_yet
 
 from ..client.message import MessageQueue
 from ..client.route import PERM_READ, PERM_WRITE, TopicRoute
-from ..errors import BrokerUnavailableError, PymqError, RequestTimeoutError, TopicNotExistError
+from ..errors import (
+    CONNECT_HINT,
+    NAMESRV_HINT,
+    BrokerUnavailableError,
+    PymqError,
+    RequestTimeoutError,
+    TopicNotExistError,
+)
 from .protocol import RemotingCommand, RequestCode, ResponseCode, loads_fastjson, response_error
 from .remoting import RemotingClient, parse_address
 
@@ -350,14 +357,14 @@ class NameServerClient:
             try:
                 response = self.remoting.invoke_sync(addr, make_request(), left / (n - k))
             except (BrokerUnavailableError, RequestTimeoutError) as err:
-                failures.append(f"{addr}: {err.remark}")
+                failures.append(f"{addr}: {err.remark.replace(f' {CONNECT_HINT}.', '')}")  # said once, below
                 continue
             self._index = i
             return response, addr
         raise BrokerUnavailableError(
             f"no name server answered {what} (namesrvAddr {self.namesrv_addr}): "
             + "; ".join(f.rstrip(".") for f in failures)
-            + ". Check that the name servers run and namesrvAddr is right."
+            + f". {NAMESRV_HINT}."
         )
 
 

@@ -176,9 +176,11 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 # where they are and are read again once it is back, nothing is lost. A
                 # %RETRY% queue can vanish from a restarted RocketMQ broker until the group
                 # registers again (the offset reader does every REGISTER_INTERVAL_S).
-                logger.warning("pymq source: %s is not in the route now (broker %s %s); it waits "
-                               "at offset %d", mq, mq.broker_name,
-                               "is unavailable" if mq.broker_name in down else "is back", offset)
+                if mq not in self._waiting_told:  # once per outage: a long one must not flood the log
+                    logger.warning("pymq source: %s is not in the route now (broker %s %s); it waits "
+                                   "at offset %d", mq, mq.broker_name,
+                                   "is unavailable" if mq.broker_name in down else "is back", offset)
+                    self._waiting_told.add(mq)
                 waiting[mq] = offset
                 continue
             if b is None and mq.topic not in missing:

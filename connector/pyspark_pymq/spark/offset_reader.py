@@ -25,7 +25,9 @@ from pymq_proto.topics import not_created_yet
 from ..backend.base import Backend, QueueBounds, open_backend
 from ..client.message import MessageQueue
 from ..errors import (
+    CONNECT_HINT,
     GROUP_NOT_EXIST,
+    NAMESRV_HINT,
     UNREACHABLE_HINT,
     BrokerUnavailableError,
     PymqError,
@@ -68,12 +70,8 @@ class OffsetReader:
         opts = self.opts
         cfg = opts.backend
         if isinstance(err, (BrokerUnavailableError, RequestTimeoutError)):
-            check = (
-                "Check that the name servers and their brokers run and the namesrvAddr is right"
-                if cfg.namesrv_addr
-                else UNREACHABLE_HINT
-            )
-            remark = err.remark.rstrip(".")
+            check = NAMESRV_HINT if cfg.namesrv_addr else UNREACHABLE_HINT
+            remark = err.remark.replace(f" {CONNECT_HINT}.", "").rstrip(".")  # one hint, the last
             remark = remark[: -len(check)].rstrip(". ") if remark.endswith(check) else remark
             return type(err)(
                 f"pymq source cannot reach {cfg.where} (option {cfg.option}, "
