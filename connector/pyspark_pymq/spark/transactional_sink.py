@@ -274,10 +274,10 @@ class TransactionalStreamSinkWriter(PymqStreamSinkWriter):
             # An earlier run decided this batch before it died: its rows are the output.
             log.warning("pymq exactly-once sink batch %d was committed by an earlier run; "
                         "rolling back this run's %d row(s)", batchId, sum(n for _t, n in ours))
-        short = []  # transactions with rows no longer pending: committed before, or given up
+        short = {}  # transactions with rows no longer pending (committed before, or given up): ended now
         for i, tx in enumerate(marker.transactions):
-            if _end(producer, (tx,), COMMIT) < tx[1]:
-                short.append(tx)
+            if (ended := _end(producer, (tx,), COMMIT)) < tx[1]:
+                short[tx] = ended
             if i == 0:
                 crash_point("mid-commit", batchId)
         if short:
@@ -346,15 +346,16 @@ def _check_window(opts: SinkOptions, messages: Sequence[WriterCommitMessage | No
 
 
 def _check_not_given_up(opts: SinkOptions, commit_log: SinkCommitLog, marker: SinkCommitMarker,
-                        short: Sequence[tuple[str, int]]) -> None:
+                        short: dict[tuple[str, int], int]) -> None:
     """Fail the commit of ``marker``'s batch when the broker gave up rows it decided.
 
-    ``short``: its transactions whose rows were not all pending any more. Usually an earlier run
-    committed them before it died; but a driver that stays down longer than transactionTimeOut +
-    transactionCheckMax x transactionCheckInterval after writing a marker answers no check-back,
-    and the broker gives the halves up to TRANS_CHECK_MAX_TIME_TOPIC: committing nothing and
-    recording the batch would lose its rows without a word. A transaction whose first msgId is
-    there was given up. When every transaction of the marker was given up whole, no row of the
+    ``short``: its transactions whose rows were not all pending any more, with how many of their
+    rows the commit just now ended. Usually an earlier run committed them before it died; but a
+    driver that stays down longer than transactionTimeOut + transactionCheckMax x
+    transactionCheckInterval after writing a marker answers no check-back, and the broker gives
+    the halves up to TRANS_CHECK_MAX_TIME_TOPIC: committing nothing and recording the batch would
+    lose its rows without a word. A transaction whose first msgId is there was given up. When
+    every transaction of the marker was given up and none of its rows ended now, no row of the
     batch is in the topic: the marker is withdrawn, so that the restarted query runs the batch
     again and commits it once. Otherwise (some rows committed) the commit fails naming them.
     """
@@ -374,7 +375,7 @@ def _check_not_given_up(opts: SinkOptions, commit_log: SinkCommitLog, marker: Si
            f"({len(given_up)} task(s)) to {TRANS_CHECK_MAX_TIME_TOPIC} before they were committed: "
            "the query was down, after deciding the batch, longer than the broker keeps an undecided "
            "half message (transactionTimeOut + transactionCheckMax x transactionCheckInterval)")
-    if set(given_up) == set(marker.transactions) and set(short) == set(given_up):
+    if set(given_up) == set(marker.transactions) and not any(short.values()):
         commit_log.remove(marker.batch_id)
         raise PymqError(f"{why}. None of the batch's rows is in the topic: its commit marker is withdrawn; "
                         "restart the query and the batch runs again and commits its rows once")
