@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -67,9 +68,22 @@ class BrokerProcess:
             if m:
                 self.endpoint = f"{m.group(1)}:{m.group(2)}"
                 threading.Thread(target=self._drain, daemon=True).start()
+                self._wait_client_channel()
                 return self
         self.kill()
         raise RuntimeError("broker did not start:\n" + "".join(self.output))
+
+    def _wait_client_channel(self) -> None:
+        """Until the clients' shared channel to the endpoint is connected: one cached from an earlier
+        broker on the same port (a restart, or a port the OS gave out again) fails calls at once
+        while it waits out its reconnect backoff (up to 1 s), and a test's first call came too soon."""
+        if any(a.startswith("--tls") for a in self.extra_args):
+            return
+        import grpc
+        from pyspark_pymq.client.transport import _channel
+
+        with contextlib.suppress(grpc.FutureTimeoutError):
+            grpc.channel_ready_future(_channel(self.endpoint)).result(timeout=5)
 
     def _drain(self) -> None:
         proc = self.proc
