@@ -11,6 +11,7 @@ import os
 import pickle
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -262,6 +263,37 @@ def test_unreachable_and_silent_brokers_raise_retriable_errors(broker: BrokerPro
         with pytest.raises(RequestTimeoutError):
             client.broker_runtime_info.future(pymq_pb2.BrokerRuntimeInfoRequest(), 0.3).result(10)
     assert client.broker_runtime_info(pymq_pb2.BrokerRuntimeInfoRequest()).broker_name
+
+
+class _NoChannelWait(BrokerProcess):
+    """A broker process whose start does not warm the clients' shared channel (as a user's broker)."""
+
+    def _wait_client_channel(self) -> None:
+        pass
+
+
+def test_a_broker_back_on_its_address_answers_the_first_call(tmp_path: Path) -> None:
+    """The shared channel to a dead broker backs off its reconnects (up to 1 s); a call made in that
+    window used to fail at once although the broker had come back. A dead broker still fails fast."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    admin = Admin(f"127.0.0.1:{port}")
+    back = _NoChannelWait(tmp_path / "store", ["--port", str(port)])
+    try:
+        for _ in range(2):
+            deadline = time.monotonic() + 2.5
+            while time.monotonic() < deadline:  # refused connects: the channel's backoff grows to 1 s
+                started = time.monotonic()
+                with pytest.raises(BrokerUnavailableError, match="Connection refused"):
+                    admin.topics()
+                assert time.monotonic() - started < 2.0, "a dead broker must fail fast"
+                time.sleep(0.2)
+            back.start()
+            assert "topic" in admin.topics().columns  # at once, no BrokerUnavailableError
+            back.stop()
+    finally:
+        back.stop()
 
 
 def test_a_cancelled_stream_ends_with_a_pymq_error(endpoint: str) -> None:

@@ -211,6 +211,24 @@ def _speaks_tls(endpoint: str) -> bool:
     return result
 
 
+_COMEBACK_WAIT = 3.0  # s: the channel's longest reconnect backoff (1 s, jittered) and a connect
+
+
+def _back_on_its_address(err: grpc.RpcError, endpoint: str) -> bool:
+    """Whether ``err`` is a call the channel refused without sending it (its last connect attempt was
+    refused) while a TCP connection to ``endpoint`` succeeds now."""
+    if not hasattr(err, "code") or err.code() != grpc.StatusCode.UNAVAILABLE:
+        return False
+    if "connection refused" not in (err.details() or "").lower():
+        return False
+    host, _, port = endpoint.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
 def map_rpc_error(
     err: grpc.RpcError, endpoint: str, method: str, tls: TlsConfig | None = None
 ) -> PymqError:
@@ -268,7 +286,9 @@ class UnaryRpc(Generic[Req, Resp]):
     """One request-response RPC of one broker: call it, or start it with :meth:`future`.
 
     ``timeout`` (seconds) defaults to the client's. A failure raises (or, for a
-    future, completes with) the PymqError of :func:`map_rpc_error`.
+    future, completes with) the PymqError of :func:`map_rpc_error`. A call the
+    channel refused unsent while the broker is back on its address (a restart: the
+    channel waits out its reconnect backoff) waits for the connection instead.
     """
 
     __slots__ = ("_call", "_sign", "endpoint", "name", "timeout", "tls")
@@ -285,11 +305,22 @@ class UnaryRpc(Generic[Req, Resp]):
         self.tls = tls
 
     def __call__(self, request: Req, timeout: float | None = None) -> Resp:
+        limit = self.timeout if timeout is None else timeout
         try:
-            return self._call(request, timeout=self.timeout if timeout is None else timeout,
+            return self._call(request, timeout=limit, metadata=None if self._sign is None else self._sign())
+        except grpc.RpcError as err:
+            if not _back_on_its_address(err, self.endpoint):
+                raise map_rpc_error(err, self.endpoint, self.name, self.tls) from None
+            refused = err
+        # The request never left (the channel's last connect was refused) and the broker accepts
+        # connections now: it came back on its address while the shared channel waits out its
+        # reconnect backoff (up to 1 s). A dead broker still fails at once: it refuses the probe.
+        try:
+            return self._call(request, timeout=min(limit, _COMEBACK_WAIT), wait_for_ready=True,
                               metadata=None if self._sign is None else self._sign())
         except grpc.RpcError as err:
-            raise map_rpc_error(err, self.endpoint, self.name, self.tls) from None
+            waited_out = err.code() == grpc.StatusCode.DEADLINE_EXCEEDED if hasattr(err, "code") else False
+            raise map_rpc_error(refused if waited_out else err, self.endpoint, self.name, self.tls) from None
 
     @overload
     def future(self, request: Req, timeout: float | None = None) -> Future[Resp]: ...
