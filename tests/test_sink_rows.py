@@ -9,7 +9,7 @@ from typing import Any, cast
 
 import pyarrow as pa
 import pytest
-from pyspark.sql.types import BinaryType, IntegerType, StringType, StructField, StructType
+from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, StructField, StructType
 from pyspark_pymq.backend import BackendConfig
 from pyspark_pymq.backend.pymq import PymqBackend
 from pyspark_pymq.client.message import Message, MessageQueue
@@ -157,7 +157,7 @@ def test_rows_go_per_destination_in_batches_of_max_batch_bytes_and_a_delayed_row
     plain = pa.RecordBatch.from_pydict({"body": pa.array([b"p0", b"p1"])})
     rows = pa.RecordBatch.from_pydict({
         "body": pa.array(["x" * 299 + "é"] * 7),  # a string column: sent as UTF-8
-        "topic": pa.array([None, None, None, None, "u", None, None]),
+        "topic": pa.array([None, None, None, None, "u", None, None]),  # the topic option wins
         "sharding_key": pa.array(["a", None, "a", "a", None, "a", "b"]),
         "queue_id": pa.array([None, 3, None, None, None, None, 0], pa.int32()),
         "delay_level": pa.array([None, None, 2, None, None, 0, None], pa.int32()),
@@ -169,13 +169,53 @@ def test_rows_go_per_destination_in_batches_of_max_batch_bytes_and_a_delayed_row
     # the plain batch whole; rows 2.. (row index i of `rows` is row i + 2): row 4 is delayed,
     # so it goes at once and alone; three rows of ~460 bytes fill (t, queue 1) at row 7
     assert producer.sends == [("t", None, [0, 1]), ("t", 1, [4]), ("t", 1, [2, 5, 7]),
-                              ("t", 3, [3]), ("u", None, [6]), ("t", 0, [8])]
+                              ("t", 3, [3]), ("t", None, [6]), ("t", 0, [8])]
     assert producer.queue_look_ups == [("t", "a")] * 4  # a queue_id column wins over the key
     assert producer.props[4] == (b"UNIQ_KEY\x01" + f"{_PREFIX}{4:016X}".encode()
                                  + b"\x02DELAY\x012\x02__SHARDINGKEY\x01a\x02" + extra)
     assert producer.props[6] == b"UNIQ_KEY\x01" + f"{_PREFIX}{6:016X}".encode() + b"\x02" + extra
     assert producer.bodies[8] == ("x" * 299 + "é").encode()
     assert not producer.flushed  # sync: the answers are in hand
+
+
+def test_the_topic_option_wins_over_a_topic_column_and_without_it_each_row_names_its_own() -> None:
+    """As Spark's Kafka sink: rows read from pymq and written on with a topic option must not go back
+    into the topics their `topic` column names (a stream would read its own output again)."""
+    fields = [StructField("body", BinaryType()), StructField("topic", StringType())]
+    plain = pa.RecordBatch.from_pydict({"body": pa.array([b"0", b"1", b"2"]),
+                                        "topic": pa.array(["src", "src", "other"])})
+    sharded = plain.append_column("sharding_key", pa.array(["a", "b", "a"]))
+    for batch in (plain, sharded):  # the columnar path and the per-row path
+        schema = StructType(fields + [StructField("sharding_key", StringType())] * (batch is sharded))
+        with_option, without = _RecordingProducer(), _RecordingProducer()
+        for options, producer in (({"topic": "dst"}, with_option), ({}, without)):
+            opts = parse_sink_options({"endpoint": "127.0.0.1:1", **options}, schema, stream=False)
+            _send_rows(opts, iter([batch]), _TaskIds("q", "0", 0, 0), new_producer=_making(producer),
+                       prefix=_PREFIX)
+        assert {t for t, _, _ in with_option.sends} == {"dst"}
+        assert sorted(r for _, _, rows in with_option.sends for r in rows) == [0, 1, 2]
+        sent = {(t, r) for t, _, rows in without.sends for r in rows}
+        assert sent == {("src", 0), ("src", 1), ("other", 2)}
+
+
+@pytest.mark.parametrize(("column", "named"), [
+    (StructField("key", StringType()), "'sharding_key'"),
+    (StructField("partition", IntegerType()), "'queue_id'"),
+    (StructField("headers", ArrayType(StructType([StructField("key", StringType()),
+                                                  StructField("value", BinaryType())]))), "'properties'"),
+    (StructField("Value", BinaryType()), "drop one of them"),
+])
+def test_kafka_sink_columns_are_refused_naming_the_pymq_column(column: StructField, named: str) -> None:
+    """Spark's Kafka sink sends key, partition and headers: dropped in silence they would lose a
+    Kafka user's per-key order, chosen partition or headers."""
+    schema = StructType([StructField("body", BinaryType()), column])
+    with pytest.raises(ValueError, match="is a column of Spark's Kafka sink") as info:
+        parse_sink_options({"endpoint": "127.0.0.1:1", "topic": "t"}, schema, stream=False)
+    assert named in str(info.value) and repr(column.name) in str(info.value)
+    # a Kafka frame with value and no body: the message that says to cast value to body
+    with pytest.raises(ValueError, match="needs a 'body' column"):
+        parse_sink_options({"endpoint": "127.0.0.1:1", "topic": "t"},
+                           StructType([StructField("value", BinaryType())]), stream=False)
 
 
 def test_bad_rows_fail_the_task_naming_the_first_one() -> None:

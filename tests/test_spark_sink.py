@@ -87,6 +87,26 @@ def test_topic_column_delay_level_and_queue_id(spark: Any, shared_broker: Any) -
     assert [m.queue_id for m in read_all(ep, b)] == [2]
 
 
+def test_rows_read_from_pymq_go_to_the_topic_option_not_back_to_their_own(
+        spark: Any, shared_broker: Any) -> None:
+    """A pass-through keeps the source's `topic` column; the `topic` option wins over it (Spark's Kafka
+    sink does the same), else the rows would be written back into the topic they were read from."""
+    ep = shared_broker.endpoint
+    src, dst = unique("pass-src"), unique("pass-dst")
+    for t in (src, dst):
+        Admin(ep).create_topic(t, queues=2)
+    with Producer(ep) as producer:
+        producer.send_batch([Message(src, f"m{i}".encode(), tags="T", keys=[f"k{i}"]) for i in range(6)])
+    read = spark.read.format("pymq").option("endpoint", ep).option("topic", src).load()
+    for columns in (("topic", "body"), ("topic", "body", "tags", "keys", "properties")):  # columnar, per row
+        read.select(*columns).write.format("pymq").option("endpoint", ep).option("topic", dst) \
+            .mode("append").save()
+    assert len(read_all(ep, src)) == 6
+    got = read_all(ep, dst)
+    assert sorted(m.body for m in got) == sorted([f"m{i}".encode() for i in range(6)] * 2)
+    assert sorted(m.keys for m in got if m.tags == "T") == [(f"k{i}",) for i in range(6)]
+
+
 def test_bad_columns_and_options_fail_before_any_row_is_written(spark: Any, shared_broker: Any) -> None:
     ep = shared_broker.endpoint
     topic = unique("bad")

@@ -146,6 +146,8 @@ def test_option_names_are_case_insensitive() -> None:
         (batch(maxMessagesPerTrigger="3"), False, ["maxMessagesPerTrigger", "streams"]),
         (stream(startingOffsets="newest"), True, ["startingOffsets='newest'", "'earliest'"]),
         (batch(startingOffsets="latest"), False, ["startingOffsets='latest'", "reads nothing"]),
+        (batch(startingOffsets='{"orders": {"b:1": 3, "b:0": -1}}'), False,
+         ["cannot start queue b:0 of 'orders' at -1 (latest)", "-2 (earliest)"]),
         (stream(startingOffsets="{oops"), True, ["startingOffsets", "not valid JSON"]),
         (stream(startingOffsets='{"orders": {"q0": 1}}'), True, ["queue key 'q0'",
                                                                  "brokerName:queueId"]),

@@ -350,8 +350,9 @@ class PymqDataSource(DataSource):
         (unencrypted).
 
     ``topic``
-        (string) the topic to write to when there is no ``topic`` column (a row's non-null ``topic``
-        wins). One topic: use a ``topic`` column for several.
+        (string) the topic of every row; without it, each row's ``topic`` column. As in Spark's Kafka
+        sink the option wins over a ``topic`` column, so rows read from pymq and written on are not sent
+        back to their own topics. One topic: use a ``topic`` column (and no option) for several.
 
     ``action``
         (one of ``send``, ``reconsumeLater``; default ``send``) ``send``: produce the rows as messages;

@@ -392,8 +392,9 @@ _SINK = (
     *_WHERE,
     OptionSpec(
         "topic", "string", section="what",
-        doc="the topic to write to when there is no `topic` column (a row's non-null `topic` wins). "
-            "One topic: use a `topic` column for several.",
+        doc="the topic of every row; without it, each row's `topic` column. As in Spark's Kafka sink the "
+            "option wins over a `topic` column, so rows read from pymq and written on are not sent back "
+            "to their own topics. One topic: use a `topic` column (and no option) for several.",
     ),
     OptionSpec(
         "action", "choice", section="what", default="send", choices=ACTIONS,

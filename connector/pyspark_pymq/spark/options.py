@@ -181,34 +181,57 @@ def _bad(name: str, value: object, allowed: str, prefix: str = "pymq option") ->
     return ValueError(f"{prefix} {name}={value!r} is not valid: {allowed}")
 
 
-# Spark's Kafka source and sink options (lower-cased, as Spark hands them over) -> pymq's option,
-# or what to do instead: a Kafka user's names would otherwise get a close but wrong spelling
-# (``subscribe`` -> ``subscription``, which is the tag filter)
-_KAFKA_OPTIONS: dict[str, str] = {
-    "subscribe": "topic",
-    "subscribepattern": "topic",
-    "assign": "topic",
-    "kafka.bootstrap.servers": "endpoint",
-    "kafka.group.id": "consumerGroup",
-    "groupidprefix": "consumerGroup",
-    "maxoffsetspertrigger": "maxMessagesPerTrigger",
-    "startingoffsetsbytimestamp": "startingTimestamp",
-    "endingoffsetsbytimestamp": "endingTimestamp",
-    "includeheaders": "",
-}
-_KAFKA_HINTS: dict[str, str] = {
-    "topic": "every queue of the topics is read; startingOffsets JSON sets where each starts",
-    "endpoint": "the pymq broker's host:port, or namesrvAddr for an Apache RocketMQ cluster",
-    "": "every message's properties (RocketMQ's headers) are in the properties column already",
+# Spark's Kafka source and sink options (lower-cased, as Spark hands them over) -> (pymq's option, or ""
+# where there is none, and what to know): a Kafka user's names would otherwise get a close but wrong
+# spelling (``subscribe`` -> ``subscription``, which is the tag filter)
+_NO_MINIMUM = ("", "pymq has no minimum per trigger: each trigger reads what has arrived, up to "
+                   "maxMessagesPerTrigger; a longer processingTime trigger makes larger batches")
+_SASL = ("", "authentication is options accessKey and secretKey (RocketMQ's ACL users)")
+_KAFKA_OPTIONS: dict[str, tuple[str, str]] = {
+    "subscribe": ("topic", "a comma-separated list; every queue of each topic is read"),
+    "subscribepattern": ("topic", "list the topics, comma-separated: a pattern is not supported "
+                                  "(Admin(...).topics() lists them)"),
+    "assign": ("topic", "every queue of the topics is read, and startingOffsets JSON sets where each "
+                        "starts; reading only some queues of a topic is not supported"),
+    "kafka.bootstrap.servers": ("endpoint", "the pymq broker's host:port, or namesrvAddr for an Apache "
+                                            "RocketMQ cluster"),
+    "kafka.group.id": ("consumerGroup", ""),
+    "groupidprefix": ("consumerGroup", ""),
+    "maxoffsetspertrigger": ("maxMessagesPerTrigger", ""),
+    "minoffsetspertrigger": _NO_MINIMUM,
+    "maxtriggerdelay": _NO_MINIMUM,
+    "startingoffsetsbytimestamp": ("startingTimestamp", "one time, in ms, for every queue"),
+    "endingoffsetsbytimestamp": ("endingTimestamp", "one time, in ms, for every queue"),
+    "startingoffsetsbytimestampstrategy": (
+        "", "with startingTimestamp a queue without a message at or after the time starts at its end, "
+            "as Kafka's strategy 'latest'; there is no 'error' strategy"),
+    "includeheaders": ("", "every message's properties (RocketMQ's headers) are in the properties "
+                           "column already"),
+    "kafka.max.poll.records": ("pullBatchSize", ""),
+    "kafkaconsumer.polltimeoutms": ("pollTimeoutMs", ""),
+    "kafka.security.protocol": ("", "TLS is options tls=true and tlsCaFile (PEM); authentication is "
+                                    "accessKey and secretKey"),
+    "kafka.ssl.truststore.location": ("tlsCaFile", "a PEM file of the CA that signed the broker's "
+                                                   "certificate"),
+    "kafka.sasl.mechanism": _SASL,
+    "kafka.sasl.jaas.config": _SASL,
+    "kafka.acks": ("sendMode", "sync: every batch acknowledged before the next"),
+    "kafka.partitioner.class": ("", "give a sharding_key column (same key, same queue) or a queue_id "
+                                    "column"),
 }
 
 
 def _kafka_hint(key: str, known: tuple[str, ...]) -> str:
     """What Spark's Kafka option ``key`` is called here, when it is one of them."""
-    target = _KAFKA_OPTIONS.get(key.lower())
-    if target is None or (target and target not in known):
+    low = key.lower()
+    target, what = _KAFKA_OPTIONS.get(low, (None, ""))
+    if target is None:
+        if not low.startswith(("kafka.", "kafkaconsumer.", "fetchoffset.")):
+            return ""
+        return (" It is a setting of Spark's Kafka connector: pymq passes no Kafka client settings "
+                "through; the options below are all there is.")
+    if target and target not in known:
         return ""
-    what = _KAFKA_HINTS.get(target, "")
     if not target:
         return f" It is an option of Spark's Kafka connector: {what}."
     return (f" It is an option of Spark's Kafka connector: use {target!r} here"
@@ -222,9 +245,10 @@ def unknown_option(
     """The error for an option name we do not know, with what Spark's Kafka connector's name is
     called here or else the closest known one as a hint."""
     hint = _kafka_hint(str(key), known)
-    if not hint:
-        close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
+    if not hint:  # Spark hands the names over lower-cased: compare them so
+        by_lower = {name.lower(): name for name in known}
+        close = difflib.get_close_matches(str(key).lower(), list(by_lower), n=1, cutoff=0.6)
+        hint = f" Did you mean {by_lower[close[0]]!r}?" if close else ""
     return ValueError(f"{prefix} {key!r} {problem}.{hint} {known_label}: {', '.join(known)}.")
 
 
@@ -434,6 +458,16 @@ def _parse_starting_offsets(value: str, *, stream: bool) -> StartingPosition:
         return StartingPosition(StartKind.LATEST)
     if value.startswith("{"):
         offsets = parse_offsets_json(value, "startingOffsets", allow_earliest=True)
+        latest = next(((topic, broker, qid) for (topic, broker, qid), offset in offsets.items()
+                       if offset == -1), None)
+        if latest is not None and not stream:  # as Spark's Kafka source: that queue would read nothing
+            topic, broker, qid = latest
+            raise _bad(
+                "startingOffsets", value,
+                f"a batch read cannot start queue {f'{broker}:{qid}' if broker else qid} of {topic!r} at "
+                "-1 (latest): it would read nothing there. Give an offset, -2 (earliest), or leave the "
+                "queue out (it starts at earliest)",
+            )
         return StartingPosition(StartKind.OFFSETS, offsets=offsets)
     raise _bad(
         "startingOffsets",

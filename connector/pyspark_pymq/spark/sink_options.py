@@ -173,8 +173,26 @@ def _parse_topic(opts: OptionValues) -> str | None:
     return topic
 
 
+# Spark's Kafka sink columns that pymq does not send -> what to do instead: left alone they would be
+# dropped in silence (a Kafka user's per-key order, partition or headers quietly lost)
+_KAFKA_COLUMNS: dict[str, str] = {
+    "key": "to keep a key's rows in order on one queue, name it 'sharding_key' (string); to index it "
+           "for look-ups by key (Admin.query_message), name it 'keys'",
+    "partition": "to choose the queue, name it 'queue_id' (an integer, 0 to the topic's write queues - 1)",
+    "headers": "give the headers as a 'properties' column, map<string,string>, e.g. "
+               "map_from_entries(transform(headers, h -> struct(h.key, CAST(h.value AS STRING))))",
+    "value": "pymq sends the 'body' column; drop one of them",
+}
+
+
 def _check_send_input(schema: StructType, topic: str | None) -> None:
     columns = [f.name for f in schema.fields]
+    for name in columns:
+        if name.lower() in _KAFKA_COLUMNS and not (name.lower() == "value" and "body" not in columns):
+            raise ValueError(
+                f"pymq sink column {name!r} is a column of Spark's Kafka sink, which pymq does not send "
+                f"(it would be dropped): {_KAFKA_COLUMNS[name.lower()]}, or drop it"
+            )
     if "body" not in columns:
         raise ValueError(
             "pymq sink needs a 'body' column (binary or string); the input has "

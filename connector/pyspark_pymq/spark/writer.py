@@ -165,11 +165,14 @@ _ROW_COLUMNS = ("topic", "tags", "keys", "properties", "delay_level", "sharding_
 def _row_values(batch: pa.RecordBatch, topic: str | None) -> Iterator[tuple[Any, ...]]:
     """Each row's (body, topic, tags, keys, properties, delay_level, sharding_key, queue_id).
 
-    A column the batch does not have is null on every row, the topic column the ``topic`` option.
+    A column the batch does not have is null on every row. The ``topic`` option, when set, is
+    every row's topic whatever a ``topic`` column holds (as in Spark's Kafka sink: a pass-through
+    of read rows must not write back into the topics they came from).
     """
     body = _body_column(batch)
     bodies = [None] * batch.num_rows if body is None else body.to_numpy(zero_copy_only=False).tolist()
-    columns = (column(batch, name, topic if name == "topic" else None) for name in _ROW_COLUMNS)
+    columns = ([topic] * batch.num_rows if name == "topic" and topic else column(batch, name)
+               for name in _ROW_COLUMNS)
     return zip(bodies, *columns, strict=True)
 
 
@@ -440,14 +443,12 @@ def encode_plain_batch(
     The properties are built here (RocketMQ's encoding, the same on every
     backend); ``backend`` (default: the pymq layout) frames each message.
 
-    The usual bulk write: rows to the ``topic`` option, round robin, with a body and
-    maybe tags. Rows that name their own topic, queue, sharding key, delay, keys or
-    properties take the per-row path. No per-row Python here but for the msgIds
+    The usual bulk write: rows to the ``topic`` option (a ``topic`` column is then
+    ignored), round robin, with a body and maybe tags. Rows that name their own queue,
+    sharding key, delay, keys or properties take the per-row path. No per-row Python here but for the msgIds
     the send results carry.
     """
-    if not topic or not _all_null(batch, "topic") or not all(
-        _all_null(batch, c) for c in _PER_ROW_COLUMNS
-    ):
+    if not topic or not all(_all_null(batch, c) for c in _PER_ROW_COLUMNS):
         return None
     n = batch.num_rows
     body = _body_column(batch)
