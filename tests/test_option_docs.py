@@ -177,8 +177,7 @@ def test_unknown_options_name_the_closest_registered_one() -> None:
     ("subscribe", "use 'topic' here"),  # not the closest spelling, 'subscription' (the tag filter)
     ("subscribePattern", "use 'topic' here (list the topics, comma-separated: a pattern is not supported"),
     ("assign", "reading only some queues of a topic is not supported"),
-    ("minOffsetsPerTrigger", "pymq has no minimum per trigger"),
-    ("maxTriggerDelay", "pymq has no minimum per trigger"),
+    ("minOffsetsPerTrigger", "use 'minMessagesPerTrigger' here (with maxTriggerDelay"),
     ("startingOffsetsByTimestampStrategy", "as Kafka's strategy 'latest'; there is no 'error' strategy"),
     ("kafkaConsumer.pollTimeoutMs", "use 'pollTimeoutMs' here"),
     ("kafka.security.protocol", "TLS is options tls=true and tlsCaFile"),

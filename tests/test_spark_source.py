@@ -233,6 +233,40 @@ def test_starting_latest_reads_only_what_arrives_after_start(
     )
 
 
+def test_min_messages_per_trigger_waits_for_enough_messages_then_max_trigger_delay(
+    spark: Any, ep: str, paths: tuple[Path, Path]
+) -> None:
+    out, ckpt = paths
+    topic = create(ep, unique("least"), queues=2)
+    produce(ep, topic, 3)
+    df = stream(spark, ep, topic, consumerGroup=unique("g"), startingOffsets="earliest",
+                minMessagesPerTrigger=10, maxTriggerDelay="8s")
+    query = (df.writeStream.format("parquet").option("checkpointLocation", str(ckpt))
+             .trigger(processingTime="200 milliseconds").start(str(out)))
+    try:
+        def data_batches() -> list[int]:
+            return [n for n in progress_rows(query) if n]
+
+        deadline = time.monotonic() + 60
+        while data_batches() != [3] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert data_batches() == [3]  # the first batch reads what is there
+        produce(ep, topic, 4, start=3)
+        time.sleep(1.5)  # several triggers: 4 < 10 new messages, no batch
+        assert data_batches() == [3]
+        produce(ep, topic, 6, start=7)
+        while len(data_batches()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert data_batches() == [3, 10]
+        produce(ep, topic, 2, start=13)  # too few: maxTriggerDelay after the last batch lets them go
+        while len(data_batches()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert data_batches() == [3, 10, 2]
+    finally:
+        query.stop()
+    assert len(output(out)) == 15
+
+
 def test_starting_group_uses_progress_then_consume_from_where(
     spark: Any, ep: str, paths: tuple[Path, Path]
 ) -> None:

@@ -11,7 +11,9 @@ import json
 import logging
 import os
 import random
+import re
 import struct
+import time
 from typing import Any
 
 import pyarrow as pa
@@ -739,6 +741,62 @@ def test_stream_offsets_start_limit_new_queues_and_commit() -> None:
     assert fake.committed == {T0: 10, T1: 30, U0: 5}
     assert make_stream(fake, messageModel="BROADCASTING", startingOffsets="earliest",
                        includeRetry="false").options.commits_progress is False
+
+
+def test_min_messages_per_trigger_holds_a_batch_back_until_enough_or_max_trigger_delay() -> None:
+    T0, T1 = MessageQueue("t", "b", 0), MessageQueue("t", "b", 1)
+    fake = FakeOffsetReader({T0: (0, 3)})
+    reader = make_stream(fake, minMessagesPerTrigger="10", maxTriggerDelay="300ms")
+    first = reader.latestOffset(reader.initialOffset(), ReadAllAvailable())
+    assert ends(first) == {T0: 3}  # the first batch reads what is there
+    end = json.loads(json.dumps(first))
+    fake.set({T0: (0, 8)})
+    assert json.dumps(reader.latestOffset(end, ReadAllAvailable())) == json.dumps(end)  # 5 < 10: no batch
+    fake.set({T0: (0, 9), T1: (0, 4)})  # a new queue joins, its messages count from the next batch
+    joined = reader.latestOffset(end, ReadAllAvailable())
+    assert ends(joined) == {T0: 3, T1: 0}
+    fake.set({T0: (0, 9), T1: (0, 4)})
+    end = json.loads(json.dumps(joined))
+    grown = reader.latestOffset(end, ReadAllAvailable())  # 6 + 4 = 10 new: a batch
+    assert ends(grown) == {T0: 9, T1: 4}
+    end = json.loads(json.dumps(grown))
+    fake.set({T0: (0, 11), T1: (0, 4)})
+    assert ends(reader.latestOffset(end, ReadAllAvailable())) == {T0: 9, T1: 4}
+    time.sleep(0.35)  # maxTriggerDelay since the last batch: what is there goes
+    assert ends(reader.latestOffset(end, ReadAllAvailable())) == {T0: 11, T1: 4}
+    # with maxMessagesPerTrigger too: the batch waits for 10, then reads at most 12
+    fake.set({T0: (0, 0)})
+    both = make_stream(fake, minMessagesPerTrigger="10", maxMessagesPerTrigger="12")
+    start = json.loads(json.dumps(both.latestOffset(both.initialOffset(), ReadMaxRows(12))))
+    fake.set({T0: (0, 9)})
+    assert ends(both.latestOffset(start, ReadMaxRows(12))) == {T0: 0}
+    fake.set({T0: (0, 30)})
+    assert ends(both.latestOffset(start, ReadMaxRows(12))) == {T0: 12}
+    # Trigger.AvailableNow does not wait: it reads up to its target and ends
+    fake.set({T0: (0, 4)})
+    now = make_stream(fake, minMessagesPerTrigger="10")
+    now.prepareForTriggerAvailableNow()
+    done = json.loads(json.dumps(now.latestOffset(now.initialOffset(), ReadAllAvailable())))
+    fake.set({T0: (0, 4)})
+    assert ends(done) == {T0: 4}
+
+
+def test_min_messages_per_trigger_options() -> None:
+    opts = parse_source_options(stream(minMessagesPerTrigger="5", maxTriggerDelay="2m"), stream=True)
+    assert (opts.min_messages_per_trigger, opts.max_trigger_delay_ms) == (5, 120_000)
+    opts = parse_source_options(stream(minMessagesPerTrigger="5"), stream=True)
+    assert opts.max_trigger_delay_ms == 15 * 60_000  # Kafka's default
+    assert parse_source_options(stream(minMessagesPerTrigger="5", maxTriggerDelay="250"),
+                                stream=True).max_trigger_delay_ms == 250
+    for raw, needle in [
+        (stream(minMessagesPerTrigger="50", maxMessagesPerTrigger="10"), "above maxMessagesPerTrigger=10"),
+        (stream(maxTriggerDelay="1m"), "set minMessagesPerTrigger too"),
+        (stream(minMessagesPerTrigger="5", maxTriggerDelay="soon"), "maxTriggerDelay='soon'"),
+        (stream(minMessagesPerTrigger="0"), "minMessagesPerTrigger='0'"),
+        (batch(minMessagesPerTrigger="5"), "minMessagesPerTrigger"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(needle)):
+            parse_source_options(raw, stream=raw.get("consumerGroup") is not None)
 
 
 def test_stream_offsets_available_now_target_and_data_loss() -> None:

@@ -148,6 +148,17 @@ class PymqDataSource(DataSource):
         among queues by backlog; it counts queue offsets, so a filtered subscription returns fewer rows.
         ``Trigger.AvailableNow`` honours it over several batches.
 
+    ``minMessagesPerTrigger``
+        (integer >= 1; default none; ``readStream`` only) a micro-batch waits until at least N new
+        messages are there, or ``maxTriggerDelay`` has passed since the last one (Spark's Kafka
+        ``minOffsetsPerTrigger``): fewer, larger batches from a trickle. Counts queue offsets as
+        ``maxMessagesPerTrigger``, and is not above it. ``Trigger.AvailableNow`` ignores it.
+
+    ``maxTriggerDelay``
+        (string; default ``15m``; ``readStream`` only) with ``minMessagesPerTrigger``: the longest a
+        micro-batch waits for them, since the last batch, e.g. ``30s``, ``15m`` (units ms, s, m, h, d; a
+        bare number is ms), as Kafka's.
+
     ``failOnDataLoss``
         (boolean; default ``true``) what happens when messages to read are gone (expired by
         ``fileReservedTime``, topic deleted, or deleted and created again): ``true`` fails the query

@@ -23,6 +23,7 @@ restarted query resumes from it, not from the broker.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -75,6 +76,7 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: dict[MessageQueue, int] | None = None  # Trigger.AvailableNow
         self._latest: dict[str, dict[str, int]] | None = None
         self._waiting_told: set[MessageQueue] = set()  # queues gone from their topic, warned about
+        self._last_trigger: float | None = None  # monotonic s of the last end that was not held back
 
     # Tasks get the options only: channels and driver state stay on the driver.
     def __getstate__(self) -> dict[str, Any]:
@@ -136,6 +138,7 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 }
             resolved = reader.starting_offsets(bounds)
             self._latest = offsets_to_json({mq: b.max_offset for mq, b in bounds.items()})
+            self._last_trigger = time.monotonic()
             # Batch 0 reads from the resolved start on: no empty first batch.
             return with_start(self._end_offsets(resolved, {}, bounds, limit), resolved)
 
@@ -215,12 +218,32 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 offset = skipped[mq] = b.min_offset
             kept[mq] = offset
 
+        if self._holds_back(kept, bounds):
+            limit = ReadMaxRows(0)  # no queue advances; a new queue still joins at its start
         end: dict[str, Any] = self._end_offsets(kept, waiting, bounds, limit)
         if FROM_KEY in start and end == {t: q for t, q in start.items() if t != FROM_KEY}:
             return start  # nothing new after a batch that skipped: the same JSON text, so no batch
         if skipped:
             end = with_start(end, skipped)
         return end
+
+    def _holds_back(
+        self, kept: Mapping[MessageQueue, int], bounds: Mapping[MessageQueue, QueueBounds]
+    ) -> bool:
+        """minMessagesPerTrigger (Kafka's minOffsetsPerTrigger): whether the next batch waits for
+        more messages, which it does until maxTriggerDelay has passed since the last batch.
+        Trigger.AvailableNow never waits: it has a fixed end to reach."""
+        least = self.options.min_messages_per_trigger
+        if least is None or self._target is not None:
+            return False
+        now = time.monotonic()
+        delay_s = self.options.max_trigger_delay_ms / 1000
+        if self._last_trigger is not None and now - self._last_trigger < delay_s:
+            new = sum(max(0, bounds[mq].max_offset - offset) for mq, offset in kept.items() if mq in bounds)
+            if new < least:
+                return True
+        self._last_trigger = now
+        return False
 
     def _recreated(self, read_with: TopicIds, now: TopicIds) -> set[tuple[str, str]]:
         """The (topic, broker)s whose topic was deleted and created again since ``read_with``

@@ -329,6 +329,19 @@ _SOURCE = (
             "it over several batches.",
     ),
     OptionSpec(
+        "minMessagesPerTrigger", "integer", section="limits", scope="stream", minimum=1,
+        default_doc="none",
+        doc="a micro-batch waits until at least N new messages are there, or `maxTriggerDelay` has "
+            "passed since the last one (Spark's Kafka `minOffsetsPerTrigger`): fewer, larger batches "
+            "from a trickle. Counts queue offsets as `maxMessagesPerTrigger`, and is not above it. "
+            "`Trigger.AvailableNow` ignores it.",
+    ),
+    OptionSpec(
+        "maxTriggerDelay", "string", section="limits", scope="stream", default="15m",
+        doc="with `minMessagesPerTrigger`: the longest a micro-batch waits for them, since the last "
+            "batch, e.g. `30s`, `15m` (units ms, s, m, h, d; a bare number is ms), as Kafka's.",
+    ),
+    OptionSpec(
         "failOnDataLoss", "boolean", section="limits", default=True,
         doc="what happens when messages to read are gone (expired by `fileReservedTime`, topic "
             "deleted, or deleted and created again): `true` fails the query saying what was lost; "

@@ -137,6 +137,8 @@ class SourceOptions:
     connect_timeout_ms: int
     min_partitions: int | None
     max_messages_per_partition: int | None
+    min_messages_per_trigger: int | None = None
+    max_trigger_delay_ms: int = 15 * 60_000
     # the columns a user's .schema(...) keeps, in its order; None: all (see spark.schema)
     columns: tuple[str, ...] | None = None
 
@@ -184,8 +186,6 @@ def _bad(name: str, value: object, allowed: str, prefix: str = "pymq option") ->
 # Spark's Kafka source and sink options (lower-cased, as Spark hands them over) -> (pymq's option, or ""
 # where there is none, and what to know): a Kafka user's names would otherwise get a close but wrong
 # spelling (``subscribe`` -> ``subscription``, which is the tag filter)
-_NO_MINIMUM = ("", "pymq has no minimum per trigger: each trigger reads what has arrived, up to "
-                   "maxMessagesPerTrigger; a longer processingTime trigger makes larger batches")
 _SASL = ("", "authentication is options accessKey and secretKey (RocketMQ's ACL users)")
 _KAFKA_OPTIONS: dict[str, tuple[str, str]] = {
     "subscribe": ("topic", "a comma-separated list; every queue of each topic is read"),
@@ -198,8 +198,7 @@ _KAFKA_OPTIONS: dict[str, tuple[str, str]] = {
     "kafka.group.id": ("consumerGroup", ""),
     "groupidprefix": ("consumerGroup", ""),
     "maxoffsetspertrigger": ("maxMessagesPerTrigger", ""),
-    "minoffsetspertrigger": _NO_MINIMUM,
-    "maxtriggerdelay": _NO_MINIMUM,
+    "minoffsetspertrigger": ("minMessagesPerTrigger", "with maxTriggerDelay, as in Kafka"),
     "startingoffsetsbytimestamp": ("startingTimestamp", "one time, in ms, for every queue"),
     "endingoffsetsbytimestamp": ("endingTimestamp", "one time, in ms, for every queue"),
     "startingoffsetsbytimestampstrategy": (
@@ -616,6 +615,30 @@ def _parse_include_retry(opts: OptionValues, what: _What, stream: bool | None) -
     return include_retry
 
 
+_DURATION = re.compile(r"(\d+)\s*(ms|s|sec|m|min|h|d)?", re.IGNORECASE)
+_DURATION_MS = {"ms": 1, "s": 1000, "sec": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000,
+                "d": 86_400_000}
+
+
+def _parse_min_per_trigger(opts: OptionValues) -> tuple[int | None, int]:
+    """minMessagesPerTrigger and maxTriggerDelay (ms), as Spark's Kafka source's pair."""
+    least = opts.integer("minMessagesPerTrigger")
+    most = opts.integer("maxMessagesPerTrigger")
+    if least is not None and most is not None and least > most:
+        raise opts.bad("minMessagesPerTrigger", least,
+                       f"it is above maxMessagesPerTrigger={most}: a batch could never hold it")
+    text = opts.text("maxTriggerDelay")
+    found = _DURATION.fullmatch(text)
+    if found is None:
+        raise opts.bad("maxTriggerDelay", text, "use a duration such as 30s, 15m or 1h "
+                       "(units ms, s, m, h, d; a bare number is milliseconds)")
+    delay_ms = int(found.group(1)) * _DURATION_MS[(found.group(2) or "ms").lower()]
+    if opts.given("maxTriggerDelay") and least is None:
+        raise opts.bad("maxTriggerDelay", text, "it bounds how long a batch waits for "
+                       "minMessagesPerTrigger messages: set minMessagesPerTrigger too, or remove it")
+    return least, delay_ms
+
+
 # -- the whole ---------------------------------------------------------------------------------------
 
 
@@ -634,6 +657,7 @@ def parse_source_options(raw: Mapping[str, str], *, stream: bool | None) -> Sour
     _check_starting(opts, starting, what, stream)
     ending = _parse_ending(opts, starting)
     include_retry = _parse_include_retry(opts, what, stream)
+    min_per_trigger, max_trigger_delay_ms = _parse_min_per_trigger(opts)
     options = SourceOptions(
         backend=backend,
         topics=what.topics,
@@ -647,6 +671,8 @@ def parse_source_options(raw: Mapping[str, str], *, stream: bool | None) -> Sour
         consume_timestamp_ms=consume_timestamp,
         ending=ending,
         max_messages_per_trigger=opts.integer("maxMessagesPerTrigger"),
+        min_messages_per_trigger=min_per_trigger,
+        max_trigger_delay_ms=max_trigger_delay_ms,
         pull_batch_size=opts.integer_or_default("pullBatchSize"),
         pull_max_bytes=opts.integer_or_default("pullMaxBytes"),
         poll_timeout_ms=opts.integer_or_default("pollTimeoutMs"),
