@@ -159,6 +159,26 @@ def test_a_stream_with_a_bad_column_fails_at_start_naming_it(
     assert read_all(ep, topic) == []
 
 
+def test_a_topic_the_broker_does_not_know_fails_the_write_on_the_driver(
+    spark: Any, shared_broker: Any, tmp_path: Path
+) -> None:
+    """One route look-up before any task: not every task's first send after Spark's retries."""
+    ep = shared_broker.endpoint
+    missing = unique("missing")
+    df = spark.createDataFrame([("x",)], "body string")
+    with pytest.raises(Exception, match=rf"looking up topic '{missing}' before writing failed: topic "
+                                        rf"'{missing}' does not exist") as info:
+        df.write.format("pymq").option("endpoint", ep).option("topic", missing).mode("append").save()
+    assert "Failed to initialize Python data source writer" in str(info.value)  # no task ran
+    rate = spark.readStream.format("rate").option("rowsPerSecond", 5).load()
+    q = (rate.selectExpr("CAST(value AS STRING) AS body").writeStream.format("pymq")
+         .option("endpoint", ep).option("topic", missing)
+         .option("checkpointLocation", str(tmp_path / "ckpt")).start())
+    with pytest.raises(Exception, match=f"looking up topic '{missing}' before writing"):
+        q.awaitTermination(120)
+    assert missing not in set(Admin(ep).topics()["topic"])
+
+
 def test_replayed_rows_are_dropped_by_the_dedup_window(shared_broker: Any) -> None:
     """The same task twice (a retry or a replayed batch) sends the same UNIQ_KEYs."""
     from pyspark.sql.types import StringType, StructField, StructType

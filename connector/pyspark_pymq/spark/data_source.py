@@ -500,21 +500,24 @@ class PymqDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> PymqSinkWriter:
         """``df.write.format("pymq")``: see :mod:`pyspark_pymq.spark.writer`."""
         from .sink_options import parse_sink_options
-        from .writer import PymqSinkWriter
+        from .writer import PymqSinkWriter, check_sink_topic
 
         if overwrite:  # Spark's own error for the default mode suggests "Overwrite": say why not
             raise ValueError(
                 "pymq sink: mode('overwrite') would have to remove the messages a topic already "
                 "holds, and a topic is append-only; write with .mode('append')"
             )
-        return PymqSinkWriter(parse_sink_options(dict(self.options), schema, stream=False))
+        options = parse_sink_options(dict(self.options), schema, stream=False)
+        check_sink_topic(options)
+        return PymqSinkWriter(options)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> PymqStreamSinkWriter:
         """``df.writeStream.format("pymq")``: see :mod:`pyspark_pymq.spark.writer`."""
         from .sink_options import parse_sink_options
-        from .writer import PymqStreamSinkWriter
+        from .writer import PymqStreamSinkWriter, check_sink_topic
 
         options = parse_sink_options(dict(self.options), schema, stream=True)
+        check_sink_topic(options)
         if options.exactly_once:
             from .transactional_sink import TransactionalStreamSinkWriter
 

@@ -41,7 +41,7 @@ from ..client.codec import fixed_width, uniq_property_matrix
 from ..client.consumer import PullConsumer
 from ..client.message import RowKeys, SendStatus
 from ..client.producer import Producer
-from ..errors import PymqError
+from ..errors import PymqError, TopicNotExistError
 from .option_registry import SINK_OPTIONS
 from .rows import column, rows_as_messages, send_back_acknowledged, send_back_columns
 from .sink_options import SinkOptions
@@ -549,6 +549,22 @@ def _summary(messages: list[WriterCommitMessage | None]) -> str:
         text += f", {copied} copied to %RETRY% directly (the broker could not send them back)"
     lost = sum(m.unacknowledged for m in done)
     return f"{text}, {lost} oneway row(s) not acknowledged" if lost else text
+
+
+def check_sink_topic(opts: SinkOptions) -> None:
+    """The ``topic`` option's route, looked up once on the driver before any task runs: a topic the
+    brokers do not know (and would not create) fails the write naming it, instead of every task's
+    first send after Spark's task retries. Rows' own ``topic`` columns are checked where they are sent.
+    A broker that does not answer now is left to the tasks, which retry their sends."""
+    if opts.action != "send" or opts.topic is None:
+        return
+    try:
+        cached_backend(opts.backend, opts.send_msg_timeout_ms / 1000.0).route(opts.topic, refresh=True)
+    except TopicNotExistError as err:
+        raise _naming(err, f"pymq sink: looking up topic {opts.topic!r} before writing") from None
+    except PymqError as err:
+        log.warning("pymq sink: could not look up topic %r before writing (%s); the tasks will try",
+                    opts.topic, err)
 
 
 class PymqSinkWriter(DataSourceArrowWriter):
