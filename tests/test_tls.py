@@ -43,6 +43,22 @@ def test_tls_broker_serves_tls_clients(tls_broker: BrokerProcess, certs: Certifi
     assert consumer.committed(mq) == 1
 
 
+def test_a_tls_broker_on_every_interface_serves_sends_and_pulls(
+    certs: Certificates, tmp_path: Path
+) -> None:
+    """Bound to 0.0.0.0 (the README's deployment with TLS), the broker's routes name 0.0.0.0: a
+    client sent its sends and pulls there, and the certificate's host check failed every one."""
+    args = ["--host", "0.0.0.0", "--tls-cert-file", certs.server_cert, "--tls-key-file", certs.server_key]
+    with BrokerProcess(tmp_path / "any", args) as proc:
+        ep = "127.0.0.1:" + proc.endpoint.rpartition(":")[2]
+        assert proc.endpoint.startswith("0.0.0.0:")
+        Admin(ep, tls_ca_file=certs.ca).create_topic("any-t", 1)
+        with Producer(ep, tls_ca_file=certs.ca) as producer:
+            producer.send(Message("any-t", b"reached"))
+        consumer = PullConsumer(ep, "any-g", tls_ca_file=certs.ca)
+        assert [m.body for m in consumer.pull(MessageQueue("any-t", "broker-a", 0), 0).messages] == [b"reached"]
+
+
 def test_plaintext_client_fails_fast_saying_to_enable_tls(tls_broker: BrokerProcess) -> None:
     ep = tls_broker.endpoint
     for call in (lambda: Admin(ep).topics(),

@@ -21,6 +21,7 @@ __all__ = ["PERM_READ", "PERM_WRITE", "RouteCache", "TopicRoute"]
 
 PERM_READ = 4
 PERM_WRITE = 2
+_WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 ROUTE_TTL_S = 30.0
 # After a failed refresh the last route is served this long before asking again, so a
 # broker that does not answer costs one timeout per interval, not one per send.
@@ -87,6 +88,10 @@ class RouteCache:
         if cached is not None:
             return cached
         endpoint = self.get(topic).endpoints.get(broker_name, self.bootstrap.endpoint)
+        if endpoint.rpartition(":")[0].strip("[]") in _WILDCARD_HOSTS:
+            # a broker bound to every interface (--host 0.0.0.0) names no address a client can
+            # reach (nor one its TLS certificate holds): the one this client came by reaches it
+            endpoint = self.bootstrap.endpoint
         client = (
             self.bootstrap
             if endpoint == self.bootstrap.endpoint
