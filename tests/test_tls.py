@@ -56,7 +56,8 @@ def test_a_tls_broker_on_every_interface_serves_sends_and_pulls(
         with Producer(ep, tls_ca_file=certs.ca) as producer:
             producer.send(Message("any-t", b"reached"))
         consumer = PullConsumer(ep, "any-g", tls_ca_file=certs.ca)
-        assert [m.body for m in consumer.pull(MessageQueue("any-t", "broker-a", 0), 0).messages] == [b"reached"]
+        pulled = consumer.pull(MessageQueue("any-t", "broker-a", 0), 0).messages
+        assert [m.body for m in pulled] == [b"reached"]
 
 
 def test_plaintext_client_fails_fast_saying_to_enable_tls(tls_broker: BrokerProcess) -> None:
