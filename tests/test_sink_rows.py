@@ -198,6 +198,24 @@ def test_the_topic_option_wins_over_a_topic_column_and_without_it_each_row_names
         assert sent == {("src", 0), ("src", 1), ("other", 2)}
 
 
+@pytest.mark.parametrize(("name", "meant"), [
+    ("Tags", "tags"), ("KEYS", "keys"), ("tag", "tags"), ("shardingKey", "sharding_key"),
+    ("delayLevel", "delay_level"), ("QueueId", "queue_id"), ("BODY", "body"),
+])
+def test_a_misspelt_send_column_is_refused_naming_the_column_meant(name: str, meant: str) -> None:
+    """Other columns are ignored: a misspelt one quietly lost the rows' tags, keys, order or delay."""
+    body = [] if name == "BODY" else [StructField("body", BinaryType())]
+    schema = StructType([*body, StructField(name, IntegerType() if "Id" in name or "Level" in name
+                                            else StringType())])
+    with pytest.raises(ValueError, match=rf"column '{name}' is not one it sends \(action=send\): did you "
+                                         rf"mean '{meant}'\?"):
+        parse_sink_options({"endpoint": "127.0.0.1:1", "topic": "t"}, schema, stream=False)
+    # the rows the source reads, written on as they are, have no such near miss
+    from pyspark_pymq.spark.schema import source_schema
+
+    parse_sink_options({"endpoint": "127.0.0.1:1", "topic": "t"}, source_schema(), stream=False)
+
+
 @pytest.mark.parametrize(("column", "named"), [
     (StructField("key", StringType()), "'sharding_key'"),
     (StructField("partition", IntegerType()), "'queue_id'"),
@@ -230,6 +248,8 @@ def test_bad_rows_fail_the_task_naming_the_first_one() -> None:
          "row 1 of partition 0 of batch 0 has delay_level -1; use 0 or more"),
         (rows(sharding_key=pa.array(["a", "b\x01", None]), body=pa.array([b"0", b"1", None])),
          r"row 1 of partition 0 of batch 0: a property name or value contains the reserved"),
+        (rows(keys=pa.array([["k0"], ["order 7"], ["x y"]])),  # would be stored as keys order, 7
+         r"row 1 of partition 0 of batch 0: key 'order 7' of the keys array contains a space"),
     ]
     for batch, match in cases:
         with pytest.raises(ValueError, match=match):

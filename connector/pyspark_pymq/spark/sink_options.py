@@ -116,6 +116,19 @@ def _type_name(dt: DataType) -> str:
 
 
 def _check_columns(schema: StructType, spec: dict[str, tuple[tuple[str, ...], str]], action: str) -> None:
+    # Other columns are ignored, so a misspelt one (Tags, KEYS, shardingKey, delayLevel, tag) would
+    # quietly lose the row's tags, keys, order or delay: names are matched exactly, and say so.
+    near = {name.replace("_", ""): name for name in spec}
+    if "tags" in spec:
+        near["tag"] = "tags"
+    for field in schema.fields:
+        meant = near.get(field.name.lower().replace("_", ""))
+        if meant is not None and field.name != meant and meant not in schema.fieldNames():
+            raise ValueError(
+                f"pymq sink column {field.name!r} is not one it sends (action={action}): did you mean "
+                f"{meant!r}? Column names are matched exactly; rename it, e.g. "
+                f"df.withColumnRenamed({field.name!r}, {meant!r})"
+            )
     for field in schema.fields:
         want = spec.get(field.name)
         if want is not None and _type_name(field.dataType) not in want[0]:
@@ -187,6 +200,7 @@ _KAFKA_COLUMNS: dict[str, str] = {
 
 def _check_send_input(schema: StructType, topic: str | None) -> None:
     columns = [f.name for f in schema.fields]
+    _check_columns(schema, _SEND_COLUMNS, "send")  # first: a 'BODY' is named as the misspelling it is
     for name in columns:
         if name.lower() in _KAFKA_COLUMNS and not (name.lower() == "value" and "body" not in columns):
             raise ValueError(
@@ -203,7 +217,6 @@ def _check_send_input(schema: StructType, topic: str | None) -> None:
         raise ValueError(
             "pymq sink needs a topic: set .option('topic', 'orders') or give a 'topic' column"
         )
-    _check_columns(schema, _SEND_COLUMNS, "send")
 
 
 _SEND_BACK_OPTIONS = tuple(spec.name for spec in SINK_OPTIONS if spec.section == "send back")

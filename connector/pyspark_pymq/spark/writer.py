@@ -133,6 +133,14 @@ def _encode_properties(
     if tags:
         parts.append(f"{_TAGS_HEAD}{tags}{_END}")
     if keys:
+        if not isinstance(keys, str):
+            spaced = next((k for k in keys if k and MC.KEY_SEPARATOR in k), None)
+            if spaced is not None:  # as Message(keys=[...]) refuses it: it would be stored as two keys
+                raise ValueError(
+                    f"key {spaced!r} of the keys array contains a space, which separates RocketMQ's "
+                    "KEYS: it would be stored (and found) as several keys; replace the space, or give "
+                    "the keys as one space-separated string"
+                )
         text = keys if isinstance(keys, str) else MC.KEY_SEPARATOR.join(k for k in keys if k)
         if text:
             parts.append(f"{_KEYS_HEAD}{text}{_END}")
