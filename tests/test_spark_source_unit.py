@@ -148,6 +148,10 @@ def test_option_names_are_case_insensitive() -> None:
         (batch(maxMessagesPerTrigger="3"), False, ["maxMessagesPerTrigger", "streams"]),
         (stream(startingOffsets="newest"), True, ["startingOffsets='newest'", "'earliest'"]),
         (batch(startingOffsets="latest"), False, ["startingOffsets='latest'", "reads nothing"]),
+        (batch(startingOffsets='{"orders": {"1": 500, "b:0": 7}}', endingOffsets='{"orders": {"b:1": 100}}'),
+         False, ["queue b:1 of 'orders' starts at 500 (startingOffsets) after its end 100"]),
+        (batch(startingOffsets='{"orders": {"b:0": 5}}', endingOffsets='{"orders": {"b:0": 4, "c:0": 9}}'),
+         False, ["queue b:0 of 'orders' starts at 5 (startingOffsets) after its end 4"]),
         (batch(startingOffsets='{"orders": {"b:1": 3, "b:0": -1}}'), False,
          ["cannot start queue b:0 of 'orders' at -1 (latest)", "-2 (earliest)"]),
         (stream(startingOffsets="{oops"), True, ["startingOffsets", "not valid JSON"]),
@@ -223,6 +227,14 @@ def test_load_time_check_accepts_what_a_stream_or_a_batch_read_accepts(
 def test_load_time_check_rejects_what_no_read_accepts(raw: dict[str, str], needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
         parse_source_options(raw, stream=None)
+
+
+def test_a_start_at_or_before_its_end_or_on_another_queue_is_accepted() -> None:
+    for start, end in [('{"orders": {"b:0": 4}}', '{"orders": {"b:0": 4}}'),
+                       ('{"orders": {"b:0": 9}}', '{"orders": {"c:0": 4, "b:1": 2}}'),
+                       ('{"orders": {"b:0": -2}}', '{"orders": {"0": 3}}'),
+                       ('{"orders": {"0": 9}}', '{"orders": {"0": -1}}')]:
+        parse_source_options(batch(startingOffsets=start, endingOffsets=end), stream=False)
 
 
 def test_starting_modes_parse() -> None:

@@ -273,7 +273,8 @@ _SOURCE = (
         doc="where reading starts. `group`: the group's progress on the broker, else "
             "`consumeFromWhere` (CLUSTERING only); `earliest`; `latest` (streams: a batch read would "
             'read nothing); or JSON `{"orders": {"broker-a:0": 42, "broker-a:1": -2}}` (-2 earliest, '
-            '-1 latest; a key `"1"` means queue 1 on any broker; unlisted queues start at earliest), '
+            '-1 latest, streams only; a key `"1"` means queue 1 on any broker; unlisted queues start '
+            'at earliest), '
             "naming the query's topics and, with `includeRetry`, `%RETRY%<consumerGroup>`; an offset "
             "before a queue's first message or past its end goes through `failOnDataLoss`. "
             "A BROADCASTING stream without it starts where `consumeFromWhere` says.",
@@ -307,7 +308,8 @@ _SOURCE = (
         "endingOffsets", "json", section="end", scope="batch", default="latest",
         doc="where the read ends (exclusive): `latest`, resolved once when the read is planned, or "
             'JSON `{"orders": {"broker-a:0": 100}}` (-1 latest; unlisted queues end at latest), '
-            "naming the query's topics and, with `includeRetry`, `%RETRY%<consumerGroup>`.",
+            "naming the query's topics and, with `includeRetry`, `%RETRY%<consumerGroup>`; a queue "
+            "that `startingOffsets` starts after its end here is refused.",
     ),
     OptionSpec(
         "endingTimestamp", "integer", section="end", scope="batch", minimum=0,

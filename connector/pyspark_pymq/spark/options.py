@@ -560,6 +560,21 @@ def _check_offset_topics(opts: OptionValues, options: SourceOptions) -> None:
 # -- where a batch read ends -----------------------------------------------------------------------
 
 
+def _check_start_before_end(starts: Mapping[QueueKey, int], ends: Mapping[QueueKey, int]) -> None:
+    """A queue given a start after its end in the two JSONs: a mistake, not an empty range (Spark's
+    Kafka batch read fails on it too). A key without a broker name applies to every broker's queue."""
+    for (topic, broker, qid), first in sorted(starts.items()):
+        for (end_topic, end_broker, end_qid), last in sorted(ends.items()):
+            same_broker = broker == end_broker or "" in (broker, end_broker)
+            if (topic, qid) == (end_topic, end_qid) and same_broker and 0 <= last < first:
+                queue = f"{broker or end_broker}:{qid}" if broker or end_broker else str(qid)
+                raise ValueError(
+                    f"pymq options: queue {queue} of {topic!r} starts at {first} (startingOffsets) after "
+                    f"its end {last} (endingOffsets), so nothing lies between; give a start at or "
+                    "before the end"
+                )
+
+
 def _parse_ending(opts: OptionValues, starting: StartingPosition) -> EndingPosition:
     ending_ts = opts.integer("endingTimestamp")
     if opts.given("endingOffsets") and ending_ts is not None:
@@ -580,6 +595,8 @@ def _parse_ending(opts: OptionValues, starting: StartingPosition) -> EndingPosit
         return EndingPosition(StartKind.LATEST)
     if value.startswith("{"):
         offsets = parse_offsets_json(value, "endingOffsets", allow_earliest=False)
+        if starting.kind is StartKind.OFFSETS:
+            _check_start_before_end(starting.offsets, offsets)
         return EndingPosition(StartKind.OFFSETS, offsets=offsets)
     raise _bad(
         "endingOffsets",
