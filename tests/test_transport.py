@@ -265,6 +265,22 @@ def test_unreachable_and_silent_brokers_raise_retriable_errors(broker: BrokerPro
     assert client.broker_runtime_info(pymq_pb2.BrokerRuntimeInfoRequest()).broker_name
 
 
+def test_another_grpc_server_is_named_as_not_a_pymq_broker() -> None:
+    """A RocketMQ 5 proxy serves gRPC on 8081 too: its UNIMPLEMENTED was a bare SYSTEM_ERROR."""
+    from concurrent import futures
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with pytest.raises(PymqError, match=rf"127\.0\.0\.1:{port} is a gRPC server without pymq's "
+                                            r"ListTopics .*not a pymq broker") as info:
+            Admin(f"127.0.0.1:{port}").topics()
+        assert "namesrv_addr" in str(info.value) and not info.value.retriable
+    finally:
+        server.stop(0)
+
+
 class _NoChannelWait(BrokerProcess):
     """A broker process whose start does not warm the clients' shared channel (as a user's broker)."""
 

@@ -279,6 +279,13 @@ def map_rpc_error(
         )
     if status == grpc.StatusCode.DEADLINE_EXCEEDED:
         return RequestTimeoutError(f"broker at {endpoint} did not answer {method} in time")
+    if status == grpc.StatusCode.UNIMPLEMENTED:
+        return PymqError(
+            f"{endpoint} is a gRPC server without pymq's {method} ({details}): not a pymq broker, or one "
+            "older than this client. An Apache RocketMQ 5 proxy also serves gRPC (on 8081 too): for a "
+            "RocketMQ cluster give its name servers as namesrv_addr= (Spark option namesrvAddr, "
+            "pymq-admin -n), not as the endpoint"
+        )
     return PymqError(f"{method} to {endpoint} failed: {status}: {details}")
 
 
