@@ -593,6 +593,22 @@ def test_commit_group_progress_writes_no_offsets_of_a_topic_created_again(ep: st
     assert consumer.committed(mq) == -1
 
 
+def test_commit_group_progress_refuses_a_group_whose_retries_the_query_did_not_read(ep: str) -> None:
+    """The query read %RETRY%<its group>: another group name (a typo) would be made holding the
+    query's offsets, and the real group would keep showing its lag."""
+    topic, group = create(ep, unique("whose-prog"), queues=1), unique("g")
+    produce(ep, topic, 3)
+    end = {topic: {"broker-a:0": 3}, f"%RETRY%{group}": {"broker-a:0": 0}}
+    query = type("StoppedQuery", (), {"lastProgress": {"sources": [{"endOffset": json.dumps(end)}]}})()
+    typo = "typo-" + group
+    with pytest.raises(ValueError, match=rf"read %RETRY%{group}, so its consumer group is '{group}', "
+                                         rf"not '{typo}'"):
+        commit_group_progress(query, ep, typo)
+    assert typo not in set(Admin(ep).groups(include_internal=True)["group"])
+    assert commit_group_progress(query, ep, group) >= 1
+    assert PullConsumer(ep, group).committed(MessageQueue(topic, "broker-a", 0)) == 3
+
+
 @pytest.fixture
 def retention_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
     """A broker whose 8 MiB commit-log segments expire after ~0.4 s."""

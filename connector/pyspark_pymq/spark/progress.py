@@ -12,6 +12,8 @@ import json
 from collections.abc import Collection, Iterable
 from typing import Any
 
+from pymq_proto.topics import RETRY_GROUP_TOPIC_PREFIX, is_retry_topic
+
 from ..backend.base import QueueBounds
 from ..client.consumer import PullConsumer, retry_topic
 from ..client.message import MessageQueue
@@ -64,6 +66,16 @@ def commit_group_progress(
             queues = offsets_from_json(offset)
         except ValueError:
             continue  # another source's offsets (a join with a non-pymq stream)
+        mine = retry_topic(group)
+        others = sorted({mq.topic for mq in queues if is_retry_topic(mq.topic) and mq.topic != mine})
+        if others and topics is None:
+            # the source read another group's retries: its progress is that group's, and a misspelt
+            # group would be made with the query's offsets while the real one keeps its lag
+            raise ValueError(
+                f"commit_group_progress: the query's pymq source read {', '.join(others)}, so its consumer "
+                f"group is {', '.join(repr(t[len(RETRY_GROUP_TOPIC_PREFIX):]) for t in others)}, not "
+                f"{group!r}: pass that group (or, for several sources, topics= with each group's topics)"
+            )
         if topics is not None:
             queues = {mq: o for mq, o in queues.items() if mq.topic in wanted}
         if not queues:
