@@ -151,6 +151,7 @@ def test_pymq_admin_reset_offset(shared_broker: BrokerProcess, capsys: pytest.Ca
     assert main(["-e", ep, "reset-offset", group, topic, "--timestamp", "earliest"]) == 0
     out = capsys.readouterr().out
     assert f"offsets of {group} on {topic} reset (2 queue(s))" in out
+    assert "stop those first" in out and "new checkpointLocation" in out  # as the README says
     assert _offsets(Admin(ep), group, topic) == [0, 0]
     assert main(["-e", ep, "reset-offset", group, topic, "--offset", "3", "--queue-id", str(full)]) == 0
     capsys.readouterr()

@@ -174,8 +174,9 @@ def _cmd_reset_offset(admin: Admin, a: argparse.Namespace) -> None:
         raise ValueError("give --timestamp (every queue, or --queue-id's) or --offset with --queue-id")
     frame = admin.reset_offset(a.group, a.topic, a.timestamp, offset=a.offset, queue_id=a.queue_id)
     _print_frame(frame)
-    print(f"offsets of {a.group} on {a.topic} reset ({len(frame)} queue(s)); a running PullConsumer or "
-          "Spark query of the group writes its own offsets over them: restart those after the reset")
+    print(f"offsets of {a.group} on {a.topic} reset ({len(frame)} queue(s)). A PullConsumer or Spark query "
+          "of the group that ran meanwhile writes its own offsets over them: stop those first and reset "
+          "again; a Spark query starts from the reset only with a new checkpointLocation")
 
 
 def _cmd_dead_letters(admin: Admin, a: argparse.Namespace) -> None:
