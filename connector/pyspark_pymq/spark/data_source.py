@@ -402,8 +402,9 @@ class PymqDataSource(DataSource):
         ``refunds``): a micro-batch that Spark runs again then sends the same msgIds, which a topic's
         de-duplication window drops; without it, each run sends new ones. Outside a stream a ``writeId``
         names one write: running it again with the same ``writeId`` sends the same msgIds (a
-        de-duplication window drops rows already sent), so give new data a new one
-        (``orders-2026-11-27``).
+        de-duplication window drops rows already sent) as long as each row lands in the same partition
+        at the same place (a msgId is the partition and the row's index in it: read the input in a fixed
+        order, without a ``repartition``), so give new data a new one (``orders-2026-11-27``).
 
     ``retryTimesWhenSendFailed``
         (integer 0..16; default 2) ``sendMode=sync``: retries of a failed send.

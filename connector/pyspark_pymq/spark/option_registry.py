@@ -453,7 +453,9 @@ _SINK = (
             "then sends the same msgIds, which a topic's de-duplication window drops; without it, "
             "each run sends new ones. Outside a stream a `writeId` names one write: running it again "
             "with the same `writeId` sends the same msgIds (a de-duplication window drops rows already "
-            "sent), so give new data a new one (`orders-2026-11-27`).",
+            "sent) as long as each row lands in the same partition at the same place (a msgId is "
+            "the partition and the row's index in it: read the input in a fixed order, without a "
+            "`repartition`), so give new data a new one (`orders-2026-11-27`).",
     ),
     OptionSpec(
         "retryTimesWhenSendFailed", "integer", section="retries", default=2, minimum=0, maximum=16,
