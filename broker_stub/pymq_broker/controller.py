@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from .store.config import MessageStoreConfig
 from .store.message_store import DefaultMessageStore
 from .store.results import PutMessageError
 from .store.schedule_message_service import ScheduleMessageService
+from .store.store_lock import StoreLock
 from .store.timer_message_store import TimerMessageStore
 from .transaction.transactional_message_service import (
     TransactionalMessageService,
@@ -102,7 +104,9 @@ class BrokerController:
         self.acls = AuthorizationMetadataProvider(cfg_dir / "acls.json")
         self.schedule_path = cfg_dir / "delayOffset.json"
         self.timer_path = cfg_dir / "timerCheckpoint.json"
+        self.store_lock = StoreLock(root)
         self.server: grpc.aio.Server | None = None
+        self._bound: grpc.aio.Server | None = None  # listening, maybe not serving yet
         self.endpoint = ""
         self._tasks: list[asyncio.Task[None]] = []
         self.schedule_message_service: ScheduleMessageService | None = None
@@ -110,7 +114,21 @@ class BrokerController:
         self.messaging: MessagingProcessor | None = None  # apache.rocketmq.v2, once served
 
     async def start(self) -> str:
-        """Load and recover the store, then serve; returns the bound ``host:port``."""
+        """Load and recover the store, then serve; returns the bound ``host:port``.
+
+        Refused (:class:`~.store.store_lock.DataDirInUseError`) while another broker holds the data
+        dir. A start that fails releases what it took (the data dir's lock, the port), so another
+        broker may be started on the dir in this process.
+        """
+        # before anything reads or writes the dir: a refused broker must change nothing of it
+        self.store_lock.acquire()
+        try:
+            return await self._start()
+        except BaseException:
+            await self._abandon_start()
+            raise
+
+    async def _start(self) -> str:
         bc = self.broker_config
         self.topic_config_manager.load()
         self.consumer_offset_manager.load()
@@ -119,10 +137,10 @@ class BrokerController:
         self.acls.load()
         auth = self._auth()  # before the store opens: a refused setting leaves nothing running
         self.auth_service: AuthService | None = auth["auth"]  # for every gRPC service this broker serves
+        self._warn_if_open()
         server = grpc.aio.server(options=grpc_options(self.store_config.max_message_size))
         port = bind(server, bc)
-        if port == 0:
-            raise OSError(f"cannot listen on {bc.host}:{bc.port}")
+        self._bound = server
         self.endpoint = f"{bc.host}:{port}"
         store = DefaultMessageStore(self.store_config, store_host_bytes(bc.host, port))
         store.load()
@@ -164,6 +182,7 @@ class BrokerController:
         self.schedule_message_service.load()
         await server.start()
         self.server = server
+        self._bound = None
         self._tasks = [
             asyncio.create_task(self._schedule_loop()),
             asyncio.create_task(
@@ -184,6 +203,46 @@ class BrokerController:
                 self._persist_every(attempts.persist_interval_s, attempts)))
         log.info("broker %s serving on %s", bc.broker_name, self.endpoint)
         return self.endpoint
+
+    async def _abandon_start(self) -> None:
+        """Undo a start that failed halfway: stop the store, free the port, release the data dir."""
+        try:
+            if self.server is not None:
+                await self.server.stop(None)
+                self.server = None
+            server, self._bound = self._bound, None
+            if server is not None:
+                # a port grpc bound is freed only by stopping a started server (stop alone keeps it)
+                await server.start()
+                await server.stop(None)
+            if self.store is not None:
+                self.store.shutdown()
+                self.store = None
+        except Exception:
+            log.exception("cleaning up after a failed start of broker %s", self.broker_config.broker_name)
+        finally:
+            self.store_lock.release()
+
+    def _warn_if_open(self) -> None:
+        """Warn of a broker that serves everyone: README's rule is that an open broker stays on loopback."""
+        bc = self.broker_config
+        if bc.authentication_enabled:
+            return
+        if not is_loopback(bc.host):
+            log.warning(
+                "broker %s listens on %s without authentication: anyone who reaches it may read, write "
+                "and delete every topic. Start it with --authentication-enabled (and TLS: --tls-cert-file, "
+                "--tls-key-file), or bind it to 127.0.0.1 (--host 127.0.0.1)", bc.broker_name, bc.host,
+            )
+        if self.users.users:
+            given = (" (--init-authentication-user / $PYMQ_INIT_AUTHENTICATION_USER given)"
+                     if bc.init_authentication_user is not None else "")
+            log.warning(
+                "%d user(s) exist in %s%s but authentication is off: every request is served without "
+                "checking who sent it. Start the broker with --authentication-enabled "
+                "(EmbeddedBroker(authentication_enabled=True)) to require them",
+                len(self.users.users), self.users.path, given,
+            )
 
     def _auth(self) -> dict[str, Any]:
         """The user/ACL RPCs, and the AuthService every request passes when authentication is on."""
@@ -320,12 +379,43 @@ class BrokerController:
         if self.store is not None:
             self.store.shutdown()
             self.store = None
+        self.store_lock.release()  # after every write to the dir
         log.info("broker %s shut down", self.broker_config.broker_name)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name, an IPv4 or an IPv6 address, bracketed or not) is this host's loopback.
+
+    A host name other than localhost counts as not: what it resolves to is not ours to know.
+    """
+    name = host.strip().removeprefix("[").removesuffix("]")
+    if name.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
 def bind(server: grpc.aio.Server, bc: BrokerConfig) -> int:
-    """Listen on ``bc.host:bc.port``, with TLS when the broker has a certificate; the bound port."""
+    """Listen on ``bc.host:bc.port``, with TLS when the broker has a certificate; the bound port.
+
+    Raises OSError naming the address when it cannot be bound.
+    """
     address = f"{bc.host}:{bc.port}"
+    try:
+        port = _add_port(server, bc, address)
+    except RuntimeError:  # grpcio raises "Failed to bind to address" (older versions returned 0)
+        port = 0
+    if port == 0:
+        raise OSError(
+            f"cannot listen on {address}: the port is in use (another broker?) or the address is not "
+            "one of this host's. Give another port (--port, EmbeddedBroker(port=...)), or 0 for a free one"
+        )
+    return port
+
+
+def _add_port(server: grpc.aio.Server, bc: BrokerConfig, address: str) -> int:
     if bc.tls_cert_file is None or bc.tls_key_file is None:
         return server.add_insecure_port(address)
     def read(path: str, what: str) -> bytes:

@@ -17,7 +17,9 @@ class EmbeddedBroker:
 
     Args:
         data_dir: where the store lives; None makes a temporary directory that
-            is removed on :meth:`stop`.
+            is removed on :meth:`stop`. One broker per data dir: :meth:`start` raises
+            :class:`~pymq_broker.store.store_lock.DataDirInUseError` while another broker (a
+            ``pymq-broker`` process or an EmbeddedBroker) runs on it.
         port: 0 picks a free port. ``host`` defaults to 127.0.0.1.
         **config: any BrokerConfig or MessageStoreConfig field, e.g.
             ``flush_disk_type="SYNC_FLUSH"``, ``auto_create_topic_enable=True``,
@@ -65,6 +67,13 @@ class EmbeddedBroker:
         self._thread.start()
         ready.wait()
         if error:
+            # the controller released the data dir and the port: this broker may be started again,
+            # or another one on the same data dir
+            self._thread.join(30)
+            loop.close()
+            self._loop = self._thread = None
+            if self._temp:
+                shutil.rmtree(self.data_dir, ignore_errors=True)
             raise error[0]
         return self
 

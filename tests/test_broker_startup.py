@@ -1,0 +1,179 @@
+"""Broker start-up safety: one broker per data dir, a busy port, an open broker warned about."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from broker_process import BrokerProcess
+from helpers import read_all
+from pymq_broker import EmbeddedBroker
+from pymq_broker.controller import is_loopback
+from pymq_broker.store.store_lock import DataDirInUseError, StoreLock
+from pyspark_pymq import Admin, Message, Producer
+from pyspark_pymq.client.message import SendStatus
+
+
+def _send(endpoint: str, topic: str, bodies: list[bytes]) -> None:
+    with Producer(endpoint) as producer:
+        for body in bodies:
+            assert producer.send(Message(topic, body)).status == SendStatus.SEND_OK
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, int, str]]:
+    """Every file under ``root`` but the lock file: its size, mtime and content hash."""
+    return {
+        str(p.relative_to(root)): (
+            p.stat().st_size, p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+        for p in sorted(root.rglob("*")) if p.is_file() and p.name != "lock"
+    }
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A loopback port something else listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+# -- one broker per data dir ------------------------------------------------------------------
+
+
+def test_a_second_broker_process_on_a_data_dir_is_refused_and_the_first_keeps_its_messages(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "b"
+    first = BrokerProcess(data).start()
+    try:
+        Admin(first.endpoint).create_topic("dup", queues=1)
+        _send(first.endpoint, "dup", [b"before-0", b"before-1"])
+        second = BrokerProcess(data, startup_timeout=20)
+        with pytest.raises(RuntimeError, match="broker did not start") as refused:
+            second.start()
+        text = str(refused.value)
+        assert f"data dir {str(data)!r} is in use by another broker (pid {first.pid}" in text
+        assert "Traceback" not in text
+        assert second.proc is not None and second.proc.returncode not in (0, None)
+        _send(first.endpoint, "dup", [b"after"])  # the first one still serves
+        first.restart()
+        assert sorted(m.body for m in read_all(first.endpoint, "dup")) == [b"after", b"before-0", b"before-1"]
+    finally:
+        first.stop()
+
+
+def test_an_embedded_broker_on_a_busy_data_dir_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    data = tmp_path / "b"
+    with EmbeddedBroker(data) as broker:  # a store with every file a broker leaves
+        Admin(broker.endpoint).create_topic("dup", queues=1)
+        _send(broker.endpoint, "dup", [b"kept"])
+    before = _snapshot(data)
+    assert "abort" not in before  # a clean stop removed it: a refused broker must not create it
+    holder = StoreLock(data)
+    holder.acquire()
+    try:
+        with pytest.raises(DataDirInUseError, match=r"is in use by another broker \(pid \d+, this process"):
+            EmbeddedBroker(data).start()
+        assert _snapshot(data) == before
+    finally:
+        holder.release()
+    with EmbeddedBroker(data) as broker:  # released: the next broker starts, the message is there
+        assert [m.body for m in read_all(broker.endpoint, "dup")] == [b"kept"]
+
+
+def test_an_embedded_broker_is_refused_a_data_dir_a_broker_process_runs_on(tmp_path: Path) -> None:
+    data = tmp_path / "b"
+    with BrokerProcess(data) as process:
+        Admin(process.endpoint).create_topic("dup", queues=1)
+        _send(process.endpoint, "dup", [b"one"])
+        in_use = rf"{str(data)!r} is in use by another broker \(pid {process.pid}"
+        with pytest.raises(DataDirInUseError, match=in_use):
+            EmbeddedBroker(data).start()
+        _send(process.endpoint, "dup", [b"two"])
+        assert sorted(m.body for m in read_all(process.endpoint, "dup")) == [b"one", b"two"]
+
+
+def test_a_killed_broker_leaves_no_stale_lock(tmp_path: Path) -> None:
+    data = tmp_path / "b"
+    first = BrokerProcess(data).start()
+    Admin(first.endpoint).create_topic("dup", queues=1)
+    _send(first.endpoint, "dup", [b"one"])
+    first.kill()
+    with EmbeddedBroker(data) as broker:
+        assert [m.body for m in read_all(broker.endpoint, "dup")] == [b"one"]
+    with BrokerProcess(data) as second:
+        assert [m.body for m in read_all(second.endpoint, "dup")] == [b"one"]
+
+
+# -- a busy port --------------------------------------------------------------------------------
+
+
+def test_a_busy_port_is_named_without_a_traceback(tmp_path: Path, busy_port: int) -> None:
+    proc = BrokerProcess(tmp_path / "b", ["--port", str(busy_port)], startup_timeout=20)
+    with pytest.raises(RuntimeError, match="broker did not start") as refused:
+        proc.start()
+    text = str(refused.value)
+    assert f"pymq-broker: cannot listen on 127.0.0.1:{busy_port}: the port is in use" in text
+    assert "Traceback" not in text
+    assert proc.proc is not None and proc.proc.returncode not in (0, None)
+
+
+def test_an_embedded_broker_on_a_busy_port_releases_the_data_dir(tmp_path: Path, busy_port: int) -> None:
+    data = tmp_path / "b"
+    with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{busy_port}: the port is in use"):
+        EmbeddedBroker(data, port=busy_port).start()
+    with EmbeddedBroker(data) as broker:  # the failed start let go of the data dir
+        Admin(broker.endpoint).create_topic("t", queues=1)
+
+
+# -- an open broker -----------------------------------------------------------------------------
+
+
+def test_a_broker_open_beyond_loopback_is_warned_about(tmp_path: Path) -> None:
+    with BrokerProcess(tmp_path / "b", ["--host", "0.0.0.0"]) as proc:
+        output = "".join(proc.output)
+    assert "WARNING" in output
+    assert "listens on 0.0.0.0 without authentication" in output
+    assert "--authentication-enabled" in output and "127.0.0.1" in output
+    with BrokerProcess(tmp_path / "c") as proc:  # loopback: nothing to warn about
+        assert "without authentication" not in "".join(proc.output)
+
+
+@pytest.mark.parametrize(("host", "loopback"), [
+    ("127.0.0.1", True), ("127.8.0.1", True), ("localhost", True), ("::1", True), ("[::1]", True),
+    ("0.0.0.0", False), ("[::]", False), ("10.0.0.5", False), ("broker.example.com", False),
+])
+def test_loopback_hosts(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
+def test_users_without_authentication_are_warned_about(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = tmp_path / "b"
+    monkeypatch.setenv("PYMQ_INIT_AUTHENTICATION_USER", "root:root-password")
+    with BrokerProcess(data) as proc:
+        output = "".join(proc.output)
+    assert "WARNING" in output
+    assert "1 user(s) exist in" in output and "authentication is off" in output
+    assert "$PYMQ_INIT_AUTHENTICATION_USER given" in output
+    monkeypatch.delenv("PYMQ_INIT_AUTHENTICATION_USER")
+    with BrokerProcess(data) as proc:  # the users file alone
+        output = "".join(proc.output)
+    assert f"1 user(s) exist in {data / 'config' / 'users.json'} but authentication is off" in output
+    with BrokerProcess(data, ["--authentication-enabled"]) as proc:
+        assert "authentication is off" not in "".join(proc.output)
+
+
+def test_users_without_authentication_are_warned_about_by_an_embedded_broker(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="pymq_broker.controller"), \
+            EmbeddedBroker(tmp_path / "b", init_authentication_user="root:root-password"):
+        pass
+    assert any("authentication is off" in r.getMessage() for r in caplog.records)
