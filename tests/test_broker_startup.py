@@ -177,3 +177,30 @@ def test_users_without_authentication_are_warned_about_by_an_embedded_broker(
             EmbeddedBroker(tmp_path / "b", init_authentication_user="root:root-password"):
         pass
     assert any("authentication is off" in r.getMessage() for r in caplog.records)
+
+
+def test_a_forked_child_does_not_keep_the_data_dir_locked(tmp_path: Path) -> None:
+    # flock belongs to the open file: a child forked while a broker ran (multiprocessing's fork)
+    # held it on, and no broker could start on the dir after this one stopped until the child exited
+    import os
+    import signal
+
+    lock = StoreLock(tmp_path)
+    lock.acquire()
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child (its fork hooks have run) says so, then idles until killed
+        os.write(ready_w, b"1")
+        signal.pause()
+        os._exit(0)
+    try:
+        assert os.read(ready_r, 1) == b"1"
+        lock.release()
+        again = StoreLock(tmp_path)
+        again.acquire()
+        again.release()
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(ready_r)
+        os.close(ready_w)
