@@ -9,6 +9,7 @@ import base64
 import re
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,39 @@ def test_explore_topics_notebook_runs_headless(monkeypatch: pytest.MonkeyPatch) 
         assert width > 500 and height > 200
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert "re-sent 8 dead letter(s); %DLQ%billing now holds 0" in text
+
+
+def test_explore_topics_notebook_only_reads_your_broker(
+    monkeypatch: pytest.MonkeyPatch, shared_broker: Any
+) -> None:
+    """With PYMQ_ENDPOINT (the user's broker) the notebook re-sent and purged its dead letters, and
+    died on a key it did not find: now it only reads there."""
+    import nbformat
+    from nbclient import NotebookClient
+    from pyspark_pymq import Admin, Message, Producer, PullConsumer
+
+    ep = shared_broker.endpoint
+    topic, group = f"nb-{uuid.uuid4().hex[:8]}", f"nb-g-{uuid.uuid4().hex[:8]}"
+    Admin(ep).create_topic(topic, queues=1)
+    with Producer(ep) as producer:
+        producer.send(Message(topic, b"poison", keys=["k-1"]))
+    consumer = PullConsumer(ep, group)
+    [mq] = consumer.queues(topic)
+    consumer.send_back(consumer.pull(mq, 0).messages[0], delay_level=-1, reason="bad")  # to %DLQ%
+    consumer.commit(mq, 1)
+    for name, value in (("PYMQ_ENDPOINT", ep), ("PYMQ_TOPIC", topic), ("PYMQ_GROUP", group),
+                        ("PYMQ_LAGGING_GROUP", group), ("PYMQ_KEY", "no-such-key")):
+        monkeypatch.setenv(name, value)
+    nb = nbformat.read(EXAMPLES / "explore_topics.ipynb", as_version=4)
+    NotebookClient(nb, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(EXAMPLES)}}).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert [o for o in outputs if o.output_type == "error"] == []
+    text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    assert f"no message of {topic!r} has the key 'no-such-key'" in text
+    assert f"skipped on {ep}" in text
+    assert [m.body for m in Admin(ep).dead_letter_messages(group)] == [b"poison"]
+    assert Admin(ep).topics(topic=topic)["messages"].tolist() == [1]  # nothing sent
 
 
 @pytest.mark.spark
