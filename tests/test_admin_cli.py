@@ -15,6 +15,38 @@ from pyspark_pymq.errors import GROUP_NOT_EXIST, PymqError
 from pyspark_pymq.spark.option_registry import DEFAULT_READER_GROUP
 
 
+def test_create_topic_again_keeps_what_it_is_not_given(
+    endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A provisioning script run twice switched the de-duplication window off, reset the queues to 4
+    and the permission to read-write; cutting queues that hold messages hid them in silence."""
+    admin, topic = Admin(endpoint), unique("again")
+    assert main(["-e", endpoint, "create-topic", topic, "--queues", "2", "--dedup-window-ms", "600000"]) == 0
+    assert main(["-e", endpoint, "create-topic", topic, "--queues", "2"]) == 0
+    assert "de-duplication window 600000 ms" in capsys.readouterr().out
+    admin.create_topic(topic, perm=4)  # read only
+    kept = admin.create_topic(topic, message_type="FIFO")
+    assert (kept.read_queue_nums, kept.write_queue_nums, kept.perm, kept.dedup_window_ms) == (2, 2, 4, 600000)
+    new = admin.create_topic(unique("fresh"))
+    assert (new.read_queue_nums, new.perm, new.dedup_window_ms, new.message_type) == (4, 6, 0, "NORMAL")
+
+    full = unique("shrink")
+    admin.create_topic(full, 4)
+    with Producer(endpoint) as producer:
+        for _ in range(4):  # round robin: one on each queue
+            producer.send(Message(full, b"m"))
+    with pytest.raises(ValueError, match=r"queue\(s\) \[2, 3\] still hold messages.*allow_shrink=True"):
+        admin.create_topic(full, 2)
+    assert main(["-e", endpoint, "create-topic", full, "--queues", "2"]) == 1
+    assert "--allow-shrink" in capsys.readouterr().err
+    assert admin.topic_config(full).read_queue_nums == 4
+    assert admin.create_topic(full, 3, read_queues=2, write_queues=2, allow_shrink=True).read_queue_nums == 2
+    assert admin.create_topic(full, 4).read_queue_nums == 4  # growing needs nothing
+    empty = unique("empty")
+    admin.create_topic(empty, 4)
+    assert admin.create_topic(empty, 1).read_queue_nums == 1  # nothing to hide
+
+
 def test_admin_cli_round_trip(endpoint: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["-e", endpoint, "create-topic", "cli", "--queues", "2"]) == 0
     assert main(["-e", endpoint, "send", "cli", "--count", "2500", "--size", "50"]) == 0

@@ -365,7 +365,7 @@ def test_group_progress_goes_on_after_a_scale_in_of_read_queues(ep: str) -> None
     source = PymqDataSource({"endpoint": ep, "topic": topic, "consumerGroup": group,
                              "startingOffsets": "earliest"}).streamReader(None)  # type: ignore[arg-type]
     end0 = json.loads(json.dumps(source.latestOffset(source.initialOffset(), ReadAllAvailable())))
-    Admin(ep).create_topic(topic, queues=1)  # queue 1, read to its end, is cut for good
+    Admin(ep).create_topic(topic, queues=1, allow_shrink=True)  # queue 1, read to its end, is cut for good
     produce(ep, topic, 5, start=10)
     end1 = json.loads(json.dumps(source.latestOffset(end0, ReadAllAvailable())))
     q0, q1 = MessageQueue(topic, "broker-a", 0), MessageQueue(topic, "broker-a", 1)

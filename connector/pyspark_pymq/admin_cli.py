@@ -124,9 +124,10 @@ def _cmd_groups(admin: Admin, a: argparse.Namespace) -> None:
 
 def _cmd_create(admin: Admin, a: argparse.Namespace) -> None:
     cfg = admin.create_topic(a.topic, a.queues, dedup_window_ms=a.dedup_window_ms,
-                             message_type=a.message_type)
+                             message_type=a.message_type, allow_shrink=a.allow_shrink)
+    dedup = f", de-duplication window {cfg.dedup_window_ms} ms" if cfg.dedup_window_ms else ""
     print(f"topic {cfg.topic_name}: {cfg.read_queue_nums} read / {cfg.write_queue_nums} write queues, "
-          f"{cfg.message_type} messages")
+          f"{cfg.message_type} messages{dedup}")
 
 
 def _cmd_update_group(admin: Admin, a: argparse.Namespace) -> None:
@@ -391,10 +392,14 @@ def parser() -> argparse.ArgumentParser:
         "--all", action="store_true", help="include pymq's and RocketMQ's own groups")
     sp = add("create-topic", _cmd_create, "create or update a topic")
     sp.add_argument("topic", help="the topic's name")
-    sp.add_argument("--queues", type=int, default=4, help="read and write queues (default 4)")
-    sp.add_argument("--dedup-window-ms", type=int, default=0,
+    sp.add_argument("--queues", type=int,
+                    help="read and write queues (default: 4 for a new topic, unchanged for an existing one)")
+    sp.add_argument("--dedup-window-ms", type=int,
                     help="drop a message whose msgId (UNIQ_KEY) the topic stored within this window "
-                         "(default 0: off)")
+                         "(default: 0, off, for a new topic; unchanged for an existing one)")
+    sp.add_argument("--allow-shrink", action="store_true",
+                    help="allow fewer queues than the topic has although the queues cut hold messages "
+                         "(they can no longer be read)")
     sp.add_argument("--message-type", type=str.upper, choices=TOPIC_MESSAGE_TYPES,
                     help="RocketMQ 5's TopicMessageType, what the official clients may send "
                          "(default: NORMAL for a new topic, unchanged for an existing one)")

@@ -188,43 +188,76 @@ class Admin:
     def create_topic(
         self,
         name: str,
-        queues: int = 4,
+        queues: int | None = None,
         *,
         read_queues: int | None = None,
         write_queues: int | None = None,
-        perm: int = PERM_READ | PERM_WRITE,
-        dedup_window_ms: int = 0,
+        perm: int | None = None,
+        dedup_window_ms: int | None = None,
         update_if_exists: bool = True,
         message_type: str | None = None,
+        allow_shrink: bool = False,
     ) -> TopicConfig:
         """Create ``name`` (or update it) with ``queues`` read and write queues.
 
-        ``dedup_window_ms`` > 0 makes the broker drop a message whose UNIQ_KEY it
-        stored on this topic within that window (idempotent retries).
-        ``message_type`` (RocketMQ 5's TopicMessageType): NORMAL, FIFO, DELAY,
-        TRANSACTION or MIXED, what RocketMQ 5's official clients may send to the topic
-        (as ``mqadmin updateTopic -a +message.type=FIFO``); None: NORMAL for a new
-        topic, unchanged for an existing one.
+        A setting not given keeps an existing topic's value, and takes the default for a new
+        one: ``queues`` 4, ``perm`` read and write, ``dedup_window_ms`` 0, ``message_type``
+        NORMAL. ``dedup_window_ms`` > 0 makes the broker drop a message whose UNIQ_KEY it
+        stored on this topic within that window (idempotent retries). ``message_type``
+        (RocketMQ 5's TopicMessageType): NORMAL, FIFO, DELAY, TRANSACTION or MIXED, what
+        RocketMQ 5's official clients may send to the topic (as ``mqadmin updateTopic -a
+        +message.type=FIFO``).
+
+        Fewer read queues than an existing topic has, where a queue to go still holds
+        messages, is refused unless ``allow_shrink=True``: those messages could no longer be
+        read (RocketMQ's scale-in cuts write queues first, read queues once they are drained).
         """
-        if not isinstance(queues, int) or queues < 1:
-            raise ValueError(f"queues must be an int >= 1, got {queues!r}")
+        counts = (("queues", queues), ("read_queues", read_queues), ("write_queues", write_queues))
+        for label, value in counts:
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{label} must be an int >= 1, got {value!r}")
         if message_type is not None and message_type.upper() not in TOPIC_MESSAGE_TYPES:
             raise ValueError(
                 f"message_type must be one of {', '.join(TOPIC_MESSAGE_TYPES)} (or None), "
                 f"got {message_type!r}"
             )
+        try:
+            old: TopicConfig | None = self.topic_config(name)
+        except TopicNotExistError:
+            old = None
+        default = 4 if queues is None else queues
+        reads = read_queues if read_queues is not None else queues if queues is not None else (
+            old.read_queue_nums if old is not None else default)
+        writes = write_queues if write_queues is not None else queues if queues is not None else (
+            old.write_queue_nums if old is not None else default)
+        if old is not None and update_if_exists and reads < old.read_queue_nums and not allow_shrink:
+            self._refuse_shrink(name, old.read_queue_nums, reads)
         config = pymq_pb2.TopicConfig(
             topic_name=name,
-            read_queue_nums=queues if read_queues is None else read_queues,
-            write_queue_nums=queues if write_queues is None else write_queues,
-            perm=perm,
-            dedup_window_ms=dedup_window_ms,
+            read_queue_nums=reads,
+            write_queue_nums=writes,
+            perm=perm if perm is not None else old.perm if old is not None else PERM_READ | PERM_WRITE,
+            dedup_window_ms=dedup_window_ms if dedup_window_ms is not None else (
+                old.dedup_window_ms if old is not None else 0),
             message_type=(message_type or "").upper(),
         )
         resp = self._client.create_topic(
             pymq_pb2.CreateTopicRequest(config=config, update_if_exists=update_if_exists)
         )
         return TopicConfig.from_proto(resp.config)
+
+    def _refuse_shrink(self, name: str, now: int, wanted: int) -> None:
+        """ValueError when a read queue that ``wanted`` read queues would drop holds messages."""
+        stats = self.topic_stats(name)
+        holding = sorted(int(r.queue_id) for r in stats.itertuples()
+                         if int(r.queue_id) >= wanted and int(r.max_offset) > int(r.min_offset))
+        if holding:
+            raise ValueError(
+                f"topic {name!r} has {now} read queues and queue(s) {holding} still hold messages: "
+                f"{wanted} read queues would leave them unread. Drain them first (cut write_queues, "
+                "then read_queues, as RocketMQ's scale-in), or pass allow_shrink=True "
+                "(pymq-admin create-topic --allow-shrink)"
+            )
 
     def delete_topic(self, name: str) -> None:
         self._client.delete_topic(pymq_pb2.DeleteTopicRequest(topic=name))
