@@ -835,6 +835,19 @@ def test_admin_cli_users_and_acls(auth_broker: BrokerProcess, capsys: pytest.Cap
     assert admin_main([*base, "acl", "delete", "User:frank"]) == 0
     assert root_admin(ep).list_acls(subject="User:frank").empty
     assert admin_main([*base, "user", "delete", "frank"]) == 0
+    # the password out of the process list: from $PYMQ_USER_PASSWORD; without it and a terminal, said
+    monkeypatch.setattr("sys.stdin.isatty", lambda: False)
+    capsys.readouterr()
+    assert admin_main([*base, "user", "create", "grace"]) == 1
+    assert "set PYMQ_USER_PASSWORD" in capsys.readouterr().err
+    monkeypatch.setenv("PYMQ_USER_PASSWORD", "grace-pw")
+    assert admin_main([*base, "user", "create", "grace"]) == 0
+    with pytest.raises(AccessDeniedError):  # signed in (no AuthenticationError), no grant to list
+        Admin(ep, access_key="grace", secret_key="grace-pw").topic_names()
+    monkeypatch.setenv("PYMQ_USER_PASSWORD", "other-pw")
+    assert admin_main([*base, "user", "update", "grace", "--type", "Normal"]) == 0  # not the variable's
+    with pytest.raises(AccessDeniedError):
+        Admin(ep, access_key="grace", secret_key="grace-pw").topic_names()
     capsys.readouterr()
     monkeypatch.setenv("PYMQ_SECRET_KEY", "wrong")
     assert admin_main([*base, "topics"]) == 1

@@ -8,7 +8,7 @@
     pymq-admin -e 127.0.0.1:8081 dead-letters analytics
     pymq-admin -e 127.0.0.1:8081 resend-dead-letters analytics [--msg-id ID ...]
     pymq-admin -e 127.0.0.1:8081 send orders --count 100000 --size 200
-    pymq-admin -e 127.0.0.1:8081 user create alice --password '...' [--type Super|Normal]
+    PYMQ_USER_PASSWORD='...' pymq-admin -e 127.0.0.1:8081 user create alice [--type Super|Normal]
     pymq-admin -e 127.0.0.1:8081 user list | update alice --status disable | delete alice
     pymq-admin -e 127.0.0.1:8081 acl create User:alice --resource Topic:orders --action Pub,Sub
     pymq-admin -e 127.0.0.1:8081 acl list [--subject User:alice] | delete User:alice [--resource R]
@@ -296,9 +296,26 @@ def _split(values: Sequence[str] | None) -> list[str]:
     return [v.strip() for value in values or () for v in value.split(",") if v.strip()]
 
 
+def _new_user_password(a: argparse.Namespace) -> str:
+    """--password, else $PYMQ_USER_PASSWORD (out of the process list and the shell history), else a
+    prompt on a terminal. (An update takes --password only: a variable exported for a create must
+    not change the password of every user updated after it.)"""
+    if a.password is not None:
+        return str(a.password)
+    from_env = os.environ.get("PYMQ_USER_PASSWORD")
+    if from_env:
+        return from_env
+    if sys.stdin.isatty():
+        import getpass
+
+        return getpass.getpass(f"password of {a.username}: ")
+    raise ValueError(f"user {a.username!r} needs a password: set PYMQ_USER_PASSWORD (or --password, which "
+                     "other users of the machine can see in the process list)")
+
+
 def _cmd_user(admin: Admin, a: argparse.Namespace) -> None:
     if a.user_command == "create":
-        admin.create_user(a.username, a.password, a.type or "Normal")
+        admin.create_user(a.username, _new_user_password(a), a.type or "Normal")
         print(f"user {a.username} created ({a.type or 'Normal'})")
     elif a.user_command == "update":
         admin.update_user(a.username, a.password, a.type, a.status)
@@ -328,7 +345,8 @@ def _add_user_and_acl(sub: Any) -> None:
     users = sp.add_subparsers(dest="user_command", required=True)
     u = users.add_parser("create", help="create a user")
     u.add_argument("username", help="the user's name (a client's access key)")
-    u.add_argument("--password", required=True, help="its secret key")
+    u.add_argument("--password", help="its secret key (default: $PYMQ_USER_PASSWORD, else asked on a "
+                                       "terminal; a flag is visible in the process list)")
     u.add_argument("--type", choices=["Super", "Normal"], help="default Normal")
     u = users.add_parser("update", help="change a user's password, type or status")
     u.add_argument("username", help="the user to change")

@@ -16,7 +16,14 @@ from pymq_proto.topics import TOPIC_MESSAGE_TYPES
 from pymq_proto.v1 import pymq_pb2
 
 from ..backend.base import client_tls
-from ..errors import GROUP_NOT_EXIST, MessageIllegalError, NoPermissionError, PymqError, TopicNotExistError
+from ..errors import (
+    GROUP_NOT_EXIST,
+    AccessDeniedError,
+    MessageIllegalError,
+    NoPermissionError,
+    PymqError,
+    TopicNotExistError,
+)
 from ..spark.option_registry import DEFAULT_READER_GROUP
 from .codec import decode_messages
 from .consumer import PullConsumer, dlq_topic
@@ -223,7 +230,7 @@ class Admin:
             )
         try:
             old: TopicConfig | None = self.topic_config(name)
-        except TopicNotExistError:
+        except (TopicNotExistError, AccessDeniedError):  # a user who may create but not list: as before
             old = None
         default = 4 if queues is None else queues
         reads = read_queues if read_queues is not None else queues if queues is not None else (
