@@ -486,7 +486,7 @@ def test_reasons_are_cleaned_and_reserved_names_refused(retry_broker) -> None:
 def test_a_letter_its_topic_may_not_take_yet_stops_the_resend_and_goes_later(retry_broker: Any) -> None:
     """No permission (an ACL, a topic not writable for now) is the caller's to mend: the letter
     was taken as refused for good, committed, and never sent again by a later call."""
-    from pyspark_pymq.client.route import PERM_READ
+    from pyspark_pymq.client.route import PERM_READ, PERM_WRITE
     from pyspark_pymq.errors import NoPermissionError
 
     ep = retry_broker.endpoint
@@ -496,7 +496,7 @@ def test_a_letter_its_topic_may_not_take_yet_stops_the_resend_and_goes_later(ret
     admin.create_topic("paused-topic", queues=1, perm=PERM_READ)  # writes refused for now
     with pytest.raises(NoPermissionError):
         admin.resend_dead_letters("gperm")
-    admin.create_topic("paused-topic", queues=1)  # writable again
+    admin.create_topic("paused-topic", perm=PERM_READ | PERM_WRITE)  # writable again (unset: kept)
     assert admin.resend_dead_letters("gperm") == 2
     got = [m.body for m in consumer.pull(consumer.queues("paused-topic")[0], 0, 10).messages]
     assert got == [b"p1", b"p2", b"p1", b"p2"]
