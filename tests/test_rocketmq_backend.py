@@ -23,6 +23,7 @@ from pyspark_pymq.errors import (
     NoPermissionError,
     PymqError,
     RequestTimeoutError,
+    SubscriptionParseError,
     TopicNotExistError,
 )
 from pyspark_pymq.rocketmq.route import NameServerClient
@@ -623,3 +624,29 @@ def test_an_unreachable_name_server_is_explained_once() -> None:
     text = str(err.value)
     assert f"cannot connect to {dead}" in text and text.count("Check ") == 1, text
     assert text.endswith("Check that the name servers and their brokers run and namesrvAddr is right"), text
+
+
+def test_a_sql92_subscription_is_checked_with_each_broker_at_start(rocketmq_cluster: RocketMQCluster) -> None:
+    """CHECK_CLIENT_CONFIG to each broker of the topic, as RocketMQ's push consumer at its start: a
+    broker with enablePropertyFilter off failed every task's first pull instead."""
+    c = rocketmq_cluster
+    topic = _topic(c, "sql-check")
+    backend = open_backend(BackendConfig(namesrv_addr=c.namesrv_addr))
+    queues = backend.route(topic).subscribe_queues
+    assert {mq.broker_name for mq in queues} == {"broker-a", "broker-b"}
+    backend.check_client_config("g", queues, "a = 1", "SQL92")
+    with pytest.raises(SubscriptionParseError):
+        backend.check_client_config("g", queues, "a >", "SQL92")
+    raw = {"namesrvAddr": c.namesrv_addr, "topic": topic, "consumerGroup": unique("g"),
+           "subscriptionType": "SQL92", "subscription": "a = 1"}
+    reader = OffsetReader(parse_source_options(raw, stream=True))
+    flag = ("updateBrokerConfig", "-b", c.broker_addrs["broker-b"], "-k", "enablePropertyFilter", "-v")
+    c.mqadmin(*flag, "false")
+    try:
+        refused = (r"subscriptionType='SQL92', subscription='a = 1': CHECK_CLIENT_CONFIG .*"
+                   r"does not support .*enablePropertyFilter=true")
+        with pytest.raises(PymqError, match=refused):
+            reader.bounds(require_topics=True)
+    finally:
+        c.mqadmin(*flag, "true")
+    OffsetReader(parse_source_options(raw, stream=True)).bounds(require_topics=True)

@@ -305,3 +305,49 @@ def test_spark_source_reads_with_a_sql92_subscription(spark: Any, tmp_path: Path
         expected = "subscription='amount >' is not valid: SQL92 syntax error at column 9"
         with pytest.raises(Exception, match=expected):
             read("amount >").collect()
+
+
+def test_the_brokers_check_a_subscription_before_a_consumer_starts(endpoint: str, tmp_path: Path) -> None:
+    """CHECK_CLIENT_CONFIG, as RocketMQ's consumers ask at start: SQL92 on a broker without the
+    property filter is refused naming the setting, a TAG expression always passes."""
+    from pyspark_pymq.backend import BackendConfig, open_backend
+
+    Admin(endpoint).create_topic("checked", queues=2)
+    backend = open_backend(BackendConfig(endpoint=endpoint))
+    queues = backend.route("checked").subscribe_queues
+    backend.check_client_config("g", queues, "TagA || TagB", "TAG")
+    with pytest.raises(NoPermissionError, match="--enable-property-filter"):
+        backend.check_client_config("g", queues, "a = 1", "SQL92")
+    with BrokerProcess(tmp_path / "b", ["--enable-property-filter"]) as broker:
+        Admin(broker.endpoint).create_topic("checked", queues=1)
+        on = open_backend(BackendConfig(endpoint=broker.endpoint))
+        on_queues = on.route("checked").subscribe_queues
+        on.check_client_config("g", on_queues, "a = 1", "SQL92")
+        with pytest.raises(SubscriptionParseError, match="column 4"):
+            on.check_client_config("g", on_queues, "a >", "SQL92")
+
+
+def test_spark_sql92_on_a_broker_without_property_filter_fails_before_any_task(
+    spark: Any, endpoint: str, tmp_path: Path
+) -> None:
+    """It failed in every task's first pull (a stage failure per micro-batch); now at the start,
+    naming the options."""
+    Admin(endpoint).create_topic("sql-off", queues=2)
+    Producer(endpoint).send(Message("sql-off", b"x", properties={"a": "1"}))
+    expected = r"subscriptionType='SQL92', subscription='a = 1'.*--enable-property-filter"
+
+    def reader(kind: Any) -> Any:
+        return (kind.format("pymq").option("endpoint", endpoint).option("topic", "sql-off")
+                .option("subscriptionType", "SQL92").option("subscription", "a = 1"))
+
+    with pytest.raises(Exception, match=expected) as batch:
+        reader(spark.read).load().collect()
+    assert "stage failure" not in str(batch.value)
+    query = (reader(spark.readStream).option("consumerGroup", "g-sql-off").load().writeStream.format("noop")
+             .option("checkpointLocation", str(tmp_path / "cp")).start())
+    try:
+        with pytest.raises(Exception, match=expected) as stream:
+            query.awaitTermination(60)
+        assert "stage failure" not in str(stream.value)
+    finally:
+        query.stop()

@@ -277,6 +277,7 @@ def test_another_grpc_server_is_named_as_not_a_pymq_broker() -> None:
                                             r"ListTopics .*not a pymq broker") as info:
             Admin(f"127.0.0.1:{port}").topics()
         assert "namesrv_addr" in str(info.value) and not info.value.retriable
+        assert info.value.code == "REQUEST_CODE_NOT_SUPPORTED"  # RocketMQ's code for an unknown request
     finally:
         server.stop(0)
 

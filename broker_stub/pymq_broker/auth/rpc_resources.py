@@ -144,6 +144,7 @@ RULES: dict[str, Rule | str] = {
     "ConsumerSendMsgBack": lambda r, _b: [group(r.group, SUB), *_topics([r.origin_topic], SUB)],
     "ConsumerSendMsgBackBatch": lambda r, _b: [group(r.group, SUB), *_topics(r.origin_topics, SUB)],
     "HeartBeat": lambda r, _b: [group(r.consumer_group, SUB), *_topics(r.topics, SUB)],
+    "CheckClientConfig": lambda r, _b: [group(r.consumer_group, SUB), *_topics([r.topic], SUB)],
     "CreateTopic": lambda r, _b: [topic(r.config.topic_name, CREATE)],
     "DeleteTopic": lambda r, _b: [topic(r.topic, DELETE)],
     "ListTopics": lambda _r, b: [AuthorizationContext(Resource.of(ResourceType.CLUSTER, b), (LIST,))],

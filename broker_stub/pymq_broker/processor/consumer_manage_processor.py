@@ -1,6 +1,6 @@
 """Consumer progress and offset queries: QUERY_CONSUMER_OFFSET, UPDATE_CONSUMER_OFFSET,
 GET_MIN_OFFSET / GET_MAX_OFFSET / SEARCH_OFFSET_BY_TIMESTAMP; and HEART_BEAT, where a
-consumer registers (ClientManageProcessor in RocketMQ)."""
+consumer registers, and CHECK_CLIENT_CONFIG (ClientManageProcessor in RocketMQ)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pymq_proto.v1 import pymq_pb2
 from ..common.broker_exception import BrokerException
 from ..common.mix_all import group_name_problem
 from .context import BrokerContext
+from .subscription import parse_subscription
 
 
 class ConsumerManageProcessor:
@@ -72,6 +73,18 @@ class ConsumerManageProcessor:
         # that creates it writes at once
         self.ctx.topic_config_manager.create_topic_of_retry(group, sub.retry_queue_nums, persist=False)
         return pymq_pb2.HeartbeatResponse()
+
+    def check_client_config(
+        self, req: pymq_pb2.CheckClientConfigRequest
+    ) -> pymq_pb2.CheckClientConfigResponse:
+        """CHECK_CLIENT_CONFIG: refuse, as a pull would, a subscription this broker cannot
+        serve (SQL92 while enablePropertyFilter is off, an expression that does not parse)."""
+        self._group(req.consumer_group)
+        parse_subscription(
+            req.subscription, req.expression_type,
+            enable_property_filter=self.ctx.broker_config.enable_property_filter,
+        )
+        return pymq_pb2.CheckClientConfigResponse()
 
     def query_offset(self, req: pymq_pb2.QueryOffsetRequest) -> pymq_pb2.QueryOffsetResponse:
         mq = req.message_queue

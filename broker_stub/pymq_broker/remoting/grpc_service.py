@@ -109,6 +109,7 @@ class BrokerGrpcService(pymq_pb2_grpc.BrokerServicer):
     GetOffset = _rpc("get_offset", "consumer_manage")
     UpdateOffset = _rpc("update_offset", "consumer_manage")
     HeartBeat = _rpc("heart_beat", "consumer_manage")
+    CheckClientConfig = _rpc("check_client_config", "consumer_manage")
     QueryRoute = _rpc("query_route", "admin")
     CreateTopic = _rpc("create_topic", "admin")
     DeleteTopic = _rpc("delete_topic", "admin")

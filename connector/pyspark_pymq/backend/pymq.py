@@ -14,7 +14,7 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
@@ -160,6 +160,26 @@ class PymqBackend(Backend):
             self._routes.client(items[0].message_queue.topic, broker).update_offset(
                 pymq_pb2.UpdateOffsetRequest(consumer_group=group, offsets=items)
             )
+
+    def check_client_config(
+        self, group: str, queues: Iterable[MessageQueue], subscription: str, expression_type: str
+    ) -> None:
+        if expression_type.upper() == "TAG":
+            return
+        first: dict[str, MessageQueue] = {}
+        for mq in sorted(queues):
+            first.setdefault(mq.broker_name, mq)
+        req = pymq_pb2.CheckClientConfigRequest(
+            client_id=f"{socket.gethostname()}@{os.getpid()}", consumer_group=group,
+            subscription=subscription, expression_type=expression_type,
+        )
+        for broker, mq in first.items():
+            req.topic = mq.topic
+            try:
+                self._routes.client(mq.topic, broker).check_client_config(req)
+            except PymqError as err:
+                if err.code != "REQUEST_CODE_NOT_SUPPORTED":  # a broker older than the check
+                    raise
 
     def register_consumer(self, group: str, topics: Sequence[str]) -> None:
         # HEART_BEAT to each broker of the topics: it creates %RETRY%<group>, as RocketMQ's

@@ -46,7 +46,14 @@ from ..errors import (
     TopicNotExistError,
 )
 from ..rocketmq import codec
-from ..rocketmq.api import ConsumerData, MQClientAPI, PullResultExt, build_pull_sys_flag, default_client_id
+from ..rocketmq.api import (
+    ConsumerData,
+    MQClientAPI,
+    PullResultExt,
+    SubscriptionData,
+    build_pull_sys_flag,
+    default_client_id,
+)
 from ..rocketmq.remoting import RemotingClient, SessionCredentials
 from ..rocketmq.route import NameServerClient, RouteCache
 from .base import (
@@ -230,6 +237,26 @@ class RocketMQBackend(Backend):
                 self.pull(group, mq, self.max_offset(mq), 1)
             except PymqError as err:
                 if err.code == GROUP_NOT_EXIST:
+                    raise
+
+    def check_client_config(
+        self, group: str, queues: Iterable[MessageQueue], subscription: str, expression_type: str
+    ) -> None:
+        # as RocketMQ's push consumer at its start (checkClientInBroker), once per broker
+        if expression_type.upper() == "TAG":
+            return
+        first: dict[str, MessageQueue] = {}
+        for mq in sorted(queues):
+            first.setdefault(mq.broker_name, mq)
+        client_id = default_client_id()
+        for mq in first.values():
+            data = SubscriptionData(mq.topic, subscription, expression_type)
+            try:
+                self.api.check_client_config(self._addr(mq), client_id, group, data)
+            except PymqError as err:
+                # a broker that does not know the request, or an ACL without a rule for it:
+                # the pulls say what is wrong, if anything
+                if err.code not in ("REQUEST_CODE_NOT_SUPPORTED", "NO_PERMISSION"):
                     raise
 
     def register_consumer(self, group: str, topics: Sequence[str]) -> None:

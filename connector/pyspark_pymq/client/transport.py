@@ -284,7 +284,8 @@ def map_rpc_error(
             f"{endpoint} is a gRPC server without pymq's {method} ({details}): not a pymq broker, or one "
             "older than this client. An Apache RocketMQ 5 proxy also serves gRPC (on 8081 too): for a "
             "RocketMQ cluster give its name servers as namesrv_addr= (Spark option namesrvAddr, "
-            "pymq-admin -n), not as the endpoint"
+            "pymq-admin -n), not as the endpoint",
+            code="REQUEST_CODE_NOT_SUPPORTED",
         )
     return PymqError(f"{method} to {endpoint} failed: {status}: {details}")
 
@@ -474,6 +475,7 @@ class BrokerClient:
         self.query_message = unary(stub.QueryMessage, "QueryMessage")
         self.broker_runtime_info = unary(stub.BrokerRuntimeInfo, "BrokerRuntimeInfo")
         self.heart_beat = unary(stub.HeartBeat, "HeartBeat")
+        self.check_client_config = unary(stub.CheckClientConfig, "CheckClientConfig")
         self.end_transaction = unary(stub.EndTransaction, "EndTransaction")
         self.send_half_message_batch = unary(pre_serialized("SendHalfMessageBatch"), "SendHalfMessageBatch")
         self.end_transaction_batch = unary(stub.EndTransactionBatch, "EndTransactionBatch")

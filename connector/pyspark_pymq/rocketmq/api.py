@@ -1262,6 +1262,25 @@ class MQClientAPI:
         request = RemotingCommand(RequestCode.HEART_BEAT, body=json.dumps(body).encode())
         return self._call(addr, request, timeout_s).version
 
+    def check_client_config(
+        self,
+        addr: str,
+        client_id: str,
+        group: str,
+        subscription: SubscriptionData,
+        *,
+        timeout_s: float | None = None,
+    ) -> None:
+        """Raise if the broker would refuse ``subscription`` (CHECK_CLIENT_CONFIG).
+
+        As RocketMQ's ``checkClientInBroker``: a SQL92 expression on a broker without
+        ``enablePropertyFilter`` is SYSTEM_ERROR, one that does not compile
+        SUBSCRIPTION_PARSE_FAILED; a TAG one always passes.
+        """
+        body = {"clientId": client_id, "group": group, "subscriptionData": subscription.to_json()}
+        request = RemotingCommand(RequestCode.CHECK_CLIENT_CONFIG, body=json.dumps(body).encode())
+        self._call(addr, request, timeout_s)
+
     def unregister_client(
         self,
         addr: str,

@@ -99,9 +99,10 @@ class PymqDataSource(DataSource):
 
     ``subscriptionType``
         (one of ``TAG``, ``SQL92``; default ``TAG``) how ``subscription`` is read: ``TAG``, a tag
-        expression; ``SQL92``, RocketMQ's filter on user properties, whose syntax is checked before the
-        query starts. The broker must allow SQL92: ``pymq-broker --enable-property-filter``, or
-        ``enablePropertyFilter=true`` on RocketMQ.
+        expression; ``SQL92``, RocketMQ's filter on user properties. Before the query starts its syntax
+        is checked and each broker asked whether it serves SQL92 (RocketMQ's CHECK_CLIENT_CONFIG): the
+        broker must allow it, ``pymq-broker --enable-property-filter``, or ``enablePropertyFilter=true``
+        on RocketMQ.
 
     ``startingOffsets``
         (keyword or JSON; default streams: ``group`` (CLUSTERING); batch: ``earliest``) where reading

@@ -144,8 +144,10 @@ class OffsetReader:
         """A group the brokers refuse (RocketMQ's autoCreateSubscriptionGroup=false) fails the
         query here, naming the option, rather than each task with the broker's answer."""
         group = self.opts.pull_group
+        queues = list(queues)
         try:
             self.backend.check_consumer_group(group, queues)
+            self._check_subscription(group, queues)
         except PymqError as err:
             if err.code != GROUP_NOT_EXIST:
                 raise self._explain(err) from None
@@ -156,6 +158,24 @@ class OffsetReader:
                           "or set consumerGroup to a group the brokers have")
             raise type(err)(remark, code=err.code) from None
         self._group_checked = True
+
+    def _check_subscription(self, group: str, queues: list[MessageQueue]) -> None:
+        """A SQL92 subscription a broker cannot serve (its property filters off) fails the
+        query here, as RocketMQ's consumers fail at start, not in every task's first pull."""
+        opts = self.opts
+        try:
+            self.backend.check_client_config(group, queues, opts.subscription, opts.subscription_type)
+        except PymqError as err:
+            if err.code == GROUP_NOT_EXIST or isinstance(err, (BrokerUnavailableError, RequestTimeoutError)):
+                raise
+            remark = err.remark
+            if "does not support consumer to filter" in remark:  # RocketMQ's own words
+                remark += (": set enablePropertyFilter=true on the brokers (broker.conf, or at once with "
+                           "mqadmin updateBrokerConfig -k enablePropertyFilter -v true)")
+            raise type(err)(
+                f"pymq options subscriptionType={opts.subscription_type!r}, "
+                f"subscription={opts.subscription!r}: {remark}", code=err.code,
+            ) from None
 
     def _register(self) -> None:
         """A stream in CLUSTERING registers its group (where the broker wants it), again every

@@ -263,7 +263,8 @@ _SOURCE = (
     OptionSpec(
         "subscriptionType", "choice", section="what", default="TAG", choices=("TAG", "SQL92"),
         doc="how `subscription` is read: `TAG`, a tag expression; `SQL92`, RocketMQ's filter on user "
-            "properties, whose syntax is checked before the query starts. The broker must allow SQL92: "
+            "properties. Before the query starts its syntax is checked and each broker asked whether "
+            "it serves SQL92 (RocketMQ's CHECK_CLIENT_CONFIG): the broker must allow it, "
             "`pymq-broker --enable-property-filter`, or `enablePropertyFilter=true` on RocketMQ.",
     ),
     # where reading starts

@@ -1745,6 +1745,59 @@ class HeartbeatResponse(_message.Message):
 Global___HeartbeatResponse: _TypeAlias = HeartbeatResponse  # noqa: Y015
 
 @_typing.final
+class CheckClientConfigRequest(_message.Message):
+    """CHECK_CLIENT_CONFIG: would this broker take the subscription? A consumer asks before it
+    starts (RocketMQ's push consumer does, for non-TAG expressions), so a SQL92 filter on a
+    broker without enablePropertyFilter fails the start, not its first pull.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLIENT_ID_FIELD_NUMBER: _builtins.int
+    CONSUMER_GROUP_FIELD_NUMBER: _builtins.int
+    TOPIC_FIELD_NUMBER: _builtins.int
+    SUBSCRIPTION_FIELD_NUMBER: _builtins.int
+    EXPRESSION_TYPE_FIELD_NUMBER: _builtins.int
+    client_id: _builtins.str
+    consumer_group: _builtins.str
+    topic: _builtins.str
+    subscription: _builtins.str
+    """the expression"""
+    expression_type: _builtins.str
+    """"TAG" (empty) or "SQL92" """
+    def __init__(
+        self,
+        *,
+        client_id: _builtins.str = ...,
+        consumer_group: _builtins.str = ...,
+        topic: _builtins.str = ...,
+        subscription: _builtins.str = ...,
+        expression_type: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_id", b"client_id", "consumer_group", b"consumer_group", "expression_type", b"expression_type", "subscription", b"subscription", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckClientConfigRequest: _TypeAlias = CheckClientConfigRequest  # noqa: Y015
+
+@_typing.final
+class CheckClientConfigResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckClientConfigResponse: _TypeAlias = CheckClientConfigResponse  # noqa: Y015
+
+@_typing.final
 class BrokerRuntimeInfoRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

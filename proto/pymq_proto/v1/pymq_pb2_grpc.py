@@ -140,6 +140,11 @@ class BrokerStub:
                 request_serializer=pymq__proto_dot_v1_dot_pymq__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
+        self.CheckClientConfig = channel.unary_unary(
+                '/pymq_proto.v1.Broker/CheckClientConfig',
+                request_serializer=pymq__proto_dot_v1_dot_pymq__pb2.CheckClientConfigRequest.SerializeToString,
+                response_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.CheckClientConfigResponse.FromString,
+                _registered_method=True)
         self.EndTransaction = channel.unary_unary(
                 '/pymq_proto.v1.Broker/EndTransaction',
                 request_serializer=pymq__proto_dot_v1_dot_pymq__pb2.EndTransactionRequest.SerializeToString,
@@ -327,6 +332,12 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CheckClientConfig(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def EndTransaction(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -505,6 +516,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.HeartBeat,
                     request_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.HeartbeatRequest.FromString,
                     response_serializer=pymq__proto_dot_v1_dot_pymq__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'CheckClientConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckClientConfig,
+                    request_deserializer=pymq__proto_dot_v1_dot_pymq__pb2.CheckClientConfigRequest.FromString,
+                    response_serializer=pymq__proto_dot_v1_dot_pymq__pb2.CheckClientConfigResponse.SerializeToString,
             ),
             'EndTransaction': grpc.unary_unary_rpc_method_handler(
                     servicer.EndTransaction,
@@ -1130,6 +1146,33 @@ class Broker:
             '/pymq_proto.v1.Broker/HeartBeat',
             pymq__proto_dot_v1_dot_pymq__pb2.HeartbeatRequest.SerializeToString,
             pymq__proto_dot_v1_dot_pymq__pb2.HeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckClientConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pymq_proto.v1.Broker/CheckClientConfig',
+            pymq__proto_dot_v1_dot_pymq__pb2.CheckClientConfigRequest.SerializeToString,
+            pymq__proto_dot_v1_dot_pymq__pb2.CheckClientConfigResponse.FromString,
             options,
             channel_credentials,
             insecure,

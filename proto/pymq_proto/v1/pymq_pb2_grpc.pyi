@@ -61,6 +61,7 @@ class BrokerStub:
     QueryMessage: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.QueryMessageRequest, _pymq_pb2.RecordsResponse]
     BrokerRuntimeInfo: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.BrokerRuntimeInfoRequest, _pymq_pb2.BrokerRuntimeInfoResponse]
     HeartBeat: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.HeartbeatRequest, _pymq_pb2.HeartbeatResponse]
+    CheckClientConfig: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.CheckClientConfigRequest, _pymq_pb2.CheckClientConfigResponse]
     EndTransaction: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.EndTransactionRequest, _pymq_pb2.EndTransactionResponse]
     SendHalfMessageBatch: _grpc.UnaryUnaryMultiCallable[_pymq_pb2.SendMessageRequest, _pymq_pb2.SendMessageResponse]
     """pymq: the half messages of many transactions in one request, all to one
@@ -105,6 +106,7 @@ class BrokerAsyncStub(BrokerStub):
     QueryMessage: _aio.UnaryUnaryMultiCallable[_pymq_pb2.QueryMessageRequest, _pymq_pb2.RecordsResponse]  # type: ignore[assignment]
     BrokerRuntimeInfo: _aio.UnaryUnaryMultiCallable[_pymq_pb2.BrokerRuntimeInfoRequest, _pymq_pb2.BrokerRuntimeInfoResponse]  # type: ignore[assignment]
     HeartBeat: _aio.UnaryUnaryMultiCallable[_pymq_pb2.HeartbeatRequest, _pymq_pb2.HeartbeatResponse]  # type: ignore[assignment]
+    CheckClientConfig: _aio.UnaryUnaryMultiCallable[_pymq_pb2.CheckClientConfigRequest, _pymq_pb2.CheckClientConfigResponse]  # type: ignore[assignment]
     EndTransaction: _aio.UnaryUnaryMultiCallable[_pymq_pb2.EndTransactionRequest, _pymq_pb2.EndTransactionResponse]  # type: ignore[assignment]
     SendHalfMessageBatch: _aio.UnaryUnaryMultiCallable[_pymq_pb2.SendMessageRequest, _pymq_pb2.SendMessageResponse]  # type: ignore[assignment]
     """pymq: the half messages of many transactions in one request, all to one
@@ -272,6 +274,13 @@ class BrokerServicer(metaclass=_abc_1.ABCMeta):
         request: _pymq_pb2.HeartbeatRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_pymq_pb2.HeartbeatResponse, _abc.Awaitable[_pymq_pb2.HeartbeatResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CheckClientConfig(
+        self,
+        request: _pymq_pb2.CheckClientConfigRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_pymq_pb2.CheckClientConfigResponse, _abc.Awaitable[_pymq_pb2.CheckClientConfigResponse]]: ...
 
     @_abc_1.abstractmethod
     def EndTransaction(
