@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 from helpers import unique
-from pyspark_pymq import Admin, Message, Producer, PullConsumer
+from pyspark_pymq import Admin, Message, MessageQueue, Producer, PullConsumer
 from pyspark_pymq.admin_cli import main, parser, render_table
-from pyspark_pymq.errors import GROUP_NOT_EXIST, PymqError
+from pyspark_pymq.errors import GROUP_NOT_EXIST, IllegalArgumentError, PymqError
 from pyspark_pymq.spark.option_registry import DEFAULT_READER_GROUP
 
 
@@ -35,11 +35,29 @@ def test_create_topic_again_keeps_what_it_is_not_given(
     with Producer(endpoint) as producer:
         for _ in range(4):  # round robin: one on each queue
             producer.send(Message(full, b"m"))
-    with pytest.raises(ValueError, match=r"queue\(s\) \[2, 3\] still hold messages.*allow_shrink=True"):
+    unread = r"queue\(s\) \[2, 3\] hold messages no consumer group has read.*allow_shrink=True"
+    with pytest.raises(IllegalArgumentError, match=unread):
         admin.create_topic(full, 2)
     assert main(["-e", endpoint, "create-topic", full, "--queues", "2"]) == 1
     assert "--allow-shrink" in capsys.readouterr().err
     assert admin.topic_config(full).read_queue_nums == 4
+    # RocketMQ's scale-in: write queues cut first, then read queues once every group has read them
+    assert admin.create_topic(full, read_queues=4, write_queues=2).write_queue_nums == 2
+    late, done = PullConsumer(endpoint, unique("late")), PullConsumer(endpoint, unique("done"))
+    late.commit(MessageQueue(full, "broker-a", 3), 1)
+    for mq in done.queues(full):
+        done.commit(mq, 1)
+    with pytest.raises(IllegalArgumentError, match=rf"queue\(s\) \[2\] hold messages consumer group\(s\) "
+                                                  rf"\['{late.group}'\] have not read"):
+        admin.create_topic(full, read_queues=2, write_queues=2)
+    late.commit(MessageQueue(full, "broker-a", 2), 1)
+    assert admin.create_topic(full, read_queues=2, write_queues=2).read_queue_nums == 2
+    admin.create_topic(full, 4)
+    with Producer(endpoint) as producer:  # one more on each queue, which nobody reads
+        for _ in range(4):
+            producer.send(Message(full, b"n"))
+    with pytest.raises(IllegalArgumentError, match="have not read"):
+        admin.create_topic(full, read_queues=2, write_queues=2)
     assert admin.create_topic(full, 3, read_queues=2, write_queues=2, allow_shrink=True).read_queue_nums == 2
     assert admin.create_topic(full, 4).read_queue_nums == 4  # growing needs nothing
     empty = unique("empty")

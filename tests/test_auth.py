@@ -267,6 +267,30 @@ MATRIX: list[tuple[str, list[tuple[list[str], list[str]]], Op, tuple[str, str]]]
 ]
 
 
+def test_a_topic_updated_by_a_user_who_may_not_list_topics_keeps_what_is_not_given(
+    auth_broker: BrokerProcess,
+) -> None:
+    """The client read the topic's settings with ListTopics (Cluster List): for a user without it
+    an update reset the permission and the de-duplication window and cut queues holding unread
+    messages. The broker now keeps what is not given and checks the cut itself."""
+    ep = auth_broker.endpoint
+    admin = root_admin(ep)
+    admin.create_topic("kp-t", 4, dedup_window_ms=60000)
+    with Producer(ep, access_key=ROOT, secret_key=ROOT_PW) as p:
+        for _ in range(8):
+            p.send(Message("kp-t", b"m"))
+    admin.create_topic("kp-t", perm=4)  # read only
+    admin.create_user("kp-alice", "pw-alice")
+    admin.create_acl("User:kp-alice", ["Topic:kp-t"], ["Create", "Update", "Get", "Sub", "Pub"])
+    alice = Admin(ep, access_key="kp-alice", secret_key="pw-alice")
+    with pytest.raises(AccessDeniedError):
+        alice.topic_config("kp-t")  # she cannot list
+    with pytest.raises(PymqError, match=r"queue\(s\) \[2, 3\] hold messages no consumer group has read"):
+        alice.create_topic("kp-t", 2)
+    kept = alice.create_topic("kp-t", message_type="FIFO")
+    assert (kept.read_queue_nums, kept.perm, kept.dedup_window_ms, kept.message_type) == (4, 4, 60000, "FIFO")
+
+
 @pytest.mark.parametrize("case", range(len(MATRIX)), ids=[m[0] for m in MATRIX])
 def test_acl_matrix(auth_broker: BrokerProcess, case: int) -> None:
     """Each action: a user with exactly its grants may; a user without (or with the grants on

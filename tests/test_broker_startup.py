@@ -14,7 +14,7 @@ from helpers import read_all
 from pymq_broker import EmbeddedBroker
 from pymq_broker.controller import is_loopback
 from pymq_broker.store.store_lock import DataDirInUseError, StoreLock
-from pyspark_pymq import Admin, Message, Producer
+from pyspark_pymq import Admin, Message, Producer, PullConsumer
 from pyspark_pymq.client.message import SendStatus
 
 
@@ -204,3 +204,16 @@ def test_a_forked_child_does_not_keep_the_data_dir_locked(tmp_path: Path) -> Non
         os.waitpid(pid, 0)
         os.close(ready_r)
         os.close(ready_w)
+
+
+@pytest.mark.parametrize("host", ["::1", "::"])
+def test_an_ipv6_host_without_brackets_is_served(tmp_path: Path, host: str) -> None:
+    """``--host ::`` failed to bind (``:::0``), blaming the port."""
+    with EmbeddedBroker(tmp_path / "b", host=host) as broker:
+        port = broker.endpoint.rpartition(":")[2]
+        assert broker.endpoint == f"[{host}]:{port}"
+        ep = f"[::1]:{port}"
+        Admin(ep).create_topic("v6", queues=1)
+        Producer(ep).send(Message("v6", b"x"))
+        consumer = PullConsumer(ep, "g")
+        assert [m.body for m in consumer.pull(consumer.queues("v6")[0], 0, 10).messages] == [b"x"]

@@ -605,6 +605,13 @@ def test_commit_group_progress_refuses_a_group_whose_retries_the_query_did_not_r
                                          rf"not '{typo}'"):
         commit_group_progress(query, ep, typo)
     assert typo not in set(Admin(ep).groups(include_internal=True)["group"])
+    # two sources, the second the other group's: the first one's offsets were committed before
+    plain = {topic: {"broker-a:0": 2}}
+    two = type("StoppedQuery", (), {"lastProgress": {"sources": [{"endOffset": json.dumps(plain)},
+                                                                  {"endOffset": json.dumps(end)}]}})()
+    with pytest.raises(ValueError, match="so its consumer group is"):
+        commit_group_progress(two, ep, typo)
+    assert PullConsumer(ep, typo).committed(MessageQueue(topic, "broker-a", 0)) == -1
     assert commit_group_progress(query, ep, group) >= 1
     assert PullConsumer(ep, group).committed(MessageQueue(topic, "broker-a", 0)) == 3
 

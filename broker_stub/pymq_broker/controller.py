@@ -141,7 +141,7 @@ class BrokerController:
         server = grpc.aio.server(options=grpc_options(self.store_config.max_message_size))
         port = bind(server, bc)
         self._bound = server
-        self.endpoint = f"{bc.host}:{port}"
+        self.endpoint = host_port(bc.host, port)
         store = DefaultMessageStore(self.store_config, store_host_bytes(bc.host, port))
         store.load()
         hold = PullRequestHoldService()
@@ -397,12 +397,17 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def host_port(host: str, port: int) -> str:
+    """``host:port``, an IPv6 literal in brackets (``[::]:8081``), as gRPC and clients read it."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
 def bind(server: grpc.aio.Server, bc: BrokerConfig) -> int:
     """Listen on ``bc.host:bc.port``, with TLS when the broker has a certificate; the bound port.
 
     Raises OSError naming the address when it cannot be bound.
     """
-    address = f"{bc.host}:{bc.port}"
+    address = host_port(bc.host, bc.port)
     try:
         port = _add_port(server, bc, address)
     except RuntimeError:  # grpcio raises "Failed to bind to address" (older versions returned 0)

@@ -417,7 +417,7 @@ def parser() -> argparse.ArgumentParser:
                          "(default: 0, off, for a new topic; unchanged for an existing one)")
     sp.add_argument("--allow-shrink", action="store_true",
                     help="allow fewer queues than the topic has although the queues cut hold messages "
-                         "(they can no longer be read)")
+                         "a consumer group has not read, or no group has (they can no longer be read)")
     sp.add_argument("--message-type", type=str.upper, choices=TOPIC_MESSAGE_TYPES,
                     help="RocketMQ 5's TopicMessageType, what the official clients may send "
                          "(default: NORMAL for a new topic, unchanged for an existing one)")

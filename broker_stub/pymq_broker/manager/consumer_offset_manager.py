@@ -45,6 +45,11 @@ class ConsumerOffsetManager(ConfigManager):
                 out[topic] = dict(queues)
         return out
 
+    def groups_of_topic(self, topic: str) -> set[str]:
+        """The groups with progress on ``topic``."""
+        keys = (k.rpartition(TOPIC_GROUP_SEPARATOR) for k in self.offset_table)
+        return {g for t, _, g in keys if t == topic}
+
     def groups(self) -> set[str]:
         return {k.rpartition(TOPIC_GROUP_SEPARATOR)[2] for k in self.offset_table}
 

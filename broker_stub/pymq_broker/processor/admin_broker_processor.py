@@ -15,6 +15,9 @@ from ..transaction.transactional_message_service import TransactionalMessageServ
 from .context import BrokerContext
 from .dedup import DedupWindow
 
+# the TopicConfig fields a CreateTopic may keep from an existing topic (CreateTopicRequest.keep)
+_KEEPABLE = ("read_queue_nums", "write_queue_nums", "perm", "dedup_window_ms", "order")
+
 
 def is_view_by_msg_id(req: pymq_pb2.ViewMessageRequest) -> bool:
     """Whether a ViewMessage is a look-up by msgId within ``req.topic`` (else: by commit-log offset).
@@ -67,17 +70,59 @@ class AdminBrokerProcessor:
         )
 
     def create_topic(self, req: pymq_pb2.CreateTopicRequest) -> pymq_pb2.CreateTopicResponse:
+        """UPDATE_AND_CREATE_TOPIC. An existing topic keeps the fields named in ``keep`` (a
+        provisioning script run twice must not reset what it does not name), and a cut of read
+        queues that would hide unread messages is refused unless ``allow_shrink``."""
         c = req.config
         manager = self.ctx.topic_config_manager
         old = manager.select_topic_config(c.topic_name)
+        unknown = sorted(set(req.keep) - set(_KEEPABLE))
+        if unknown:
+            raise BrokerException(
+                pymq_pb2.ILLEGAL_ARGUMENT, f"keep names {unknown}: only {', '.join(_KEEPABLE)} can be kept"
+            )
+        values = {f: getattr(c, f) for f in _KEEPABLE}
+        if old is not None:
+            values.update({f: getattr(old, f) for f in req.keep})
         # no type named: a new topic is NORMAL (RocketMQ's default), an existing one keeps its type
         message_type = c.message_type.upper() or (old.message_type if old is not None else "NORMAL")
+        if (old is not None and req.update_if_exists and not req.allow_shrink
+                and values["read_queue_nums"] < old.read_queue_nums):
+            self._refuse_shrink(old, values["read_queue_nums"])
         cfg, created = manager.create_topic(
-            TopicConfig(c.topic_name, c.read_queue_nums, c.write_queue_nums, c.perm,
-                        c.dedup_window_ms, c.order, message_type),
+            TopicConfig(c.topic_name, message_type=message_type, **values),
             update_if_exists=req.update_if_exists,
         )
         return pymq_pb2.CreateTopicResponse(config=cfg.to_proto(), created=created)
+
+    def _refuse_shrink(self, old: TopicConfig, reads: int) -> None:
+        """Refuse ``reads`` read queues if a queue to go holds messages some consumer group
+        has not read, or that no group has read (a group's progress past the queue's end:
+        read)."""
+        topic = old.topic_name
+        store = self.ctx.store
+        offsets = self.ctx.consumer_offset_manager
+        groups = sorted(offsets.groups_of_topic(topic))
+        unread: dict[int, list[str]] = {}
+        for qid in range(reads, old.read_queue_nums):
+            end = store.get_max_offset_in_queue(topic, qid)
+            if end <= store.get_min_offset_in_queue(topic, qid):
+                continue  # empty: nothing to hide
+            behind = [g for g in groups if offsets.query_offset(g, topic, qid) < end]
+            if behind or not groups:
+                unread[qid] = behind
+        if not unread:
+            return
+        behind = sorted({g for gs in unread.values() for g in gs})
+        who = (f"consumer group(s) {behind} have not read" if behind
+               else "no consumer group has read")
+        raise BrokerException(
+            pymq_pb2.ILLEGAL_ARGUMENT,
+            f"topic {topic!r} has {old.read_queue_nums} read queues and queue(s) {sorted(unread)} "
+            f"hold messages {who}: {reads} read queues would leave them unread. Cut write_queues "
+            "first and let the consumers reach the end of those queues (RocketMQ's scale-in), or "
+            "pass allow_shrink=True (pymq-admin create-topic --allow-shrink)",
+        )
 
     def delete_topic(self, req: pymq_pb2.DeleteTopicRequest) -> pymq_pb2.DeleteTopicResponse:
         """RocketMQ's deleteTopicInBroker. The topic's config goes last, once everything else is

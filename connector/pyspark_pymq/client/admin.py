@@ -18,7 +18,6 @@ from pymq_proto.v1 import pymq_pb2
 from ..backend.base import client_tls
 from ..errors import (
     GROUP_NOT_EXIST,
-    AccessDeniedError,
     MessageIllegalError,
     NoPermissionError,
     PymqError,
@@ -215,9 +214,11 @@ class Admin:
         RocketMQ 5's official clients may send to the topic (as ``mqadmin updateTopic -a
         +message.type=FIFO``).
 
-        Fewer read queues than an existing topic has, where a queue to go still holds
-        messages, is refused unless ``allow_shrink=True``: those messages could no longer be
-        read (RocketMQ's scale-in cuts write queues first, read queues once they are drained).
+        Fewer read queues than an existing topic has, where a queue to go holds messages a
+        consumer group has not read yet (or that no group has read), is refused with
+        IllegalArgumentError unless ``allow_shrink=True``: those messages could no longer be
+        read (RocketMQ's scale-in cuts write queues first, read queues once the consumers
+        have read them).
         """
         counts = (("queues", queues), ("read_queues", read_queues), ("write_queues", write_queues))
         for label, value in counts:
@@ -228,43 +229,29 @@ class Admin:
                 f"message_type must be one of {', '.join(TOPIC_MESSAGE_TYPES)} (or None), "
                 f"got {message_type!r}"
             )
-        try:
-            old: TopicConfig | None = self.topic_config(name)
-        except (TopicNotExistError, AccessDeniedError):  # a user who may create but not list: as before
-            old = None
         default = 4 if queues is None else queues
-        reads = read_queues if read_queues is not None else queues if queues is not None else (
-            old.read_queue_nums if old is not None else default)
-        writes = write_queues if write_queues is not None else queues if queues is not None else (
-            old.write_queue_nums if old is not None else default)
-        if old is not None and update_if_exists and reads < old.read_queue_nums and not allow_shrink:
-            self._refuse_shrink(name, old.read_queue_nums, reads)
+        # the broker keeps an existing topic's value of each setting not given
+        keep = ["order"]
+        if read_queues is None and queues is None:
+            keep.append("read_queue_nums")
+        if write_queues is None and queues is None:
+            keep.append("write_queue_nums")
+        if perm is None:
+            keep.append("perm")
+        if dedup_window_ms is None:
+            keep.append("dedup_window_ms")
         config = pymq_pb2.TopicConfig(
             topic_name=name,
-            read_queue_nums=reads,
-            write_queue_nums=writes,
-            perm=perm if perm is not None else old.perm if old is not None else PERM_READ | PERM_WRITE,
-            dedup_window_ms=dedup_window_ms if dedup_window_ms is not None else (
-                old.dedup_window_ms if old is not None else 0),
+            read_queue_nums=read_queues if read_queues is not None else default,
+            write_queue_nums=write_queues if write_queues is not None else default,
+            perm=perm if perm is not None else PERM_READ | PERM_WRITE,
+            dedup_window_ms=dedup_window_ms or 0,
             message_type=(message_type or "").upper(),
         )
-        resp = self._client.create_topic(
-            pymq_pb2.CreateTopicRequest(config=config, update_if_exists=update_if_exists)
-        )
+        resp = self._client.create_topic(pymq_pb2.CreateTopicRequest(
+            config=config, update_if_exists=update_if_exists, keep=keep, allow_shrink=allow_shrink,
+        ))
         return TopicConfig.from_proto(resp.config)
-
-    def _refuse_shrink(self, name: str, now: int, wanted: int) -> None:
-        """ValueError when a read queue that ``wanted`` read queues would drop holds messages."""
-        stats = self.topic_stats(name)
-        holding = sorted(int(r.queue_id) for r in stats.itertuples()
-                         if int(r.queue_id) >= wanted and int(r.max_offset) > int(r.min_offset))
-        if holding:
-            raise ValueError(
-                f"topic {name!r} has {now} read queues and queue(s) {holding} still hold messages: "
-                f"{wanted} read queues would leave them unread. Drain them first (cut write_queues, "
-                "then read_queues, as RocketMQ's scale-in), or pass allow_shrink=True "
-                "(pymq-admin create-topic --allow-shrink)"
-            )
 
     def delete_topic(self, name: str) -> None:
         self._client.delete_topic(pymq_pb2.DeleteTopicRequest(topic=name))

@@ -211,9 +211,6 @@ def _speaks_tls(endpoint: str) -> bool:
     return result
 
 
-_COMEBACK_WAIT = 3.0  # s: the channel's longest reconnect backoff (1 s, jittered) and a connect
-
-
 def _back_on_its_address(err: grpc.RpcError, endpoint: str) -> bool:
     """Whether ``err`` is a call the channel refused without sending it (its last connect attempt was
     refused) while a TCP connection to ``endpoint`` succeeds now."""
@@ -319,16 +316,16 @@ class UnaryRpc(Generic[Req, Resp]):
         except grpc.RpcError as err:
             if not _back_on_its_address(err, self.endpoint):
                 raise map_rpc_error(err, self.endpoint, self.name, self.tls) from None
-            refused = err
         # The request never left (the channel's last connect was refused) and the broker accepts
         # connections now: it came back on its address while the shared channel waits out its
         # reconnect backoff (up to 1 s). A dead broker still fails at once: it refuses the probe.
+        # The call keeps its whole deadline: once connected it is sent, and a broker that takes
+        # its time (a SYNC_FLUSH, a long poll) must not be read as one that never got it.
         try:
-            return self._call(request, timeout=min(limit, _COMEBACK_WAIT), wait_for_ready=True,
+            return self._call(request, timeout=limit, wait_for_ready=True,
                               metadata=None if self._sign is None else self._sign())
         except grpc.RpcError as err:
-            waited_out = err.code() == grpc.StatusCode.DEADLINE_EXCEEDED if hasattr(err, "code") else False
-            raise map_rpc_error(refused if waited_out else err, self.endpoint, self.name, self.tls) from None
+            raise map_rpc_error(err, self.endpoint, self.name, self.tls) from None
 
     @overload
     def future(self, request: Req, timeout: float | None = None) -> Future[Resp]: ...

@@ -56,8 +56,9 @@ def commit_group_progress(
     if not last:
         return 0
     sources = last["sources"] if isinstance(last, dict) else last.sources
-    written = 0
-    for source in sources:
+    mine = retry_topic(group)
+    found: list[tuple[dict[MessageQueue, int], dict[str, Any]]] = []
+    for source in sources:  # all checked before any commit: a refusal writes nothing
         end = source["endOffset"] if isinstance(source, dict) else source.endOffset
         offset = json.loads(end) if isinstance(end, str) else end
         if not isinstance(offset, dict) or is_initial(offset):
@@ -66,7 +67,6 @@ def commit_group_progress(
             queues = offsets_from_json(offset)
         except ValueError:
             continue  # another source's offsets (a join with a non-pymq stream)
-        mine = retry_topic(group)
         others = sorted({mq.topic for mq in queues if is_retry_topic(mq.topic) and mq.topic != mine})
         if others and topics is None:
             # the source read another group's retries: its progress is that group's, and a misspelt
@@ -78,8 +78,10 @@ def commit_group_progress(
             )
         if topics is not None:
             queues = {mq: o for mq, o in queues.items() if mq.topic in wanted}
-        if not queues:
-            continue
+        if queues:
+            found.append((queues, offset))
+    written = 0
+    for queues, offset in found:
         consumer = PullConsumer(endpoint, group, namesrv_addr=namesrv_addr, access_key=access_key,
                                 secret_key=secret_key, tls=tls, tls_ca_file=tls_ca_file,
                                 tls_cert_file=tls_cert_file, tls_key_file=tls_key_file)

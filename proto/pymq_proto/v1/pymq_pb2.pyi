@@ -998,18 +998,32 @@ class CreateTopicRequest(_message.Message):
 
     CONFIG_FIELD_NUMBER: _builtins.int
     UPDATE_IF_EXISTS_FIELD_NUMBER: _builtins.int
+    KEEP_FIELD_NUMBER: _builtins.int
+    ALLOW_SHRINK_FIELD_NUMBER: _builtins.int
     update_if_exists: _builtins.bool
+    allow_shrink: _builtins.bool
+    """Fewer read queues where a queue to go holds messages a consumer group has not read (or
+    that no group has read) is refused unless set: they could no longer be read.
+    """
     @_builtins.property
     def config(self) -> Global___TopicConfig: ...
+    @_builtins.property
+    def keep(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Fields of config an existing topic keeps (the caller left them unset): "read_queue_nums",
+        "write_queue_nums", "perm", "dedup_window_ms", "order". A new topic takes config's values.
+        """
+
     def __init__(
         self,
         *,
         config: Global___TopicConfig | None = ...,
         update_if_exists: _builtins.bool = ...,
+        keep: _abc.Iterable[_builtins.str] | None = ...,
+        allow_shrink: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config", "update_if_exists", b"update_if_exists"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_shrink", b"allow_shrink", "config", b"config", "keep", b"keep", "update_if_exists", b"update_if_exists"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
