@@ -178,7 +178,6 @@ def test_unknown_options_name_the_closest_registered_one() -> None:
     ("subscribePattern", "use 'topic' here (list the topics, comma-separated: a pattern is not supported"),
     ("assign", "reading only some queues of a topic is not supported"),
     ("minOffsetsPerTrigger", "use 'minMessagesPerTrigger' here (with maxTriggerDelay"),
-    ("startingOffsetsByTimestampStrategy", "as Kafka's strategy 'latest'; there is no 'error' strategy"),
     ("kafkaConsumer.pollTimeoutMs", "use 'pollTimeoutMs' here"),
     ("kafka.security.protocol", "TLS is options tls=true and tlsCaFile"),
     ("kafka.sasl.jaas.config", "authentication is options accessKey and secretKey"),

@@ -517,6 +517,68 @@ def test_batch_windows(spark: Any, ep: str) -> None:
     assert sorted(r.queue_offset for r in rows if r.queue_id == queues[0].queue_id) == [0, 1, 2]
 
 
+def test_offsets_by_timestamp_per_queue_in_batch_and_stream(spark: Any, ep: str, tmp_path: Path) -> None:
+    """startingOffsetsByTimestamp / endingOffsetsByTimestamp (Spark's Kafka options): a time per
+    queue, keyed as startingOffsets JSON; queues left out start at earliest and end at latest.
+    startingOffsetsByTimestampStrategy: error (the default) names a queue without a message at
+    or after its time, latest starts it at its end."""
+    topic = create(ep, unique("bytime"), queues=2)
+    cuts = []
+    for phase in range(3):  # 3 phases of 6 messages, spread over both queues
+        if phase:
+            time.sleep(0.05)
+            cuts.append(int(time.time() * 1000))
+            time.sleep(0.05)
+        produce(ep, topic, 6, start=6 * phase)
+    q0, q1 = PullConsumer(ep, "x").queues(topic)
+    k0, k1 = f"{q0.broker_name}:{q0.queue_id}", f"{q1.broker_name}:{q1.queue_id}"
+
+    def reader(**options: Any) -> Any:
+        r = spark.read.format("pymq").option("endpoint", ep).option("topic", topic)
+        for key, value in options.items():
+            r = r.option(key, str(value))
+        return r
+
+    def numbers(rows: Any, queue: int) -> list[int]:
+        return sorted(int(r["body"].decode().rsplit("-", 1)[1]) for r in rows if r["queue_id"] == queue)
+
+    everything = [r.asDict() for r in reader().load().collect()]
+    in_q0, in_q1 = numbers(everything, q0.queue_id), numbers(everything, q1.queue_id)
+    assert all(any(6 * p <= i < 6 * p + 6 for i in in_q0) for p in range(3)), in_q0  # every phase
+    rows = [r.asDict() for r in reader(
+        startingOffsetsByTimestamp=json.dumps({topic: {k0: cuts[0]}}),
+        endingOffsetsByTimestamp=json.dumps({topic: {k0: cuts[1]}}),
+    ).load().collect()]
+    assert numbers(rows, q0.queue_id) == [i for i in in_q0 if 6 <= i < 12]  # phase 2 only
+    assert numbers(rows, q1.queue_id) == in_q1  # unlisted: from earliest to latest
+
+    future = int(time.time() * 1000) + 3_600_000
+    later = json.dumps({topic: {k0: future, k1: cuts[1]}})
+    with pytest.raises(Exception) as info:
+        reader(startingOffsetsByTimestamp=later).load().collect()
+    assert (f"startingOffsetsByTimestamp: queue {k0} of topic {topic!r} has no message stored at or "
+            f"after {future}") in str(info.value)
+    assert "startingOffsetsByTimestampStrategy=latest" in str(info.value)
+    # startingTimestamp starts such a queue at its end, unless told to fail
+    assert reader(startingTimestamp=future).load().collect() == []
+    with pytest.raises(Exception, match=f"startingTimestamp: queue {k0} of topic {topic!r} has no message"):
+        reader(startingTimestamp=future, startingOffsetsByTimestampStrategy="error").load().collect()
+    rows = [r.asDict() for r in reader(startingOffsetsByTimestamp=later,
+                                       startingOffsetsByTimestampStrategy="latest").load().collect()]
+    assert numbers(rows, q0.queue_id) == [] and numbers(rows, q1.queue_id) == [i for i in in_q1 if i >= 12]
+
+    # a stream: resolved once, at its start, from the same JSON
+    df = stream(spark, ep, topic, consumerGroup=unique("g"),
+                startingOffsetsByTimestamp=json.dumps({topic: {k0: cuts[1], k1: cuts[0]}}))
+    run_available_now(df, tmp_path / "o1", tmp_path / "c1")
+    got = output(tmp_path / "o1")
+    assert numbers(got, q0.queue_id) == [i for i in in_q0 if i >= 12]
+    assert numbers(got, q1.queue_id) == [i for i in in_q1 if i >= 6]
+    df = stream(spark, ep, topic, consumerGroup=unique("g"), startingOffsetsByTimestamp=later)
+    message = run_expecting_failure(df, tmp_path / "o2", tmp_path / "c2")
+    assert f"queue {k0} of topic {topic!r} has no message stored at or after {future}" in message
+
+
 # -- data loss ---------------------------------------------------------------------------------
 
 

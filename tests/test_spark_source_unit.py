@@ -50,11 +50,12 @@ from pyspark_pymq.spark.offset_range import (
     plan_ranges,
     split_ranges,
 )
-from pyspark_pymq.spark.offset_reader import QueueBounds
+from pyspark_pymq.spark.offset_reader import OffsetReader, QueueBounds
 from pyspark_pymq.spark.options import (
     ConsumeFromWhere,
     MessageModel,
     StartKind,
+    TimestampStrategy,
     parse_source_options,
 )
 from pyspark_pymq.spark.schema import (
@@ -187,6 +188,46 @@ def test_option_names_are_case_insensitive() -> None:
         (stream(consumerGroup="%RETRY%x"), True, ["consumerGroup='%RETRY%x'"]),
         (batch(subscription="TagA ||"), False, ["subscription='TagA ||'", "has an empty tag"]),
         (stream(subscription="||"), True, ["subscription='||'", "'TagA || TagB'"]),
+        # startingOffsetsByTimestamp / endingOffsetsByTimestamp: startingOffsets' JSON, of times
+        (stream(startingOffsetsByTimestamp='{"orders": {"b:0": 5}}', startingTimestamp="5"), True,
+         ["startingTimestamp and startingOffsetsByTimestamp cannot be used together"]),
+        (batch(startingOffsets="earliest", startingOffsetsByTimestamp='{"orders": {"0": 5}}'), False,
+         ["startingOffsets and startingOffsetsByTimestamp cannot be used together"]),
+        (batch(lastMessagesPerQueue="3", startingOffsetsByTimestamp='{"orders": {"0": 5}}'), None,
+         ["startingOffsetsByTimestamp and lastMessagesPerQueue cannot be used together"]),
+        (batch(endingOffsetsByTimestamp='{"orders": {"0": 5}}', endingTimestamp="5"), False,
+         ["endingTimestamp and endingOffsetsByTimestamp cannot be used together"]),
+        (batch(endingOffsetsByTimestamp='{"orders": {"0": 5}}', endingOffsets="latest"), False,
+         ["endingOffsets and endingOffsetsByTimestamp cannot be used together"]),
+        (stream(endingOffsetsByTimestamp='{"orders": {"0": 5}}'), True,
+         ["endingOffsetsByTimestamp=", "cannot apply to a stream"]),
+        (stream(startingOffsetsByTimestamp='{"orders": {"b:0": -1}}'), True,
+         ["startingOffsetsByTimestamp: timestamp -1 for 'orders'/'b:0'", "milliseconds since the epoch"]),
+        (batch(endingOffsetsByTimestamp='{"orders": {"b:0": "5"}}'), False,
+         ["endingOffsetsByTimestamp: timestamp '5'"]),
+        (stream(startingOffsetsByTimestamp='{"orders": 5}'), True,
+         ["startingOffsetsByTimestamp: the value for topic 'orders'", "'brokerName:queueId' -> timestamp"]),
+        (stream(startingOffsetsByTimestamp="1700000000000"), True,
+         ["startingOffsetsByTimestamp='1700000000000' is not valid", "non-empty JSON object"]),
+        (batch(startingOffsetsByTimestamp='{"other": {"0": 5}}'), False,
+         ["startingOffsetsByTimestamp=", "topics ['other'] that the query does not read"]),
+        (batch(endingOffsetsByTimestamp='{"orders": {"0": 5}, "x": {"0": 5}}'), False,
+         ["endingOffsetsByTimestamp=", "topics ['x']"]),
+        (batch(startingOffsetsByTimestamp='{"orders": {"b:0": 9}}',
+               endingOffsetsByTimestamp='{"orders": {"0": 5}}'), False,
+         ["queue b:0 of 'orders' starts at time 9 (startingOffsetsByTimestamp) after its end at "
+          "time 5 (endingOffsetsByTimestamp)"]),
+        (batch(startingTimestamp="9", endingOffsetsByTimestamp='{"orders": {"c:3": 5}}'), False,
+         ["queue c:3 of 'orders' starts at time 9 (startingTimestamp) after its end at time 5 "
+          "(endingOffsetsByTimestamp)"]),
+        (batch(startingOffsetsByTimestamp='{"orders": {"1": 9}}', endingTimestamp="5"), False,
+         ["queue 1 of 'orders' starts at time 9 (startingOffsetsByTimestamp) after its end at time 5 "
+          "(endingTimestamp)"]),
+        (batch(startingOffsetsByTimestampStrategy="error"), None,
+         ["startingOffsetsByTimestampStrategy='error'", "set startingOffsetsByTimestamp or "
+          "startingTimestamp too, or remove it"]),
+        (stream(startingTimestamp="5", startingOffsetsByTimestampStrategy="earliest"), True,
+         ["startingOffsetsByTimestampStrategy='earliest'", "use one of error, latest"]),
     ],
 )
 def test_bad_options_name_option_value_and_fix(
@@ -235,6 +276,91 @@ def test_a_start_at_or_before_its_end_or_on_another_queue_is_accepted() -> None:
                        ('{"orders": {"b:0": -2}}', '{"orders": {"0": 3}}'),
                        ('{"orders": {"0": 9}}', '{"orders": {"0": -1}}')]:
         parse_source_options(batch(startingOffsets=start, endingOffsets=end), stream=False)
+
+
+def test_offsets_by_timestamp_parse_as_offsets_json_and_pick_a_strategy() -> None:
+    o = parse_source_options(stream(startingOffsetsByTimestamp='{"orders": {"b:0": 5, "1": 7}}'), stream=True)
+    assert o.starting.kind is StartKind.TIMESTAMPS
+    assert dict(o.starting.timestamps) == {("orders", "b", 0): 5, ("orders", "", 1): 7}
+    assert o.starting.strategy is TimestampStrategy.ERROR  # Kafka's default
+    o = parse_source_options(batch(startingOffsetsByTimestamp='{"orders": {"0": 5}}',
+                                   startingOffsetsByTimestampStrategy="LATEST"), stream=False)
+    assert o.starting.strategy is TimestampStrategy.LATEST
+    # startingTimestamp keeps starting a queue without a message after the time at its end
+    o = parse_source_options(stream(startingTimestamp="5"), stream=True)
+    assert o.starting.strategy is TimestampStrategy.LATEST
+    o = parse_source_options(stream(startingTimestamp="5", startingOffsetsByTimestampStrategy="error"),
+                             stream=None)
+    assert o.starting.strategy is TimestampStrategy.ERROR
+    o = parse_source_options(batch(consumerGroup="g", includeRetry="true",
+                                   startingOffsetsByTimestamp='{"%RETRY%g": {"0": 3}}',
+                                   endingOffsetsByTimestamp='{"orders": {"b:0": 9}, "%RETRY%g": {"0": 3}}'),
+                             stream=False)
+    assert dict(o.starting.timestamps) == {("%RETRY%g", "", 0): 3}
+    assert o.ending.kind is StartKind.TIMESTAMPS
+    assert dict(o.ending.timestamps) == {("orders", "b", 0): 9, ("%RETRY%g", "", 0): 3}
+    # a start at its end's time, or on another queue than an earlier end, is no mistake
+    parse_source_options(batch(startingOffsetsByTimestamp='{"orders": {"b:0": 9, "b:1": 20}}',
+                               endingOffsetsByTimestamp='{"orders": {"b:0": 9, "c:1": 3}}'), stream=False)
+    parse_source_options(batch(startingTimestamp="9", endingOffsetsByTimestamp='{"orders": {"0": 9}}'),
+                         stream=False)
+
+
+class TimeBackend:
+    """The part of a Backend that OffsetReader's start and end use: queues whose messages were
+    stored at the given times (offset i at times[i])."""
+
+    def __init__(self, times: dict[MessageQueue, list[int]]) -> None:
+        self.times = times
+
+    def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
+        # the first offset stored at or after the time, the max offset if none (the contract)
+        return next((i for i, t in enumerate(self.times[mq]) if t >= timestamp_ms), len(self.times[mq]))
+
+    def bounds(self) -> dict[MessageQueue, QueueBounds]:
+        return {mq: QueueBounds(0, len(times)) for mq, times in self.times.items()}
+
+
+def test_offsets_by_timestamp_resolve_per_queue_and_the_strategy_names_a_queue_without_a_match() -> None:
+    Q0, Q1, Q2 = (MessageQueue("orders", "b", qid) for qid in range(3))
+    R0 = MessageQueue("%RETRY%g", "b", 0)
+    fake = TimeBackend({Q0: [10, 20, 30], Q1: [15, 25], Q2: [5], R0: []})
+    bounds = fake.bounds()
+
+    def reader(**extra: str) -> OffsetReader:
+        opts = parse_source_options(batch(**extra), stream=False)
+        return OffsetReader(opts, backend=fake)  # type: ignore[arg-type]
+
+    by_time = '{"orders": {"b:0": 20, "1": 26}}'
+    # Q1 has nothing at or after 26: Kafka's default strategy fails, naming queue and time
+    with pytest.raises(ValueError) as info:
+        reader(startingOffsetsByTimestamp=by_time).starting_offsets(bounds)
+    assert ("startingOffsetsByTimestamp: queue b:1 of topic 'orders' has no message stored at or after 26 "
+            "(1970-01-01T00:00:00.026+00:00)") in str(info.value)
+    assert "startingOffsetsByTimestampStrategy=latest" in str(info.value)
+    # latest: that queue starts at its end; Q2, not in the JSON, at earliest (as startingOffsets JSON)
+    got = reader(startingOffsetsByTimestamp=by_time,
+                 startingOffsetsByTimestampStrategy="latest").starting_offsets(bounds)
+    assert got == {Q0: 1, Q1: 2, Q2: 0, R0: 0}
+    # startingTimestamp: latest unless told; with error, the retry topic read along is not judged
+    assert reader(startingTimestamp="26").starting_offsets(bounds) == {Q0: 2, Q1: 2, Q2: 1, R0: 0}
+    with pytest.raises(ValueError, match="startingTimestamp: queue b:1 of topic 'orders' has no message"):
+        reader(startingTimestamp="26", startingOffsetsByTimestampStrategy="error").starting_offsets(bounds)
+    got = reader(startingTimestamp="5", startingOffsetsByTimestampStrategy="error", consumerGroup="g",
+                 includeRetry="true").starting_offsets(bounds)
+    assert got == {Q0: 0, Q1: 0, Q2: 0, R0: 0}
+    # an empty queue has no message after any time, as in Kafka
+    with pytest.raises(ValueError, match="queue b:0 of topic '%RETRY%g' has no message"):
+        reader(consumerGroup="g", includeRetry="true",
+               startingOffsetsByTimestamp='{"%RETRY%g": {"0": 1}}').starting_offsets(bounds)
+    # ends: per queue, unlisted at latest, a time past the last message at the end
+    ending = reader(endingOffsetsByTimestamp='{"orders": {"b:0": 30, "1": 99}}').ending_offsets(bounds)
+    assert ending == {Q0: 2, Q1: 2, Q2: 1, R0: 0}
+    # a queue the broker does not have is named, as in startingOffsets JSON
+    with pytest.raises(ValueError, match="endingOffsetsByTimestamp names queue b:7 of topic 'orders'"):
+        reader(endingOffsetsByTimestamp='{"orders": {"b:7": 30}}').ending_offsets(bounds)
+    with pytest.raises(ValueError, match="startingOffsetsByTimestamp names queue 9 of topic 'orders'"):
+        reader(startingOffsetsByTimestamp='{"orders": {"9": 30}}').starting_offsets(bounds)
 
 
 def test_starting_modes_parse() -> None:

@@ -3,7 +3,8 @@
 Reads each queue from ``startingOffsets`` (default ``earliest``) to
 ``endingOffsets`` (default ``latest``, resolved once when the read is
 planned), or the last N messages per queue (``lastMessagesPerQueue``), or a
-time window (``startingTimestamp`` / ``endingTimestamp``). Any topic can be read
+time window (``startingTimestamp`` / ``endingTimestamp``, or a time per queue:
+``startingOffsetsByTimestamp`` / ``endingOffsetsByTimestamp``). Any topic can be read
 this way, ``%RETRY%<group>`` and ``%DLQ%<group>`` included. Nothing is
 committed to the broker.
 

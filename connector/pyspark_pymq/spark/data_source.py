@@ -116,7 +116,26 @@ class PymqDataSource(DataSource):
 
     ``startingTimestamp``
         (integer >= 0) milliseconds since the epoch: each queue starts at its first message stored at or
-        after it. Instead of ``startingOffsets`` and ``lastMessagesPerQueue``.
+        after it; one without such a message starts at its end (see
+        ``startingOffsetsByTimestampStrategy``). Instead of ``startingOffsets``,
+        ``startingOffsetsByTimestamp`` and ``lastMessagesPerQueue``.
+
+    ``startingOffsetsByTimestamp``
+        (JSON) a time per queue, in milliseconds since the epoch, keyed as ``startingOffsets`` JSON
+        (Spark's Kafka option): ``{"orders": {"broker-a:0": 1700000000000, "1": 1700000060000}}``; each
+        queue named starts at its first message stored at or after its time, unlisted queues start at
+        earliest (as in ``startingOffsets`` JSON). It names the query's topics and, with
+        ``includeRetry``, ``%RETRY%<consumerGroup>``. Instead of ``startingOffsets``,
+        ``startingTimestamp`` and ``lastMessagesPerQueue``.
+
+    ``startingOffsetsByTimestampStrategy``
+        (one of ``error``, ``latest``; default ``error`` with ``startingOffsetsByTimestamp`` (Kafka's
+        default); ``latest`` with ``startingTimestamp``) what a queue does that has no message stored at
+        or after its starting time: ``error`` fails the query naming the topic, the queue and the time
+        (an empty queue too, as Kafka's); ``latest`` starts it at its end. ``startingTimestamp`` keeps
+        ``latest`` unless this says ``error``, as it always started such a queue at its end (a stream
+        started at a time yet to come reads what comes from then); with it, ``%RETRY%<consumerGroup>``
+        read along is never refused. Only with ``startingTimestamp`` or ``startingOffsetsByTimestamp``.
 
     ``consumeFromWhere``
         (one of ``CONSUME_FROM_LAST_OFFSET``, ``CONSUME_FROM_FIRST_OFFSET``, ``CONSUME_FROM_TIMESTAMP``;
@@ -138,7 +157,15 @@ class PymqDataSource(DataSource):
 
     ``endingTimestamp``
         (integer >= 0; ``read`` only) milliseconds since the epoch: each queue ends before its first
-        message stored at or after it. Instead of ``endingOffsets``; not before ``startingTimestamp``.
+        message stored at or after it. Instead of ``endingOffsets`` and ``endingOffsetsByTimestamp``;
+        not before the starting time.
+
+    ``endingOffsetsByTimestamp``
+        (JSON; ``read`` only) a time per queue, in milliseconds since the epoch, keyed as
+        ``endingOffsets`` JSON (Spark's Kafka option): ``{"orders": {"broker-a:0": 1700000000000}}``;
+        each queue named ends before its first message stored at or after its time (at its end if there
+        is none), unlisted queues end at latest. Instead of ``endingOffsets`` and ``endingTimestamp``; a
+        queue whose starting time is after its time here is refused.
 
     ``lastMessagesPerQueue``
         (integer >= 1; ``read`` only) the last N messages of each queue (before the end

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
 
 from pymq_proto.topics import not_created_yet
 
@@ -35,7 +36,7 @@ from ..errors import (
     TopicNotExistError,
 )
 from .data_loss import report_data_loss
-from .options import ConsumeFromWhere, SourceOptions, StartingPosition, StartKind
+from .options import ConsumeFromWhere, SourceOptions, StartingPosition, StartKind, TimestampStrategy
 from .source_offset import EARLIEST, LATEST, TopicIds, lookup, recreated_topics, topic_ids
 
 __all__ = ["OffsetReader", "QueueBounds"]
@@ -241,6 +242,8 @@ class OffsetReader:
         for mq in sorted(bounds):
             b = bounds[mq]
             offset = self._start_of(mq, b, start, ending)
+            if offset >= b.max_offset and start.strategy is TimestampStrategy.ERROR:
+                self._check_time_matched(mq, start)
             if offset < b.min_offset:
                 report_data_loss(
                     opts.fail_on_data_loss,
@@ -278,6 +281,10 @@ class OffsetReader:
         if kind is StartKind.TIMESTAMP:
             assert start.timestamp_ms is not None
             return self._search(mq, start.timestamp_ms)
+        if kind is StartKind.TIMESTAMPS:
+            # as a queue left out of startingOffsets JSON: from its first message
+            time_ms = lookup(start.timestamps, mq)
+            return b.min_offset if time_ms is None else self._search(mq, time_ms)
         if kind is StartKind.OFFSETS:
             given = lookup(start.offsets, mq)
             return b.min_offset if given is None else self._absolute(given, b)
@@ -301,6 +308,26 @@ class OffsetReader:
             return self._search(mq, self.opts.consume_timestamp_ms)
         return b.max_offset
 
+    def _check_time_matched(self, mq: MessageQueue, start: StartingPosition) -> None:
+        """startingOffsetsByTimestampStrategy=error: ``mq``, resolved by a time to its end, has no
+        message stored at or after that time (Kafka's offsetsForTimes found none): fail, naming
+        it. A queue a JSON leaves out was not resolved by a time; nor is the retry topic read
+        along under startingTimestamp (its queues are empty until a message fails)."""
+        if start.kind is StartKind.TIMESTAMPS:
+            time_ms = lookup(start.timestamps, mq)
+        elif mq.topic in self.opts.topics:
+            time_ms = start.timestamp_ms
+        else:
+            time_ms = None
+        if time_ms is None:
+            return
+        raise ValueError(
+            f"pymq option {start.option}: queue {mq.broker_name}:{mq.queue_id} of topic {mq.topic!r} "
+            f"has no message stored at or after {time_ms} ({_iso(time_ms)}), and "
+            "startingOffsetsByTimestampStrategy is 'error'. Give an earlier time, or set "
+            "startingOffsetsByTimestampStrategy=latest to start such a queue at its end"
+        )
+
     @staticmethod
     def _absolute(given: int, b: QueueBounds) -> int:
         if given == EARLIEST:
@@ -314,6 +341,8 @@ class OffsetReader:
     ) -> None:
         if start.kind is StartKind.OFFSETS:
             _check_queue_keys("startingOffsets", start.offsets, bounds)
+        if start.kind is StartKind.TIMESTAMPS:
+            _check_queue_keys("startingOffsetsByTimestamp", start.timestamps, bounds)
 
     # -- where a batch read ends ------------------------------------------------------------
 
@@ -322,12 +351,19 @@ class OffsetReader:
         ending = self.opts.ending
         if ending.kind is StartKind.OFFSETS:
             _check_queue_keys("endingOffsets", ending.offsets, bounds)
+        if ending.kind is StartKind.TIMESTAMPS:
+            _check_queue_keys("endingOffsetsByTimestamp", ending.timestamps, bounds)
         out: dict[MessageQueue, int] = {}
         for mq in sorted(bounds):
             b = bounds[mq]
             if ending.kind is StartKind.TIMESTAMP:
                 assert ending.timestamp_ms is not None
                 out[mq] = self._search(mq, ending.timestamp_ms)
+            elif ending.kind is StartKind.TIMESTAMPS:
+                # as a queue left out of endingOffsets JSON: to its end; a time after the queue's
+                # last message ends it there too (search_offset answers the max offset)
+                time_ms = lookup(ending.timestamps, mq)
+                out[mq] = b.max_offset if time_ms is None else self._search(mq, time_ms)
             elif ending.kind is StartKind.OFFSETS:
                 given = lookup(ending.offsets, mq)
                 out[mq] = b.max_offset if given is None or given == LATEST else given
@@ -390,3 +426,8 @@ def _check_queue_keys(
                 f"topic {topic!r}, which the broker does not have; "
                 + (why if why else f"its queues are {', '.join(queues) or 'none'}")
             )
+
+
+def _iso(time_ms: int) -> str:
+    """``time_ms`` as a UTC time, for messages."""
+    return datetime.fromtimestamp(time_ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")

@@ -61,7 +61,8 @@ def type_text(spec: OptionSpec) -> str:
         return f"integer >= {spec.minimum}"
     if spec.type == "choice":
         return "one of " + ", ".join(f"`{c}`" for c in spec.choices)
-    return {"list": "comma-separated list", "json": "keyword or JSON"}.get(spec.type, spec.type)
+    names = {"list": "comma-separated list", "json": "keyword or JSON", "json_object": "JSON"}
+    return names.get(spec.type, spec.type)
 
 
 def default_text(spec: OptionSpec) -> str:

@@ -56,7 +56,8 @@ __all__ = [
     "browse_group",
 ]
 
-OptionType = Literal["string", "integer", "boolean", "choice", "list", "json"]
+OptionType = Literal["string", "integer", "boolean", "choice", "list", "json", "json_object"]
+#: "json": a keyword (`latest`, ...) or a JSON object; "json_object": a JSON object only.
 #: Which queries an option applies to: streams (readStream / writeStream), batch ones, or both.
 Scope = Literal["both", "stream", "batch"]
 #: Which broker the option acts on: the embedded pymq broker (endpoint), Apache RocketMQ, or both.
@@ -283,7 +284,29 @@ _SOURCE = (
     OptionSpec(
         "startingTimestamp", "integer", section="start", minimum=0,
         doc="milliseconds since the epoch: each queue starts at its first message stored at or after "
-            "it. Instead of `startingOffsets` and `lastMessagesPerQueue`.",
+            "it; one without such a message starts at its end (see "
+            "`startingOffsetsByTimestampStrategy`). Instead of `startingOffsets`, "
+            "`startingOffsetsByTimestamp` and `lastMessagesPerQueue`.",
+    ),
+    OptionSpec(
+        "startingOffsetsByTimestamp", "json_object", section="start",
+        doc="a time per queue, in milliseconds since the epoch, keyed as `startingOffsets` JSON "
+            '(Spark\'s Kafka option): `{"orders": {"broker-a:0": 1700000000000, "1": 1700000060000}}`; '
+            "each queue named starts at its first message stored at or after its time, unlisted "
+            "queues start at earliest (as in `startingOffsets` JSON). It names the query's topics and, "
+            "with `includeRetry`, `%RETRY%<consumerGroup>`. Instead of `startingOffsets`, "
+            "`startingTimestamp` and `lastMessagesPerQueue`.",
+    ),
+    OptionSpec(
+        "startingOffsetsByTimestampStrategy", "choice", section="start", choices=("error", "latest"),
+        default_doc="`error` with `startingOffsetsByTimestamp` (Kafka's default); `latest` with "
+                    "`startingTimestamp`",
+        doc="what a queue does that has no message stored at or after its starting time: `error` "
+            "fails the query naming the topic, the queue and the time (an empty queue too, as "
+            "Kafka's); `latest` starts it at its end. `startingTimestamp` keeps `latest` unless "
+            "this says `error`, as it always started such a queue at its end (a stream started at a "
+            "time yet to come reads what comes from then); with it, `%RETRY%<consumerGroup>` read "
+            "along is never refused. Only with `startingTimestamp` or `startingOffsetsByTimestamp`.",
     ),
     OptionSpec(
         "consumeFromWhere", "choice", section="start", default="CONSUME_FROM_LAST_OFFSET",
@@ -315,7 +338,16 @@ _SOURCE = (
     OptionSpec(
         "endingTimestamp", "integer", section="end", scope="batch", minimum=0,
         doc="milliseconds since the epoch: each queue ends before its first message stored at or "
-            "after it. Instead of `endingOffsets`; not before `startingTimestamp`.",
+            "after it. Instead of `endingOffsets` and `endingOffsetsByTimestamp`; not before the "
+            "starting time.",
+    ),
+    OptionSpec(
+        "endingOffsetsByTimestamp", "json_object", section="end", scope="batch",
+        doc="a time per queue, in milliseconds since the epoch, keyed as `endingOffsets` JSON "
+            '(Spark\'s Kafka option): `{"orders": {"broker-a:0": 1700000000000}}`; each queue named '
+            "ends before its first message stored at or after its time (at its end if there is "
+            "none), unlisted queues end at latest. Instead of `endingOffsets` and `endingTimestamp`; "
+            "a queue whose starting time is after its time here is refused.",
     ),
     OptionSpec(
         "lastMessagesPerQueue", "integer", section="start", scope="batch", minimum=1,

@@ -42,7 +42,7 @@ from .option_registry import (
     OptionRegistry,
     browse_group,
 )
-from .source_offset import QueueKey, parse_offsets_json
+from .source_offset import QueueKey, parse_offsets_json, parse_timestamps_json
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT_MS",
@@ -59,6 +59,7 @@ __all__ = [
     "SourceOptions",
     "StartKind",
     "StartingPosition",
+    "TimestampStrategy",
     "parse_source_options",
 ]
 
@@ -85,8 +86,17 @@ class StartKind(str, Enum):
     EARLIEST = "earliest"
     LATEST = "latest"
     TIMESTAMP = "timestamp"
+    TIMESTAMPS = "timestampsPerQueue"  # startingOffsetsByTimestamp / endingOffsetsByTimestamp
     OFFSETS = "offsets"
     LAST_N = "lastMessagesPerQueue"
+
+
+class TimestampStrategy(str, Enum):
+    """startingOffsetsByTimestampStrategy: where a queue starts that has no message stored at or
+    after its starting time (Spark's Kafka source's names)."""
+
+    ERROR = "error"  # the query fails, naming the queue and the time
+    LATEST = "latest"  # the queue starts at its end
 
 
 @dataclass(frozen=True)
@@ -95,22 +105,37 @@ class StartingPosition:
 
     ``offsets`` (kind OFFSETS) maps ``(topic, broker name, queue id)`` to an
     offset, ``-2`` meaning earliest and ``-1`` latest; a broker name of ``""``
-    matches the queue id on any broker. ``count`` is N for LAST_N.
+    matches the queue id on any broker. ``timestamps`` (kind TIMESTAMPS) maps
+    queues the same way to a time in ms. ``count`` is N for LAST_N.
+    ``strategy`` says what a queue without a message at or after its time does
+    (kinds TIMESTAMP and TIMESTAMPS).
     """
 
     kind: StartKind
     timestamp_ms: int | None = None
     offsets: Mapping[QueueKey, int] = field(default_factory=dict)
     count: int = 0
+    timestamps: Mapping[QueueKey, int] = field(default_factory=dict)
+    strategy: TimestampStrategy = TimestampStrategy.LATEST
+
+    @property
+    def option(self) -> str:
+        """The option that set this start (for messages)."""
+        return {
+            StartKind.TIMESTAMP: "startingTimestamp",
+            StartKind.TIMESTAMPS: "startingOffsetsByTimestamp",
+            StartKind.LAST_N: "lastMessagesPerQueue",
+        }.get(self.kind, "startingOffsets")
 
 
 @dataclass(frozen=True)
 class EndingPosition:
-    """Where a batch read ends (exclusive): latest, a timestamp, or offsets per queue."""
+    """Where a batch read ends (exclusive): latest, a timestamp, offsets or timestamps per queue."""
 
-    kind: StartKind  # LATEST, TIMESTAMP or OFFSETS
+    kind: StartKind  # LATEST, TIMESTAMP, TIMESTAMPS or OFFSETS
     timestamp_ms: int | None = None
     offsets: Mapping[QueueKey, int] = field(default_factory=dict)
+    timestamps: Mapping[QueueKey, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -199,11 +224,6 @@ _KAFKA_OPTIONS: dict[str, tuple[str, str]] = {
     "groupidprefix": ("consumerGroup", ""),
     "maxoffsetspertrigger": ("maxMessagesPerTrigger", ""),
     "minoffsetspertrigger": ("minMessagesPerTrigger", "with maxTriggerDelay, as in Kafka"),
-    "startingoffsetsbytimestamp": ("startingTimestamp", "one time, in ms, for every queue"),
-    "endingoffsetsbytimestamp": ("endingTimestamp", "one time, in ms, for every queue"),
-    "startingoffsetsbytimestampstrategy": (
-        "", "with startingTimestamp a queue without a message at or after the time starts at its end, "
-            "as Kafka's strategy 'latest'; there is no 'error' strategy"),
     "includeheaders": ("", "every message's properties (RocketMQ's headers) are in the properties "
                            "column already"),
     "kafka.max.poll.records": ("pullBatchSize", ""),
@@ -476,7 +496,27 @@ def _parse_starting_offsets(value: str, *, stream: bool) -> StartingPosition:
     )
 
 
-_START_OPTIONS = ("startingOffsets", "startingTimestamp", "lastMessagesPerQueue")
+_START_OPTIONS = (
+    "startingOffsets", "startingTimestamp", "startingOffsetsByTimestamp", "lastMessagesPerQueue",
+)
+_END_OPTIONS = ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp")
+
+
+def _parse_timestamp_strategy(opts: OptionValues) -> TimestampStrategy:
+    """startingOffsetsByTimestampStrategy. Unset, it is Kafka's default ``error`` for
+    startingOffsetsByTimestamp (new, so nobody relies on another answer) and ``latest`` for
+    startingTimestamp, which has always started such a queue at its end: a stream started
+    at a time yet to come, or a batch window on queues that were quiet then, read nothing
+    there rather than fail."""
+    name = "startingOffsetsByTimestampStrategy"
+    by_queue = opts.given("startingOffsetsByTimestamp")
+    if opts.given(name) and not (by_queue or opts.given("startingTimestamp")):
+        raise opts.bad(name, opts.get(name), "it says where a queue starts that has no message at or "
+                       "after the starting time: set startingOffsetsByTimestamp or startingTimestamp "
+                       "too, or remove it")
+    if not opts.get(name):
+        return TimestampStrategy.ERROR if by_queue else TimestampStrategy.LATEST
+    return TimestampStrategy(opts.choice(name))
 
 
 def _starting_position(
@@ -492,8 +532,13 @@ def _starting_position(
             f"pymq options {' and '.join(given)} cannot be used together: each says "
             "where reading starts. Keep one of them"
         )
+    strategy = _parse_timestamp_strategy(opts)
     if starting_ts is not None:
-        return StartingPosition(StartKind.TIMESTAMP, timestamp_ms=starting_ts)
+        return StartingPosition(StartKind.TIMESTAMP, timestamp_ms=starting_ts, strategy=strategy)
+    if opts.given("startingOffsetsByTimestamp"):
+        timestamps = parse_timestamps_json(opts.text("startingOffsetsByTimestamp", ""),
+                                           "startingOffsetsByTimestamp")
+        return StartingPosition(StartKind.TIMESTAMPS, timestamps=timestamps, strategy=strategy)
     if last_n is not None:
         return StartingPosition(StartKind.LAST_N, count=last_n)
     if opts.get("startingOffsets"):
@@ -539,11 +584,14 @@ def _check_starting(opts: OptionValues, starting: StartingPosition, what: _What,
 
 
 def _check_offset_topics(opts: OptionValues, options: SourceOptions) -> None:
-    """A startingOffsets / endingOffsets JSON names only topics the query reads: its topics, and
-    ``%RETRY%<consumerGroup>`` when it reads it along (the checkpoint keeps its offsets too)."""
+    """A startingOffsets / endingOffsets JSON (or its ByTimestamp sibling) names only topics the
+    query reads: its topics, and ``%RETRY%<consumerGroup>`` when it reads it along (the checkpoint
+    keeps its offsets too)."""
     readable = options.all_topics()
     for name, offsets in (("startingOffsets", options.starting.offsets),
-                          ("endingOffsets", options.ending.offsets)):
+                          ("startingOffsetsByTimestamp", options.starting.timestamps),
+                          ("endingOffsets", options.ending.offsets),
+                          ("endingOffsetsByTimestamp", options.ending.timestamps)):
         unknown = sorted({key[0] for key in offsets} - set(readable))
         if not unknown:
             continue
@@ -575,19 +623,65 @@ def _check_start_before_end(starts: Mapping[QueueKey, int], ends: Mapping[QueueK
                 )
 
 
+def _same_queue(one: QueueKey, other: QueueKey) -> bool:
+    """Whether two keys can name one queue: topic ``""`` is every queue, broker ``""`` any broker."""
+    if "" in (one[0], other[0]):
+        return True
+    return one[0] == other[0] and one[2] == other[2] and (one[1] == other[1] or "" in (one[1], other[1]))
+
+
+def _check_times(starting: StartingPosition, ending: EndingPosition) -> None:
+    """A queue given a starting time after its ending time: a mistake, not an empty range. Either
+    side may be one time for every queue or times per queue (a key without a broker name
+    applies to every broker's queue)."""
+    if ending.kind is StartKind.TIMESTAMP and starting.kind is StartKind.TIMESTAMP:
+        if (starting.timestamp_ms or 0) > (ending.timestamp_ms or 0):
+            raise _bad("endingTimestamp", ending.timestamp_ms,
+                       f"it is before startingTimestamp={starting.timestamp_ms}")
+        return
+    if starting.kind is StartKind.TIMESTAMPS:
+        starts = dict(starting.timestamps)
+    elif starting.kind is StartKind.TIMESTAMP and starting.timestamp_ms is not None:
+        starts = {("", "", -1): starting.timestamp_ms}  # every queue
+    else:
+        return
+    if ending.kind is StartKind.TIMESTAMPS:
+        ends = dict(ending.timestamps)
+    elif ending.kind is StartKind.TIMESTAMP and ending.timestamp_ms is not None:
+        ends = {("", "", -1): ending.timestamp_ms}
+    else:
+        return
+    for start_key, first in sorted(starts.items()):
+        for end_key, last in sorted(ends.items()):
+            if last < first and _same_queue(start_key, end_key):
+                topic, _, qid = end_key if end_key[0] else start_key
+                broker = start_key[1] or end_key[1]
+                queue = f"queue {f'{broker}:{qid}' if broker else qid} of {topic!r}"
+                raise ValueError(
+                    f"pymq options: {queue} starts at time {first} ({starting.option}) after its "
+                    f"end at time {last} ({'endingOffsetsByTimestamp' if end_key[0] else 'endingTimestamp'})"
+                    ", so nothing lies between; give a start at or before the end"
+                )
+
+
 def _parse_ending(opts: OptionValues, starting: StartingPosition) -> EndingPosition:
     ending_ts = opts.integer("endingTimestamp")
-    if opts.given("endingOffsets") and ending_ts is not None:
+    given = [name for name in _END_OPTIONS if opts.given(name)]
+    if len(given) > 1:
         raise ValueError(
-            "pymq options endingOffsets and endingTimestamp cannot be used together: "
-            "keep one of them"
+            f"pymq options {' and '.join(given)} cannot be used together: each says "
+            "where a batch read ends. Keep one of them"
         )
     if ending_ts is not None:
-        if starting.kind is StartKind.TIMESTAMP and (starting.timestamp_ms or 0) > ending_ts:
-            raise _bad(
-                "endingTimestamp", ending_ts, f"it is before startingTimestamp={starting.timestamp_ms}"
-            )
-        return EndingPosition(StartKind.TIMESTAMP, timestamp_ms=ending_ts)
+        ending = EndingPosition(StartKind.TIMESTAMP, timestamp_ms=ending_ts)
+        _check_times(starting, ending)
+        return ending
+    if opts.given("endingOffsetsByTimestamp"):
+        timestamps = parse_timestamps_json(opts.text("endingOffsetsByTimestamp", ""),
+                                           "endingOffsetsByTimestamp")
+        ending = EndingPosition(StartKind.TIMESTAMPS, timestamps=timestamps)
+        _check_times(starting, ending)
+        return ending
     if not opts.get("endingOffsets"):
         return EndingPosition(StartKind.LATEST)
     value = opts.text("endingOffsets")

@@ -44,7 +44,7 @@ nothing is checked for them.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..client.message import MessageQueue
@@ -62,6 +62,7 @@ __all__ = [
     "offsets_from_json",
     "offsets_to_json",
     "parse_offsets_json",
+    "parse_timestamps_json",
     "queue_key",
     "recreated_topics",
     "topic_ids",
@@ -213,11 +214,30 @@ def parse_offsets_json(text: str, option: str, *, allow_earliest: bool) -> dict[
     when the topic lives on one broker. ``-1`` is latest, ``-2`` earliest
     (starting offsets only).
     """
-    example = '{"orders": {"broker-a:0": 42, "broker-a:1": -2}}'
     allowed = "an offset >= 0 or -1 (latest)" + (" or -2 (earliest)" if allow_earliest else "")
+    return _parse_queue_json(
+        text, option, example='{"orders": {"broker-a:0": 42, "broker-a:1": -2}}', what="offset",
+        allowed=allowed, valid=lambda value: value >= LATEST or (allow_earliest and value == EARLIEST),
+    )
+
+
+def parse_timestamps_json(text: str, option: str) -> dict[QueueKey, int]:
+    """User-given times per queue, in ms since the epoch (``startingOffsetsByTimestamp`` /
+    ``endingOffsetsByTimestamp``), in the form of :func:`parse_offsets_json`: Spark's Kafka
+    source keys them as its offsets, so pymq keys them as its own."""
+    return _parse_queue_json(
+        text, option, example='{"orders": {"broker-a:0": 1700000000000, "broker-a:1": 1700000000000}}',
+        what="timestamp", allowed="milliseconds since the epoch, >= 0", valid=lambda value: value >= 0,
+    )
+
+
+def _parse_queue_json(
+    text: str, option: str, *, example: str, what: str, allowed: str, valid: Callable[[int], bool],
+) -> dict[QueueKey, int]:
+    """``{"topic": {"brokerName:queueId": number}}``, each number ``valid``."""
 
     def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        # json.loads keeps the last of two equal keys: one of the user's offsets would be lost
+        # json.loads keeps the last of two equal keys: one of the user's values would be lost
         seen: dict[str, Any] = {}
         for key, value in pairs:
             if key in seen:
@@ -236,14 +256,14 @@ def parse_offsets_json(text: str, option: str, *, allow_earliest: bool) -> dict[
     if not isinstance(data, dict) or not data:
         raise ValueError(
             f"pymq option {option}={text!r} is not valid: use a non-empty JSON object of "
-            f"topic -> {{'brokerName:queueId': offset}}, such as {example}"
+            f"topic -> {{'brokerName:queueId': {what}}}, such as {example}"
         )
     out: dict[QueueKey, int] = {}
     for topic, queues in data.items():
         if not isinstance(queues, dict):
             raise ValueError(
                 f"pymq option {option}: the value for topic {topic!r} must be an object of "
-                f"'brokerName:queueId' -> offset, got {queues!r} (example: {example})"
+                f"'brokerName:queueId' -> {what}, got {queues!r} (example: {example})"
             )
         for key, value in queues.items():
             parsed = _split_queue_key(str(key), allow_bare=True)
@@ -252,12 +272,9 @@ def parse_offsets_json(text: str, option: str, *, allow_earliest: bool) -> dict[
                     f"pymq option {option}: queue key {key!r} of topic {topic!r} must be "
                     f"'brokerName:queueId' such as 'broker-a:0' (example: {example})"
                 )
-            ok = isinstance(value, int) and not isinstance(value, bool) and (
-                value >= LATEST or (allow_earliest and value == EARLIEST)
-            )
-            if not ok:
+            if not (isinstance(value, int) and not isinstance(value, bool) and valid(value)):
                 raise ValueError(
-                    f"pymq option {option}: offset {value!r} for {topic!r}/{key!r} is not "
+                    f"pymq option {option}: {what} {value!r} for {topic!r}/{key!r} is not "
                     f"valid: use {allowed}"
                 )
             queue = (str(topic), parsed[0], parsed[1])
