@@ -133,6 +133,46 @@ def test_batch_read_tags_sql92_timestamps_and_last_messages(
     assert sorted(r.body for r in body_only.collect()) == sorted(f"y-{i}".encode() for i in range(1, 10, 2))
 
 
+def test_batch_read_offsets_by_timestamp_per_queue(spark: Any, rocketmq_cluster: RocketMQCluster) -> None:
+    """startingOffsetsByTimestamp / endingOffsetsByTimestamp go through RocketMQ's
+    SEARCH_OFFSET_BY_TIMESTAMP as startingTimestamp does; the strategy error names the queue."""
+    c = rocketmq_cluster
+    topic = unique("rts")
+    c.create_topic(topic, 2)
+    producer = Producer(namesrv_addr=c.namesrv_addr)
+    for i in range(8):
+        producer.send(Message(topic, f"a-{i}".encode()))
+    _read_topic(c.namesrv_addr, topic, at_least=8)
+    time.sleep(0.1)
+    cut = int(time.time() * 1000)
+    time.sleep(0.1)
+    for i in range(8):
+        producer.send(Message(topic, f"b-{i}".encode()))
+    _read_topic(c.namesrv_addr, topic, at_least=16)
+
+    def read(**options: Any) -> list[Any]:
+        reader = spark.read.format("pymq").option("namesrvAddr", c.namesrv_addr).option("topic", topic)
+        for k, v in options.items():
+            reader = reader.option(k, str(v))
+        return reader.load().collect()
+
+    def queue(r: Any) -> str:
+        return f"{r.broker_name}:{r.queue_id}"
+
+    everything = read()
+    assert len(everything) == 16
+    by_queue = Counter(queue(r) for r in everything)
+    first, second = sorted(by_queue)[:2]
+    rows = read(startingOffsetsByTimestamp=f'{{"{topic}": {{"{first}": {cut}}}}}',
+                endingOffsetsByTimestamp=f'{{"{topic}": {{"{second}": {cut}}}}}')
+    expected = [r for r in everything if not (queue(r) == first and r.body.startswith(b"a-"))
+                and not (queue(r) == second and r.body.startswith(b"b-"))]
+    assert sorted(r.msg_id for r in rows) == sorted(r.msg_id for r in expected)
+    future = int(time.time() * 1000) + 60_000
+    with pytest.raises(Exception, match=f"OffsetsByTimestamp: queue {first} of topic {topic!r} has no"):
+        read(startingOffsetsByTimestamp=f'{{"{topic}": {{"{first}": {future}}}}}')
+
+
 def test_sink_send_modes_write_to_both_brokers(
     spark: Any, rocketmq_cluster: RocketMQCluster
 ) -> None:
