@@ -173,6 +173,25 @@ def test_batch_read_offsets_by_timestamp_per_queue(spark: Any, rocketmq_cluster:
         read(startingOffsetsByTimestamp=f'{{"{topic}": {{"{first}": {future}}}}}')
 
 
+def test_batch_read_subscribe_pattern(spark: Any, rocketmq_cluster: RocketMQCluster) -> None:
+    """subscribePattern lists the name servers' topics; RocketMQ's own, and those named after its
+    brokers and clusters, never match."""
+    c = rocketmq_cluster
+    prefix = unique("rpat")
+    producer = Producer(namesrv_addr=c.namesrv_addr)
+    for name in ("a", "b"):
+        c.create_topic(f"{prefix}-{name}", 1)
+        for i in range(2):
+            producer.send(Message(f"{prefix}-{name}", f"{name}-{i}".encode()))
+        _read_topic(c.namesrv_addr, f"{prefix}-{name}", at_least=2)
+    pattern = f"{prefix}-.*|TBW102|SCHEDULE_TOPIC_XXXX|RMQ_SYS_.*|%RETRY%.*|broker-.*|DefaultCluster.*"
+    rows = (spark.read.format("pymq").option("namesrvAddr", c.namesrv_addr)
+            .option("subscribePattern", pattern).load().collect())
+    assert sorted((r.topic, r.body) for r in rows) == [
+        (f"{prefix}-{name}", f"{name}-{i}".encode()) for name in ("a", "b") for i in range(2)
+    ]
+
+
 def test_sink_send_modes_write_to_both_brokers(
     spark: Any, rocketmq_cluster: RocketMQCluster
 ) -> None:

@@ -579,6 +579,56 @@ def test_offsets_by_timestamp_per_queue_in_batch_and_stream(spark: Any, ep: str,
     assert f"queue {k0} of topic {topic!r} has no message stored at or after {future}" in message
 
 
+def test_subscribe_pattern_batch_and_stream_with_a_new_topic_read_from_earliest(
+    spark: Any, ep: str, tmp_path: Path
+) -> None:
+    """subscribePattern (Spark's Kafka option): topics whose whole name matches; a batch read
+    takes those there are; a stream finds new ones at its triggers and reads them from their
+    first message. System topics (here a group's %RETRY% topic) never match."""
+    prefix = unique("pat")
+    a = create(ep, f"{prefix}-a", queues=2)
+    produce(ep, a, 5)
+    create(ep, f"x{prefix}-a", queues=1)  # matches only in part: not read
+    produce(ep, f"x{prefix}-a", 3)
+    group = f"{prefix}-g"
+    consumer = PullConsumer(ep, group)
+    mq = consumer.queues(a)[0]
+    consumer.send_back(consumer.pull(mq, 0, 1).messages[0], delay_level=1)
+    wait_for_messages(ep, f"%RETRY%{group}", 1)
+    pattern = f"(%RETRY%)?{prefix}-.*"
+
+    def bodies(rows: Any) -> list[str]:
+        return sorted(r["body"].decode() for r in rows)
+
+    rows = (spark.read.format("pymq").option("endpoint", ep).option("subscribePattern", pattern)
+            .load().collect())
+    assert bodies(rows) == [f"{a}-{i}" for i in range(5)]
+    nothing = spark.read.format("pymq").option("endpoint", ep).option("subscribePattern", f"{prefix}-z.*")
+    assert nothing.load().collect() == []
+
+    df = (spark.readStream.format("pymq").option("endpoint", ep).option("subscribePattern", pattern)
+          .option("consumerGroup", unique("g")).option("startingOffsets", "earliest").load())
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    query = (df.writeStream.format("parquet").option("checkpointLocation", str(ckpt))
+             .trigger(processingTime="200 milliseconds").start(str(out)))
+    try:
+        query.processAllAvailable()
+        assert bodies(output(out)) == [f"{a}-{i}" for i in range(5)]
+        b = create(ep, f"{prefix}-b", queues=2)
+        produce(ep, b, 4)  # before the stream sees the topic: read all the same
+        produce(ep, a, 2, start=5)
+        deadline = time.monotonic() + 60
+        while len(output(out)) < 11 and time.monotonic() < deadline:
+            query.processAllAvailable()
+            time.sleep(0.2)
+        assert query.exception() is None
+        assert bodies(output(out)) == sorted([f"{a}-{i}" for i in range(7)] + [f"{b}-{i}" for i in range(4)])
+    finally:
+        query.stop()
+    offsets = checkpoint_offsets(ckpt)  # and the stream's group's %RETRY% topic, read along
+    assert {t for t in offsets[max(offsets)] if not t.startswith(("$", "%RETRY%"))} == {a, b}
+
+
 # -- data loss ---------------------------------------------------------------------------------
 
 

@@ -363,6 +363,74 @@ def test_offsets_by_timestamp_resolve_per_queue_and_the_strategy_names_a_queue_w
         reader(startingOffsetsByTimestamp='{"orders": {"9": 30}}').starting_offsets(bounds)
 
 
+def test_subscribe_pattern_is_one_of_topic_or_it_and_matches_whole_user_topic_names() -> None:
+    o = parse_source_options(batch(topic="", subscribePattern="orders-.*"), stream=False)
+    assert o.topic_pattern == "orders-.*" and o.topics == ()
+    assert o.topic_option == "subscribePattern='orders-.*'"
+    assert o.matches("orders-eu") and o.matches("orders-")
+    assert not o.matches("orders") and not o.matches("my-orders-eu")  # the whole name, as Java's matches()
+    every = parse_source_options({"endpoint": EP, "subscribePattern": ".*"}, stream=False)
+    for system in ("%RETRY%g", "%DLQ%g", "RMQ_SYS_TRACE_TOPIC", "SCHEDULE_TOPIC_XXXX", "TBW102",
+                   "rmq_sys_wheel_timer", "TRANS_CHECK_MAX_TIME_TOPIC"):
+        assert not every.matches(system), system
+    assert every.matches("payments")
+    # offsets JSON may name topics the pattern matches, and the retry topic read along
+    parse_source_options({"endpoint": EP, "subscribePattern": "o.*", "consumerGroup": "g",
+                          "startingOffsets": '{"orders": {"0": 1}, "%RETRY%g": {"0": 1}}'}, stream=True)
+    for raw, needles in [
+        (batch(subscribePattern="o.*"),
+         ["topic='orders' and subscribePattern='o.*' cannot be used together"]),
+        ({"endpoint": EP}, ["topic is required", "or subscribePattern="]),
+        ({"endpoint": EP, "subscribePattern": ""}, ["subscribePattern='' is not valid"]),
+        ({"endpoint": EP, "subscribePattern": "orders-("}, ["subscribePattern='orders-(' is not valid",
+                                                            "no regular expression"]),
+        ({"endpoint": EP, "subscribePattern": "o.*", "startingOffsets": '{"payments": {"0": 1}}'},
+         ["startingOffsets=", "topics ['payments'] that subscribePattern='o.*' does not match"]),
+    ]:
+        with pytest.raises(ValueError) as info:
+            parse_source_options(raw, stream=None)
+        for needle in needles:
+            assert needle in str(info.value), str(info.value)
+
+
+class TopicsBackend:
+    """The part of a Backend that OffsetReader.bounds uses: topics with queues of given bounds."""
+
+    def __init__(self, topics: dict[str, int]) -> None:
+        self.topics = topics  # topic -> max offset of its one queue
+
+    def topic_names(self) -> list[str]:
+        return sorted(self.topics)
+
+    def queue_bounds(self, topic: str, *, unreachable: Any = None) -> dict[MessageQueue, QueueBounds] | None:
+        if topic not in self.topics:
+            return None
+        return {MessageQueue(topic, "b", 0): QueueBounds(0, self.topics[topic])}
+
+    def check_consumer_group(self, group: str, queues: Any) -> None:
+        pass
+
+    def register_consumer(self, group: str, topics: Any) -> None:
+        self.registered = list(topics)
+
+
+def test_subscribe_pattern_topics_are_asked_at_every_bounds_and_a_gone_one_is_missing() -> None:
+    backend = TopicsBackend({"orders-eu": 3, "payments": 5, "%RETRY%g": 1, "TBW102": 1})
+    opts = parse_source_options({"endpoint": EP, "subscribePattern": "orders-.*|%RETRY%g|TBW102",
+                                 "consumerGroup": "g", "includeRetry": "false"}, stream=True)
+    reader = OffsetReader(opts, backend=backend)  # type: ignore[arg-type]
+    bounds, missing = reader.bounds(require_topics=True)
+    assert sorted(mq.topic for mq in bounds) == ["orders-eu"] and missing == []
+    assert backend.registered == ["orders-eu"]
+    backend.topics["orders-us"] = 2  # a new topic joins at the next look
+    bounds, _ = reader.bounds(require_topics=False)
+    assert sorted(mq.topic for mq in bounds) == ["orders-eu", "orders-us"]
+    del backend.topics["orders-eu"]  # gone: a topic of the checkpoint that matches is missing
+    bounds, missing = reader.bounds(require_topics=False, keep={"orders-eu", "payments"})
+    assert sorted(mq.topic for mq in bounds) == ["orders-us"] and missing == ["orders-eu"]
+    assert reader.opts.topics == ("orders-eu", "orders-us")
+
+
 def test_starting_modes_parse() -> None:
     assert parse_source_options(stream(startingOffsets="LATEST"), stream=True).starting.kind is (
         StartKind.LATEST
@@ -810,11 +878,14 @@ class FakeOffsetReader:
         self.set(bounds, topic_id)
         self.committed: dict[MessageQueue, int] = {}
         self.down: set[str] = set()  # brokers that are down (RocketMQ: not registered now)
+        self.opts: Any = None  # the query's options (make_stream sets them)
 
     def set(self, bounds: dict[MessageQueue, tuple[int, int]], topic_id: int = 0) -> None:
         self.queue_bounds = {mq: QueueBounds(lo, hi, topic_id) for mq, (lo, hi) in bounds.items()}
 
-    def bounds(self, *, require_topics: bool) -> tuple[dict[MessageQueue, QueueBounds], list[str]]:
+    def bounds(
+        self, *, require_topics: bool, keep: Any = ()
+    ) -> tuple[dict[MessageQueue, QueueBounds], list[str]]:
         topics = {mq.topic for mq in self.queue_bounds}
         return dict(self.queue_bounds), [t for t in ("t", "u") if t not in topics]
 
@@ -839,6 +910,7 @@ def make_stream(fake: FakeOffsetReader, **extra: str) -> PymqMicroBatchStream:
         stream=True,
     )
     reader = PymqMicroBatchStream(opts)
+    fake.opts = opts
     reader._reader = fake  # type: ignore[assignment]
     return reader
 

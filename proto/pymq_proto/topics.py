@@ -17,6 +17,7 @@ __all__ = [
     "get_retry_topic",
     "is_dlq_topic",
     "is_retry_topic",
+    "is_system_topic",
     "not_created_yet",
 ]
 
@@ -24,6 +25,13 @@ RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 # where a broker puts a half message it gave up after transactionCheckMax check-backs
 TRANS_CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
+# RocketMQ's own topics (TopicValidator's system topics, MixAll's prefixes): no user's data, never
+# listed as a user's topic nor matched by the source's subscribePattern
+SYSTEM_TOPIC_PREFIXES = (RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX, "RMQ_SYS_", "rmq_sys_", "%SYS%")
+SYSTEM_TOPICS = frozenset({
+    "SCHEDULE_TOPIC_XXXX", "TBW102", "BenchmarkTest", "OFFSET_MOVED_EVENT", "SELF_TEST_TOPIC",
+    TRANS_CHECK_MAX_TIME_TOPIC, "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRACE_TOPIC",
+})
 # RocketMQ 5's TopicMessageType (the topic attribute +message.type); a topic without one is NORMAL
 TOPIC_MESSAGE_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED")
 
@@ -44,6 +52,12 @@ def is_retry_topic(topic: str) -> bool:
 
 def is_dlq_topic(topic: str) -> bool:
     return topic.startswith(DLQ_GROUP_TOPIC_PREFIX)
+
+
+def is_system_topic(topic: str, cluster_topics: frozenset[str] = frozenset()) -> bool:
+    """RocketMQ's own topics (and ``cluster_topics``: the topics a RocketMQ cluster names after its
+    clusters and brokers, ``<cluster>_REPLY_TOPIC`` too)."""
+    return topic in SYSTEM_TOPICS or topic in cluster_topics or topic.startswith(SYSTEM_TOPIC_PREFIXES)
 
 
 def not_created_yet(topic: str) -> str | None:

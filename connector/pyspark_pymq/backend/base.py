@@ -229,6 +229,11 @@ class Backend(ABC):
     def route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
         """The topic's queues (TopicNotExistError when it has none)."""
 
+    @abstractmethod
+    def topic_names(self) -> list[str]:
+        """The users' topics there are now, sorted: no system topic (``%RETRY%``, ``%DLQ%``,
+        ``RMQ_SYS_*``, ``SCHEDULE_TOPIC_XXXX``, ``TBW102``, ..., see ``is_system_topic``)."""
+
     # -- offsets -----------------------------------------------------------------------
 
     def queue_bounds(

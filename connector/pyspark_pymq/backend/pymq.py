@@ -27,7 +27,7 @@ from pymq_proto.record import (
     MESSAGE_MAGIC_CODE,
     store_host_bytes,
 )
-from pymq_proto.topics import is_retry_topic
+from pymq_proto.topics import is_retry_topic, is_system_topic
 from pymq_proto.v1 import pymq_pb2
 from pymq_proto.wire import SerializedRequest, encode_send_request
 
@@ -128,6 +128,12 @@ class PymqBackend(Backend):
             pymq_pb2.QueryOffsetRequest(message_queue=mq_proto(mq), type=kind, timestamp=timestamp)
         )
         return int(resp.offset)
+
+    def topic_names(self) -> list[str]:
+        # the broker leaves its system topics out already; RocketMQ's names too, should a
+        # topic be named so
+        resp = self._bootstrap.list_topics(pymq_pb2.ListTopicsRequest(include_system=False))
+        return sorted(t.topic_name for t in resp.topics if not is_system_topic(t.topic_name))
 
     def min_offset(self, mq: MessageQueue) -> int:
         return self._query_offset(mq, pymq_pb2.BEGINNING)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
-from pymq_proto.topics import is_retry_topic
+from pymq_proto.topics import is_retry_topic, is_system_topic
 
 from ..client.message import MessageExt, MessageQueue, PullStatus, SendBackColumns, SendResult
 from ..client.route import TopicRoute
@@ -179,6 +179,12 @@ class RocketMQBackend(Backend):
                     out.add(broker)
                     break
         return out
+
+    def topic_names(self) -> list[str]:
+        # the name servers list every topic, RocketMQ's own and those named after its brokers and
+        # clusters too (as RocketMQAdmin.topic_names leaves them out)
+        own = self.namesrv.get_cluster_info().own_topics()
+        return [t for t in self.namesrv.get_all_topics() if not is_system_topic(t, own)]
 
     def min_offset(self, mq: MessageQueue) -> int:
         return self.api.get_min_offset(self._addr(mq), mq)

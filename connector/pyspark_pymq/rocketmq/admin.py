@@ -26,10 +26,9 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pymq_proto.topics import (
-    DLQ_GROUP_TOPIC_PREFIX,
-    RETRY_GROUP_TOPIC_PREFIX,
     get_retry_topic,
     is_retry_topic,
+    is_system_topic,
 )
 
 from ..backend.base import BackendConfig, QueueBounds, client_tls, open_backend
@@ -69,12 +68,6 @@ T = TypeVar("T")
 # left out, with a warning each time), as a route the name servers did not give is kept 30 s.
 UNANSWERED_RETRY_S = 30.0
 
-_SYSTEM_PREFIXES = (RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX, "RMQ_SYS_", "rmq_sys_", "%SYS%")
-_REPLY_TOPIC_POSTFIX = "REPLY_TOPIC"  # each cluster's <cluster>_REPLY_TOPIC (request-reply messages)
-_SYSTEM_TOPICS = frozenset({
-    "SCHEDULE_TOPIC_XXXX", "TBW102", "BenchmarkTest", "OFFSET_MOVED_EVENT", "SELF_TEST_TOPIC",
-    "TRANS_CHECK_MAX_TIME_TOPIC", "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRACE_TOPIC",
-})
 
 
 # RocketMQ's own consumer groups: those every broker creates (SubscriptionGroupManager.init():
@@ -87,12 +80,6 @@ _SYSTEM_GROUPS = frozenset({
     "CID_ONSAPI_PERMISSION", "CID_ONSAPI_OWNER", "CID_RMQ_SYS_TRANS",
 })
 _SYSTEM_GROUP_PREFIX = "CID_RMQ_SYS_"
-
-
-def is_system_topic(topic: str, cluster_topics: frozenset[str] = frozenset()) -> bool:
-    """RocketMQ's own topics (and ``cluster_topics``: the topics named after its clusters and
-    brokers, ``<cluster>_REPLY_TOPIC`` too)."""
-    return topic in _SYSTEM_TOPICS or topic in cluster_topics or topic.startswith(_SYSTEM_PREFIXES)
 
 
 def is_system_group(group: str) -> bool:
@@ -245,19 +232,11 @@ class RocketMQAdmin(Admin):
 
     # -- topics -------------------------------------------------------------------------------
 
-    def _cluster_topics(self) -> frozenset[str]:
-        """The topics RocketMQ names after its brokers and clusters: each broker's and cluster's
-        name, and ``<cluster>_REPLY_TOPIC`` (``MixAll.REPLY_TOPIC_POSTFIX``)."""
-        info = self._namesrv.get_cluster_info()
-        return frozenset(info.broker_addrs).union(
-            *((cluster, f"{cluster}_{_REPLY_TOPIC_POSTFIX}") for cluster in info.clusters)
-        )
-
     def topic_names(self, include_system: bool = False) -> list[str]:
         names = self._namesrv.get_all_topics()
         if include_system:
             return names
-        own = self._cluster_topics()
+        own = self._namesrv.get_cluster_info().own_topics()
         return [t for t in names if not is_system_topic(t, own)]
 
     def _stats(self, name: str, *, refresh: bool = True) -> dict[Any, tuple[QueueBounds, int]]:

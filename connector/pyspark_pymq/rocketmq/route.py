@@ -205,6 +205,9 @@ class TopicRouteData:
         return TopicRoute(self.topic, self.publish_queues(), self.subscribe_queues(), endpoints)
 
 
+_REPLY_TOPIC_POSTFIX = "REPLY_TOPIC"  # each cluster's <cluster>_REPLY_TOPIC (request-reply messages)
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterInfo:
     """What the name servers answer to ``GET_BROKER_CLUSTER_INFO`` (``ClusterInfo``).
@@ -215,6 +218,13 @@ class ClusterInfo:
 
     broker_addrs: Mapping[str, str]
     clusters: Mapping[str, frozenset[str]]
+
+    def own_topics(self) -> frozenset[str]:
+        """The topics RocketMQ names after its brokers and clusters: each broker's and cluster's
+        name, and ``<cluster>_REPLY_TOPIC`` (``MixAll.REPLY_TOPIC_POSTFIX``)."""
+        return frozenset(self.broker_addrs).union(
+            *((cluster, f"{cluster}_{_REPLY_TOPIC_POSTFIX}") for cluster in self.clusters)
+        )
 
 
 class NameServerClient:

@@ -143,7 +143,8 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return with_start(self._end_offsets(resolved, {}, bounds, limit), resolved)
 
         current = offsets_from_json(start)
-        bounds, missing = reader.bounds(require_topics=False)
+        # subscribePattern: the checkpoint's topics that still match are the query's, deleted or not
+        bounds, missing = reader.bounds(require_topics=False, keep={mq.topic for mq in current})
         recreated = self._recreated(topic_ids_from_json(start), topic_ids(bounds))
         self._latest = offsets_to_json({mq: b.max_offset for mq, b in bounds.items()})
         fail = self.options.fail_on_data_loss
@@ -151,8 +152,8 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
         kept: dict[MessageQueue, int] = {}
         waiting: dict[MessageQueue, int] = {}
         skipped: dict[MessageQueue, int] = {}  # expired offsets skipped: where their queues go on
-        subscribed = set(self.options.all_topics())
-        retry = self.options.retry_topic if self.options.retry_topic not in self.options.topics else None
+        subscribed = set(reader.opts.all_topics())  # with subscribePattern: the topics matching now
+        retry = self.options.retry_topic if self.options.retry_topic not in reader.opts.topics else None
         gone = [mq for mq in current if mq not in bounds and mq.topic in subscribed]
         down = reader.unavailable_brokers(gone) if gone else set()
         for mq, offset in sorted(current.items()):
@@ -160,8 +161,8 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 # The options changed (topic list, consumerGroup): the user's choice, not a loss.
                 logger.warning(
                     "pymq source: the checkpoint has offsets of %s, which the query no longer "
-                    "reads (topic=%s, consumerGroup=%s); dropping them",
-                    mq, ",".join(self.options.topics), self.options.consumer_group,
+                    "reads (%s, consumerGroup=%s); dropping them",
+                    mq, self.options.topic_option, self.options.consumer_group,
                 )
                 continue
             b = bounds.get(mq)

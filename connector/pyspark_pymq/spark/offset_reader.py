@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from datetime import datetime, timezone
 
 from pymq_proto.topics import not_created_yet
@@ -82,7 +83,7 @@ class OffsetReader:
             why = not_created_yet(topic)
             if why is not None:
                 return TopicNotExistError(
-                    f"pymq option topic={','.join(opts.topics)!r}: topic {topic!r} does not exist "
+                    f"pymq option {opts.topic_option}: topic {topic!r} does not exist "
                     f"on {cfg.where}: {why}"
                 )
             create = (
@@ -90,7 +91,7 @@ class OffsetReader:
                 else f"Admin({cfg.endpoint!r}).create_topic({topic!r})"
             )
             return TopicNotExistError(
-                f"pymq option topic={','.join(opts.topics)!r}: topic {topic!r} does not exist "
+                f"pymq option {opts.topic_option}: topic {topic!r} does not exist "
                 f"on {cfg.where}. Create it first (e.g. {create}) or correct the option"
             )
         return err
@@ -106,8 +107,14 @@ class OffsetReader:
         except PymqError as err:
             raise self._explain(err, topic) from None
 
-    def bounds(self, *, require_topics: bool) -> tuple[dict[MessageQueue, QueueBounds], list[str]]:
+    def bounds(
+        self, *, require_topics: bool, keep: Iterable[str] = ()
+    ) -> tuple[dict[MessageQueue, QueueBounds], list[str]]:
         """Bounds of all the query's queues, and the user topics that do not exist.
+
+        With subscribePattern the query's topics are those matching now, asked of the broker
+        each time, and those of ``keep`` (the topics of a stream's checkpoint) that still match:
+        one of them gone is a deleted topic, as a named one would be.
 
         With ``require_topics`` (query start) a missing user topic raises,
         naming the option; mid-stream the caller decides (data loss). A
@@ -116,6 +123,7 @@ class OffsetReader:
         the broker counts as unavailable (its queues wait, see
         :meth:`unavailable_brokers`); at the start its error is raised.
         """
+        self._resolve_topics(keep)
         self._register()
         out: dict[MessageQueue, QueueBounds] = {}
         missing: list[str] = []
@@ -140,6 +148,23 @@ class OffsetReader:
             logger.warning("pymq source: broker(s) %s do not answer; their queues wait",
                            ", ".join(sorted(self._unreachable)))
         return out, missing
+
+    def _resolve_topics(self, keep: Iterable[str]) -> None:
+        """subscribePattern: ``opts.topics`` become the topics that match now (see :meth:`bounds`)."""
+        opts = self.opts
+        if opts.topic_pattern is None:
+            return
+        try:
+            names = self.backend.topic_names()
+        except PymqError as err:
+            raise self._explain(err) from None
+        found = tuple(sorted({t for t in (*names, *keep) if opts.matches(t)}))
+        if found != opts.topics:
+            logger.info("pymq source: %s matches topics %s", opts.topic_option, ", ".join(found) or "none")
+            self.opts = replace(opts, topics=found)
+        if not found and not opts.stream:  # as Spark's Kafka source, no rows; but say why
+            logger.warning("pymq source: %s matches no topic on %s: the read has no rows",
+                           opts.topic_option, opts.backend.where)
 
     def _check_group(self, queues: Iterable[MessageQueue]) -> None:
         """A group the brokers refuse (RocketMQ's autoCreateSubscriptionGroup=false) fails the

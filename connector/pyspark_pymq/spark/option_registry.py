@@ -232,14 +232,26 @@ _WHERE = (ENDPOINT, NAMESRV_ADDR, ACCESS_KEY, SECRET_KEY, TLS, TLS_CA_FILE, TLS_
 
 # -- the source ------------------------------------------------------------------------------
 
+_TOPIC_OR_PATTERN = "`topic` or `subscribePattern` required"
+
 _SOURCE = (
     *_WHERE,
     # what
     OptionSpec(
-        "topic", "list", section="what", required="required",
+        "topic", "list", section="what", required=_TOPIC_OR_PATTERN,
         doc="one topic or a comma-separated list (`orders,payments`; a topic named twice is read "
             "once). Names are 1-127 letters, digits, `%`, `|`, `_` or `-`, so `%RETRY%<group>` and "
             "`%DLQ%<group>` can be read too.",
+    ),
+    OptionSpec(
+        "subscribePattern", "string", section="what", required=_TOPIC_OR_PATTERN,
+        doc="the topics whose whole name matches this regular expression (Spark's Kafka option; "
+            "Python's `re` syntax, which agrees with Java's for the usual `orders-.*` or "
+            "`(orders|payments)_eu`). A stream looks for matching topics at every trigger and reads "
+            "a new one from its first message; a batch read takes those there are when it is "
+            "planned (none: no rows). System topics (`%RETRY%`, `%DLQ%`, `RMQ_SYS_*`, "
+            "`SCHEDULE_TOPIC_XXXX`, `TBW102`, ...) never match. Instead of `topic`; listing topics "
+            "needs the broker's LIST permission where users are on.",
     ),
     OptionSpec(
         "consumerGroup", "string", section="what",

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from pymq_proto.topics import get_retry_topic, is_retry_topic
+from pymq_proto.topics import get_retry_topic, is_retry_topic, is_system_topic
 
 from ..backend.base import BackendConfig, check_subscription, parse_backend_options
 from .option_registry import (
@@ -166,6 +166,23 @@ class SourceOptions:
     max_trigger_delay_ms: int = 15 * 60_000
     # the columns a user's .schema(...) keeps, in its order; None: all (see spark.schema)
     columns: tuple[str, ...] | None = None
+    # subscribePattern: ``topics`` are then the matching topics the offset reader found last
+    # (none until it looked), see :meth:`with_topics`
+    topic_pattern: str | None = None
+
+    @property
+    def topic_option(self) -> str:
+        """How the user named the topics, for messages: ``topic='a,b'`` or ``subscribePattern='a.*'``."""
+        if self.topic_pattern is not None:
+            return f"subscribePattern={self.topic_pattern!r}"
+        return f"topic={','.join(self.topics)!r}"
+
+    def matches(self, topic: str) -> bool:
+        """Whether ``topic`` is one of the query's: named in ``topic``, or matched by
+        ``subscribePattern`` (a whole-name match, as Java's ``matches()``; never a system topic)."""
+        if self.topic_pattern is None:
+            return topic in self.topics
+        return not is_system_topic(topic) and re.fullmatch(self.topic_pattern, topic) is not None
 
     @property
     def endpoint(self) -> str:
@@ -214,8 +231,6 @@ def _bad(name: str, value: object, allowed: str, prefix: str = "pymq option") ->
 _SASL = ("", "authentication is options accessKey and secretKey (RocketMQ's ACL users)")
 _KAFKA_OPTIONS: dict[str, tuple[str, str]] = {
     "subscribe": ("topic", "a comma-separated list; every queue of each topic is read"),
-    "subscribepattern": ("topic", "list the topics, comma-separated: a pattern is not supported "
-                                  "(Admin(...).topics() lists them)"),
     "assign": ("topic", "every queue of the topics is read, and startingOffsets JSON sets where each "
                         "starts; reading only some queues of a topic is not supported"),
     "kafka.bootstrap.servers": ("endpoint", "the pymq broker's host:port, or namesrvAddr for an Apache "
@@ -407,7 +422,8 @@ def _parse_group(value: str | None, prefix: str = "pymq option") -> str | None:
 
 @dataclass(frozen=True)
 class _What:
-    topics: tuple[str, ...]
+    topics: tuple[str, ...]  # () with a pattern
+    pattern: str | None
     group: str | None
     model: MessageModel
     subscription: str
@@ -418,8 +434,36 @@ class _What:
         return self.model is MessageModel.CLUSTERING
 
 
+def _parse_pattern(opts: OptionValues) -> str | None:
+    """subscribePattern, checked to compile; exactly one of it and topic."""
+    pattern = opts.get("subscribePattern")
+    if pattern is None:
+        return None
+    if (opts.get("topic") or "").strip():
+        raise ValueError(
+            f"pymq options topic={opts.get('topic')!r} and subscribePattern={pattern!r} cannot be used "
+            "together: each says which topics are read. Keep one of them"
+        )
+    if not pattern:
+        raise opts.bad("subscribePattern", pattern, "use a regular expression that topic names match "
+                       "whole, such as 'orders-.*', or set topic instead")
+    try:
+        re.compile(pattern)
+    except re.error as err:
+        raise opts.bad("subscribePattern", pattern, f"it is no regular expression ({err}): use one that "
+                       "topic names match whole, such as 'orders-.*'") from None
+    return pattern
+
+
 def _parse_what(opts: OptionValues, backend: BackendConfig, stream: bool | None) -> _What:
-    topics = _parse_topics(opts.get("topic"))
+    pattern = _parse_pattern(opts)
+    if pattern is None and not (opts.get("topic") or "").strip():
+        raise ValueError(
+            "pymq option topic is required: set .option('topic', 'orders') (one topic, or a "
+            "comma-separated list such as 'orders,payments'), or subscribePattern='orders-.*' for "
+            "the topics whose names match"
+        )
+    topics = () if pattern is not None else _parse_topics(opts.get("topic"))
     group = _parse_group(opts.get("consumerGroup"))
     model = MessageModel(opts.choice("messageModel"))
     if stream is True and model is MessageModel.CLUSTERING and group is None:
@@ -437,7 +481,7 @@ def _parse_what(opts: OptionValues, backend: BackendConfig, stream: bool | None)
         check_subscription(backend, subscription, subscription_type)
     except ValueError as err:
         raise opts.bad("subscription", subscription, str(err)) from None
-    return _What(topics, group, model, subscription, subscription_type)
+    return _What(topics, pattern, group, model, subscription, subscription_type)
 
 
 # -- where reading starts ------------------------------------------------------------------------
@@ -588,13 +632,18 @@ def _check_offset_topics(opts: OptionValues, options: SourceOptions) -> None:
     query reads: its topics, and ``%RETRY%<consumerGroup>`` when it reads it along (the checkpoint
     keeps its offsets too)."""
     readable = options.all_topics()
+    retry = options.retry_topic
     for name, offsets in (("startingOffsets", options.starting.offsets),
                           ("startingOffsetsByTimestamp", options.starting.timestamps),
                           ("endingOffsets", options.ending.offsets),
                           ("endingOffsetsByTimestamp", options.ending.timestamps)):
-        unknown = sorted({key[0] for key in offsets} - set(readable))
+        unknown = sorted(topic for topic in {key[0] for key in offsets}
+                         if topic != retry and not options.matches(topic))
         if not unknown:
             continue
+        if options.topic_pattern is not None:
+            raise opts.bad(name, opts.get(name), f"it names topics {unknown} that {options.topic_option} "
+                           f"does not match{f', nor {retry!r} read along' if retry else ''}")
         hint = ""
         if any(is_retry_topic(topic) for topic in unknown):
             hint = " (a query reads %RETRY%<consumerGroup> along with includeRetry=true)"
@@ -772,6 +821,7 @@ def parse_source_options(raw: Mapping[str, str], *, stream: bool | None) -> Sour
     options = SourceOptions(
         backend=backend,
         topics=what.topics,
+        topic_pattern=what.pattern,
         stream=bool(stream),
         consumer_group=what.group,
         message_model=what.model,
