@@ -85,10 +85,11 @@ class PymqDataSource(DataSource):
         (string; ``topic`` or ``subscribePattern`` required) the topics whose whole name matches this
         regular expression (Spark's Kafka option; Python's ``re`` syntax, which agrees with Java's for
         the usual ``orders-.*`` or ``(orders|payments)_eu``). A stream looks for matching topics at
-        every trigger and reads a new one from its first message; a batch read takes those there are
-        when it is planned (none: no rows). System topics (``%RETRY%``, ``%DLQ%``, ``RMQ_SYS_*``,
-        ``SCHEDULE_TOPIC_XXXX``, ``TBW102``, ...) never match. Instead of ``topic``; listing topics
-        needs the broker's LIST permission where users are on.
+        every trigger and reads a new one from its first message (one deleted goes through
+        ``failOnDataLoss``); a batch read takes those there are when it is planned (none: no rows).
+        System topics (``%RETRY%``, ``%DLQ%``, ``RMQ_SYS_*``, ``SCHEDULE_TOPIC_XXXX``, ``TBW102``, ...)
+        never match. Instead of ``topic``; listing topics needs the broker's LIST permission where users
+        are on.
 
     ``consumerGroup``
         (string) the consumer group: 1-127 letters, digits, ``|``, ``_`` or ``-``. Required for streams
