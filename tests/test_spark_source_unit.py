@@ -410,6 +410,9 @@ class TopicsBackend:
     def check_consumer_group(self, group: str, queues: Any) -> None:
         pass
 
+    def check_client_config(self, group: str, queues: Any, subscription: str, expression_type: str) -> None:
+        pass
+
     def register_consumer(self, group: str, topics: Any) -> None:
         self.registered = list(topics)
 
