@@ -571,6 +571,14 @@ def parse_tls_options(get: Callable[[str], str | None], prefix: str) -> TlsConfi
     return config
 
 
+def first_queue_per_broker(queues: Iterable[MessageQueue]) -> dict[str, MessageQueue]:
+    """Broker name -> the first of ``queues`` on it (in order): one request per broker."""
+    first: dict[str, MessageQueue] = {}
+    for mq in sorted(queues):
+        first.setdefault(mq.broker_name, mq)
+    return first
+
+
 def check_subscription(config: BackendConfig, expression: str, expression_type: str) -> None:
     """ValueError naming ``expression`` when ``config``'s broker would refuse it.
 

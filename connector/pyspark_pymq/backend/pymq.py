@@ -54,6 +54,7 @@ from .base import (
     check_endpoint,
     filter_batch_by_tags,
     filter_by_tags,
+    first_queue_per_broker,
     subscribed_tags,
 )
 
@@ -172,9 +173,7 @@ class PymqBackend(Backend):
     ) -> None:
         if expression_type.upper() == "TAG":
             return
-        first: dict[str, MessageQueue] = {}
-        for mq in sorted(queues):
-            first.setdefault(mq.broker_name, mq)
+        first = first_queue_per_broker(queues)
         req = pymq_pb2.CheckClientConfigRequest(
             client_id=f"{socket.gethostname()}@{os.getpid()}", consumer_group=group,
             subscription=subscription, expression_type=expression_type,

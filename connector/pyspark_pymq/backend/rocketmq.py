@@ -65,6 +65,7 @@ from .base import (
     SendRequest,
     filter_batch_by_tags,
     filter_by_tags,
+    first_queue_per_broker,
     subscribed_tags,
 )
 
@@ -235,9 +236,7 @@ class RocketMQBackend(Backend):
         # create groups (autoCreateSubscriptionGroup=false) refuses an unknown one before the
         # group is checked against the topic (PullMessageProcessor), and one that does creates
         # it now, as the first pull of a task would. Other errors are the pulls' own to report.
-        first: dict[str, MessageQueue] = {}
-        for mq in sorted(queues):
-            first.setdefault(mq.broker_name, mq)
+        first = first_queue_per_broker(queues)
         for mq in first.values():
             try:
                 self.pull(group, mq, self.max_offset(mq), 1)
@@ -251,9 +250,7 @@ class RocketMQBackend(Backend):
         # as RocketMQ's push consumer at its start (checkClientInBroker), once per broker
         if expression_type.upper() == "TAG":
             return
-        first: dict[str, MessageQueue] = {}
-        for mq in sorted(queues):
-            first.setdefault(mq.broker_name, mq)
+        first = first_queue_per_broker(queues)
         client_id = default_client_id()
         for mq in first.values():
             data = SubscriptionData(mq.topic, subscription, expression_type)
