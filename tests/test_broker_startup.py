@@ -217,3 +217,35 @@ def test_an_ipv6_host_without_brackets_is_served(tmp_path: Path, host: str) -> N
         Producer(ep).send(Message("v6", b"x"))
         consumer = PullConsumer(ep, "g")
         assert [m.body for m in consumer.pull(consumer.queues("v6")[0], 0, 10).messages] == [b"x"]
+
+
+def test_a_forked_childs_release_touches_no_other_file(tmp_path: Path) -> None:
+    """A child closes its copy of the lock at the fork; its StoreLock still had the number, so a
+    release there truncated and closed whatever file had that number since."""
+    import os
+
+    lock = StoreLock(tmp_path / "d")
+    lock.acquire()
+    other = tmp_path / "other"
+    pid = os.fork()
+    if pid == 0:  # the child: another file takes the lock's old number, then the lock is released
+        code = 1
+        try:
+            number = lock._fd
+            assert number is not None
+            fd = os.open(other, os.O_RDWR | os.O_CREAT)  # often the same number already
+            if fd != number:
+                os.dup2(fd, number)
+                os.close(fd)
+            os.write(number, b"data")
+            lock.release()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert other.read_bytes() == b"data"
+    with pytest.raises(DataDirInUseError):  # the parent still holds the data dir
+        StoreLock(tmp_path / "d").acquire()
+    lock.release()
+    StoreLock(tmp_path / "d").acquire()

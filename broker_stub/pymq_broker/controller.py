@@ -206,20 +206,26 @@ class BrokerController:
 
     async def _abandon_start(self) -> None:
         """Undo a start that failed halfway: stop the store, free the port, release the data dir."""
+        name = self.broker_config.broker_name
         try:
             if self.server is not None:
                 await self.server.stop(None)
                 self.server = None
+            # the store first: the services may be registered, and the port is freed below by
+            # starting the server a moment; a request let in then must find no store to write to
+            if self.store is not None:
+                self.store.shutdown()
+                self.store = None
+        except Exception:
+            log.exception("cleaning up after a failed start of broker %s", name)
+        try:
             server, self._bound = self._bound, None
             if server is not None:
                 # a port grpc bound is freed only by stopping a started server (stop alone keeps it)
                 await server.start()
                 await server.stop(None)
-            if self.store is not None:
-                self.store.shutdown()
-                self.store = None
         except Exception:
-            log.exception("cleaning up after a failed start of broker %s", self.broker_config.broker_name)
+            log.exception("freeing the port after a failed start of broker %s", name)
         finally:
             self.store_lock.release()
 

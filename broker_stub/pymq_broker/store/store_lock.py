@@ -88,8 +88,8 @@ class StoreLock:
     def release(self) -> None:
         """Drop the lock (the file stays: the next holder writes its pid over it)."""
         fd, self._fd = self._fd, None
-        if fd is None:
-            return
+        if fd is None or fd not in _held:
+            return  # a forked child's copy, closed at the fork: the number may be another file's now
         _held.discard(fd)
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)  # no pid of a stopped broker for a refused one to name
