@@ -42,6 +42,7 @@ from pyspark_pymq.backend.pymq_arrow import (
 )
 from pyspark_pymq.client.codec import decode_messages
 from pyspark_pymq.client.message import MessageQueue
+from pyspark_pymq.errors import AccessDeniedError, BrokerUnavailableError, NoPermissionError, PymqError
 from pyspark_pymq.spark.data_loss import DataLossError, report_data_loss
 from pyspark_pymq.spark.micro_batch_stream import PymqMicroBatchStream
 from pyspark_pymq.spark.offset_range import (
@@ -398,12 +399,18 @@ class TopicsBackend:
 
     def __init__(self, topics: dict[str, int]) -> None:
         self.topics = topics  # topic -> max offset of its one queue
+        self.write_only: set[str] = set()  # listed, no readable queue (perm=2)
+        self.listing_fails: PymqError | None = None
+        self.refused_subscription: PymqError | None = None
+        self.checks = 0
 
     def topic_names(self) -> list[str]:
+        if self.listing_fails is not None:
+            raise self.listing_fails
         return sorted(self.topics)
 
     def queue_bounds(self, topic: str, *, unreachable: Any = None) -> dict[MessageQueue, QueueBounds] | None:
-        if topic not in self.topics:
+        if topic not in self.topics or topic in self.write_only:
             return None
         return {MessageQueue(topic, "b", 0): QueueBounds(0, self.topics[topic])}
 
@@ -411,7 +418,9 @@ class TopicsBackend:
         pass
 
     def check_client_config(self, group: str, queues: Any, subscription: str, expression_type: str) -> None:
-        pass
+        self.checks += 1
+        if self.refused_subscription is not None:
+            raise self.refused_subscription
 
     def register_consumer(self, group: str, topics: Any) -> None:
         self.registered = list(topics)
@@ -432,6 +441,60 @@ def test_subscribe_pattern_topics_are_asked_at_every_bounds_and_a_gone_one_is_mi
     bounds, missing = reader.bounds(require_topics=False, keep={"orders-eu", "payments"})
     assert sorted(mq.topic for mq in bounds) == ["orders-us"] and missing == ["orders-eu"]
     assert reader.opts.topics == ("orders-eu", "orders-us")
+
+
+def test_subscribe_pattern_mid_stream_outlives_a_listing_the_broker_does_not_answer() -> None:
+    """One trigger during a broker restart ended a pattern stream; a named topic's queues wait."""
+    backend = TopicsBackend({"orders-eu": 3, "orders-us": 2})
+    opts = parse_source_options({"endpoint": EP, "subscribePattern": "orders-.*", "consumerGroup": "g",
+                                 "includeRetry": "false"}, stream=True)
+    reader = OffsetReader(opts, backend=backend)  # type: ignore[arg-type]
+    reader.bounds(require_topics=True)
+    backend.listing_fails = BrokerUnavailableError("broker at b is unavailable (ListTopics)")
+    bounds, missing = reader.bounds(require_topics=False, keep={"orders-eu"})
+    assert sorted(mq.topic for mq in bounds) == ["orders-eu", "orders-us"] and missing == []
+    restarted = OffsetReader(opts, backend=backend)  # type: ignore[arg-type]
+    bounds, _ = restarted.bounds(require_topics=False, keep={"orders-eu"})  # the checkpoint's topics
+    assert sorted(mq.topic for mq in bounds) == ["orders-eu"]
+    with pytest.raises(BrokerUnavailableError):  # at the start it is the error
+        OffsetReader(opts, backend=backend).bounds(require_topics=True)  # type: ignore[arg-type]
+    backend.listing_fails = AccessDeniedError("user 'bob' may not List on Cluster:b")
+    with pytest.raises(AccessDeniedError, match=r"subscribePattern='orders-\.\*' lists the topics .*"
+                                                r"may not List on Cluster:b.*Grant it List"):
+        OffsetReader(opts, backend=backend).bounds(require_topics=True)  # type: ignore[arg-type]
+
+
+def test_subscribe_pattern_skips_a_listed_topic_it_cannot_read() -> None:
+    """A write-only topic (perm=2) that matches failed the query as one that 'does not exist'."""
+    backend = TopicsBackend({"orders-eu": 3, "orders-us": 2})
+    backend.write_only.add("orders-us")
+    opts = parse_source_options({"endpoint": EP, "subscribePattern": "orders-.*", "consumerGroup": "g",
+                                 "includeRetry": "false"}, stream=True)
+    reader = OffsetReader(opts, backend=backend)  # type: ignore[arg-type]
+    bounds, missing = reader.bounds(require_topics=True)
+    assert sorted(mq.topic for mq in bounds) == ["orders-eu"] and missing == []
+    _, missing = reader.bounds(require_topics=False, keep={"orders-eu", "orders-us"})
+    assert missing == ["orders-us"]  # read before: the checkpoint's, so its loss is reported
+
+
+def test_a_restarted_stream_checks_its_subscription_at_its_first_bounds() -> None:
+    """Spark calls no initialOffset for a stream restarted from its checkpoint: the brokers' check
+    of the subscription ran only at a query's first start, so a broker that lost its SQL92
+    failed every task instead."""
+    backend = TopicsBackend({"orders": 3})
+    opts = parse_source_options({"endpoint": EP, "topic": "orders", "consumerGroup": "g",
+                                 "subscriptionType": "SQL92", "subscription": "a > 1"}, stream=True)
+    backend.refused_subscription = NoPermissionError("SQL92 filters are off on this broker")
+    reader = OffsetReader(opts, backend=backend)  # type: ignore[arg-type]
+    with pytest.raises(NoPermissionError, match="subscriptionType='SQL92', subscription='a > 1': SQL92"):
+        reader.bounds(require_topics=False, keep={"orders"})
+    backend.refused_subscription = BrokerUnavailableError("broker b is unavailable")
+    reader.bounds(require_topics=False)  # mid-stream, a broker not answering: checked later
+    backend.refused_subscription = None
+    reader.bounds(require_topics=False)
+    checks = backend.checks
+    reader.bounds(require_topics=False)
+    assert backend.checks == checks == 3  # once it passed, not again
 
 
 def test_starting_modes_parse() -> None:

@@ -32,6 +32,7 @@ from ..errors import (
     NAMESRV_HINT,
     UNREACHABLE_HINT,
     BrokerUnavailableError,
+    NoPermissionError,
     PymqError,
     RequestTimeoutError,
     TopicNotExistError,
@@ -64,6 +65,9 @@ class OffsetReader:
         self._topic_ids: TopicIds = {}
         # Whether the brokers took a pull of the query's group (checked once, at the start).
         self._group_checked = False
+        # subscribePattern: the topic names of the last listing (a listing that fails mid-stream
+        # falls back on them, as a named topic's queues wait for a broker that does not answer)
+        self._listed: tuple[str, ...] = ()
 
     # -- errors -------------------------------------------------------------------
 
@@ -123,7 +127,8 @@ class OffsetReader:
         the broker counts as unavailable (its queues wait, see
         :meth:`unavailable_brokers`); at the start its error is raised.
         """
-        self._resolve_topics(keep)
+        keep = set(keep)
+        self._resolve_topics(keep, strict=require_topics)
         self._register()
         out: dict[MessageQueue, QueueBounds] = {}
         missing: list[str] = []
@@ -134,6 +139,8 @@ class OffsetReader:
             if found is None:
                 if topic == retry and topic not in self.opts.topics:
                     continue
+                if self.opts.topic_pattern is not None and topic not in keep:
+                    continue  # listed but not readable (write-only, or deleted since): not read yet
                 if require_topics:
                     raise self._explain(TopicNotExistError(topic), topic)
                 missing.append(topic)
@@ -142,22 +149,40 @@ class OffsetReader:
         self._unreachable = unreachable or set()
         self._readable = set(out)
         self._topic_ids = topic_ids(out)
-        if require_topics and not self._group_checked:
-            self._check_group(out)
+        if out and not self._group_checked:
+            # at a query's start, and at the first bounds of a stream restarted from its checkpoint
+            # (Spark calls no initialOffset then): the brokers may have changed meanwhile
+            self._check_group(out, strict=require_topics)
         if self._unreachable:
             logger.warning("pymq source: broker(s) %s do not answer; their queues wait",
                            ", ".join(sorted(self._unreachable)))
         return out, missing
 
-    def _resolve_topics(self, keep: Iterable[str]) -> None:
-        """subscribePattern: ``opts.topics`` become the topics that match now (see :meth:`bounds`)."""
+    def _resolve_topics(self, keep: set[str], *, strict: bool) -> None:
+        """subscribePattern: ``opts.topics`` become the topics that match now (see :meth:`bounds`).
+
+        Mid-stream (not ``strict``) a listing the brokers do not answer keeps the topics found
+        before; at the start it raises."""
         opts = self.opts
         if opts.topic_pattern is None:
             return
         try:
-            names = self.backend.topic_names()
+            names = tuple(self.backend.topic_names())
+        except (BrokerUnavailableError, RequestTimeoutError) as err:
+            if strict:
+                raise self._explain(err) from None
+            logger.warning("pymq source: %s: the topics could not be listed (%s); reading those found "
+                           "before", opts.topic_option, err.remark)
+            names = self._listed
+        except NoPermissionError as err:
+            raise type(err)(
+                f"pymq option {opts.topic_option} lists the topics of {opts.backend.where}, which this "
+                f"user may not: {err.remark}. Grant it List on the cluster, or name the topics with "
+                "option topic", code=err.code,
+            ) from None
         except PymqError as err:
             raise self._explain(err) from None
+        self._listed = names
         found = tuple(sorted({t for t in (*names, *keep) if opts.matches(t)}))
         if found != opts.topics:
             logger.info("pymq source: %s matches topics %s", opts.topic_option, ", ".join(found) or "none")
@@ -166,15 +191,18 @@ class OffsetReader:
             logger.warning("pymq source: %s matches no topic on %s: the read has no rows",
                            opts.topic_option, opts.backend.where)
 
-    def _check_group(self, queues: Iterable[MessageQueue]) -> None:
+    def _check_group(self, queues: Iterable[MessageQueue], *, strict: bool = True) -> None:
         """A group the brokers refuse (RocketMQ's autoCreateSubscriptionGroup=false) fails the
-        query here, naming the option, rather than each task with the broker's answer."""
+        query here, naming the option, rather than each task with the broker's answer. Not
+        ``strict`` (mid-stream), a broker that does not answer leaves it for the next bounds."""
         group = self.opts.pull_group
         queues = list(queues)
         try:
             self.backend.check_consumer_group(group, queues)
             self._check_subscription(group, queues)
         except PymqError as err:
+            if not strict and isinstance(err, (BrokerUnavailableError, RequestTimeoutError)):
+                return
             if err.code != GROUP_NOT_EXIST:
                 raise self._explain(err) from None
             if self.opts.consumer_group:
