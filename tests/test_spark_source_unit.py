@@ -372,7 +372,8 @@ def test_subscribe_pattern_is_one_of_topic_or_it_and_matches_whole_user_topic_na
     assert not o.matches("orders") and not o.matches("my-orders-eu")  # the whole name, as Java's matches()
     every = parse_source_options({"endpoint": EP, "subscribePattern": ".*"}, stream=False)
     for system in ("%RETRY%g", "%DLQ%g", "RMQ_SYS_TRACE_TOPIC", "SCHEDULE_TOPIC_XXXX", "TBW102",
-                   "rmq_sys_wheel_timer", "TRANS_CHECK_MAX_TIME_TOPIC"):
+                   "rmq_sys_wheel_timer", "TRANS_CHECK_MAX_TIME_TOPIC", "CHECKPOINT_TOPIC",
+                   "DefaultHeartBeatSyncerTopic"):
         assert not every.matches(system), system
     assert every.matches("payments")
     # offsets JSON may name topics the pattern matches, and the retry topic read along

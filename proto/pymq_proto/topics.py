@@ -31,6 +31,8 @@ SYSTEM_TOPIC_PREFIXES = (RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX, "RMQ_
 SYSTEM_TOPICS = frozenset({
     "SCHEDULE_TOPIC_XXXX", "TBW102", "BenchmarkTest", "OFFSET_MOVED_EVENT", "SELF_TEST_TOPIC",
     TRANS_CHECK_MAX_TIME_TOPIC, "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRACE_TOPIC",
+    "CHECKPOINT_TOPIC",  # RMQ_SYS_ROCKSDB_OFFSET_TOPIC
+    "DefaultHeartBeatSyncerTopic",  # a RocketMQ 5 proxy's in cluster mode (heartbeatSyncerTopicName)
 })
 # RocketMQ 5's TopicMessageType (the topic attribute +message.type); a topic without one is NORMAL
 TOPIC_MESSAGE_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED")
