@@ -311,6 +311,7 @@ class UnaryRpc(Generic[Req, Resp]):
 
     def __call__(self, request: Req, timeout: float | None = None) -> Resp:
         limit = self.timeout if timeout is None else timeout
+        started = time.monotonic()
         try:
             return self._call(request, timeout=limit, metadata=None if self._sign is None else self._sign())
         except grpc.RpcError as err:
@@ -319,10 +320,11 @@ class UnaryRpc(Generic[Req, Resp]):
         # The request never left (the channel's last connect was refused) and the broker accepts
         # connections now: it came back on its address while the shared channel waits out its
         # reconnect backoff (up to 1 s). A dead broker still fails at once: it refuses the probe.
-        # The call keeps its whole deadline: once connected it is sent, and a broker that takes
-        # its time (a SYNC_FLUSH, a long poll) must not be read as one that never got it.
+        # The call keeps what is left of its deadline: once connected it is sent, and a broker that
+        # takes its time (a SYNC_FLUSH, a long poll) must not be read as one that never got it.
+        left = max(0.001, limit - (time.monotonic() - started))
         try:
-            return self._call(request, timeout=limit, wait_for_ready=True,
+            return self._call(request, timeout=left, wait_for_ready=True,
                               metadata=None if self._sign is None else self._sign())
         except grpc.RpcError as err:
             raise map_rpc_error(err, self.endpoint, self.name, self.tls) from None
