@@ -319,15 +319,24 @@ class Backend(ABC):
         Nothing to check by default (the pymq broker takes any group).
         """
 
-    def check_client_config(  # noqa: B027
+    def check_client_config(
         self, group: str, queues: Iterable[MessageQueue], subscription: str, expression_type: str
     ) -> None:
         """Raise if a broker of ``queues`` would refuse ``group``'s subscription (SQL92 where
         the broker has property filters off), so that a query fails before its tasks.
 
         RocketMQ's consumers ask each broker before they start (CHECK_CLIENT_CONFIG), for
-        expressions other than TAG. Nothing to check by default.
+        expressions other than TAG: :meth:`_check_client_config` once per broker.
         """
+        if expression_type.upper() == "TAG":
+            return
+        for mq in first_queue_per_broker(queues).values():
+            self._check_client_config(group, mq, subscription, expression_type)
+
+    def _check_client_config(  # noqa: B027
+        self, group: str, mq: MessageQueue, subscription: str, expression_type: str
+    ) -> None:
+        """Ask ``mq``'s broker whether it takes the subscription; nothing to ask by default."""
 
     def register_consumer(self, group: str, topics: Sequence[str]) -> None:  # noqa: B027
         """Tell the brokers that ``group`` consumes ``topics`` (CLUSTERING).

@@ -14,7 +14,7 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
@@ -54,7 +54,6 @@ from .base import (
     check_endpoint,
     filter_batch_by_tags,
     filter_by_tags,
-    first_queue_per_broker,
     subscribed_tags,
 )
 
@@ -168,23 +167,18 @@ class PymqBackend(Backend):
                 pymq_pb2.UpdateOffsetRequest(consumer_group=group, offsets=items)
             )
 
-    def check_client_config(
-        self, group: str, queues: Iterable[MessageQueue], subscription: str, expression_type: str
+    def _check_client_config(
+        self, group: str, mq: MessageQueue, subscription: str, expression_type: str
     ) -> None:
-        if expression_type.upper() == "TAG":
-            return
-        first = first_queue_per_broker(queues)
         req = pymq_pb2.CheckClientConfigRequest(
-            client_id=f"{socket.gethostname()}@{os.getpid()}", consumer_group=group,
+            client_id=f"{socket.gethostname()}@{os.getpid()}", consumer_group=group, topic=mq.topic,
             subscription=subscription, expression_type=expression_type,
         )
-        for broker, mq in first.items():
-            req.topic = mq.topic
-            try:
-                self._routes.client(mq.topic, broker).check_client_config(req)
-            except PymqError as err:
-                if err.code != "REQUEST_CODE_NOT_SUPPORTED":  # a broker older than the check
-                    raise
+        try:
+            self._routes.client(mq.topic, mq.broker_name).check_client_config(req)
+        except PymqError as err:
+            if err.code != "REQUEST_CODE_NOT_SUPPORTED":  # a broker older than the check
+                raise
 
     def register_consumer(self, group: str, topics: Sequence[str]) -> None:
         # HEART_BEAT to each broker of the topics: it creates %RETRY%<group>, as RocketMQ's

@@ -244,23 +244,18 @@ class RocketMQBackend(Backend):
                 if err.code == GROUP_NOT_EXIST:
                     raise
 
-    def check_client_config(
-        self, group: str, queues: Iterable[MessageQueue], subscription: str, expression_type: str
+    def _check_client_config(
+        self, group: str, mq: MessageQueue, subscription: str, expression_type: str
     ) -> None:
-        # as RocketMQ's push consumer at its start (checkClientInBroker), once per broker
-        if expression_type.upper() == "TAG":
-            return
-        first = first_queue_per_broker(queues)
-        client_id = default_client_id()
-        for mq in first.values():
-            data = SubscriptionData(mq.topic, subscription, expression_type)
-            try:
-                self.api.check_client_config(self._addr(mq), client_id, group, data)
-            except PymqError as err:
-                # a broker that does not know the request, or an ACL without a rule for it:
-                # the pulls say what is wrong, if anything
-                if err.code not in ("REQUEST_CODE_NOT_SUPPORTED", "NO_PERMISSION"):
-                    raise
+        # as RocketMQ's push consumer at its start (checkClientInBroker)
+        data = SubscriptionData(mq.topic, subscription, expression_type)
+        try:
+            self.api.check_client_config(self._addr(mq), default_client_id(), group, data)
+        except PymqError as err:
+            # a broker that does not know the request, or an ACL without a rule for it: the
+            # pulls say what is wrong, if anything
+            if err.code not in ("REQUEST_CODE_NOT_SUPPORTED", "NO_PERMISSION"):
+                raise
 
     def register_consumer(self, group: str, topics: Sequence[str]) -> None:
         # One HEART_BEAT per broker creates %RETRY%<group> (and the group, where the brokers
