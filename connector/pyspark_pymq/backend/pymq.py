@@ -171,7 +171,7 @@ class PymqBackend(Backend):
         self, group: str, mq: MessageQueue, subscription: str, expression_type: str
     ) -> None:
         req = pymq_pb2.CheckClientConfigRequest(
-            client_id=f"{socket.gethostname()}@{os.getpid()}", consumer_group=group, topic=mq.topic,
+            client_id=_client_id(), consumer_group=group, topic=mq.topic,
             subscription=subscription, expression_type=expression_type,
         )
         try:
@@ -183,7 +183,7 @@ class PymqBackend(Backend):
     def register_consumer(self, group: str, topics: Sequence[str]) -> None:
         # HEART_BEAT to each broker of the topics: it creates %RETRY%<group>, as RocketMQ's
         # brokers do when a consumer registers (not only at the group's first send back).
-        client_id = f"{socket.gethostname()}@{os.getpid()}"
+        client_id = _client_id()
         wanted = [t for t in topics if not is_retry_topic(t)]
         brokers: dict[str, BrokerClient] = {}
         for topic in wanted:
@@ -425,3 +425,8 @@ _NOT_MENDED_BY_FALLBACK = (AccessDeniedError, AuthenticationError)
 def _store_host(store_host: str) -> bytes:
     host, _, port = store_host.rpartition(":")
     return store_host_bytes(host or "127.0.0.1", int(port) if port.isdecimal() else 0)
+
+
+def _client_id() -> str:
+    """This process's client id in requests that name one (RocketMQ's ``ip@pid``, with the host name)."""
+    return f"{socket.gethostname()}@{os.getpid()}"

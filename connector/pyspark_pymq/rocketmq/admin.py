@@ -233,11 +233,9 @@ class RocketMQAdmin(Admin):
     # -- topics -------------------------------------------------------------------------------
 
     def topic_names(self, include_system: bool = False) -> list[str]:
-        names = self._namesrv.get_all_topics()
         if include_system:
-            return names
-        own = self._namesrv.get_cluster_info().own_topics()
-        return [t for t in names if not is_system_topic(t, own)]
+            return self._namesrv.get_all_topics()
+        return self._backend.topic_names()
 
     def _stats(self, name: str, *, refresh: bool = True) -> dict[Any, tuple[QueueBounds, int]]:
         """Bounds and last store time of every queue of ``name`` (one request per broker);

@@ -167,7 +167,7 @@ class SourceOptions:
     # the columns a user's .schema(...) keeps, in its order; None: all (see spark.schema)
     columns: tuple[str, ...] | None = None
     # subscribePattern: ``topics`` are then the matching topics the offset reader found last
-    # (none until it looked), see :meth:`with_topics`
+    # (none until it looked; OffsetReader replaces them at each look)
     topic_pattern: str | None = None
 
     @property
