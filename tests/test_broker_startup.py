@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ from broker_process import BrokerProcess
 from helpers import read_all
 from pymq_broker import EmbeddedBroker
 from pymq_broker.controller import is_loopback
+from pymq_broker.store.index_service import IndexService
 from pymq_broker.store.store_lock import DataDirInUseError, StoreLock
 from pyspark_pymq import Admin, Message, Producer, PullConsumer
 from pyspark_pymq.client.message import SendStatus
@@ -129,6 +131,55 @@ def test_an_embedded_broker_on_a_busy_port_releases_the_data_dir(tmp_path: Path,
         EmbeddedBroker(data, port=busy_port).start()
     with EmbeddedBroker(data) as broker:  # the failed start let go of the data dir
         Admin(broker.endpoint).create_topic("t", queues=1)
+
+
+def _open_files_under(root: Path) -> list[str]:
+    """Files under ``root`` this process holds a descriptor to."""
+    fds = Path("/proc/self/fd")
+    held = []
+    for fd in fds.iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed since the listing
+            continue
+        if target.startswith(str(root) + os.sep) and not target.endswith(os.sep + "lock"):
+            held.append(target)
+    return held
+
+
+def test_a_store_that_fails_to_load_closes_its_files_and_a_retry_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    data = tmp_path / "b"
+    with EmbeddedBroker(data) as broker:  # a commit log, consume queues and an index to open
+        Admin(broker.endpoint).create_topic("t", queues=2)
+        _send(broker.endpoint, "t", [b"one", b"two"])
+    refused = OSError(5, "Input/output error")
+
+    def fail(self: IndexService, *, crashed: bool = False) -> None:
+        raise refused
+
+    with monkeypatch.context() as patch:
+        patch.setattr(IndexService, "load", fail)
+        with pytest.raises(OSError, match="Input/output error"):
+            EmbeddedBroker(data).start()
+        assert _open_files_under(data) == []  # not left for the garbage collector
+    with EmbeddedBroker(data) as broker:
+        assert sorted(m.body for m in read_all(broker.endpoint, "t")) == [b"one", b"two"]
+
+
+def test_a_stray_file_among_the_consume_queues_does_not_stop_the_broker(tmp_path: Path) -> None:
+    data = tmp_path / "b"
+    with EmbeddedBroker(data) as broker:
+        Admin(broker.endpoint).create_topic("t", queues=1)
+        _send(broker.endpoint, "t", [b"kept"])
+    queues = next(p for p in data.rglob("consumequeue") if p.is_dir())
+    (queues / ".DS_Store").write_bytes(b"\0" * 16)  # left by a file browser, or a note
+    (queues / "t" / "README").write_text("queue 0 is the only one")
+    with EmbeddedBroker(data) as broker:
+        assert [m.body for m in read_all(broker.endpoint, "t")] == [b"kept"]
+        _send(broker.endpoint, "t", [b"after"])
+        assert sorted(m.body for m in read_all(broker.endpoint, "t")) == [b"after", b"kept"]
 
 
 # -- an open broker -----------------------------------------------------------------------------

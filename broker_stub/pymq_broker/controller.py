@@ -143,7 +143,11 @@ class BrokerController:
         self._bound = server
         self.endpoint = host_port(bc.host, port)
         store = DefaultMessageStore(self.store_config, store_host_bytes(bc.host, port))
-        store.load()
+        try:
+            store.load()
+        except BaseException:
+            store.close()
+            raise
         hold = PullRequestHoldService()
         store.message_arriving_listener = hold.notify_message_arriving
         store.start()

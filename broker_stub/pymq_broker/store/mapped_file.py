@@ -179,3 +179,8 @@ class MappedFileQueue:
         for mf in self.files:
             mf.flush()
             mf.close()
+
+    def close(self) -> None:
+        """Close every segment without flushing (nothing was written: a load that failed)."""
+        for mf in self.files:
+            mf.close()

@@ -13,6 +13,7 @@ read on the broker's thread ever misses an acknowledged put.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -144,15 +145,30 @@ class DefaultMessageStore:
         self.commit_log.load()
         root = self.config.store_path_consume_queue
         if root.exists():
-            for topic_dir in sorted(root.iterdir()):
+            # anything else a person or a tool left there (a note, .DS_Store) is not a queue: as
+            # RocketMQ's loadConsumeQueue, skip it rather than refuse to start
+            for topic_dir in sorted(p for p in root.iterdir() if p.is_dir()):
                 for qdir in sorted(topic_dir.iterdir()):
-                    if qdir.name.isdigit():
+                    if qdir.name.isdigit() and qdir.is_dir():
                         cq = self._find_or_create_consume_queue(topic_dir.name, int(qdir.name))
                         cq.load()
                         cq.recover()
         self.index_service.load(crashed=not self.last_exit_ok)
         self._indexed_upto = self.index_service.indexed_upto
         self._recover()
+
+    def close(self) -> None:
+        """Close the files of a store that never started (its :meth:`load` raised), writing
+        nothing: a failed start must leave the data dir as it found it, and a notebook that
+        retries must not run out of descriptors before the garbage collector frees them."""
+        queues = [self.commit_log.mapped_file_queue, *(cq.queue for cq in self._all_consume_queues())]
+        for q in queues:
+            q.close()
+        for f in self.index_service.files:
+            with contextlib.suppress(OSError):
+                f.close()
+        with contextlib.suppress(OSError):
+            self.checkpoint.close()
 
     def _recover(self) -> None:
         cl = self.commit_log
