@@ -1428,6 +1428,27 @@ def test_a_static_topic_is_refused_by_name(server: FakeServer, client: RemotingC
     t.join(5)
 
 
+def test_name_servers_that_do_not_list_topics_say_which_setting(server: FakeServer,
+                                                                client: RemotingClient) -> None:
+    # NamesrvConfig.enableAllTopicList=false answers SYSTEM_ERROR "disable", and nothing more
+    ns = NameServerClient(server.addr, remoting=client, timeout_s=2.0)
+
+    def answer() -> None:
+        conn = server.accept()
+        req = server.read_frame(conn)
+        assert req.code == RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER
+        disabled = RemotingCommand.response(ResponseCode.SYSTEM_ERROR, req.opaque, remark="disable")
+        conn.sendall(disabled.encode())
+
+    t = threading.Thread(target=answer, daemon=True)
+    t.start()
+    with pytest.raises(PymqError, match=r"do not list their topics \(enableAllTopicList=false in "
+                                        r"their configuration\)\. Set enableAllTopicList=true") as err:
+        ns.get_all_topics()
+    assert err.value.code == "NOT_SUPPORTED"
+    t.join(5)
+
+
 @pytest.mark.parametrize("remark", ["check signature failed.", "User:nobody is not found.",
                                     "username cannot be null."])
 def test_a_refused_signature_says_which_options_hold_the_credentials(remark: str) -> None:

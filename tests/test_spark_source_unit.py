@@ -463,6 +463,13 @@ def test_subscribe_pattern_mid_stream_outlives_a_listing_the_broker_does_not_ans
     with pytest.raises(AccessDeniedError, match=r"subscribePattern='orders-\.\*' lists the topics .*"
                                                 r"may not List on Cluster:b.*Grant it List"):
         OffsetReader(opts, backend=backend).bounds(require_topics=True)  # type: ignore[arg-type]
+    backend.listing_fails = PymqError("the name servers do not list their topics (enableAllTopicList="
+                                      "false in their configuration). Set ..., or name the topics",
+                                      code="NOT_SUPPORTED")
+    with pytest.raises(PymqError, match=r"^\[NOT_SUPPORTED\] pymq option subscribePattern='orders-\.\*' "
+                                        r"cannot find its topics: the name servers do not list .*name "
+                                        r"the topics with option topic$"):
+        OffsetReader(opts, backend=backend).bounds(require_topics=True)  # type: ignore[arg-type]
 
 
 def test_subscribe_pattern_skips_a_listed_topic_it_cannot_read() -> None:

@@ -339,6 +339,13 @@ class NameServerClient:
             "GET_ALL_TOPIC_LIST_FROM_NAMESERVER",
             timeout_s,
         )
+        if response.code == ResponseCode.SYSTEM_ERROR and (response.remark or "").strip() == "disable":
+            # NamesrvConfig.enableAllTopicList=false: the name server's whole answer is "disable"
+            raise PymqError(
+                f"GET_ALL_TOPIC_LIST_FROM_NAMESERVER to {addr}: the name servers do not list their "
+                "topics (enableAllTopicList=false in their configuration). Set enableAllTopicList=true "
+                "in namesrv.conf and restart them, or name the topics", code="NOT_SUPPORTED",
+            )
         if response.code != ResponseCode.SUCCESS:
             raise response_error(response, addr, "GET_ALL_TOPIC_LIST_FROM_NAMESERVER")
         doc: Any = loads_fastjson(response.body) if response.body else {}

@@ -181,6 +181,9 @@ class OffsetReader:
                 "option topic", code=err.code,
             ) from None
         except PymqError as err:
+            if err.code == "NOT_SUPPORTED":  # the name servers list no topics
+                raise PymqError(f"pymq option {opts.topic_option} cannot find its topics: {err.remark}"
+                                " with option topic", code=err.code) from None
             raise self._explain(err) from None
         self._listed = names
         found = tuple(sorted({t for t in (*names, *keep) if opts.matches(t)}))
