@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import time
@@ -195,6 +196,43 @@ def test_torn_tail_is_cut_and_never_served(tmp_path: Path) -> None:
         assert records(store2.get_message("t", 0, 10, 1).records)[0][3] == b"next"
     finally:
         store2.shutdown()
+
+
+@pytest.mark.parametrize("damage", ["a zeroed size", "a garbage entry", "garbage at a segment start"])
+def test_a_damaged_consume_queue_entry_is_rebuilt_from_the_commit_log_after_a_clean_stop(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A clean stop's checkpoint says every record is queued; a queue file damaged since hid the
+    entries from the damage on, and gave their queue offsets to new messages (two records then
+    claimed one offset, and after a crash the old ones came back in place of the new)."""
+    store = make_store(tmp_path, mapped_file_size_consume_queue=4 * 20)  # 4 entries a segment
+    for i in range(10):
+        store.put_messages("t", 0, [msg(b"m%d" % i, TAGS="a")])
+    store.shutdown()
+    segments = sorted((tmp_path / "consumequeue" / "t" / "0").iterdir())
+    at = {"a zeroed size": (segments[2], 20 + 8, bytes(4)),  # offset 9: its size is 0
+          "a garbage entry": (segments[1], 0, b"\xff" * 20),  # offset 4
+          "garbage at a segment start": (segments[2], 0, b"\xff" * 20)}[damage]  # offset 8
+    with open(at[0], "r+b") as f:
+        f.seek(at[1])
+        f.write(at[2])
+    with caplog.at_level(logging.WARNING):
+        again = make_store(tmp_path, mapped_file_size_consume_queue=4 * 20)
+    try:
+        assert "consume queue t-0: the entry at queue offset" in caplog.text and "rebuilt" in caplog.text
+        assert again.get_max_offset_in_queue("t", 0) == 10
+        got = again.get_message("t", 0, 0, 100)
+        assert [rec[3] for rec in records(got.records)] == [b"m%d" % i for i in range(10)]
+        assert again.put_messages("t", 0, [msg(b"new")]).queue_offset == 10
+    finally:
+        again.shutdown()
+    (tmp_path / "abort").touch()  # and a crash: recovery walks the commit log's last segment again
+    crashed = make_store(tmp_path, mapped_file_size_consume_queue=4 * 20)
+    try:
+        got = crashed.get_message("t", 0, 0, 100)
+        assert [rec[3] for rec in records(got.records)] == [*(b"m%d" % i for i in range(10)), b"new"]
+    finally:
+        crashed.shutdown()
 
 
 def test_retention_deletes_old_segments_and_moves_min_offset(tmp_path: Path) -> None:

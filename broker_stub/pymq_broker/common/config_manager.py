@@ -1,12 +1,19 @@
-"""ConfigManager: a JSON document persisted atomically (write, fsync, rename)."""
+"""ConfigManager: a JSON document persisted atomically (write, fsync, rename), with a backup."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class ConfigFileDamagedError(ValueError):
+    """A config file (and its backup) that cannot be loaded: the broker does not start."""
 
 
 class ConfigManager:
@@ -26,17 +33,57 @@ class ConfigManager:
         raise NotImplementedError
 
     def load(self) -> None:
-        for candidate in (self.path, self.path.with_name(self.path.name + ".bak")):
+        """Read the document, or its backup when it is missing, empty or damaged.
+
+        As RocketMQ's ``ConfigManager.load``: a file that cannot be read is logged and the
+        backup (``<file>.bak``, the version before the last write) is tried. Unlike RocketMQ, a
+        damaged file without a good backup stops the start (:class:`ConfigFileDamagedError`):
+        serving with an empty table would drop every topic, offset or ACL it held, and the
+        next write would put the empty table over the evidence.
+        """
+        bak = self.path.with_name(self.path.name + ".bak")
+        damaged: list[str] = []
+        for candidate in (self.path, bak):
             try:
-                data = json.loads(candidate.read_text())
-            except (FileNotFoundError, json.JSONDecodeError):
+                raw = candidate.read_bytes()
+            except FileNotFoundError:
                 continue
-            self.decode(data)
+            if not raw.strip():
+                log.warning("config file %s is empty: trying its backup", candidate)
+                continue
+            try:
+                data = json.loads(raw)
+                if not isinstance(data, dict):
+                    raise TypeError(f"a JSON {type(data).__name__}, not an object")
+                self.decode(data)
+            except (ValueError, TypeError, AttributeError, KeyError) as err:
+                problem = f"{candidate} ({type(err).__name__}: {err})"
+                damaged.append(problem)
+                log.error("config file %s cannot be loaded: trying its backup", problem)
+                continue
+            if damaged:
+                log.warning("config file %s loaded from its backup %s: what changed after that backup "
+                            "was written is lost", self.path, candidate)
             return
+        if damaged:
+            backup = (f"its backup {damaged[1]} cannot either" if len(damaged) > 1
+                      else f"there is no backup {bak}")
+            raise ConfigFileDamagedError(
+                f"config file {damaged[0]} cannot be loaded, and {backup}: the broker does not start "
+                "without what it holds. Restore the file from a copy, or move it away to start without it"
+            )
 
     def persist(self) -> None:
-        """Write the document so that a crash leaves either the old or the new one."""
-        self.write(self.snapshot())
+        """Write the document so that a crash leaves either the old or the new one.
+
+        A write that fails (a full disk) leaves both files as they were and marks the
+        document dirty again, so the controller's periodic write tries it again.
+        """
+        try:
+            self.write(self.snapshot())
+        except BaseException:
+            self.dirty = True
+            raise
 
     def persist_if_dirty(self) -> None:
         snapshot = self.snapshot_if_dirty()
@@ -54,23 +101,36 @@ class ConfigManager:
         return self._snapshots, json.dumps(self.encode(), indent=1, sort_keys=True).encode()
 
     def write(self, snapshot: tuple[int, bytes]) -> None:
-        """Write ``snapshot`` (write, fsync, rename; from any thread) unless a newer one is on disk."""
+        """Write ``snapshot`` (write, fsync, rename; from any thread) unless a newer one is on disk.
+
+        The whole document reaches the disk before the old one becomes the backup: a short
+        write (a disk filling up) raises and leaves the file and its backup untouched.
+        """
         number, text = snapshot
         with self._persist_lock:
             if number <= self._written:
                 return
-            self._written = number
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_name(self.path.name + ".tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
-                os.write(fd, text)
+                view = memoryview(text)
+                while view:  # os.write may take part of it (then the next one raises ENOSPC)
+                    view = view[os.write(fd, view):]
                 os.fsync(fd)
-            finally:
+            except OSError as err:
                 os.close(fd)
+                tmp.unlink(missing_ok=True)
+                raise OSError(err.errno, err.strerror, str(self.path)) from err
+            except BaseException:
+                os.close(fd)
+                tmp.unlink(missing_ok=True)
+                raise
+            os.close(fd)
             if self.path.exists():
                 os.replace(self.path, self.path.with_name(self.path.name + ".bak"))
             os.replace(tmp, self.path)
+            self._written = number
             dfd = os.open(self.path.parent, os.O_RDONLY)
             try:
                 os.fsync(dfd)

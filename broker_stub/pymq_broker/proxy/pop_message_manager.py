@@ -143,6 +143,10 @@ class DeliveryAttempts(ConfigManager):
         self.next_offsets: dict[str, dict[str, int]] = {}
         self.persist_interval_s = persist_interval_s
 
+    def load(self) -> None:
+        if self.enabled:  # kept in memory only: nothing to read
+            super().load()
+
     def encode(self) -> dict[str, Any]:
         return {"deliveryAttempts": self.table, "nextOffsets": self.next_offsets}
 

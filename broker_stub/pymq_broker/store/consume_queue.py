@@ -7,12 +7,15 @@ the tag slot holds the delivery time instead (RocketMQ's trick, kept).
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
 from .mapped_file import MappedFile, MappedFileQueue
+
+log = logging.getLogger(__name__)
 
 CQ_STORE_UNIT_SIZE = 20
 CQ_ENTRY = np.dtype([("phy", "<i8"), ("size", "<i4"), ("tag", "<i8")])
@@ -47,22 +50,44 @@ class ConsumeQueue:
         self.max_physic_offset = 0  # end of the last message it indexes
         self.last_store_timestamp = 0  # cached by the store, 0 = unknown
         self.dirty = False
+        # recover() found an entry that is not one (bytes after the queue's end): the store
+        # rebuilds the entries from the last good one out of the commit log
+        self.damaged = False
 
     def load(self) -> None:
         self.queue.load()
 
     def recover(self) -> None:
         """Find the real end of the last segment: the first entry with size 0 (a pre-blank
-        entry's size is positive: a queue that begins later keeps its entries)."""
-        files = self.queue.files
-        if not files:
+        entry's size is positive: a queue that begins later keeps its entries).
+
+        Past the end a segment holds zeros. Anything else there (an entry whose size was
+        damaged on disk, entries after it) is cut, and :attr:`damaged` tells the store to
+        rebuild the queue from its last good entry out of the commit log: trusted as the end,
+        the entries after it were hidden, and their queue offsets given to new messages.
+        """
+        if not self.queue.files:
             return
+        # as RocketMQ's ConsumeQueue.recover, the segments before the last (two of them) are
+        # walked too: every entry of a full segment is one
+        for mf in self.queue.files[-3:-1]:
+            arr = np.frombuffer(mf.read(0, mf.file_size), dtype=CQ_ENTRY)
+            bad = np.flatnonzero((arr["size"] <= 0) | (arr["phy"] < 0))
+            if len(bad):
+                self._cut_damaged(mf, int(bad[0]), int(arr["size"][bad[0]]))
+                self.queue.truncate_dirty_files(mf.file_from_offset + int(bad[0]) * CQ_STORE_UNIT_SIZE)
+                break
+        files = self.queue.files
         for mf in reversed(files):
             raw = mf.read(0, mf.file_size)
             arr = np.frombuffer(raw[: len(raw) - len(raw) % CQ_STORE_UNIT_SIZE], dtype=CQ_ENTRY)
-            empty = np.flatnonzero(arr["size"] <= 0)
+            empty = np.flatnonzero((arr["size"] <= 0) | (arr["phy"] < 0))
             used = int(empty[0]) if len(empty) else len(arr)
-            mf.wrote_position = mf.flushed_position = used * CQ_STORE_UNIT_SIZE
+            end = used * CQ_STORE_UNIT_SIZE
+            if np.frombuffer(raw, dtype=np.uint8)[end:].any():
+                self._cut_damaged(mf, used, int(arr["size"][used]) if used < len(arr) else 0)
+                mf.cut(end)
+            mf.wrote_position = mf.flushed_position = end
             if used:
                 real = arr[:used][arr["size"][:used] != PRE_BLANK_SIZE]
                 if len(real):
@@ -73,6 +98,14 @@ class ConsumeQueue:
                 mf.destroy()
         if not self.min_logic_offset:
             self.min_logic_offset = self._first_entry_past_pre_blank(files[0]) if files else 0
+
+    def _cut_damaged(self, mf: MappedFile, entry: int, size: int) -> None:
+        log.warning(
+            "consume queue %s-%d: the entry at queue offset %d (%s, size %d) is not one; it and what "
+            "follows it are cut, and the queue is rebuilt from the commit log",
+            self.topic, self.queue_id, mf.file_from_offset // CQ_STORE_UNIT_SIZE + entry, mf.file_name, size,
+        )
+        self.damaged = True
 
     @staticmethod
     def _first_entry_past_pre_blank(mf: MappedFile) -> int:

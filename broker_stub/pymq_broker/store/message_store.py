@@ -132,6 +132,7 @@ class DefaultMessageStore:
         self.last_exit_ok = True
         self._indexed_upto = -1  # recovery indexes the records after it again
         self._queued_from = 0  # recovery queues the records from it on again
+        self._requeue_from: dict[str, int] = {}  # damaged queues ("topic-queueId"): from there on
         self._checkpoint_lock = threading.Lock()
 
     # -- life cycle -------------------------------------------------------------
@@ -193,6 +194,11 @@ class DefaultMessageStore:
         for topic, queues in self.consume_queue_table.items():
             for qid, cq in queues.items():
                 cl.topic_queue_table[f"{topic}-{qid}"] = cq.max_offset_in_queue
+        # a queue whose file was damaged lost entries below the checkpoint too: the walk starts
+        # at its last good entry's end (for it alone: other queues keep the checkpoint's rule)
+        self._requeue_from = {f"{cq.topic}-{cq.queue_id}": max(cq.max_physic_offset, min_phy)
+                              for cq in self._all_consume_queues() if cq.damaged}
+        walk_from = min([start, *self._requeue_from.values()])
         redispatched = 0
 
         def visit(offset: int, chunk: bytes, pos: int) -> None:
@@ -200,11 +206,11 @@ class DefaultMessageStore:
             redispatched += 1
             self._redispatch(offset, chunk, pos)
 
-        cl.scan(start, visit)
+        cl.scan(walk_from, visit)
         self.dispatched_offset = end
         log.info(
             "store recovered: commit log [%d, %d), %d records re-dispatched from offset %d",
-            min_phy, end, redispatched, start,
+            min_phy, end, redispatched, walk_from,
         )
 
     def _redispatch(self, offset: int, chunk: bytes, pos: int) -> None:
@@ -216,8 +222,8 @@ class DefaultMessageStore:
         cq = self._find_or_create_consume_queue(topic, queue_id)
         key = f"{topic}-{queue_id}"
         # RocketMQ's rule too: a record below the queue's last physical offset is already queued
-        if (offset >= self._queued_from and queue_offset >= cq.max_offset_in_queue
-                and offset >= cq.max_physic_offset):
+        if (offset >= self._requeue_from.get(key, self._queued_from)
+                and queue_offset >= cq.max_offset_in_queue and offset >= cq.max_physic_offset):
             tag = self._tag_code(topic, queue_id, props, store_ts)
             cq.put_entries(queue_offset, pack_entries([offset], [total], [tag]), offset + total)
             self.commit_log.topic_queue_table[key] = queue_offset + 1
