@@ -17,6 +17,7 @@ from pymq_broker import EmbeddedBroker
 from pymq_broker.common import config_manager
 from pymq_broker.common.config_manager import ConfigFileDamagedError, ConfigManager
 from pymq_broker.manager.consumer_offset_manager import ConsumerOffsetManager
+from pymq_broker.manager.subscription_group_manager import SubscriptionGroupManager
 from pymq_broker.manager.topic_config_manager import TopicConfigManager
 from pyspark_pymq import Admin
 from pyspark_pymq.errors import PymqError
@@ -55,14 +56,19 @@ def _texts(root: Path) -> dict[str, str]:
     return {p.name: p.read_text() for p in sorted(root.iterdir())}
 
 
+def _saved(path: Path, *tables: dict[str, int]) -> Doc:
+    """A document saved once per table (the last one in the file, the one before in its backup)."""
+    doc = Doc(path)
+    for table in tables:
+        doc.table = table
+        doc.persist()
+    return doc
+
+
 def test_a_write_that_runs_out_of_space_leaves_the_file_and_its_backup_as_they_were(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    doc = Doc(tmp_path / "doc.json")
-    doc.table = {"a": 1}
-    doc.persist()
-    doc.table = {"a": 2}
-    doc.persist()
+    doc = _saved(tmp_path / "doc.json", {"a": 1}, {"a": 2})
     before = _texts(tmp_path)  # doc.json {"a": 2}, doc.json.bak {"a": 1}
     doc.table = {f"k{i}": i for i in range(100)}
     with monkeypatch.context() as patch:
@@ -100,11 +106,7 @@ def test_an_offset_commit_whose_write_failed_is_written_at_the_next_flush(
 def test_a_damaged_file_is_read_from_its_backup_and_said_so(
     tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    doc = Doc(tmp_path / "doc.json")
-    doc.table = {"a": 1}
-    doc.persist()
-    doc.table = {"a": 1, "b": 2}
-    doc.persist()
+    _saved(tmp_path / "doc.json", {"a": 1}, {"a": 1, "b": 2})
     text = (tmp_path / "doc.json").read_text()
     damaged = {"cut": text[: len(text) // 2], "null": "null", "list": "[]",
                "wrong value": '{"table": {"a": "x"}}'}[damage]
@@ -117,15 +119,67 @@ def test_a_damaged_file_is_read_from_its_backup_and_said_so(
     assert f"loaded from its backup {tmp_path / 'doc.json.bak'}" in caplog.text
 
 
+def test_a_damaged_files_first_entries_do_not_stay_when_its_backup_is_read(tmp_path: Path) -> None:
+    """decode fills the group table entry by entry: the damaged file's good first entries stayed
+    next to the backup's (review helper-90)."""
+    path = tmp_path / "subscriptionGroup.json"
+    groups = SubscriptionGroupManager(path)
+    groups.find_subscription_group_config("old")
+    groups.persist()
+    groups.find_subscription_group_config("newer")
+    groups.persist()
+    doc = json.loads(path.read_text())
+    doc["subscriptionGroupTable"]["zz-bad"] = {"groupName": "zz-bad", "noSuchField": 1}
+    path.write_text(json.dumps(doc))
+    again = SubscriptionGroupManager(path)
+    again.load()
+    assert "old" in again.subscription_group_table and "newer" not in again.subscription_group_table
+
+
+def test_an_empty_file_and_a_damaged_backup_are_named_as_such(tmp_path: Path) -> None:
+    path = tmp_path / "doc.json"
+    path.write_text("")
+    (tmp_path / "doc.json.bak").write_text("{")
+    with pytest.raises(ConfigFileDamagedError, match=rf"^config file {path} is empty and {path}.bak "
+                                                     r"\(JSONDecodeError: .*\) cannot be loaded: the broker"):
+        Doc(path).load()
+
+
+def test_a_failed_rename_leaves_no_temporary_file_and_names_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    doc = _saved(tmp_path / "doc.json", {"a": 1})
+    real = os.replace
+
+    def refused(src: Any, dst: Any) -> None:
+        if str(src).endswith(".tmp"):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(src, dst)
+
+    doc.table = {"a": 2}
+    with monkeypatch.context() as patch:
+        patch.setattr(config_manager.os, "replace", refused)
+        with pytest.raises(OSError) as failed:
+            doc.persist()
+    assert failed.value.filename == str(tmp_path / "doc.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["doc.json.bak"]
+    again = Doc(tmp_path / "doc.json")
+    again.load()  # the last document saved, from its backup
+    assert again.table == {"a": 1}
+    doc.persist_if_dirty()
+    again.load()
+    assert again.table == {"a": 2}
+
+
 def test_a_damaged_file_without_a_good_backup_stops_the_load(tmp_path: Path) -> None:
     path = tmp_path / "doc.json"
     path.write_text('{"table": {"a": 1')
     with pytest.raises(ConfigFileDamagedError, match=rf"config file {path} \(JSONDecodeError: .*\) cannot be "
-                                                     rf"loaded, and there is no backup {path}.bak"):
+                                                     rf"loaded and there is no backup {path}.bak"):
         Doc(path).load()
     (tmp_path / "doc.json.bak").write_text("[]")
-    with pytest.raises(ConfigFileDamagedError, match=r"its backup .*doc.json.bak \(TypeError: a JSON list, "
-                                                     r"not an object\) cannot either.*move it away"):
+    with pytest.raises(ConfigFileDamagedError, match=r"and .*doc.json.bak \(TypeError: a JSON list, "
+                                                     r"not an object\) cannot be loaded.*move it away"):
         Doc(path).load()
 
 

@@ -12,6 +12,7 @@ import pytest
 from pymq_broker.common.mix_all import SCHEDULE_TOPIC
 from pymq_broker.store.commit_log import MessageToStore
 from pymq_broker.store.config import MessageStoreConfig, parse_delay_levels
+from pymq_broker.store.index_service import IndexService
 from pymq_broker.store.message_store import DefaultMessageStore
 from pymq_broker.store.results import GetMessageStatus, PutMessageStatus
 from pymq_proto.record import (
@@ -233,6 +234,84 @@ def test_a_damaged_consume_queue_entry_is_rebuilt_from_the_commit_log_after_a_cl
         assert [rec[3] for rec in records(got.records)] == [*(b"m%d" % i for i in range(10)), b"new"]
     finally:
         crashed.shutdown()
+
+
+def test_a_damaged_queue_is_found_again_when_the_start_that_found_it_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The queue was cut on disk before its rebuild: a start failing in between (an index file
+    that cannot be read) left it cut, and the next start served it short (review helper-90)."""
+    cfg: dict[str, object] = {"mapped_file_size_consume_queue": 4 * 20}
+    store = make_store(tmp_path, **cfg)
+    for i in range(10):
+        store.put_messages("t", 0, [msg(b"m%d" % i)])
+    store.shutdown()
+    with open(sorted((tmp_path / "consumequeue" / "t" / "0").iterdir())[1], "r+b") as f:
+        f.write(b"\xff" * 20)  # queue offset 4
+    def unreadable(self: IndexService, *, crashed: bool = False) -> None:
+        raise OSError(5, "Input/output error")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(IndexService, "load", unreadable)
+        with pytest.raises(OSError):
+            loaded_store(tmp_path, **cfg)
+    again = make_store(tmp_path, **cfg)
+    try:
+        assert again.get_max_offset_in_queue("t", 0) == 10
+        assert [r[3] for r in records(again.get_message("t", 0, 0, 100).records)] == [
+            b"m%d" % i for i in range(10)]
+    finally:
+        again.shutdown()
+
+
+def test_a_damaged_queue_of_a_topic_created_again_never_serves_the_deleted_topics_messages(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cut to nothing, the queue was rebuilt from the log's start: the deleted topic's records
+    took its offsets. Without a good entry nothing says where its records begin (review helper-90)."""
+    cfg: dict[str, object] = {"mapped_file_size_consume_queue": 4 * 20}
+    store = make_store(tmp_path, **cfg)
+    for i in range(5):
+        store.put_messages("t", 0, [msg(b"deleted%d" % i)])
+    store.delete_topic("t")
+    for i in range(5):
+        store.put_messages("t", 0, [msg(b"live%d" % i)])
+    store.shutdown()
+    with open(sorted((tmp_path / "consumequeue" / "t" / "0").iterdir())[0], "r+b") as f:
+        f.seek(8)
+        f.write(bytes(4))  # queue offset 0: size 0
+    with caplog.at_level(logging.WARNING):
+        again = make_store(tmp_path, **cfg)
+    try:
+        got = records(again.get_message("t", 0, 0, 100).records)
+        assert not [r for r in got if r[3].startswith(b"deleted")]
+        assert "no good entry before the damage" in caplog.text and "are lost" in caplog.text
+    finally:
+        again.shutdown()
+
+
+def test_a_damaged_queue_whose_last_good_entry_expired_still_starts(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The rebuild walked from the log's start and met a gap: the start failed (review helper-90)."""
+    cfg: dict[str, object] = {"mapped_file_size_consume_queue": 4 * 20, "max_message_size": 4096,
+                              "mapped_file_size_commit_log": 16 * 1024}
+    store = make_store(tmp_path, **cfg)
+    for i in range(10):
+        store.put_messages("t", 0, [msg(b"old%d" % i)])
+    for _ in range(200):  # the commit log rolls over a few segments
+        store.put_messages("other", 0, [msg(b"x" * 300)])
+    for i in range(10, 20):
+        store.put_messages("t", 0, [msg(b"new%d" % i)])
+    assert store.clean_expired_files(now=time.time() + 10**7) > 0
+    store.shutdown()
+    with open(tmp_path / "consumequeue" / "t" / "0" / f"{8 * 20:020d}", "r+b") as f:
+        f.seek(20 + 8)
+        f.write(bytes(4))  # queue offset 9, whose record expired
+    with caplog.at_level(logging.WARNING):
+        again = make_store(tmp_path, **cfg)
+    again.shutdown()
+    assert "the entries from queue offset 9 on are lost" in caplog.text
 
 
 def test_retention_deletes_old_segments_and_moves_min_offset(tmp_path: Path) -> None:

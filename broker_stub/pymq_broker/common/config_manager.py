@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -43,6 +44,7 @@ class ConfigManager:
         """
         bak = self.path.with_name(self.path.name + ".bak")
         damaged: list[str] = []
+        empty: list[Path] = []
         for candidate in (self.path, bak):
             try:
                 raw = candidate.read_bytes()
@@ -50,27 +52,33 @@ class ConfigManager:
                 continue
             if not raw.strip():
                 log.warning("config file %s is empty: trying its backup", candidate)
+                empty.append(candidate)
                 continue
+            # decode may fill a table entry by entry: a damaged file's first entries must not stay
+            before = {k: copy.copy(v) if isinstance(v, (dict, list, set)) else v
+                      for k, v in vars(self).items()}
             try:
                 data = json.loads(raw)
                 if not isinstance(data, dict):
                     raise TypeError(f"a JSON {type(data).__name__}, not an object")
                 self.decode(data)
             except (ValueError, TypeError, AttributeError, KeyError) as err:
+                vars(self).update(before)
                 problem = f"{candidate} ({type(err).__name__}: {err})"
                 damaged.append(problem)
                 log.error("config file %s cannot be loaded: trying its backup", problem)
                 continue
-            if damaged:
+            if damaged or empty:
                 log.warning("config file %s loaded from its backup %s: what changed after that backup "
                             "was written is lost", self.path, candidate)
             return
         if damaged:
-            backup = (f"its backup {damaged[1]} cannot either" if len(damaged) > 1
-                      else f"there is no backup {bak}")
+            tried = [f"{p} is empty" for p in empty] + [f"{d} cannot be loaded" for d in damaged]
+            if len(tried) == 1:
+                tried.append(f"there is no backup {bak}")
             raise ConfigFileDamagedError(
-                f"config file {damaged[0]} cannot be loaded, and {backup}: the broker does not start "
-                "without what it holds. Restore the file from a copy, or move it away to start without it"
+                f"config file {' and '.join(tried)}: the broker does not start without what it "
+                "holds. Restore the file from a copy, or move it away to start without it"
             )
 
     def persist(self) -> None:
@@ -127,12 +135,16 @@ class ConfigManager:
                 tmp.unlink(missing_ok=True)
                 raise
             os.close(fd)
-            if self.path.exists():
-                os.replace(self.path, self.path.with_name(self.path.name + ".bak"))
-            os.replace(tmp, self.path)
-            self._written = number
-            dfd = os.open(self.path.parent, os.O_RDONLY)
             try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+                if self.path.exists():
+                    os.replace(self.path, self.path.with_name(self.path.name + ".bak"))
+                os.replace(tmp, self.path)
+                self._written = number
+                dfd = os.open(self.path.parent, os.O_RDONLY)
+                try:
+                    os.fsync(dfd)
+                finally:
+                    os.close(dfd)
+            except OSError as err:  # the backup, if it moved, is what load() reads
+                tmp.unlink(missing_ok=True)
+                raise OSError(err.errno, err.strerror, str(self.path)) from err

@@ -60,16 +60,15 @@ def _rpc(handler_name: str, processor_attr: str, rpc: str | None = None) -> Call
         except BrokerException as err:
             context.set_trailing_metadata(((CODE_METADATA_KEY, err.code_name),))
             await context.abort(_GRPC_STATUS.get(err.code, grpc.StatusCode.INTERNAL), err.remark)
-        except OSError as err:  # the broker's disk (full, failing): say so, keep serving
-            log.error("%s failed: %s", handler_name, err)
-            context.set_trailing_metadata(((CODE_METADATA_KEY, "SYSTEM_ERROR"),))
-            what = (f"could not save {err.filename}" if err.filename else "had a disk error")
-            await context.abort(grpc.StatusCode.INTERNAL, bounded_remark(
-                f"{handler_name}: the broker {what}: {err.strerror or err}. The change may be in "
-                "effect but is not on disk: free space on the broker's disk and ask again"))
         except Exception as err:  # a bug must not take the broker down
-            log.exception("%s failed", handler_name)
             context.set_trailing_metadata(((CODE_METADATA_KEY, "SYSTEM_ERROR"),))
+            if isinstance(err, OSError) and err.filename:  # a config file it could not save
+                log.error("%s failed: %s", handler_name, err)
+                await context.abort(grpc.StatusCode.INTERNAL, bounded_remark(
+                    f"{handler_name}: the broker could not save {err.filename}: {err.strerror or err}. "
+                    "The change may be in effect but is not on disk: free space on the broker's disk "
+                    "and ask again"))
+            log.exception("%s failed", handler_name)
             await context.abort(grpc.StatusCode.INTERNAL, bounded_remark(f"{handler_name} failed: {err!r}"))
 
     method.__name__ = handler_name

@@ -53,6 +53,7 @@ class ConsumeQueue:
         # recover() found an entry that is not one (bytes after the queue's end): the store
         # rebuilds the entries from the last good one out of the commit log
         self.damaged = False
+        self._stale: list[Path] = []  # segments past a damaged entry, until the rebuild
 
     def load(self) -> None:
         self.queue.load()
@@ -62,31 +63,36 @@ class ConsumeQueue:
         entry's size is positive: a queue that begins later keeps its entries).
 
         Past the end a segment holds zeros. Anything else there (an entry whose size was
-        damaged on disk, entries after it) is cut, and :attr:`damaged` tells the store to
-        rebuild the queue from its last good entry out of the commit log: trusted as the end,
-        the entries after it were hidden, and their queue offsets given to new messages.
+        damaged on disk, entries after it) makes the queue :attr:`damaged`: its end is put at
+        the last good entry, and the store rebuilds what follows from the commit log (trusted as
+        the end, the entries after it were hidden, and their queue offsets given to new
+        messages). Nothing is cut on disk here: :meth:`finish_recovery` does it once the store
+        has rebuilt the queue, so a start that fails in between finds the damage again.
         """
-        if not self.queue.files:
+        files = self.queue.files
+        if not files:
             return
         # as RocketMQ's ConsumeQueue.recover, the segments before the last (two of them) are
         # walked too: every entry of a full segment is one
-        for mf in self.queue.files[-3:-1]:
+        for mf in files[-3:-1]:
             arr = np.frombuffer(mf.read(0, mf.file_size), dtype=CQ_ENTRY)
             bad = np.flatnonzero((arr["size"] <= 0) | (arr["phy"] < 0))
             if len(bad):
-                self._cut_damaged(mf, int(bad[0]), int(arr["size"][bad[0]]))
-                self.queue.truncate_dirty_files(mf.file_from_offset + int(bad[0]) * CQ_STORE_UNIT_SIZE)
+                self._damaged_at(mf, int(bad[0]), int(arr["size"][bad[0]]))
+                later = files[files.index(mf) + 1:]
+                for stale in later:  # out of the queue until the rebuild: removed by finish_recovery
+                    stale.close()
+                    self._stale.append(stale.file_name)
+                del files[files.index(mf) + 1:]
                 break
-        files = self.queue.files
         for mf in reversed(files):
             raw = mf.read(0, mf.file_size)
             arr = np.frombuffer(raw[: len(raw) - len(raw) % CQ_STORE_UNIT_SIZE], dtype=CQ_ENTRY)
             empty = np.flatnonzero((arr["size"] <= 0) | (arr["phy"] < 0))
             used = int(empty[0]) if len(empty) else len(arr)
             end = used * CQ_STORE_UNIT_SIZE
-            if np.frombuffer(raw, dtype=np.uint8)[end:].any():
-                self._cut_damaged(mf, used, int(arr["size"][used]) if used < len(arr) else 0)
-                mf.cut(end)
+            if np.frombuffer(raw, dtype=np.uint8)[end:].any() and not self.damaged:
+                self._damaged_at(mf, used, int(arr["size"][used]) if used < len(arr) else 0)
             mf.wrote_position = mf.flushed_position = end
             if used:
                 real = arr[:used][arr["size"][:used] != PRE_BLANK_SIZE]
@@ -94,18 +100,38 @@ class ConsumeQueue:
                     self.max_physic_offset = int(real[-1]["phy"]) + int(real[-1]["size"])
                 break
             if mf is not files[0]:  # an empty trailing segment: drop it
-                self.queue.files.remove(mf)
-                mf.destroy()
+                files.remove(mf)
+                if self.damaged:
+                    mf.close()
+                    self._stale.append(mf.file_name)
+                else:
+                    mf.destroy()
         if not self.min_logic_offset:
             self.min_logic_offset = self._first_entry_past_pre_blank(files[0]) if files else 0
 
-    def _cut_damaged(self, mf: MappedFile, entry: int, size: int) -> None:
+    def _damaged_at(self, mf: MappedFile, entry: int, size: int) -> None:
         log.warning(
-            "consume queue %s-%d: the entry at queue offset %d (%s, size %d) is not one; it and what "
-            "follows it are cut, and the queue is rebuilt from the commit log",
+            "consume queue %s-%d: the entry at queue offset %d (%s, size %d) is not one; the queue "
+            "ends before it until it is rebuilt from the commit log",
             self.topic, self.queue_id, mf.file_from_offset // CQ_STORE_UNIT_SIZE + entry, mf.file_name, size,
         )
         self.damaged = True
+
+    def finish_recovery(self) -> None:
+        """After a damaged queue's rebuild (or none): zero what lies past its end, remove segments
+        past it. The rebuilt entries were written over the old bytes."""
+        if not self.damaged:
+            return
+        kept = {mf.file_name for mf in self.queue.files}
+        for path in self._stale:
+            if path not in kept:
+                path.unlink(missing_ok=True)
+        self._stale = []
+        last = self.queue.files[-1] if self.queue.files else None
+        if last is not None:
+            last.cut(last.wrote_position)
+            last.flush()
+        self.damaged = False
 
     @staticmethod
     def _first_entry_past_pre_blank(mf: MappedFile) -> int:

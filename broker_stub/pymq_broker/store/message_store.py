@@ -195,9 +195,19 @@ class DefaultMessageStore:
             for qid, cq in queues.items():
                 cl.topic_queue_table[f"{topic}-{qid}"] = cq.max_offset_in_queue
         # a queue whose file was damaged lost entries below the checkpoint too: the walk starts
-        # at its last good entry's end (for it alone: other queues keep the checkpoint's rule)
-        self._requeue_from = {f"{cq.topic}-{cq.queue_id}": max(cq.max_physic_offset, min_phy)
-                              for cq in self._all_consume_queues() if cq.damaged}
+        # at its last good entry's end (for it alone: other queues keep the checkpoint's rule).
+        # Only from a good entry whose record is still in the log: without one, nothing tells
+        # where the queue's records begin (a topic deleted and created again has older ones)
+        self._requeue_from = {}
+        for cq in self._all_consume_queues():
+            if not cq.damaged:
+                continue
+            if cq.max_physic_offset > 0 and cq.max_physic_offset >= min_phy:
+                self._requeue_from[f"{cq.topic}-{cq.queue_id}"] = cq.max_physic_offset
+            else:
+                log.warning("consume queue %s-%d: no good entry before the damage points into the "
+                            "commit log; the entries from queue offset %d on are lost",
+                            cq.topic, cq.queue_id, cq.max_offset_in_queue)
         walk_from = min([start, *self._requeue_from.values()])
         redispatched = 0
 
@@ -207,6 +217,8 @@ class DefaultMessageStore:
             self._redispatch(offset, chunk, pos)
 
         cl.scan(walk_from, visit)
+        for cq in self._all_consume_queues():
+            cq.finish_recovery()
         self.dispatched_offset = end
         log.info(
             "store recovered: commit log [%d, %d), %d records re-dispatched from offset %d",
@@ -222,6 +234,12 @@ class DefaultMessageStore:
         cq = self._find_or_create_consume_queue(topic, queue_id)
         key = f"{topic}-{queue_id}"
         # RocketMQ's rule too: a record below the queue's last physical offset is already queued
+        if key in self._requeue_from and queue_offset > cq.max_offset_in_queue:
+            # a damaged queue's records between its last good entry and this one are not in the log
+            log.warning("consume queue %s: rebuilt up to queue offset %d; the next record in the "
+                        "commit log is at %d, so the queue ends there", key, cq.max_offset_in_queue,
+                        queue_offset)
+            del self._requeue_from[key]
         if (offset >= self._requeue_from.get(key, self._queued_from)
                 and queue_offset >= cq.max_offset_in_queue and offset >= cq.max_physic_offset):
             tag = self._tag_code(topic, queue_id, props, store_ts)
