@@ -333,6 +333,30 @@ def test_retention_deletes_old_segments_and_moves_min_offset(tmp_path: Path) -> 
         store.shutdown()
 
 
+def test_retention_that_deletes_queue_segments_moves_the_min_offset_at_once(tmp_path: Path) -> None:
+    """With the queue's first segments deleted, its min offset stayed 0 until a restart, and a
+    consumer at 0 was answered NO_MATCHED_MESSAGE with next offset 0 for ever (review helper-90)."""
+    cfg = {"mapped_file_size_consume_queue": 4 * 20, "max_message_size": 4096,
+           "mapped_file_size_commit_log": 16 * 1024}
+    store = make_store(tmp_path, **cfg)
+    try:
+        for i in range(10):
+            store.put_messages("t", 0, [msg(b"old%d" % i)])
+        for _ in range(200):  # the commit log rolls over a few segments
+            store.put_messages("other", 0, [msg(b"x" * 300)])
+        for i in range(10, 20):
+            store.put_messages("t", 0, [msg(b"new%d" % i)])
+        assert store.clean_expired_files(now=time.time() + 10**7) > 0
+        assert store.consume_queue("t", 0).queue.files[0].file_from_offset > 0  # queue segments went
+        assert store.get_min_offset_in_queue("t", 0) == 10
+        got = store.get_message("t", 0, 0, 32)
+        assert got.status == GetMessageStatus.OFFSET_TOO_SMALL and got.next_begin_offset == 10
+        assert [r[3] for r in records(store.get_message("t", 0, 10, 32).records)] == [
+            b"new%d" % i for i in range(10, 20)]
+    finally:
+        store.shutdown()
+
+
 def test_index_finds_messages_by_key_and_uniq_key(tmp_path: Path) -> None:
     store = make_store(tmp_path, max_hash_slot_num=64, max_index_num=400)
     try:

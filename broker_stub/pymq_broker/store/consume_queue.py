@@ -238,6 +238,8 @@ class ConsumeQueue:
 
     def correct_min_offset(self, phy_min: int) -> None:
         """After retention: the queue starts at its first entry still in the commit log."""
+        if self.queue.files:  # not below its first segment: retention may have deleted those before
+            self.min_logic_offset = max(self.min_logic_offset, self.queue.files[0].file_from_offset)
         lo, hi = self.min_offset_in_queue, self.max_offset_in_queue
         while lo < hi:
             mid = (lo + hi) // 2
