@@ -203,8 +203,11 @@ def test_a_broker_with_a_damaged_topic_file_and_no_backup_does_not_start(tmp_pat
     topics.write_text(text[: len(text) // 2])
     topics.with_name("topics.json.bak").unlink(missing_ok=True)
     proc = BrokerProcess(data, startup_timeout=20)
-    with pytest.raises(RuntimeError, match="broker did not start") as refused:
-        proc.start()
+    try:
+        with pytest.raises(RuntimeError, match="broker did not start") as refused:
+            proc.start()
+    finally:
+        proc.stop()  # a broker that did start (the damage missed) must not outlive the test
     output = str(refused.value)
     assert f"pymq-broker: config file {topics} (JSONDecodeError" in output
     assert "the broker does not start without what it holds" in output and "Traceback" not in output
