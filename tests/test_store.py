@@ -290,13 +290,14 @@ def test_a_damaged_queue_of_a_topic_created_again_never_serves_the_deleted_topic
         again.shutdown()
 
 
-def test_a_damaged_queue_whose_last_good_entry_expired_still_starts(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The rebuild walked from the log's start and met a gap: the start failed (review helper-90)."""
-    cfg: dict[str, object] = {"mapped_file_size_consume_queue": 4 * 20, "max_message_size": 4096,
-                              "mapped_file_size_commit_log": 16 * 1024}
-    store = make_store(tmp_path, **cfg)
+# small segments: a queue segment holds 4 entries, the commit log rolls over every 16 KiB
+SMALL_SEGMENTS: dict[str, object] = {"mapped_file_size_consume_queue": 4 * 20, "max_message_size": 4096,
+                                     "mapped_file_size_commit_log": 16 * 1024}
+
+
+def half_expired_queue(root: Path) -> DefaultMessageStore:
+    """Queue t-0 with offsets 0..9 in commit-log segments retention has deleted, 10..19 left."""
+    store = make_store(root, **SMALL_SEGMENTS)
     for i in range(10):
         store.put_messages("t", 0, [msg(b"old%d" % i)])
     for _ in range(200):  # the commit log rolls over a few segments
@@ -304,12 +305,20 @@ def test_a_damaged_queue_whose_last_good_entry_expired_still_starts(
     for i in range(10, 20):
         store.put_messages("t", 0, [msg(b"new%d" % i)])
     assert store.clean_expired_files(now=time.time() + 10**7) > 0
+    return store
+
+
+def test_a_damaged_queue_whose_last_good_entry_expired_still_starts(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The rebuild walked from the log's start and met a gap: the start failed (review helper-90)."""
+    store = half_expired_queue(tmp_path)
     store.shutdown()
     with open(tmp_path / "consumequeue" / "t" / "0" / f"{8 * 20:020d}", "r+b") as f:
         f.seek(20 + 8)
         f.write(bytes(4))  # queue offset 9, whose record expired
     with caplog.at_level(logging.WARNING):
-        again = make_store(tmp_path, **cfg)
+        again = make_store(tmp_path, **SMALL_SEGMENTS)
     again.shutdown()
     assert "the entries from queue offset 9 on are lost" in caplog.text
 
@@ -336,17 +345,8 @@ def test_retention_deletes_old_segments_and_moves_min_offset(tmp_path: Path) -> 
 def test_retention_that_deletes_queue_segments_moves_the_min_offset_at_once(tmp_path: Path) -> None:
     """With the queue's first segments deleted, its min offset stayed 0 until a restart, and a
     consumer at 0 was answered NO_MATCHED_MESSAGE with next offset 0 for ever (review helper-90)."""
-    cfg = {"mapped_file_size_consume_queue": 4 * 20, "max_message_size": 4096,
-           "mapped_file_size_commit_log": 16 * 1024}
-    store = make_store(tmp_path, **cfg)
+    store = half_expired_queue(tmp_path)
     try:
-        for i in range(10):
-            store.put_messages("t", 0, [msg(b"old%d" % i)])
-        for _ in range(200):  # the commit log rolls over a few segments
-            store.put_messages("other", 0, [msg(b"x" * 300)])
-        for i in range(10, 20):
-            store.put_messages("t", 0, [msg(b"new%d" % i)])
-        assert store.clean_expired_files(now=time.time() + 10**7) > 0
         assert store.consume_queue("t", 0).queue.files[0].file_from_offset > 0  # queue segments went
         assert store.get_min_offset_in_queue("t", 0) == 10
         got = store.get_message("t", 0, 0, 32)

@@ -120,22 +120,15 @@ class ConfigManager:
                 return
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_name(self.path.name + ".tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
-                view = memoryview(text)
-                while view:  # os.write may take part of it (then the next one raises ENOSPC)
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            except OSError as err:
-                os.close(fd)
-                tmp.unlink(missing_ok=True)
-                raise OSError(err.errno, err.strerror, str(self.path)) from err
-            except BaseException:
-                os.close(fd)
-                tmp.unlink(missing_ok=True)
-                raise
-            os.close(fd)
-            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
+                    view = memoryview(text)
+                    while view:  # os.write may take part of it (then the next one raises ENOSPC)
+                        view = view[os.write(fd, view):]
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
                 if self.path.exists():
                     os.replace(self.path, self.path.with_name(self.path.name + ".bak"))
                 os.replace(tmp, self.path)
@@ -145,6 +138,9 @@ class ConfigManager:
                     os.fsync(dfd)
                 finally:
                     os.close(dfd)
-            except OSError as err:  # the backup, if it moved, is what load() reads
+            except BaseException as err:
+                # the file and its backup are as they were (if the file moved, load() reads the backup)
                 tmp.unlink(missing_ok=True)
-                raise OSError(err.errno, err.strerror, str(self.path)) from err
+                if isinstance(err, OSError):  # "No space left on device" alone says not where
+                    raise OSError(err.errno, err.strerror, str(self.path)) from err
+                raise

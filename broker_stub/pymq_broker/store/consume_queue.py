@@ -79,11 +79,11 @@ class ConsumeQueue:
             bad = np.flatnonzero((arr["size"] <= 0) | (arr["phy"] < 0))
             if len(bad):
                 self._damaged_at(mf, int(bad[0]), int(arr["size"][bad[0]]))
-                later = files[files.index(mf) + 1:]
-                for stale in later:  # out of the queue until the rebuild: removed by finish_recovery
+                after = files.index(mf) + 1
+                for stale in files[after:]:  # out of the queue until the rebuild (finish_recovery)
                     stale.close()
                     self._stale.append(stale.file_name)
-                del files[files.index(mf) + 1:]
+                del files[after:]
                 break
         for mf in reversed(files):
             raw = mf.read(0, mf.file_size)
@@ -127,10 +127,9 @@ class ConsumeQueue:
             if path not in kept:
                 path.unlink(missing_ok=True)
         self._stale = []
-        last = self.queue.files[-1] if self.queue.files else None
-        if last is not None:
+        if self.queue.files:
+            last = self.queue.files[-1]
             last.cut(last.wrote_position)
-            last.flush()
         self.damaged = False
 
     @staticmethod
