@@ -268,7 +268,8 @@ def test_a_damaged_queue_of_a_topic_created_again_never_serves_the_deleted_topic
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Cut to nothing, the queue was rebuilt from the log's start: the deleted topic's records
-    took its offsets. Without a good entry nothing says where its records begin (review helper-90)."""
+    took its offsets (review helper-90); then it was not rebuilt at all, its messages lost. The
+    topic created again starts at queue offset 0 again: its run of offsets is the last one."""
     cfg: dict[str, object] = {"mapped_file_size_consume_queue": 4 * 20}
     store = make_store(tmp_path, **cfg)
     for i in range(5):
@@ -284,8 +285,9 @@ def test_a_damaged_queue_of_a_topic_created_again_never_serves_the_deleted_topic
         again = make_store(tmp_path, **cfg)
     try:
         got = records(again.get_message("t", 0, 0, 100).records)
-        assert not [r for r in got if r[3].startswith(b"deleted")]
-        assert "no good entry before the damage" in caplog.text and "are lost" in caplog.text
+        assert [r[3] for r in got] == [b"live%d" % i for i in range(5)]
+        assert "consume queue t-0: rebuilt from the commit log, queue offsets 0..4" in caplog.text
+        assert again.put_messages("t", 0, [msg(b"live5")]).queue_offset == 5
     finally:
         again.shutdown()
 
@@ -308,19 +310,63 @@ def half_expired_queue(root: Path) -> DefaultMessageStore:
     return store
 
 
-def test_a_damaged_queue_whose_last_good_entry_expired_still_starts(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("damaged_offset", [9, 10])
+def test_a_damaged_queue_whose_last_good_entry_expired_is_rebuilt(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, damaged_offset: int
 ) -> None:
-    """The rebuild walked from the log's start and met a gap: the start failed (review helper-90)."""
+    """The rebuild walked from the log's start and met a gap: the start failed (review helper-90);
+    then the queue's entries past the damage were lost. Its good entries' records expired, so
+    its records left in the log are the queue's: it begins at the first of them."""
     store = half_expired_queue(tmp_path)
     store.shutdown()
     with open(tmp_path / "consumequeue" / "t" / "0" / f"{8 * 20:020d}", "r+b") as f:
-        f.seek(20 + 8)
-        f.write(bytes(4))  # queue offset 9, whose record expired
+        f.seek((damaged_offset - 8) * 20 + 8)
+        f.write(bytes(4))  # 9: its record expired; 10: the first whose record is in the log
     with caplog.at_level(logging.WARNING):
         again = make_store(tmp_path, **SMALL_SEGMENTS)
-    again.shutdown()
-    assert "the entries from queue offset 9 on are lost" in caplog.text
+    try:
+        assert "consume queue t-0: rebuilt from the commit log, queue offsets 10..19" in caplog.text
+        assert again.get_min_offset_in_queue("t", 0) == 10
+        assert again.get_max_offset_in_queue("t", 0) == 20
+        below = again.get_message("t", 0, 9, 10)
+        assert below.status == GetMessageStatus.OFFSET_TOO_SMALL and below.next_begin_offset == 10
+        got = records(again.get_message("t", 0, 10, 100).records)
+        assert [(r[2], r[3]) for r in got] == [(i, b"new%d" % i) for i in range(10, 20)]
+        assert again.put_messages("t", 0, [msg(b"new20")]).queue_offset == 20
+    finally:
+        again.shutdown()
+    assert_queue_begins_at_10(tmp_path, upto=21)  # the rebuilt queue is whole on disk
+
+
+def test_a_damaged_queue_that_begins_segments_later_is_rebuilt(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Entry 0 damaged and every record before offset 10 expired: the queue begins in a later
+    segment than its damaged one (which is removed once the rebuild is done)."""
+    store = half_expired_queue(tmp_path)
+    store.shutdown()
+    queue_dir = tmp_path / "consumequeue" / "t" / "0"
+    for segment in sorted(queue_dir.iterdir()):
+        segment.unlink()
+    with open(queue_dir / f"{0:020d}", "wb") as f:
+        f.write(b"\xff" * 20 + bytes(60))  # one segment left, its entry 0 garbage
+    with caplog.at_level(logging.WARNING):
+        assert_queue_begins_at_10(tmp_path, upto=20)
+    assert "consume queue t-0: rebuilt from the commit log, queue offsets 10..19" in caplog.text
+    assert not (queue_dir / f"{0:020d}").exists()
+    (tmp_path / "abort").touch()  # and a crash: the rebuilt queue is found whole
+    assert_queue_begins_at_10(tmp_path, upto=20)
+
+
+def assert_queue_begins_at_10(root: Path, upto: int) -> None:
+    """A store started on ``root`` serves t-0's messages new10.. from queue offset 10 on."""
+    store = make_store(root, **SMALL_SEGMENTS)
+    try:
+        assert store.get_min_offset_in_queue("t", 0) == 10
+        got = records(store.get_message("t", 0, 10, 100).records)
+        assert [(r[2], r[3]) for r in got] == [(i, b"new%d" % i) for i in range(10, upto)]
+    finally:
+        store.shutdown()
 
 
 def test_retention_deletes_old_segments_and_moves_min_offset(tmp_path: Path) -> None:

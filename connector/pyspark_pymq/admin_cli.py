@@ -404,7 +404,8 @@ def parser() -> argparse.ArgumentParser:
 
     add("broker", _cmd_broker, "the broker's runtime info (offsets, flush, disk, pending transactions)") \
         .add_argument("--broker-name", help="one broker of a RocketMQ cluster (default: every one)")
-    add("topics", _cmd_topics, "list topics").add_argument("--all", action="store_true",
+    add("topics", _cmd_topics, "list topics (min_offset / max_offset: the lowest / highest of the topic's "
+        "queues; each queue's: topic-stats)").add_argument("--all", action="store_true",
                                                            help="include %%RETRY%%/%%DLQ%%/system topics")
     add("groups", _cmd_groups, "list consumer groups and their retry settings").add_argument(
         "--all", action="store_true", help="include pymq's and RocketMQ's own groups")

@@ -187,6 +187,23 @@ class ConsumeQueue:
         self.max_physic_offset = max(self.max_physic_offset, end_physic_offset)
         self.dirty = True
 
+    def begin_at(self, offset: int) -> None:
+        """A damaged queue's rebuild found its first record in the log at ``offset``: the
+        entries before it (expired, or damaged) cannot be read, the queue begins there."""
+        first = offset * CQ_STORE_UNIT_SIZE
+        last = self.queue.files[-1] if self.queue.files else None
+        if last is not None and first < last.file_from_offset + last.file_size:
+            gap = (first - self.queue.max_offset) // CQ_STORE_UNIT_SIZE
+            last.append(pack_entries([0] * gap, [PRE_BLANK_SIZE] * gap, [0] * gap))
+            self.dirty = True
+        else:  # past the last segment: the queue starts over where the run begins
+            for mf in self.queue.files:  # removed by finish_recovery, once the rebuild is done
+                mf.close()
+                self._stale.append(mf.file_name)
+            self.queue.files = []
+            self.put_entries(offset, b"", 0)
+        self.min_logic_offset = first
+
     @staticmethod
     def _fill_pre_blank(mf: MappedFile, until: int) -> None:
         """RocketMQ's fillPreBlank: pre-blank entries up to ``until`` (bytes into ``mf``)."""

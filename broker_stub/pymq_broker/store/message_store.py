@@ -133,6 +133,9 @@ class DefaultMessageStore:
         self._indexed_upto = -1  # recovery indexes the records after it again
         self._queued_from = 0  # recovery queues the records from it on again
         self._requeue_from: dict[str, int] = {}  # damaged queues ("topic-queueId"): from there on
+        # damaged queues with no good entry in the log: their records met by the walk (queue
+        # offset, physical offset, size, tag code), from the last run of rising queue offsets
+        self._rebuild_runs: dict[str, list[tuple[int, int, int, int]]] = {}
         self._checkpoint_lock = threading.Lock()
 
     # -- life cycle -------------------------------------------------------------
@@ -196,19 +199,20 @@ class DefaultMessageStore:
                 cl.topic_queue_table[f"{topic}-{qid}"] = cq.max_offset_in_queue
         # a queue whose file was damaged lost entries below the checkpoint too: the walk starts
         # at its last good entry's end (for it alone: other queues keep the checkpoint's rule).
-        # Only from a good entry whose record is still in the log: without one, nothing tells
-        # where the queue's records begin (a topic deleted and created again has older ones)
+        # Without a good entry whose record is still in the log, the walk starts at the log's
+        # head and keeps the queue's last run of rising queue offsets: a topic deleted and
+        # created again starts at offset 0 again, so the deleted topic's records come before it
         self._requeue_from = {}
+        self._rebuild_runs = {}
         for cq in self._all_consume_queues():
             if not cq.damaged:
                 continue
+            key = f"{cq.topic}-{cq.queue_id}"
             if cq.max_physic_offset > 0 and cq.max_physic_offset >= min_phy:
-                self._requeue_from[f"{cq.topic}-{cq.queue_id}"] = cq.max_physic_offset
+                self._requeue_from[key] = cq.max_physic_offset
             else:
-                log.warning("consume queue %s-%d: no good entry before the damage points into the "
-                            "commit log; the entries from queue offset %d on are lost",
-                            cq.topic, cq.queue_id, cq.max_offset_in_queue)
-        walk_from = min([start, *self._requeue_from.values()])
+                self._rebuild_runs[key] = []
+        walk_from = min([start, *self._requeue_from.values(), *([min_phy] if self._rebuild_runs else [])])
         redispatched = 0
 
         def visit(offset: int, chunk: bytes, pos: int) -> None:
@@ -217,6 +221,9 @@ class DefaultMessageStore:
             self._redispatch(offset, chunk, pos)
 
         cl.scan(walk_from, visit)
+        for key, run in self._rebuild_runs.items():
+            self._rebuild_from_run(key, run)
+        self._rebuild_runs = {}
         for cq in self._all_consume_queues():
             cq.finish_recovery()
         self.dispatched_offset = end
@@ -233,6 +240,11 @@ class DefaultMessageStore:
         props = chunk[p0:p1]
         cq = self._find_or_create_consume_queue(topic, queue_id)
         key = f"{topic}-{queue_id}"
+        run = self._rebuild_runs.get(key)
+        if run is not None:
+            if run and queue_offset <= run[-1][0]:  # an older incarnation of the topic ends here
+                run.clear()
+            run.append((queue_offset, offset, total, self._tag_code(topic, queue_id, props, store_ts)))
         # RocketMQ's rule too: a record below the queue's last physical offset is already queued
         if key in self._requeue_from and queue_offset > cq.max_offset_in_queue:
             # a damaged queue's records between its last good entry and this one are not in the log
@@ -240,13 +252,37 @@ class DefaultMessageStore:
                         "commit log is at %d, so the queue ends there", key, cq.max_offset_in_queue,
                         queue_offset)
             del self._requeue_from[key]
-        if (offset >= self._requeue_from.get(key, self._queued_from)
+        if (run is None and offset >= self._requeue_from.get(key, self._queued_from)
                 and queue_offset >= cq.max_offset_in_queue and offset >= cq.max_physic_offset):
             tag = self._tag_code(topic, queue_id, props, store_ts)
             cq.put_entries(queue_offset, pack_entries([offset], [total], [tag]), offset + total)
             self.commit_log.topic_queue_table[key] = queue_offset + 1
         if offset > self._indexed_upto:  # its keys were indexed after the last index flush, or never
             self._index(topic, [props], [offset], store_ts)
+
+    def _rebuild_from_run(self, key: str, run: list[tuple[int, int, int, int]]) -> None:
+        """Queue a damaged queue's records that no good entry anchored: the walk's last run of
+        rising queue offsets. The offsets before its first one are expired (or were never in the
+        log): the queue begins there."""
+        topic, _, queue_id = key.rpartition("-")
+        cq = self._find_or_create_consume_queue(topic, int(queue_id))
+        run = [r for r in run if r[0] >= cq.max_offset_in_queue]
+        lost_from = cq.max_offset_in_queue
+        if run and run[0][0] > cq.max_offset_in_queue:
+            cq.begin_at(run[0][0])
+        expected = cq.max_offset_in_queue
+        for queue_offset, offset, total, tag in run:
+            if queue_offset != expected:  # a record torn out of the log's middle: the queue ends there
+                break
+            cq.put_entries(queue_offset, pack_entries([offset], [total], [tag]), offset + total)
+            expected += 1
+        self.commit_log.topic_queue_table[key] = expected
+        if expected > lost_from:
+            log.warning("consume queue %s: rebuilt from the commit log, queue offsets %d..%d",
+                        key, cq.min_offset_in_queue, expected - 1)
+        else:
+            log.warning("consume queue %s: the commit log holds no record of it from queue offset %d "
+                        "on; entries past the damage, if it had any, are lost", key, lost_from)
 
     def start(self) -> None:
         cfg = self.config

@@ -267,7 +267,9 @@ class Admin:
         return [t.topic_name for t in resp.topics]
 
     def topics(self, include_system: bool = False, topic: str | None = None) -> pd.DataFrame:
-        """One row per topic: queues, permissions, messages, offsets, last store time.
+        """One row per topic: queues, permissions, messages (in all its queues), the lowest
+        ``min_offset`` and highest ``max_offset`` of its queues (each queue's: :meth:`queues`), the
+        last store time.
 
         ``topic``: that topic's row only, a system topic too (none if it does not exist)."""
         request = pymq_pb2.ListTopicsRequest(include_system=include_system or topic is not None)

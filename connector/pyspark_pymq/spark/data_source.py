@@ -331,10 +331,11 @@ class PymqDataSource(DataSource):
 
     ``view``
         (one of ``topics``, ``queues``, ``groups``, ``lag``, ``deadLetters``; required) the table:
-        ``topics`` (one row per topic), ``queues`` (per queue), ``groups`` (per consumer group, with its
-        retry settings), ``lag`` (per queue of the topics a group consumes; consumer offset 0 where it
-        never committed, as RocketMQ's consumerProgress shows), ``deadLetters`` (per dead letter of
-        ``consumerGroup``).
+        ``topics`` (one row per topic: ``messages`` in all its queues, ``min_offset`` / ``max_offset``
+        the lowest / highest of its queues'), ``queues`` (per queue), ``groups`` (per consumer group,
+        with its retry settings), ``lag`` (per queue of the topics a group consumes; consumer offset 0
+        where it never committed, as RocketMQ's consumerProgress shows), ``deadLetters`` (per dead
+        letter of ``consumerGroup``).
 
     ``consumerGroup``
         (string) ``lag``: the group (without it, every group), a group no broker knows fails naming it;

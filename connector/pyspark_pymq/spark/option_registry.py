@@ -558,8 +558,9 @@ _VIEW = (
     OptionSpec(
         "view", "choice", section="what", required="required",
         choices=("topics", "queues", "groups", "lag", "deadLetters"),
-        doc="the table: `topics` (one row per topic), `queues` (per queue), `groups` (per consumer "
-            "group, with its retry settings), `lag` (per queue of the topics a group consumes; "
+        doc="the table: `topics` (one row per topic: `messages` in all its queues, `min_offset` / "
+            "`max_offset` the lowest / highest of its queues'), `queues` (per queue), `groups` (per "
+            "consumer group, with its retry settings), `lag` (per queue of the topics a group consumes; "
             "consumer offset 0 where it never committed, as RocketMQ's consumerProgress shows), "
             "`deadLetters` (per dead letter of `consumerGroup`).",
     ),
