@@ -7,6 +7,7 @@ import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -139,6 +140,83 @@ def test_sharding_key_keeps_a_key_on_one_queue(endpoint: str) -> None:
             key, i = m.body.decode().split(":")
             assert seen.get(key, -1) < int(i)  # per-key order kept
             seen[key] = int(i)
+
+
+def test_a_producer_keeps_sending_to_its_queues_while_write_queues_are_cut(endpoint: str) -> None:
+    """The safe scale-in cuts write queues first: a producer's route lags it by up to 30 s, and
+    every send to a cut queue failed meanwhile, not retried (probe helper-92). As RocketMQ's
+    msgCheck, a send may name any queue the topic still has."""
+    Admin(endpoint).create_topic("scale-in", queues=4)
+    with Producer(endpoint) as producer:
+        key = next(k for k in (f"k{i}" for i in range(100)) if producer.queue_for_key("scale-in", k) == 3)
+        assert producer.send(Message("scale-in", b"before", sharding_key=key)).queue_id == 3
+        Admin(endpoint).create_topic("scale-in", write_queues=2)
+        assert producer.send(Message("scale-in", b"after", sharding_key=key)).queue_id == 3
+    got = PullConsumer(endpoint, "g").pull(MessageQueue("scale-in", "broker-a", 3), 0, 10)
+    assert [m.body for m in got.messages] == [b"before", b"after"]
+
+
+def test_a_batch_goes_to_one_queue_so_it_holds_one_sharding_key(endpoint: str) -> None:
+    """A batch of several keys went whole to the first key's queue: the other keys' order
+    broke (probe helper-92)."""
+    Admin(endpoint).create_topic("batch-keys", queues=4)
+    with Producer(endpoint) as producer:
+        mixed = [Message("batch-keys", b"a", sharding_key="A"), Message("batch-keys", b"c", sharding_key="C")]
+        with pytest.raises(ValueError, match="message 1 has sharding_key 'C', message 0 'A'"):
+            producer.send_batch(mixed)
+        with pytest.raises(ValueError, match="message 1 has sharding_key 'C', message 0 None"):
+            producer.send_batch([Message("batch-keys", b"x"), mixed[1]])
+        with pytest.raises(TypeError, match="expected a Message at position 0, got str"):
+            producer.send("hello")  # type: ignore[arg-type]
+        [same] = producer.send_batch([Message("batch-keys", b"c%d" % i, sharding_key="C") for i in range(3)])
+        assert same.queue_id == producer.queue_for_key("batch-keys", "C")
+
+
+def test_async_sends_can_be_flushed_and_closed_around_their_callbacks(endpoint: str) -> None:
+    """flush() in a done callback waited for itself (the callback runs on the thread that
+    completes sends); cancel() took back a send already on its way; close() never returned while
+    other threads kept sending (probe helper-92)."""
+    Admin(endpoint).create_topic("callbacks", queues=2)
+    producer = Producer(endpoint, send_mode="async")
+    seen: list[tuple[bool, str]] = []  # (on the thread that completes sends, what flush() said)
+
+    def flush_in_callback(_f: Future[Any]) -> None:
+        on_answer = threading.current_thread() is not threading.main_thread()  # else: done already
+        try:
+            producer.flush(5)
+            seen.append((on_answer, ""))
+        except PymqError as err:
+            seen.append((on_answer, str(err)))
+
+    futures = []
+    for _ in range(10):  # 2 MiB each: on their way still when their callback is added
+        futures.append(producer.send(Message("callbacks", bytes(2 << 20))))
+        futures[-1].add_done_callback(flush_in_callback)
+    assert futures[-1].cancel() is False  # on its way: it is sent whatever the caller does
+    assert all(f.result(10).msg_id for f in futures)
+    assert len(seen) == 10 and any(on_answer for on_answer, _ in seen)
+    for on_answer, said in seen:
+        assert ("called from an async send's callback" in said) == on_answer
+
+    sent, refused = [], threading.Event()
+
+    def keep_sending() -> None:
+        while True:
+            try:
+                sent.append(producer.send(Message("callbacks", b"more")))
+            except PymqError as err:
+                assert "closed" in str(err)
+                refused.set()
+                return
+
+    sender = threading.Thread(target=keep_sending)
+    sender.start()
+    time.sleep(0.3)
+    began = time.monotonic()
+    producer.close()
+    assert time.monotonic() - began < 10
+    sender.join(10)
+    assert refused.is_set() and all(f.done() for f in sent)
 
 
 def test_async_and_oneway_modes(endpoint: str) -> None:

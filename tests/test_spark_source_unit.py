@@ -1189,6 +1189,30 @@ def test_a_topic_created_again_is_told_by_its_id_whatever_its_offsets() -> None:
         make_stream(fake).latestOffset(first, ReadAllAvailable())
 
 
+def test_a_topic_created_again_while_its_broker_was_down_is_told_by_its_id() -> None:
+    """The batch planned while the broker was down had no ids (its queues only waited): the next
+    one compared nothing, and read the topic created again meanwhile at the old topic's offsets,
+    skipping its first messages without a word (probe helper-91)."""
+    T0, A0 = MessageQueue("t", "b", 0), MessageQueue("t", "a", 0)
+    fake = FakeOffsetReader({T0: (0, 10), A0: (0, 10)}, topic_id=7)
+    strict = make_stream(fake, topic="t")
+    first = strict.latestOffset(strict.initialOffset(), ReadAllAvailable())
+    fake.set({T0: (0, 10)}, topic_id=7)
+    fake.down = {"a"}
+    during = strict.latestOffset(first, ReadAllAvailable())
+    assert json.loads(json.dumps(during))[TOPIC_IDS_KEY] == {"t": {"a": 7, "b": 7}}
+    assert json.dumps(during) == json.dumps(first)  # nothing new: no batch for the outage alone
+    fake.down = set()
+    fake.set({T0: (0, 10), A0: (0, 30)}, topic_id=7)
+    fake.queue_bounds[A0] = QueueBounds(0, 30, 8)  # broker a came back with t created again
+    with pytest.raises(DataLossError, match=r"topic 't' on broker a was deleted and created again"):
+        strict.latestOffset(during, ReadAllAvailable())
+    lenient = make_stream(fake, topic="t", failOnDataLoss="false")
+    end = lenient.latestOffset(during, ReadAllAvailable())
+    assert [(p.range.start, p.range.end) for p in lenient.partitions(during, end)
+            if p.range.broker_name == "a"] == [(0, 30)]  # the new topic from its first message
+
+
 def test_the_stream_driver_imports_no_producer_admin_or_transactions() -> None:
     """Spark starts fresh Python processes, one after the other, before a streaming query's
     first batch: to create the data source and check its options, to plan the read, and the

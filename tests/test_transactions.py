@@ -383,6 +383,47 @@ def test_a_commit_whose_op_record_was_refused_is_not_checked_back_after_a_restar
         store.shutdown()
 
 
+@pytest.mark.parametrize("restart", ["clean", "kill -9"])
+def test_a_commit_stopped_before_its_op_record_is_not_committed_again(tmp_path: Path, restart: str) -> None:
+    """A crash between a commit's real messages and its op record left the transactions pending:
+    the exactly-once sink's re-run (or a check-back) committed them again, each message twice in
+    its topic (probe helper-91). The real message in its topic tells they were committed."""
+    from pymq_broker.common.mix_all import TRANS_OP_HALF_TOPIC
+    from pymq_broker.store.results import PutMessageResult, PutMessageStatus
+    from test_disk_full import bodies
+    from test_store import _crash, msg
+
+    store, tx = _tx_service(tmp_path)
+    for i in range(3):
+        half = msg(b"row%d" % i, TRAN_MSG="true", PGROUP="pg", UNIQ_KEY=f"tx-{i}")
+        assert tx.prepare_messages("orders", i % 2, [half]).ok
+    real_put = store.put_messages
+
+    def stop_before_the_op_record(topic: str, queue_id: int, messages: Any) -> Any:
+        if topic == TRANS_OP_HALF_TOPIC:  # the broker is gone before this write
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, remark="killed")
+        return real_put(topic, queue_id, messages)
+
+    store.put_messages = stop_before_the_op_record
+    tx.persist = lambda: None  # nor was the op record saved for later
+    assert tx.end_transactions(["tx-0", "tx-1"], commit=True)[0] == 2
+    store.put_messages = real_put
+    if restart == "clean":
+        store.shutdown()
+    else:
+        _crash(store)
+    store, tx = _tx_service(tmp_path)
+    assert set(tx.pending) == {"tx-2"}
+    assert tx.end_transactions(["tx-0", "tx-1", "tx-2"], commit=True)[0] == 1  # the sink's re-run
+    _crash(store)
+    store, tx = _tx_service(tmp_path)
+    try:
+        assert tx.pending == {}
+        assert sorted(bodies(store, "orders", 0) + bodies(store, "orders", 1)) == [b"row0", b"row1", b"row2"]
+    finally:
+        store.shutdown()
+
+
 def test_a_half_message_re_put_by_a_check_back_counts_once_after_restarts(tmp_path: Path) -> None:
     """A check-back re-puts the half message and marks the old one done; when that op record was
     neither stored nor saved, the old copy came back pending once the new one was resolved."""

@@ -396,3 +396,77 @@ def test_producer_does_not_retry_what_is_not_retriable(
     monkeypatch.setattr(TopicNotExistError, "retriable", True)
     with pytest.raises(TopicNotExistError, match=r"after 3 attempts"):
         producer.send(Message("gone", b"z"))
+
+
+class _SilentProxy:
+    """A TCP proxy to a broker whose open connections can go silent (a NAT or firewall that
+    forgot them: bytes go nowhere, nothing is closed); new connections are forwarded."""
+
+    def __init__(self, upstream: str) -> None:
+        host, _, port = upstream.rpartition(":")
+        self.upstream = (host, int(port))
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"127.0.0.1:{self.server.getsockname()[1]}"
+        self.silent: list[threading.Event] = []
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.upstream)
+            silent = threading.Event()
+            self.silent.append(silent)
+            self.sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b, silent), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket, silent: threading.Event) -> None:
+        while True:
+            try:
+                data = src.recv(65536)
+                if not data:
+                    return
+                if not silent.is_set():
+                    dst.sendall(data)
+            except OSError:
+                return
+
+    def go_silent(self) -> None:
+        for event in self.silent:
+            event.set()
+
+    def close(self) -> None:
+        self.server.close()
+        for s in self.sockets:
+            s.close()
+
+
+def test_a_connection_gone_silent_is_found_by_a_ping_and_made_again(
+    endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every call on a connection that went silent timed out until the process ended: the
+    channel is the process's, shared by its clients, and nothing found it dead (probe helper-92).
+    A keep-alive ping that is not answered closes it; the next call makes a new one."""
+    from pyspark_pymq.client import transport
+
+    monkeypatch.setattr(transport, "KEEPALIVE_TIME_MS", 1000)  # 20 s: too long to wait for here
+    monkeypatch.setattr(transport, "KEEPALIVE_TIMEOUT_MS", 1000)
+    proxy = _SilentProxy(endpoint)
+    try:
+        admin = Admin(proxy.endpoint, timeout_ms=1000)
+        admin.create_topic("silent-connection", queues=1)
+        proxy.go_silent()
+        began, answered = time.monotonic(), False
+        while not answered and time.monotonic() - began < 30:
+            try:
+                answered = len(admin.topics(topic="silent-connection")) == 1
+            except PymqError:
+                time.sleep(0.2)
+        assert answered and time.monotonic() - began < 15
+    finally:
+        proxy.close()

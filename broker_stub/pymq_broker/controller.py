@@ -73,6 +73,10 @@ def grpc_options(max_message_size: int) -> list[tuple[str, int]]:
         ("grpc.server.max_pending_requests", MAX_PENDING_REQUESTS),
         ("grpc.server.max_pending_requests_hard_limit", 2 * MAX_PENDING_REQUESTS),
         ("grpc.so_reuseport", 0),
+        # pymq's clients ping every 20 s, also between calls, to find dead connections
+        # (pyspark_pymq.client.transport.KEEPALIVE_TIME_MS): gRPC's server would take that for abuse
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ]
 
 

@@ -59,12 +59,15 @@ class BrokerContext:
             raise BrokerException(pymq_pb2.NO_PERMISSION, f"topic {topic!r} is not writable")
         if not write and not is_readable(cfg.perm):
             raise BrokerException(pymq_pb2.NO_PERMISSION, f"topic {topic!r} is not readable")
-        nums = cfg.write_queue_nums if write else cfg.read_queue_nums
+        # A send may name any queue the topic has (RocketMQ's msgCheck: below the larger of its
+        # read and write queue numbers): a producer's route lags a scale-in of write queues (the
+        # safe one, before the read queues) by up to its refresh, and must not fail meanwhile.
+        nums = max(cfg.write_queue_nums, cfg.read_queue_nums) if write else cfg.read_queue_nums
         if not 0 <= queue_id < nums:
             raise BrokerException(
                 pymq_pb2.ILLEGAL_ARGUMENT,
                 f"queue id {queue_id} is out of range for topic {topic!r}: it has {nums} "
-                f"{'write' if write else 'read'} queues (0..{nums - 1})",
+                f"{'' if write else 'read '}queues (0..{nums - 1})",
             )
         return cfg
 

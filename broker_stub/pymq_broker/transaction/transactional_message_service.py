@@ -52,6 +52,7 @@ MC = MessageConst
 OP_BATCH = 50_000  # half offsets per op message: ~0.5 MB of digits, well under maxMessageSize
 _UNIQ = MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX.encode()
 _PGROUP = MC.PROPERTY_PRODUCER_GROUP.encode()
+_TRAN = MC.PROPERTY_TRANSACTION_PREPARED.encode()
 _REAL_TOPIC = MC.PROPERTY_REAL_TOPIC.encode()
 _REAL_QID = MC.PROPERTY_REAL_QUEUE_ID.encode()
 # Where the message really goes; RocketMQ keeps these (and TRAN_MSG, PGROUP,
@@ -138,11 +139,37 @@ class TransactionalMessageService(ConfigManager):
                 if key in self.pending:  # re-put by a check-back whose op record never came: the last counts
                     superseded.append(self.pending[key][0])
                 self.pending[key] = (qoff, phy)
-        if superseded:
-            self._mark_done(superseded)
+        committed = self._committed_before_a_crash()
+        if superseded or committed:
+            self._mark_done(superseded + committed)
         self._advance()
         if self.pending:
             log.info("%d unresolved transaction(s) recovered", len(self.pending))
+
+    def _committed_before_a_crash(self) -> list[int]:
+        """Pending transactions whose real message is in its topic: a crash between a commit's two
+        writes (the real message, then the op record) left them pending, and the commit the
+        producer sent again (or a check-back) stored the message a second time. The real message
+        keeps the half's UNIQ_KEY and TRAN_MSG (see :meth:`_real_message`) and comes after it.
+        Their half queue offsets, taken out of :attr:`pending`."""
+        found: list[int] = []
+        if not self.pending:
+            return found
+        by_phy = {phy: key for key, (_q, phy) in self.pending.items()}
+        for phy, rec in zip(by_phy, self.store.look_messages_by_offsets(list(by_phy)), strict=True):
+            key = by_phy[phy]
+            if rec is None:
+                continue
+            topic = (_REAL_ENTRIES.values(self._raw_props(rec)).get(_REAL_TOPIC) or b"").decode()
+            for real in self.store.query_message(topic, key, 4, 0, 2**62):
+                if (HEADER.unpack_from(real)[6] > phy  # its physical offset: stored after the half
+                        and find_property(self._raw_props(real), _TRAN) == b"true"):
+                    found.append(self.pending.pop(key)[0])
+                    break
+        if found:
+            log.warning("%d transaction(s) committed before the broker stopped were still pending (their "
+                        "op record was not written): marked done, not committed again", len(found))
+        return found
 
     # -- records ----------------------------------------------------------------
 
@@ -165,10 +192,14 @@ class TransactionalMessageService(ConfigManager):
         return out
 
     @staticmethod
-    def _props(rec: bytes) -> dict[str, str]:
+    def _raw_props(rec: bytes) -> bytes:
         h = HEADER.unpack_from(rec)
         _t0, _t1, p0, p1 = split_tail(rec, 0, h[0], h[13])
-        return decode_properties(rec[p0:p1])
+        return rec[p0:p1]
+
+    @classmethod
+    def _props(cls, rec: bytes) -> dict[str, str]:
+        return decode_properties(cls._raw_props(rec))
 
     # -- prepare / end ----------------------------------------------------------
 
@@ -322,8 +353,7 @@ class TransactionalMessageService(ConfigManager):
         TRANSACTION_CHECK_TIMES included.
         """
         h = HEADER.unpack_from(rec)
-        _t0, _t1, p0, p1 = split_tail(rec, 0, h[0], h[13])
-        props = rec[p0:p1]
+        props = self._raw_props(rec)
         real = _REAL_ENTRIES.values(props)
         topic = (real.get(_REAL_TOPIC) or b"").decode()
         qid = int(real.get(_REAL_QID) or 0)

@@ -45,6 +45,10 @@ SendMode = Literal["sync", "async", "oneway"]
 _COLUMNS_MIN = 64  # send_batch: from this many messages, plain ones are framed as columns
 
 
+# ``running``: this thread is calling an async send's done callbacks (flush and close must not wait)
+_callbacks = threading.local()
+
+
 def _retriable(err: BaseException) -> bool:
     """Whether another try (on another queue or broker) may mend ``err``: its ``retriable``.
 
@@ -288,24 +292,34 @@ class Producer:
         self._send_async(self._prepare([message]), oneway=True)
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until every async or oneway send has been answered."""
+        """Wait until every async or oneway send made before the call has been answered (sends
+        other threads make meanwhile are not waited for). Not from a send's callback: that runs
+        on the thread that answers sends, and would wait for itself (an error says so)."""
+        if getattr(_callbacks, "running", False):
+            raise PymqError("flush() was called from an async send's callback, which runs on the thread "
+                            "that completes sends: it would wait for itself. Flush after the callback")
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            with self._pending_lock:
-                pending = list(self._pending)
-            if not pending:
-                return
-            for fut in pending:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                try:
-                    fut.exception(timeout=left)
-                except TimeoutError:
-                    raise RequestTimeoutError("flush timed out with sends in flight") from None
+        with self._pending_lock:
+            pending = list(self._pending)
+        for fut in pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                fut.exception(timeout=left)
+            except TimeoutError:
+                raise RequestTimeoutError(f"flush timed out after {timeout} s with sends in flight") from None
 
     def close(self) -> None:
+        """Refuse new sends, then wait for those in flight (not from a send's callback, where
+        it only refuses new sends, as Kafka's producer closes without waiting there)."""
         if not self._closed:
-            self.flush()
             self._closed = True
+            if getattr(_callbacks, "running", False):
+                return
+            while True:  # a send that passed the closed check as it was set may come after a flush
+                self.flush()
+                with self._pending_lock:
+                    if not self._pending:
+                        return
 
     def __enter__(self) -> Producer:
         return self
@@ -320,6 +334,8 @@ class Producer:
             raise PymqError("the producer is closed")
         if not messages:
             raise ValueError("nothing to send: the message list is empty")
+        if not isinstance(messages[0], Message):
+            raise TypeError(f"expected a Message at position 0, got {type(messages[0]).__name__}")
         topic = messages[0].topic
         uniq = new_uniq_keys(len(messages))
         if len(messages) >= _COLUMNS_MIN and isinstance(uniq, RowKeys):
@@ -335,6 +351,12 @@ class Producer:
             if msg.topic != topic:
                 raise ValueError(
                     f"a batch holds one topic: message {i} is for {msg.topic!r}, not {topic!r}"
+                )
+            if msg.sharding_key != messages[0].sharding_key:  # a batch goes to one queue
+                raise ValueError(
+                    f"a batch goes to one queue: message {i} has sharding_key {msg.sharding_key!r}, "
+                    f"message 0 {messages[0].sharding_key!r}; send each key's messages in a batch "
+                    "of their own"
                 )
             if msg.properties or msg.tags or msg.keys or msg.delay_level or msg.sharding_key is not None:
                 check_user_properties(msg)
@@ -476,6 +498,8 @@ class Producer:
 
     def _send_async(self, prepared: SendRequest, *, oneway: bool = False) -> Future[SendResult]:
         outer: Future[SendResult] = Future()
+        # running: cancel() is refused (it cannot call back a send that is on its way)
+        outer.set_running_or_notify_cancel()
         retries = 0 if oneway else self.retry_times_when_send_async_failed
         self._in_flight.acquire()
         with self._pending_lock:
@@ -487,7 +511,11 @@ class Producer:
                 self._pending.discard(outer)
                 if failed and oneway:
                     self.oneway_unacknowledged += len(prepared.sizes)
-            set_outcome()
+            running, _callbacks.running = getattr(_callbacks, "running", False), True
+            try:
+                set_outcome()  # the caller's done callbacks run here
+            finally:
+                _callbacks.running = running
 
         def attempt(left: int, last_failed: str | None) -> None:
             try:

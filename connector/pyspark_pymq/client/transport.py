@@ -75,6 +75,24 @@ CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+# A connection that went dead without a word (a NAT or firewall that forgot it, a host gone) is
+# found by an unanswered HTTP/2 ping and made again: without one, every call on it timed out
+# until the process ended (the channel is shared by the process's clients). The broker accepts
+# a ping this often (its grpc.http2.min_ping_interval_without_data_ms is lower).
+KEEPALIVE_TIME_MS = 20_000
+KEEPALIVE_TIMEOUT_MS = 10_000
+
+
+def channel_options() -> list[tuple[str, int]]:
+    """:data:`CHANNEL_OPTIONS` and the keep-alive pings."""
+    return [*CHANNEL_OPTIONS,
+            ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+            ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+            # a keep-alive ping joins any ping in flight (HTTP/2 flow control's), whose answer
+            # gRPC waits for this long (60 s by default)
+            ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0)]
 CODE_METADATA_KEY = "pymq-response-code"
 
 _channels: dict[tuple[int, str, TlsConfig | None], grpc.Channel] = {}
@@ -93,14 +111,14 @@ def _channel(endpoint: str, tls: TlsConfig | None = None) -> grpc.Channel:
             ch = _channels.get(key)
             if ch is None:
                 if tls is None:
-                    ch = grpc.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
+                    ch = grpc.insecure_channel(endpoint, options=channel_options())
                 else:
                     try:
                         root, key_pem, chain = tls.pem()
                     except OSError as err:
                         raise ValueError(f"TLS file cannot be read: {err}") from None
                     creds = grpc.ssl_channel_credentials(root, key_pem, chain)
-                    ch = grpc.secure_channel(endpoint, creds, options=CHANNEL_OPTIONS)
+                    ch = grpc.secure_channel(endpoint, creds, options=channel_options())
                 _channels[key] = ch
     return ch
 

@@ -115,7 +115,9 @@ class _Config:
 def _call(listener: Listener, msgs: list[MessageExt]) -> tuple[bool, str, str]:
     """(succeeded, exception class, message) of one listener call."""
     try:
-        status = listener(msgs)
+        # a list of its own: one the listener empties (``msgs.pop()``) must not empty the record of
+        # what it was given (RocketMQ hands it an unmodifiable list)
+        status = listener(list(msgs))
     except Exception as err:  # an exception is RECONSUME_LATER, as in RocketMQ
         return False, type(err).__name__, str(err)[:2000]
     if status in _OK:

@@ -145,7 +145,8 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
         current = offsets_from_json(start)
         # subscribePattern: the checkpoint's topics that still match are the query's, deleted or not
         bounds, missing = reader.bounds(require_topics=False, keep={mq.topic for mq in current})
-        recreated = self._recreated(topic_ids_from_json(start), topic_ids(bounds))
+        read_with = topic_ids_from_json(start)
+        recreated = self._recreated(read_with, topic_ids(bounds))
         self._latest = offsets_to_json({mq: b.max_offset for mq, b in bounds.items()})
         fail = self.options.fail_on_data_loss
 
@@ -221,7 +222,7 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         if self._holds_back(kept, bounds):
             limit = ReadMaxRows(0)  # no queue advances; a new queue still joins at its start
-        end: dict[str, Any] = self._end_offsets(kept, waiting, bounds, limit)
+        end: dict[str, Any] = self._end_offsets(kept, waiting, bounds, limit, read_with)
         if FROM_KEY in start and end == {t: q for t, q in start.items() if t != FROM_KEY}:
             return start  # nothing new after a batch that skipped: the same JSON text, so no batch
         if skipped:
@@ -267,11 +268,13 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _end_offsets(
         self, kept: Mapping[MessageQueue, int], waiting: Mapping[MessageQueue, int],
-        bounds: Mapping[MessageQueue, QueueBounds], limit: ReadLimit,
+        bounds: Mapping[MessageQueue, QueueBounds], limit: ReadLimit, read_with: TopicIds | None = None,
     ) -> dict[str, Any]:
         """The next end: queues ``kept`` advance up to their max offset (or the target) within
         ``limit``, ``waiting`` ones stay, new queues join at their first offset; with the
-        topic ids of ``bounds`` (see :mod:`.source_offset`)."""
+        topic ids of ``bounds`` (see :mod:`.source_offset`), and those the start was read with
+        (``read_with``) of topics whose queues wait on a broker that does not answer: without
+        them, a topic created again during the outage was read at the old topic's offsets."""
         fail = self.options.fail_on_data_loss
         # Every queue still there stays in the offsets, at least where it is.
         end = {**kept, **waiting}
@@ -303,7 +306,9 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
             end.update(limit_offsets(kept, available, limit.max_rows))
         else:
             end.update(available)
-        return with_topic_ids(offsets_to_json(end), topic_ids(bounds))
+        ids = {**(read_with or {}), **topic_ids(bounds)}
+        in_end = {(mq.topic, mq.broker_name) for mq in end}
+        return with_topic_ids(offsets_to_json(end), {key: i for key, i in ids.items() if key in in_end})
 
     # -- planning (driver) ---------------------------------------------------------------
 
