@@ -1428,6 +1428,38 @@ def test_a_static_topic_is_refused_by_name(server: FakeServer, client: RemotingC
     t.join(5)
 
 
+@pytest.mark.parametrize("registered", [False, True])
+def test_a_name_server_that_knows_no_broker_yet_is_not_taken_for_a_missing_topic(
+    server: FakeServer, client: RemotingClient, registered: bool
+) -> None:
+    """A name server that just restarted answers TOPIC_NOT_EXIST until the brokers' next heartbeat
+    (30 s): a running producer dropped its route and failed every send with "Create it", where
+    RocketMQ's keeps its route (probe helper-93). With no broker registered the answer is
+    transient (the route cache keeps its route); with brokers, the topic is missing."""
+    import json
+
+    ns = NameServerClient(server.addr, remoting=client, timeout_s=2.0)
+    brokers = {"broker-a": {"brokerAddrs": {"0": "127.0.0.1:10911"}}} if registered else {}
+
+    def answer() -> None:
+        conn = server.accept()
+        req = server.read_frame(conn)
+        assert req.code == RequestCode.GET_ROUTEINFO_BY_TOPIC
+        conn.sendall(RemotingCommand.response(ResponseCode.TOPIC_NOT_EXIST, req.opaque).encode())
+        req = server.read_frame(conn)
+        assert req.code == RequestCode.GET_BROKER_CLUSTER_INFO
+        body = json.dumps({"brokerAddrTable": brokers, "clusterAddrTable": {}}).encode()
+        conn.sendall(RemotingCommand.response(0, req.opaque, body=body).encode())
+
+    t = threading.Thread(target=answer, daemon=True)
+    t.start()
+    expected = (TopicNotExistError, r"topic 'orders' does not exist") if registered else (
+        BrokerUnavailableError, r"has no broker registered \(restarted\? brokers register again")
+    with pytest.raises(expected[0], match=expected[1]):
+        ns.get_route_info("orders")
+    t.join(5)
+
+
 def test_name_servers_that_do_not_list_topics_say_which_setting(server: FakeServer,
                                                                 client: RemotingClient) -> None:
     # NamesrvConfig.enableAllTopicList=false answers SYSTEM_ERROR "disable", and nothing more

@@ -952,6 +952,7 @@ class FakeOffsetReader:
         self.set(bounds, topic_id)
         self.committed: dict[MessageQueue, int] = {}
         self.down: set[str] = set()  # brokers that are down (RocketMQ: not registered now)
+        self.group_progress: dict[MessageQueue, int] = {}  # the group's offsets on the broker
         self.opts: Any = None  # the query's options (make_stream sets them)
 
     def set(self, bounds: dict[MessageQueue, tuple[int, int]], topic_id: int = 0) -> None:
@@ -968,6 +969,12 @@ class FakeOffsetReader:
 
     def unavailable_brokers(self, queues: Any) -> set[str]:
         return {mq.broker_name for mq in queues} & self.down
+
+    def joining_offset(self, mq: MessageQueue, b: QueueBounds) -> int:
+        return OffsetReader.joining_offset(self, mq, b)  # type: ignore[arg-type]
+
+    def _committed(self, mq: MessageQueue) -> int:
+        return self.group_progress.get(mq, -1)
 
     def topic_ids(self) -> dict[tuple[str, str], int]:
         return {(mq.topic, mq.broker_name): b.topic_id for mq, b in self.queue_bounds.items() if b.topic_id}
@@ -1211,6 +1218,26 @@ def test_a_topic_created_again_while_its_broker_was_down_is_told_by_its_id() -> 
     end = lenient.latestOffset(during, ReadAllAvailable())
     assert [(p.range.start, p.range.end) for p in lenient.partitions(during, end)
             if p.range.broker_name == "a"] == [(0, 30)]  # the new topic from its first message
+
+
+@pytest.mark.parametrize("starting", ["group", "earliest"])
+def test_a_queue_of_a_broker_down_at_the_start_joins_at_the_groups_progress(starting: str) -> None:
+    """A stream started while broker a was down read a's queues from their first message once it
+    was back, though the group had read them up to 25 (probe helper-93): with startingOffsets=group
+    a queue that joins starts where the group is, as a RocketMQ consumer's rebalance does; a queue
+    the group never read, or another startingOffsets, from its first message."""
+    T0, A0, A1 = MessageQueue("t", "b", 0), MessageQueue("t", "a", 0), MessageQueue("t", "a", 1)
+    fake = FakeOffsetReader({T0: (0, 30)})
+    fake.group_progress = {T0: 30, A0: 25}
+    stream = make_stream(fake, topic="t", startingOffsets=starting)
+    first = stream.latestOffset(stream.initialOffset(), ReadAllAvailable())
+    fake.set({T0: (0, 30), A0: (0, 35), A1: (0, 4)})  # broker a is back
+    joined = stream.latestOffset(first, ReadAllAvailable())
+    at = 25 if starting == "group" else 0
+    assert ends(joined)[A0] == at and ends(joined)[A1] == 0
+    then = stream.latestOffset(joined, ReadAllAvailable())
+    assert sorted((p.range.broker_name, p.range.queue_id, p.range.start, p.range.end)
+                  for p in stream.partitions(joined, then)) == [("a", 0, at, 35), ("a", 1, 0, 4)]
 
 
 def test_the_stream_driver_imports_no_producer_admin_or_transactions() -> None:

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -307,6 +308,9 @@ def test_a_broker_back_on_its_address_answers_the_first_call(tmp_path: Path) -> 
                 assert time.monotonic() - started < 2.0, "a dead broker must fail fast"
                 time.sleep(0.2)
             back.start()
+            if attempt == 1:  # a call started with future() (an async send) waits for it too
+                listed = admin._client.list_topics.future(pymq_pb2.ListTopicsRequest()).result(10)
+                assert "held" in {t.topic_name for t in listed.topics}
             if attempt < 2:
                 assert "topic" in admin.topics().columns  # at once, no BrokerUnavailableError
                 admin.create_topic("held", queues=1)
@@ -470,3 +474,31 @@ def test_a_connection_gone_silent_is_found_by_a_ping_and_made_again(
         assert answered and time.monotonic() - began < 15
     finally:
         proxy.close()
+
+
+def _call_in_child(endpoint: str, said: Any) -> None:
+    try:
+        Admin(endpoint, timeout_ms=2000).topics()
+        said.put("answered")
+    except PymqError as err:
+        said.put(str(err))
+
+
+def test_a_child_forked_from_a_process_that_used_grpc_is_told_instead_of_hanging(endpoint: str) -> None:
+    """With gRPC's fork support off (pymq's default), a forked child's first call hung for ever,
+    its timeout ignored (probe helper-92): it fails at once, saying what to do instead."""
+    import multiprocessing
+
+    Admin(endpoint).topics()  # this process uses gRPC
+    ctx = multiprocessing.get_context("fork")
+    said = ctx.Queue()
+    child = ctx.Process(target=_call_in_child, args=(endpoint, said))
+    child.start()
+    child.join(30)
+    try:
+        assert not child.is_alive()
+        assert re.search(r"forked from process \d+, which used gRPC.*'spawn' or 'forkserver'.*"
+                         r"GRPC_ENABLE_FORK_SUPPORT=true", said.get(timeout=5))
+    finally:
+        if child.is_alive():
+            child.kill()

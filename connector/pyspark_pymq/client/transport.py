@@ -17,7 +17,9 @@ says whether another try may succeed.
 
 Channels are cached per (process, endpoint, TLS settings): Spark reuses Python
 workers across tasks, so a task's reader finds its channel already connected,
-and a forked process never uses its parent's channel.
+and a forked process never uses its parent's channel. A child forked from a process
+whose gRPC was in use cannot use gRPC at all while gRPC's fork support is off (pymq's
+default, see :mod:`pymq_proto`): its calls would hang, so it gets an error saying so.
 
 Security: with ``access_key`` / ``secret_key`` every call is signed as RocketMQ 5's
 gRPC clients sign theirs (:func:`sign_metadata`: ``x-mq-date-time`` and an
@@ -103,6 +105,19 @@ Resp = TypeVar("Resp", bound=ProtoMessage)
 T = TypeVar("T")
 
 
+def _check_not_forked() -> None:
+    """gRPC's core keeps threads and descriptors a forked child does not have: without fork
+    support, a child of a process that used gRPC hangs in its first call (probe helper-92)."""
+    user = next(iter(_channels), (os.getpid(),))[0]
+    if user != os.getpid() and os.environ.get("GRPC_ENABLE_FORK_SUPPORT", "").lower() not in ("1", "true"):
+        raise PymqError(
+            f"this process was forked from process {user}, which used gRPC, and gRPC cannot be used in "
+            "a forked child with its fork support off (GRPC_ENABLE_FORK_SUPPORT=false, pymq's default): "
+            "its calls would hang. Start the child with multiprocessing's 'spawn' or 'forkserver' start "
+            "method, or set GRPC_ENABLE_FORK_SUPPORT=true in the environment before pymq is imported"
+        )
+
+
 def _channel(endpoint: str, tls: TlsConfig | None = None) -> grpc.Channel:
     key = (os.getpid(), endpoint, tls)
     ch = _channels.get(key)
@@ -110,6 +125,7 @@ def _channel(endpoint: str, tls: TlsConfig | None = None) -> grpc.Channel:
         with _channels_lock:
             ch = _channels.get(key)
             if ch is None:
+                _check_not_forked()
                 if tls is None:
                     ch = grpc.insecure_channel(endpoint, options=channel_options())
                 else:
@@ -311,7 +327,8 @@ class UnaryRpc(Generic[Req, Resp]):
     ``timeout`` (seconds) defaults to the client's. A failure raises (or, for a
     future, completes with) the PymqError of :func:`map_rpc_error`. A call the
     channel refused unsent while the broker is back on its address (a restart: the
-    channel waits out its reconnect backoff) waits for the connection instead.
+    channel waits out its reconnect backoff) waits for the connection instead, also
+    one started with :meth:`future`.
     """
 
     __slots__ = ("_call", "_sign", "endpoint", "name", "timeout", "tls")
@@ -365,11 +382,21 @@ class UnaryRpc(Generic[Req, Resp]):
         """
         out: Future[Any] = Future()
         endpoint, name, tls = self.endpoint, self.name, self.tls
+        limit = self.timeout if timeout is None else timeout
+        started = time.monotonic()
 
-        def done(call: grpc.Future[Resp]) -> None:
+        def done(call: grpc.Future[Resp], waited: bool = False) -> None:
             try:
                 resp = call.result()
             except grpc.RpcError as err:
+                if not waited and _back_on_its_address(err, endpoint):
+                    # as __call__: a broker back on its address while the channel waits out its
+                    # reconnect backoff gets the call once connected, within what is left of it
+                    left = max(0.001, limit - (time.monotonic() - started))
+                    again = self._call.future(request, timeout=left, wait_for_ready=True,
+                                              metadata=None if self._sign is None else self._sign())
+                    again.add_done_callback(lambda c: done(c, waited=True))
+                    return
                 out.set_exception(map_rpc_error(err, endpoint, name, tls))
                 return
             except Exception as err:  # cancelled: nothing a retry would mend
@@ -385,7 +412,7 @@ class UnaryRpc(Generic[Req, Resp]):
                 return
             out.set_result(value)
 
-        call = self._call.future(request, timeout=self.timeout if timeout is None else timeout,
+        call = self._call.future(request, timeout=limit,
                                  metadata=None if self._sign is None else self._sign())
         call.add_done_callback(done)
         return out

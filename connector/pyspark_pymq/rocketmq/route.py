@@ -258,11 +258,18 @@ class NameServerClient:
     def namesrv_addr(self) -> str:
         return ";".join(self.addrs)
 
+    def _registered(self, timeout_s: float | None) -> bool:
+        """Whether the name servers know any broker now (False when none answers either)."""
+        try:
+            return bool(self.get_broker_names(timeout_s=timeout_s))
+        except (BrokerUnavailableError, RequestTimeoutError):
+            return False
+
     def get_route_info(self, topic: str, *, timeout_s: float | None = None) -> TopicRouteData:
         """The route of ``topic`` (``GET_ROUTEINFO_BY_TOPIC``).
 
         Raises TopicNotExistError if no broker registered the topic, BrokerUnavailableError
-        if no name server answered.
+        if no name server answered, or the one that did knows no broker (it just restarted).
         """
         response, addr = self.invoke(
             lambda: RemotingCommand.request(
@@ -272,6 +279,14 @@ class NameServerClient:
             timeout_s,
         )
         if response.code == ResponseCode.TOPIC_NOT_EXIST:
+            if not self._registered(timeout_s):
+                # a name server that just restarted knows no broker until their next heartbeat
+                # (30 s): a transient answer, as RocketMQ's clients keep their route meanwhile
+                raise BrokerUnavailableError(
+                    f"name server {addr} has no broker registered (restarted? brokers register "
+                    f"again within 30 s): the route of topic {topic!r} is not known yet "
+                    f"(name servers {self.namesrv_addr})"
+                )
             why = not_created_yet(topic)  # a group's %RETRY% / %DLQ%: made by the brokers, not by hand
             raise TopicNotExistError(
                 f"topic {topic!r} does not exist: name server {addr} has no route for it "

@@ -286,7 +286,7 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     continue  # appeared after the AvailableNow target was taken
                 top = min(top, self._target[mq])
             if mq not in kept:
-                end[mq] = b.min_offset  # a new queue joins at its start, read from next batch
+                end[mq] = self.offset_reader.joining_offset(mq, b)  # read from the next batch on
             elif b.max_offset < kept[mq]:
                 report_data_loss(
                     fail,

@@ -279,6 +279,17 @@ class OffsetReader:
         except PymqError as err:
             raise self._explain(err, mq.topic) from None
 
+    def joining_offset(self, mq: MessageQueue, b: QueueBounds) -> int:
+        """Where a queue that joins a running stream starts (a new queue, or one of a broker that
+        was down when the query started): its first message; with ``startingOffsets=group`` the
+        group's progress on it when it has some, as a RocketMQ consumer starts a queue its
+        rebalance gains (else a broker down at the start had its queues read again whole)."""
+        if self.opts.starting.kind is StartKind.GROUP:
+            committed = self._committed(mq)
+            if committed >= 0:
+                return min(max(committed, b.min_offset), b.max_offset)
+        return b.min_offset
+
     def starting_offsets(
         self, bounds: Mapping[MessageQueue, QueueBounds], ending: Mapping[MessageQueue, int]
         | None = None,
