@@ -107,6 +107,33 @@ def test_producer_rejects_bad_settings_by_name() -> None:
         Producer("nohost")
 
 
+def test_bad_arguments_are_refused_naming_them_and_the_range() -> None:
+    """Each was taken and failed later without its name: a negative timeout as "did not answer in
+    time", a flag or an offset past the wire's int as struct's or protobuf's own error, a group of
+    the wrong type as "bad argument type for built-in operation" (probe helper-92)."""
+    from pyspark_pymq import Admin, PullConsumer
+
+    with pytest.raises(ValueError, match=r"timeout_ms must be an int in 1\.\.2147483647, got -5"):
+        PullConsumer("127.0.0.1:1", "g", timeout_ms=-5)
+    with pytest.raises(ValueError, match=r"timeout_ms must be an int in 1\.\.2147483647, got '5'"):
+        Admin("127.0.0.1:1", timeout_ms="5")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"Message flag must be an int in -2147483648\.\.2147483647, "
+                                         r"got 'x'"):
+        Message("t", b"x", flag="x")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"Message flag must be an int in .*, got 1099511627776"):
+        Message("t", b"x", flag=2**40)
+    for group in (5, ""):
+        with pytest.raises(ValueError, match=rf"producer_group must be a non-empty string, got {group!r}"):
+            Producer("127.0.0.1:1", producer_group=group)  # type: ignore[arg-type]
+    consumer = PullConsumer("127.0.0.1:1", "g")
+    mq = MessageQueue("t", "broker-a", 0)
+    with pytest.raises(ValueError, match=r"max_nums must be an int in 1\.\.2147483647, got 1099511627776"):
+        consumer.pull(mq, 0, 2**40)
+    with pytest.raises(ValueError, match=r"offset for .* must be an int in 0\.\.9223372036854775807, "
+                                         r"got 9223372036854775808"):
+        consumer.commit(mq, 2**63)
+
+
 def test_fault_tolerance_avoids_a_failed_broker_for_a_while() -> None:
     ft = LatencyFaultTolerance(not_available_s=60)
     assert ft.is_available("b")

@@ -167,6 +167,21 @@ def test_closing_a_producer_at_once_ends_its_check_back_thread_and_stream(
     assert not any(p._thread.is_alive() for p in producers)
 
 
+def test_a_producer_dropped_without_close_stops_answering_check_backs(tx_broker: BrokerProcess) -> None:
+    """Its check-back thread held it: a notebook cell run again left the old producers answering
+    check-backs with their old listeners (rolling back what the new one would commit) for ever
+    (probe helper-92). Collected, it ends its stream and its thread."""
+    import gc
+
+    producer = TransactionProducer(tx_broker.endpoint, "txdrop", lambda m: COMMIT)
+    thread = producer._thread
+    time.sleep(0.3)  # its stream is open
+    del producer
+    gc.collect()
+    thread.join(10)
+    assert not thread.is_alive()
+
+
 def _half_props(uniq: str, group: str = "tx") -> bytes:
     from pymq_proto.record import encode_properties
 

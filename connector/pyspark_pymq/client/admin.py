@@ -27,7 +27,7 @@ from ..spark.option_registry import DEFAULT_READER_GROUP
 from .codec import decode_messages
 from .consumer import PullConsumer, dlq_topic
 from .credentials import check_credentials
-from .message import MessageExt, MessageQueue, SystemMessage
+from .message import INT32_MAX, MessageExt, MessageQueue, SystemMessage, check_int
 from .route import PERM_READ, PERM_WRITE
 from .transport import BrokerClient
 
@@ -175,6 +175,7 @@ class Admin:
     ) -> None:
         if endpoint is None:
             raise ValueError("Admin needs an endpoint ('host:port' of a pymq broker) or namesrv_addr")
+        check_int("timeout_ms", timeout_ms, 1, INT32_MAX)
         check_credentials(access_key, secret_key)
         tls_config = client_tls(tls, tls_ca_file, tls_cert_file, tls_key_file)
         self._client = BrokerClient(endpoint, timeout_ms / 1000.0, access_key=access_key,
@@ -594,8 +595,9 @@ class Admin:
         """Send dead letters of ``group`` again to their original topic, retry count reset.
 
         Without ``msg_ids`` every dead letter not re-sent yet is re-sent (progress
-        is kept as the offset of an internal group, so running it twice does not
-        send twice). ``msg_ids`` picks dead letters by their msgId, their own
+        is kept as the offset of an internal group, so running it again after it
+        finished does not send twice; two runs at once, from any process, both send what
+        neither has recorded yet: run one at a time). ``msg_ids`` picks dead letters by their msgId, their own
         offsetMsgId or their ``origin_msg_id`` (the original's offsetMsgId: the
         columns of :meth:`dead_letters`). A re-sent message carries the original's
         offsetMsgId in ORIGIN_MESSAGE_ID. Returns how many were sent.

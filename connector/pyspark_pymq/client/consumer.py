@@ -19,10 +19,12 @@ from ..errors import (
 from ..tls import TlsConfig
 from .codec import uniq_first
 from .message import (
+    INT32_MAX,
     MessageExt,
     MessageQueue,
     PullResult,
     SendBackColumns,
+    check_int,
     check_property_name,
     clean_property_value,
     new_uniq_keys,
@@ -90,6 +92,7 @@ class PullConsumer:
     ) -> None:
         if not isinstance(group, str) or not group:
             raise ValueError(f"consumer group must be a non-empty string, got {group!r}")
+        check_int("timeout_ms", timeout_ms, 1, INT32_MAX)
         self.group = group
         self._backend = backend or open_backend(
             backend_config(endpoint, namesrv_addr, access_key, secret_key,
@@ -148,10 +151,8 @@ class PullConsumer:
         suspend_timeout_ms: int = 0,
     ) -> PullBatch:
         """One pull, records undecoded (for columnar decoders: :meth:`Backend.decode_arrow`)."""
-        if not isinstance(offset, int) or offset < 0:
-            raise ValueError(f"pull offset must be an int >= 0, got {offset!r}")
-        if not isinstance(max_nums, int) or max_nums < 1:
-            raise ValueError(f"max_nums must be an int >= 1, got {max_nums!r}")
+        check_int("pull offset", offset, 0)
+        check_int("max_nums", max_nums, 1, INT32_MAX)
         return self._backend.pull(
             self.group, mq, offset, max_nums, subscription=subscription, expression_type=expression_type,
             max_bytes=max_bytes, suspend_timeout_ms=suspend_timeout_ms,
@@ -201,8 +202,7 @@ class PullConsumer:
     def commit_offsets(self, offsets: Mapping[MessageQueue, int]) -> None:
         """Record the group's progress on several queues (one request per broker)."""
         for mq, offset in offsets.items():
-            if not isinstance(offset, int) or offset < 0:
-                raise ValueError(f"offset for {mq} must be an int >= 0, got {offset!r}")
+            check_int(f"offset for {mq}", offset, 0)
         self._backend.commit_offsets(self.group, offsets)
 
     def committed(self, mq: MessageQueue) -> int:

@@ -110,6 +110,7 @@ class Message:
                                  "(RocketMQ's property separators)")
         if not isinstance(delay_level, int) or delay_level < 0:
             raise ValueError(f"Message delay_level must be an int >= 0, got {delay_level!r}")
+        check_int("Message flag", flag, -INT32_MAX - 1, INT32_MAX)  # RocketMQ's int flag
         props = dict(properties or {})
         for name, value in props.items():
             if not isinstance(name, str) or not isinstance(value, str):
@@ -150,6 +151,20 @@ _USE_INSTEAD = {
     MessageConst.PROPERTY_PRODUCER_GROUP: "Producer(producer_group=...)",
     MessageConst.PROPERTY_MAX_RECONSUME_TIMES: "the consumer's max_reconsume_times (send back)",
 }
+
+
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
+
+def check_int(name: str, value: object, low: int, high: int = INT64_MAX) -> int:
+    """``value`` if it is an int in ``low..high`` (the wire's field: int32 or int64), else a
+    ValueError naming ``name``, the value and the range (a bool is not an int here)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        past_int64 = isinstance(value, int) and value > high
+        bound = f">= {low}" if high == INT64_MAX and not past_int64 else f"in {low}..{high}"
+        raise ValueError(f"{name} must be an int {bound}, got {value!r}")
+    return value
 
 
 def reserved_property_problem(name: str) -> str | None:

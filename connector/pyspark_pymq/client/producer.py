@@ -89,8 +89,11 @@ class Producer:
             ``retry_times_when_send_failed`` more times on another queue,
             avoiding a broker that just failed), ``"async"`` (``send`` returns a
             ``concurrent.futures.Future``; at most ``max_in_flight`` unanswered
-            sends, further sends wait; retried ``retry_times_when_send_async_failed``
-            times, 0 by default as in RocketMQ) or ``"oneway"`` (no answer is
+            sends, further sends wait; the topic's route is looked up in the call when
+            it is not known or older than 30 s, as RocketMQ's send does; retried
+            ``retry_times_when_send_async_failed`` times, 0 by default as in RocketMQ; its
+            callbacks run on the thread that answers sends: keep them short, and
+            :meth:`flush` and :meth:`close` after them, not in them) or ``"oneway"`` (no answer is
             awaited: **messages may be lost**; after :meth:`flush`,
             ``oneway_unacknowledged`` counts those whose send failed since
             the producer was made; a send no retry could mend, such as one to
@@ -138,6 +141,8 @@ class Producer:
     ) -> None:
         if send_mode not in SEND_MODES:
             raise ValueError(f"send_mode must be one of {SEND_MODES}, got {send_mode!r}")
+        if not isinstance(producer_group, str) or not producer_group:
+            raise ValueError(f"producer_group must be a non-empty string, got {producer_group!r}")
         batch_bytes = max_message_size if max_batch_bytes is None else max_batch_bytes
         for name, value, low in (
             ("retry_times_when_send_failed", retry_times_when_send_failed, 0),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -125,11 +126,12 @@ class TransactionProducer:
                                   secret_key=secret_key, tls=tls_config)
         self._client = BrokerClient(endpoint, send_msg_timeout_ms / 1000.0, access_key=access_key,
                                     secret_key=secret_key, tls=tls_config)
-        self._closed = threading.Event()
-        # guards _stream against close(): a stream opened after close() ran would never end
-        self._stream_lock = threading.Lock()
-        self._stream: ResponseStream[pymq_pb2.CheckTransactionStateRequest] | None = None
-        self._thread = threading.Thread(target=self._serve_checks, name="pymq-tx-checks", daemon=True)
+        self._check_stream = _CheckStream()
+        # the thread holds the producer weakly: one dropped without close() (a notebook cell run
+        # again) is collected, and ends its stream, instead of answering check-backs for ever
+        self._thread = threading.Thread(target=_serve_checks, args=(weakref.ref(self), self._check_stream),
+                                        name="pymq-tx-checks", daemon=True)
+        weakref.finalize(self, self._check_stream.stop)
         self._thread.start()
 
     @staticmethod
@@ -203,42 +205,29 @@ class TransactionProducer:
         except PymqError as err:  # the check-back will ask again
             log.warning("end transaction %s (%s) failed: %s", msg_id, state.value, err)
 
-    def _serve_checks(self) -> None:
-        """Keep a TransactionStream open and answer the broker's check-backs."""
-        while not self._closed.is_set():
-            try:
-                with self._stream_lock:  # opening does not wait for the broker
-                    if self._closed.is_set():
-                        break
-                    stream = self._stream = self._client.transaction_stream(
-                        pymq_pb2.TransactionStreamRequest(producer_group=self.producer_group)
-                    )
-                for check in stream:
-                    msg = decode_messages(check.record, "")[0]
-                    # the real topic and queue, not the half's (as RocketMQ's broker sends it)
-                    msg.topic = check.topic
-                    real_qid = msg.properties.get(MessageConst.PROPERTY_REAL_QUEUE_ID)
-                    msg.queue_id = int(real_qid) if real_qid else msg.queue_id
-                    try:
-                        state = _state(self.check_listener(msg))
-                    except Exception:
-                        log.exception("check listener failed for %s", check.msg_id)
-                        state = LocalTransactionState.UNKNOW
-                    self._end(check.msg_id, state, from_check=True)
-            except PymqError:  # the broker went away (or close() cancelled the stream): open another
-                pass
-            self._closed.wait(0.5)
+    def _open_check_stream(self) -> ResponseStream[pymq_pb2.CheckTransactionStateRequest]:
+        return self._client.transaction_stream(
+            pymq_pb2.TransactionStreamRequest(producer_group=self.producer_group))
+
+    def _answer_check(self, check: pymq_pb2.CheckTransactionStateRequest) -> None:
+        msg = decode_messages(check.record, "")[0]
+        # the real topic and queue, not the half's (as RocketMQ's broker sends it)
+        msg.topic = check.topic
+        real_qid = msg.properties.get(MessageConst.PROPERTY_REAL_QUEUE_ID)
+        msg.queue_id = int(real_qid) if real_qid else msg.queue_id
+        try:
+            state = _state(self.check_listener(msg))
+        except Exception:
+            log.exception("check listener failed for %s", check.msg_id)
+            state = LocalTransactionState.UNKNOW
+        self._end(check.msg_id, state, from_check=True)
 
     def close(self) -> None:
         """Stop answering check-backs (the stream ends, its thread is joined) and close the producer.
 
         A check listener still running is waited for up to CLOSE_JOIN_TIMEOUT_S.
         """
-        with self._stream_lock:
-            self._closed.set()
-            stream = self._stream
-        if stream is not None:
-            stream.cancel()
+        self._check_stream.stop()
         if self._thread is not threading.current_thread():  # not from a check listener
             self._thread.join(CLOSE_JOIN_TIMEOUT_S)
         self._producer.close()
@@ -248,6 +237,58 @@ class TransactionProducer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _CheckStream:
+    """What a TransactionProducer's check-back thread shares with it (not the producer itself)."""
+
+    def __init__(self) -> None:
+        self.closed = threading.Event()
+        # guards ``stream`` against stop(): a stream opened after stop() ran would never end
+        self.lock = threading.Lock()
+        self.stream: ResponseStream[pymq_pb2.CheckTransactionStateRequest] | None = None
+
+    def stop(self) -> None:
+        with self.lock:
+            self.closed.set()
+            stream = self.stream
+        if stream is not None:
+            stream.cancel()
+
+    def open(self, ref: weakref.ref[TransactionProducer]) -> bool:
+        """Open the producer's stream; False once it is stopped or gone."""
+        with self.lock:  # opening does not wait for the broker
+            producer = ref()
+            if self.closed.is_set() or producer is None:
+                return False
+            self.stream = producer._open_check_stream()
+            return True
+
+
+def _answer(ref: weakref.ref[TransactionProducer], check: pymq_pb2.CheckTransactionStateRequest) -> bool:
+    """Answer one check-back; False if the producer is gone."""
+    producer = ref()
+    if producer is None:
+        return False
+    producer._answer_check(check)
+    return True
+
+
+def _serve_checks(ref: weakref.ref[TransactionProducer], checks: _CheckStream) -> None:
+    """Keep a TransactionStream open and answer the broker's check-backs, holding the producer
+    only while it answers one (helpers hold it, so this frame never does)."""
+    while not checks.closed.is_set():
+        try:
+            if not checks.open(ref):
+                return
+            assert checks.stream is not None
+            for check in checks.stream:
+                if not _answer(ref, check):
+                    checks.stop()
+                    return
+        except PymqError:  # the broker went away (or close() cancelled the stream): open another
+            pass
+        checks.closed.wait(0.5)
 
 
 class HalfMessageProducer(Producer):

@@ -461,6 +461,10 @@ _CREDENTIALS_REFUSED = re.compile(r"signature|username cannot be null|User:\S* i
                                   re.IGNORECASE)
 
 
+_GET_CALLS = ("GET_TOPIC_STATS_INFO", "GET_MAX_OFFSET", "GET_MIN_OFFSET", "SEARCH_OFFSET_BY_TIMESTAMP",
+              "QUERY_CONSUMER_OFFSET")
+
+
 def response_error(response: RemotingCommand, addr: str, call: str) -> PymqError:
     """The typed error for a failed answer: its ResponseCode's class, naming ``call`` and ``addr``.
 
@@ -472,6 +476,10 @@ def response_error(response: RemotingCommand, addr: str, call: str) -> PymqError
     if response.code == ResponseCode.NO_PERMISSION and _CREDENTIALS_REFUSED.search(remark):
         text += (". The brokers check ACL credentials: give the user's access key and secret key (Spark "
                  "options accessKey / secretKey, access_key= / secret_key=, pymq-admin --access-key)")
+    elif response.code == ResponseCode.NO_PERMISSION and call.startswith(_GET_CALLS):
+        # RocketMQ's push consumer reads with Sub alone; pymq reads queue bounds itself
+        text += (". RocketMQ authorizes this request as Get: grant the user Get on the topic and the "
+                 "group, besides Sub")
     cls = _ERROR_CLASSES.get(response.code)
     return cls(text, code=name) if cls is not None else error_for_code(name, text)
 
