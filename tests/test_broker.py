@@ -14,7 +14,7 @@ import pytest
 from broker_process import BrokerProcess
 from pymq_proto.v1 import pymq_pb2, pymq_pb2_grpc
 from pyspark_pymq import Admin, Message, MessageQueue, Producer, PullConsumer
-from pyspark_pymq.client.message import PullStatus, SendStatus
+from pyspark_pymq.client.message import PullStatus, SendStatus, new_uniq_key
 from pyspark_pymq.client.transport import BrokerClient, map_rpc_error
 from pyspark_pymq.errors import (
     BrokerUnavailableError,
@@ -154,6 +154,10 @@ def test_a_producer_keeps_sending_to_its_queues_while_write_queues_are_cut(endpo
         assert producer.send(Message("scale-in", b"after", sharding_key=key)).queue_id == 3
     got = PullConsumer(endpoint, "g").pull(MessageQueue("scale-in", "broker-a", 3), 0, 10)
     assert [m.body for m in got.messages] == [b"before", b"after"]
+    with Producer(endpoint) as fresh, pytest.raises(
+            IllegalArgumentError, match=r"queue id 3 is not a writable queue of topic 'scale-in': its "
+                                        r"writable queues are broker-a 0\.\.1"):
+        fresh.send_encoded("scale-in", [b"pinned"], [b""], [new_uniq_key()], queue_id=3)
 
 
 def test_a_batch_goes_to_one_queue_so_it_holds_one_sharding_key(endpoint: str) -> None:

@@ -1460,6 +1460,26 @@ def test_a_name_server_that_knows_no_broker_yet_is_not_taken_for_a_missing_topic
     t.join(5)
 
 
+def test_a_broker_given_as_name_server_is_named_so(server: FakeServer, client: RemotingClient) -> None:
+    """A broker's port as namesrvAddr answered "request type 105 not supported" alone (probe
+    helper-93)."""
+    ns = NameServerClient(server.addr, remoting=client, timeout_s=2.0)
+
+    def answer() -> None:
+        conn = server.accept()
+        req = server.read_frame(conn)
+        refused = RemotingCommand.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, req.opaque,
+                                           remark=" request type 105 not supported")
+        conn.sendall(refused.encode())
+
+    t = threading.Thread(target=answer, daemon=True)
+    t.start()
+    with pytest.raises(PymqError, match=r"request type 105 not supported\. Is 127\.0\.0\.1:\d+ a broker "
+                                        r"\(port 10911\) rather than a name server \(port 9876\)\?"):
+        ns.get_route_info("orders")
+    t.join(5)
+
+
 def test_name_servers_that_do_not_list_topics_say_which_setting(server: FakeServer,
                                                                 client: RemotingClient) -> None:
     # NamesrvConfig.enableAllTopicList=false answers SYSTEM_ERROR "disable", and nothing more

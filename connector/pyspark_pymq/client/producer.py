@@ -437,10 +437,13 @@ class Producer:
         queues = self._backend.route(topic).publish_queues
         if not queues:
             # RocketMQ's broker answers NO_PERMISSION for a send to a topic without PERM_WRITE.
+            how = (f"mqadmin updateTopicPerm -n <namesrvAddr> -c <cluster> -t {topic} -p "
+                   f"{PERM_READ | PERM_WRITE} (or updateTopic -w N)"
+                   if self._backend.config.kind == "rocketmq" else
+                   f"Admin(...).create_topic({topic!r}, perm={PERM_READ | PERM_WRITE}, write_queues=N)")
             raise NoPermissionError(
                 f"topic {topic!r} has no writable queue (no write permission, or 0 write queues); "
-                f"update it with Admin(...).create_topic({topic!r}, perm={PERM_READ | PERM_WRITE}, "
-                f"write_queues=N) or send to another topic"
+                f"update it with {how} or send to another topic"
             )
         return queues
 
@@ -450,9 +453,14 @@ class Producer:
             for mq in queues:
                 if mq.queue_id == prepared.queue_id and prepared.broker_name in (None, mq.broker_name):
                     return mq
+            by_broker: dict[str, list[int]] = {}
+            for mq in queues:
+                by_broker.setdefault(mq.broker_name, []).append(mq.queue_id)
+            has = ", ".join(f"{b} {min(ids)}..{max(ids)}" for b, ids in sorted(by_broker.items()))
+            where = "" if prepared.broker_name is None else f" on broker {prepared.broker_name!r}"
             raise IllegalArgumentError(
-                f"queue id {prepared.queue_id} is out of range for topic {prepared.topic!r}: "
-                f"it has {len(queues)} writable queues (0..{len(queues) - 1})"
+                f"queue id {prepared.queue_id}{where} is not a writable queue of topic {prepared.topic!r}: "
+                f"its writable queues are {has}"
             )
         if prepared.sharding_key is not None:
             # MessageQueueSelector by hash: the key's messages keep one queue.

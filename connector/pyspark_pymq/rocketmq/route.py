@@ -296,7 +296,7 @@ class NameServerClient:
                    "topic name and namesrvAddr.")
             )
         if response.code != ResponseCode.SUCCESS or not response.body:
-            raise response_error(response, addr, f"GET_ROUTEINFO_BY_TOPIC of topic {topic!r}")
+            raise _namesrv_error(response, addr, f"GET_ROUTEINFO_BY_TOPIC of topic {topic!r}")
         try:
             route = TopicRouteData.from_json(topic, response.body)
         except (ValueError, KeyError, TypeError) as err:
@@ -322,7 +322,7 @@ class NameServerClient:
             timeout_s,
         )
         if response.code != ResponseCode.SUCCESS:
-            raise response_error(response, addr, "GET_BROKER_CLUSTER_INFO")
+            raise _namesrv_error(response, addr, "GET_BROKER_CLUSTER_INFO")
         doc: Any = loads_fastjson(response.body) if response.body else {}
         out: dict[str, str] = {}
         for name, data in (doc.get("brokerAddrTable") or {}).items():
@@ -362,7 +362,7 @@ class NameServerClient:
                 "in namesrv.conf and restart them, or name the topics", code="NOT_SUPPORTED",
             )
         if response.code != ResponseCode.SUCCESS:
-            raise response_error(response, addr, "GET_ALL_TOPIC_LIST_FROM_NAMESERVER")
+            raise _namesrv_error(response, addr, "GET_ALL_TOPIC_LIST_FROM_NAMESERVER")
         doc: Any = loads_fastjson(response.body) if response.body else {}
         return sorted(str(t) for t in doc.get("topicList") or ())
 
@@ -398,6 +398,16 @@ class NameServerClient:
             + "; ".join(f.rstrip(".") for f in failures)
             + f". {NAMESRV_HINT}."
         )
+
+
+def _namesrv_error(response: RemotingCommand, addr: str, call: str) -> PymqError:
+    """:func:`response_error` of a name server's answer; a request it does not know is most
+    likely a broker's address given as a name server's."""
+    err = response_error(response, addr, call)
+    if response.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
+        err.remark += (f". Is {addr} a broker (port 10911) rather than a name server (port 9876)? "
+                       "namesrvAddr takes the name servers' addresses")
+    return err
 
 
 class RouteCache:
