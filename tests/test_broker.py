@@ -223,6 +223,35 @@ def test_async_sends_can_be_flushed_and_closed_around_their_callbacks(endpoint: 
     assert refused.is_set() and all(f.done() for f in sent)
 
 
+def test_a_message_with_a_delivery_time_arrives_then_and_not_before(endpoint: str) -> None:
+    """RocketMQ 5's Message.setDeliverTimeMs: the client refused TIMER_DELIVER_MS as a property the
+    broker sets, and had no field for it (probe helper-93)."""
+    Admin(endpoint).create_topic("timed-client", queues=1)
+    mq = MessageQueue("timed-client", "broker-a", 0)
+    consumer = PullConsumer(endpoint, "g")
+    with Producer(endpoint) as producer:
+        at = int(time.time() * 1000) + 1500
+        producer.send(Message("timed-client", b"later", deliver_time_ms=at))
+        producer.send(Message("timed-client", b"now"))
+        assert [m.body for m in consumer.pull(mq, 0, 10).messages] == [b"now"]
+        while time.time() * 1000 < at + 3000 and len(consumer.pull(mq, 0, 10).messages) < 2:
+            time.sleep(0.05)
+        arrived = time.time() * 1000
+        assert [m.body for m in consumer.pull(mq, 0, 10).messages] == [b"now", b"later"]
+        assert at <= arrived <= at + 1500
+        with pytest.raises(ValueError, match=r"message 1 has deliver_time_ms=\d+; send it alone"):
+            producer.send_batch([Message("timed-client", b"a"),
+                                 Message("timed-client", b"b", deliver_time_ms=at)])
+        with pytest.raises(ValueError, match="delay_level or deliver_time_ms, not both"):
+            Message("timed-client", b"x", delay_level=2, deliver_time_ms=at)
+        with pytest.raises(ValueError, match=r"'TIMER_DELIVER_MS' is reserved .* use "
+                                             r"Message\(deliver_time_ms"):
+            producer.send(Message("timed-client", b"x", properties={"TIMER_DELIVER_MS": str(at)}))
+        with pytest.raises(MessageIllegalError, match="message 1 of the batch has a delivery time"):
+            producer.send_encoded("timed-client", [b"a", b"b"], [b"", b"TIMER_DELIVER_MS\x01%d\x02" % at],
+                                  [new_uniq_key(), new_uniq_key()])
+
+
 def test_async_and_oneway_modes(endpoint: str) -> None:
     Admin(endpoint).create_topic("modes", queues=2)
     with Producer(endpoint, send_mode="async", max_in_flight=8) as producer:

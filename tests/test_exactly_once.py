@@ -64,7 +64,7 @@ def test_check_back_answers_follow_the_commit_markers(tmp_path: Path) -> None:
 
 
 def test_exactly_once_options_are_checked(tmp_path: Path) -> None:
-    from pyspark.sql.types import BinaryType, IntegerType, StructField, StructType
+    from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, StructType
 
     schema = StructType([StructField("body", BinaryType())])
     base = {"endpoint": "127.0.0.1:1", "topic": "t", "deliveryGuarantee": "exactly-once",
@@ -87,9 +87,10 @@ def test_exactly_once_options_are_checked(tmp_path: Path) -> None:
     for message, options in cases.items():
         with pytest.raises(ValueError, match=message):
             parse_sink_options(options, schema, stream=True)
-    delayed = StructType([*schema.fields, StructField("delay_level", IntegerType())])
-    with pytest.raises(ValueError, match="exactly-once cannot send the column 'delay_level'"):
-        parse_sink_options(base, delayed, stream=True)  # refused before the first row, not at the broker
+    for column, kind in (("delay_level", IntegerType()), ("deliver_time_ms", LongType())):
+        delayed = StructType([*schema.fields, StructField(column, kind)])
+        with pytest.raises(ValueError, match=f"exactly-once cannot send the column '{column}'"):
+            parse_sink_options(base, delayed, stream=True)  # refused before the first row, not at the broker
     with pytest.raises(ValueError, match=r"is for df\.writeStream"):
         parse_sink_options(base, schema, stream=False)
 

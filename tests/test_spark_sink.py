@@ -87,6 +87,29 @@ def test_topic_column_delay_level_and_queue_id(spark: Any, shared_broker: Any) -
     assert [m.queue_id for m in read_all(ep, b)] == [2]
 
 
+def test_a_deliver_time_ms_column_delivers_each_row_at_its_time(spark: Any, shared_broker: Any) -> None:
+    """RocketMQ 5's delivery time: the sink dropped a row's TIMER_DELIVER_MS property (a reserved
+    name) and delivered it at once (probe helper-93). A timestamp column or epoch ms."""
+    import datetime
+
+    ep = shared_broker.endpoint
+    topic = unique("timed")
+    Admin(ep).create_topic(topic, queues=1)
+    at = int(time.time() * 1000) + 6000
+    when = datetime.datetime.fromtimestamp(at / 1000, tz=datetime.timezone.utc)
+    for rows, schema in ((
+            [(b"at-ms", at), (b"now-ms", None)], "body binary, deliver_time_ms bigint"), (
+            [(b"at-ts", when), (b"now-ts", None)], "body binary, deliver_time_ms timestamp")):
+        spark.createDataFrame(rows, schema).write.format("pymq").option("endpoint", ep) \
+            .option("topic", topic).mode("append").save()
+    if time.time() * 1000 < at - 500:  # the writes took less than the delay: nothing timed is out yet
+        assert {m.body for m in read_all(ep, topic)} == {b"now-ms", b"now-ts"}
+    while len(read_all(ep, topic)) < 4 and time.time() * 1000 < at + 5000:
+        time.sleep(0.1)
+    assert time.time() * 1000 >= at
+    assert {m.body for m in read_all(ep, topic)} == {b"at-ms", b"now-ms", b"at-ts", b"now-ts"}
+
+
 def test_rows_read_from_pymq_go_to_the_topic_option_not_back_to_their_own(
         spark: Any, shared_broker: Any) -> None:
     """A pass-through keeps the source's `topic` column; the `topic` option wins over it (Spark's Kafka

@@ -42,6 +42,8 @@ _MAX_RECONSUME = MessageConst.PROPERTY_MAX_RECONSUME_TIMES.encode()
 _TRAN = MessageConst.PROPERTY_TRANSACTION_PREPARED.encode()
 _DELAY_KEY = property_key(MessageConst.PROPERTY_DELAY_TIME_LEVEL)
 _TRAN_KEY = property_key(MessageConst.PROPERTY_TRANSACTION_PREPARED)
+_TIMER = MessageConst.PROPERTY_TIMER_DELIVER_MS.encode()
+_TIMER_KEY = property_key(MessageConst.PROPERTY_TIMER_DELIVER_MS)
 
 PUT_STATUS_TO_CODE = {
     PutMessageStatus.MESSAGE_ILLEGAL: pymq_pb2.MESSAGE_ILLEGAL,
@@ -273,6 +275,12 @@ class SendMessageProcessor:
                     pymq_pb2.MESSAGE_ILLEGAL,
                     f"message {i} of the batch has a delay level; batch messages cannot be delayed",
                 )
+            if req.batch and find_property(m.properties, _TIMER) is not None:
+                raise BrokerException(  # the store times a single message only: it went out at once
+                    pymq_pb2.MESSAGE_ILLEGAL,
+                    f"message {i} of the batch has a delivery time (TIMER_DELIVER_MS); batch messages "
+                    "cannot be delayed: send it alone",
+                )
             if len(m.properties) > MAX_PROPERTIES_SIZE:
                 raise BrokerException(
                     pymq_pb2.MESSAGE_ILLEGAL,
@@ -340,7 +348,7 @@ class SendMessageProcessor:
     def _needs_rewrite(topic: str, records: EncodedRecords) -> bool:
         """Whether a feature may rewrite or reject some record: then the per-message path runs.
 
-        A delay level, a transaction or a %RETRY% topic (maybe bound for the DLQ)
+        A delay level or time, a transaction or a %RETRY% topic (maybe bound for the DLQ)
         are rare in bulk sends; the byte search may also hit a body, which only
         costs the slower path.
         """
@@ -348,6 +356,7 @@ class SendMessageProcessor:
             topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
             or records.contains(_DELAY_KEY)
             or records.contains(_TRAN_KEY)
+            or records.contains(_TIMER_KEY)
         )
 
     async def _send_records(

@@ -56,6 +56,10 @@ class Message:
         properties: user properties (strings).
         delay_level: 0 to send now, N to deliver after the broker's delay level N
             (default levels: 1s 5s 10s 30s 1m 2m 3m ... 2h).
+        deliver_time_ms: deliver at this time (milliseconds since the epoch), to the
+            millisecond: RocketMQ 5's timer (``Message.setDeliverTimeMs``, property
+            TIMER_DELIVER_MS), on the embedded broker and on Apache RocketMQ 5. Not with
+            ``delay_level``; a batch's messages cannot have one.
         sharding_key: messages with the same key go to the same queue, in order.
 
     Example::
@@ -71,6 +75,7 @@ class Message:
     delay_level: int = 0
     sharding_key: str | None = None
     flag: int = 0
+    deliver_time_ms: int | None = None
 
     def __init__(
         self,
@@ -82,6 +87,7 @@ class Message:
         delay_level: int = 0,
         sharding_key: str | None = None,
         flag: int = 0,
+        deliver_time_ms: int | None = None,
     ) -> None:
         if not isinstance(topic, str) or not topic:
             raise ValueError(f"Message topic must be a non-empty string, got {topic!r}")
@@ -111,6 +117,11 @@ class Message:
         if not isinstance(delay_level, int) or delay_level < 0:
             raise ValueError(f"Message delay_level must be an int >= 0, got {delay_level!r}")
         check_int("Message flag", flag, -INT32_MAX - 1, INT32_MAX)  # RocketMQ's int flag
+        if deliver_time_ms is not None:
+            check_int("Message deliver_time_ms (milliseconds since the epoch)", deliver_time_ms, 0)
+            if delay_level:
+                raise ValueError("a Message has delay_level or deliver_time_ms, not both: got "
+                                 f"delay_level={delay_level}, deliver_time_ms={deliver_time_ms}")
         props = dict(properties or {})
         for name, value in props.items():
             if not isinstance(name, str) or not isinstance(value, str):
@@ -127,6 +138,7 @@ class Message:
         self.delay_level = delay_level
         self.sharding_key = sharding_key
         self.flag = flag
+        self.deliver_time_ms = deliver_time_ms
 
 
 class SystemMessage(Message):
@@ -145,6 +157,9 @@ _USE_INSTEAD = {
     MessageConst.PROPERTY_TAGS: "Message(tags=...)",
     MessageConst.PROPERTY_KEYS: "Message(keys=[...])",
     MessageConst.PROPERTY_DELAY_TIME_LEVEL: "Message(delay_level=...)",
+    MessageConst.PROPERTY_TIMER_DELIVER_MS: "Message(deliver_time_ms=...)",
+    "TIMER_DELAY_SEC": "Message(deliver_time_ms=...)",
+    "TIMER_DELAY_MS": "Message(deliver_time_ms=...)",
     MessageConst.PROPERTY_SHARDING_KEY: "Message(sharding_key=...)",
     MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX: "nothing: the producer sets it (SendResult.msg_id)",
     MessageConst.PROPERTY_TRANSACTION_PREPARED: "TransactionProducer.send_message_in_transaction",
@@ -314,6 +329,8 @@ def encode_message_properties(msg: Message, uniq_key: str) -> bytes:
         props[MessageConst.PROPERTY_KEYS] = MessageConst.KEY_SEPARATOR.join(msg.keys)
     if msg.delay_level:
         props[MessageConst.PROPERTY_DELAY_TIME_LEVEL] = str(msg.delay_level)
+    if msg.deliver_time_ms is not None:
+        props[MessageConst.PROPERTY_TIMER_DELIVER_MS] = str(msg.deliver_time_ms)
     if msg.sharding_key is not None:
         props[MessageConst.PROPERTY_SHARDING_KEY] = msg.sharding_key
     props[MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = uniq_key

@@ -363,7 +363,8 @@ class Producer:
                     f"message 0 {messages[0].sharding_key!r}; send each key's messages in a batch "
                     "of their own"
                 )
-            if msg.properties or msg.tags or msg.keys or msg.delay_level or msg.sharding_key is not None:
+            if (msg.properties or msg.tags or msg.keys or msg.delay_level or msg.sharding_key is not None
+                    or msg.deliver_time_ms is not None):
                 check_user_properties(msg)
                 props = encode_message_properties(msg, key)
             else:  # the msgId alone: no dict to build
@@ -378,11 +379,11 @@ class Producer:
             bodies.append(body)
         if len(messages) > 1:
             for i, msg in enumerate(messages):
-                if msg.delay_level:
+                if msg.delay_level or msg.deliver_time_ms is not None:
+                    how = (f"delay_level={msg.delay_level}" if msg.delay_level
+                           else f"deliver_time_ms={msg.deliver_time_ms}")
                     raise ValueError(
-                        f"batch messages cannot be delayed: message {i} has "
-                        f"delay_level={msg.delay_level}"
-                    )
+                        f"batch messages cannot be delayed: message {i} has {how}; send it alone")
         records, sizes = self._backend.encode_records(topic, bodies, props_list, [m.flag for m in messages])
         return SendRequest(topic, records, sizes, uniq, messages[0].sharding_key)
 
@@ -396,6 +397,7 @@ class Producer:
         """
         if not all(type(m) is Message for m in messages) or any(
             m.topic != topic or m.properties or m.tags or m.keys or m.delay_level or m.flag
+            or m.deliver_time_ms is not None
             or m.sharding_key is not None for m in messages
         ):
             return None

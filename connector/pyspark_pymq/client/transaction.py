@@ -151,8 +151,9 @@ class TransactionProducer:
         An exception in the local transaction counts as UNKNOW: the broker will
         check back later.
         """
-        if message.delay_level:
-            raise ValueError("transactional messages cannot be delayed: set delay_level=0")
+        if message.delay_level or message.deliver_time_ms is not None:
+            raise ValueError("transactional messages cannot be delayed: set neither delay_level nor "
+                             "deliver_time_ms")
         half = SystemMessage(  # TRAN_MSG and PGROUP are system properties
             message.topic, message.body, tags=message.tags, keys=message.keys,
             properties={**message.properties, MessageConst.PROPERTY_TRANSACTION_PREPARED: "true",

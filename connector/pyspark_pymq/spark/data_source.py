@@ -363,7 +363,7 @@ class PymqDataSource(DataSource):
 
     Writing (``df.write`` / ``df.writeStream``): columns ``body`` (required),
     ``topic``, ``tags``, ``keys``, ``properties``, ``delay_level``, ``sharding_key``,
-    ``queue_id``. Options:
+    ``queue_id``, ``deliver_time_ms``. Options:
 
     .. options:sink:begin
 

@@ -92,6 +92,8 @@ _SEND_COLUMNS: dict[str, tuple[tuple[str, ...], str]] = {
     "delay_level": (("int", "bigint", "smallint", "tinyint"), "an integer type"),
     "sharding_key": (("string",), "string"),
     "queue_id": (("int", "bigint", "smallint", "tinyint"), "an integer type"),
+    # RocketMQ 5's delivery time (Message.setDeliverTimeMs): epoch milliseconds, or a timestamp
+    "deliver_time_ms": (("bigint", "timestamp", "timestamp_ntz"), "bigint (epoch ms) or timestamp"),
 }
 # body and properties: a row the broker cannot send back is sent to %RETRY% as a copy made from them
 _SEND_BACK_REQUIRED = ("commit_log_offset", "msg_id", "topic", "broker_name", "reconsume_times", "body",
@@ -266,9 +268,10 @@ def parse_sink_options(raw_options: Mapping[str, str], schema: StructType, *, st
     if action == "send":
         _refuse_send_back_options(opts)
         _check_send_input(schema, topic)
-        if exactly_once and "delay_level" in schema.fieldNames():
+        delayed = [c for c in ("delay_level", "deliver_time_ms") if c in schema.fieldNames()]
+        if exactly_once and delayed:
             raise ValueError(
-                f"{_PREFIX} deliveryGuarantee=exactly-once cannot send the column 'delay_level': "
+                f"{_PREFIX} deliveryGuarantee=exactly-once cannot send the column {delayed[0]!r}: "
                 "a half message cannot be delayed (RocketMQ delays no transactional message). Drop the "
                 "column, or use deliveryGuarantee=at-least-once"
             )

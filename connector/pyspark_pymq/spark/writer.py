@@ -107,17 +107,18 @@ _RESERVED = "a property name or value contains the reserved characters \\x01 or 
 _SEP, _END = NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR
 _SYSTEM_PROPERTIES = MC.STRING_HASH_SET
 # how the properties the sink sets begin: their name, then _SEP
-_UNIQ_HEAD, _TAGS_HEAD, _KEYS_HEAD, _DELAY_HEAD, _SHARDING_HEAD = (name + _SEP for name in (
+_UNIQ_HEAD, _TAGS_HEAD, _KEYS_HEAD, _DELAY_HEAD, _SHARDING_HEAD, _TIMER_HEAD = (name + _SEP for name in (
     MC.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, MC.PROPERTY_TAGS, MC.PROPERTY_KEYS,
-    MC.PROPERTY_DELAY_TIME_LEVEL, MC.PROPERTY_SHARDING_KEY,
+    MC.PROPERTY_DELAY_TIME_LEVEL, MC.PROPERTY_SHARDING_KEY, MC.PROPERTY_TIMER_DELIVER_MS,
 ))
 
 
 def _encode_properties(
     user: list[tuple[str, str]] | None, tags: str | None, keys: Any, delay: int | None,
-    sharding_key: str | None, uniq: str,
+    sharding_key: str | None, uniq: str, deliver_ms: int | None = None,
 ) -> bytes:
-    """A row's own properties, RocketMQ's encoding: UNIQ_KEY, the user's, TAGS, KEYS, DELAY, __SHARDINGKEY.
+    """A row's own properties, RocketMQ's encoding: UNIQ_KEY, the user's, TAGS, KEYS, DELAY,
+    __SHARDINGKEY, TIMER_DELIVER_MS.
 
     The ``properties`` column's system properties (RocketMQ's reserved names: UNIQ_KEY,
     TAGS, TRAN_MSG, DELAY, RETRY_TOPIC...) are left out: a row read from a pymq source
@@ -148,6 +149,8 @@ def _encode_properties(
         parts.append(f"{_DELAY_HEAD}{delay}{_END}")
     if sharding_key is not None:
         parts.append(f"{_SHARDING_HEAD}{sharding_key}{_END}")
+    if deliver_ms is not None:
+        parts.append(f"{_TIMER_HEAD}{deliver_ms}{_END}")
     text = "".join(parts)
     if text.count(_SEP) != len(parts) or text.count(_END) != len(parts):  # a separator inside a value
         raise ValueError(_RESERVED)
@@ -167,11 +170,13 @@ def _body_column(batch: pa.RecordBatch) -> pa.Array | None:
     return body if pa.types.is_binary(body.type) else body.cast(pa.binary())
 
 
-_ROW_COLUMNS = ("topic", "tags", "keys", "properties", "delay_level", "sharding_key", "queue_id")
+_ROW_COLUMNS = ("topic", "tags", "keys", "properties", "delay_level", "sharding_key", "queue_id",
+                "deliver_time_ms")
 
 
 def _row_values(batch: pa.RecordBatch, topic: str | None) -> Iterator[tuple[Any, ...]]:
-    """Each row's (body, topic, tags, keys, properties, delay_level, sharding_key, queue_id).
+    """Each row's (body, topic, tags, keys, properties, delay_level, sharding_key, queue_id,
+    deliver_time_ms: epoch ms, from a timestamp column too).
 
     A column the batch does not have is null on every row. The ``topic`` option, when set, is
     every row's topic whatever a ``topic`` column holds (as in Spark's Kafka sink: a pass-through
@@ -179,9 +184,21 @@ def _row_values(batch: pa.RecordBatch, topic: str | None) -> Iterator[tuple[Any,
     """
     body = _body_column(batch)
     bodies = [None] * batch.num_rows if body is None else body.to_numpy(zero_copy_only=False).tolist()
-    columns = ([topic] * batch.num_rows if name == "topic" and topic else column(batch, name)
+    columns = ([topic] * batch.num_rows if name == "topic" and topic
+               else _epoch_ms(batch, name) if name == "deliver_time_ms" else column(batch, name)
                for name in _ROW_COLUMNS)
     return zip(bodies, *columns, strict=True)
+
+
+def _epoch_ms(batch: pa.RecordBatch, name: str) -> list[int | None]:
+    """A bigint (epoch ms) or timestamp column as epoch milliseconds, None where null or absent."""
+    index = batch.schema.get_field_index(name)
+    if index < 0:
+        return [None] * batch.num_rows
+    arr = batch.column(index)
+    if pa.types.is_timestamp(arr.type):
+        arr = arr.cast(pa.timestamp("ms", arr.type.tz), safe=False).cast(pa.int64())
+    return list(arr.to_pylist())
 
 
 class _MessageBatch:
@@ -280,7 +297,7 @@ class _SendTask:
         default_topic, prefix, extra, where = self.opts.topic, self.prefix, self.extra_properties, self.where
         producer, accumulate = self.producer, self._accumulate  # looked up once, not per row
         row = self.rows
-        for body, topic, tags, keys, props, delay, shard, queue_id in _row_values(batch, default_topic):
+        for body, topic, tags, keys, props, delay, shard, queue_id, at in _row_values(batch, default_topic):
             if body is None:
                 raise _null_body(row, where)
             topic = topic or default_topic
@@ -288,9 +305,12 @@ class _SendTask:
                 raise ValueError(f"row {row} of {where} has a null topic and no topic option is set")
             if delay is not None and delay < 0:
                 raise ValueError(f"row {row} of {where} has delay_level {delay}; use 0 or more")
+            if at is not None and delay:
+                raise ValueError(f"row {row} of {where} has delay_level {delay} and deliver_time_ms "
+                                 f"{at}: give one of them")
             uniq = f"{prefix}{row:016X}"
             try:  # the row's own properties, then those of every row
-                encoded = _encode_properties(props, tags, keys, delay, shard, uniq) + extra
+                encoded = _encode_properties(props, tags, keys, delay, shard, uniq, at) + extra
             except ValueError as err:
                 raise ValueError(f"row {row} of {where}: {err}") from None
             broker = None
@@ -300,7 +320,7 @@ class _SendTask:
                 except PymqError as err:
                     raise _naming(err, f"choosing the queue of row {row} of {where} in {topic!r}") from err
                 queue_id, broker = mq.queue_id, mq.broker_name
-            if delay:  # RocketMQ does not delay batches: a delayed message goes alone
+            if delay or at is not None:  # RocketMQ does not delay batches: a delayed message goes alone
                 self._send_encoded((topic, queue_id, broker), [row], [body], [encoded], [uniq])
             else:
                 accumulate((topic, queue_id, broker), row, body, encoded, uniq)
@@ -430,7 +450,7 @@ def _naming(err: PymqError, what: str) -> PymqError:
 
 _TAGS_KEY = pa.scalar(property_key(MC.PROPERTY_TAGS))
 _END_BYTES = pa.scalar(_END.encode())
-_PER_ROW_COLUMNS = ("keys", "properties", "delay_level", "sharding_key", "queue_id")
+_PER_ROW_COLUMNS = ("keys", "properties", "delay_level", "sharding_key", "queue_id", "deliver_time_ms")
 
 
 def _all_null(batch: pa.RecordBatch, name: str) -> bool:
