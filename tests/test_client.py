@@ -132,6 +132,8 @@ def test_bad_arguments_are_refused_naming_them_and_the_range() -> None:
     with pytest.raises(ValueError, match=r"offset for .* must be an int in 0\.\.9223372036854775807, "
                                          r"got 9223372036854775808"):
         consumer.commit(mq, 2**63)
+    with Admin("127.0.0.1:1") as admin, PullConsumer("127.0.0.1:1", "g") as used:  # as Producer's
+        assert admin.endpoint == "127.0.0.1:1" and used.group == "g"
 
 
 def test_fault_tolerance_avoids_a_failed_broker_for_a_while() -> None:

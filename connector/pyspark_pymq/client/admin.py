@@ -188,6 +188,16 @@ class Admin:
     def __repr__(self) -> str:
         return f"Admin({self._client!r})"
 
+    def close(self) -> None:
+        """Nothing to release: connections are the process's, shared by its clients (kept for
+        ``with`` blocks, as :class:`Producer`)."""
+
+    def __enter__(self) -> Admin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     @property
     def endpoint(self) -> str:
         return self._client.endpoint

@@ -100,6 +100,16 @@ class PullConsumer:
             timeout_ms / 1000.0
         )
 
+    def close(self) -> None:
+        """Nothing to release: connections are the process's, shared by its clients (kept for
+        ``with`` blocks, as :class:`Producer`)."""
+
+    def __enter__(self) -> PullConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     @property
     def backend(self) -> Backend:
         return self._backend
