@@ -150,6 +150,24 @@ def test_a_delivery_time_is_kept_by_rocketmqs_timer(rocketmq_cluster: RocketMQCl
     assert later.properties["TIMER_DELIVER_MS"] == str(at)  # type: ignore[attr-defined]
 
 
+def test_a_sharding_key_goes_where_javas_select_message_queue_by_hash_sends_it(
+    rocketmq_cluster: RocketMQCluster,
+) -> None:
+    """Java's SelectMessageQueueByHash: Math.abs(key.hashCode() % size) over the publish queues,
+    brokers by name; pymq used crc32, so a key's messages from a Java and a pymq producer went to
+    two queues and lost their order (probe helper-93). Java's "hello".hashCode() is 99162322,
+    "polygenelubricants".hashCode() is Integer.MIN_VALUE."""
+    c = rocketmq_cluster
+    topic = _topic(c, "by-hash", queues=2)  # broker-a:0, broker-a:1, broker-b:0, broker-b:1
+    producer = Producer(namesrv_addr=c.namesrv_addr)
+    for key, java_hash in (("hello", 99162322), ("polygenelubricants", -(2**31))):
+        expected = abs(java_hash % 4 if java_hash >= 0 else -(-java_hash % 4))
+        mq = producer.message_queue_for_key(topic, key)
+        assert (mq.broker_name, mq.queue_id) == (["broker-a", "broker-b"][expected // 2], expected % 2)
+        result = producer.send(Message(topic, key.encode(), sharding_key=key))
+        assert result.message_queue == mq
+
+
 def test_offsets_commit_search_and_bounds(rocketmq_cluster: RocketMQCluster) -> None:
     c = rocketmq_cluster
     topic = _topic(c, "offsets", queues=1, brokers=["broker-a"])

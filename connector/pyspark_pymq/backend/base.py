@@ -21,6 +21,7 @@ embedded broker, ``endpoint``) and
 from __future__ import annotations
 
 import threading
+import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
@@ -228,6 +229,11 @@ class Backend(ABC):
     @abstractmethod
     def route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
         """The topic's queues (TopicNotExistError when it has none)."""
+
+    def sharding_index(self, sharding_key: str, queues: int) -> int:
+        """Which of a topic's ``queues`` publish queues a sharding key's messages go to (a
+        MessageQueueSelector by hash): crc32 on the embedded broker, as its v2 FIFO message groups."""
+        return zlib.crc32(sharding_key.encode()) % queues
 
     @abstractmethod
     def topic_names(self) -> list[str]:

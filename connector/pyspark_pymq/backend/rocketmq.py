@@ -53,6 +53,7 @@ from ..rocketmq.api import (
     SubscriptionData,
     build_pull_sys_flag,
     default_client_id,
+    java_string_hash,
 )
 from ..rocketmq.remoting import RemotingClient, SessionCredentials
 from ..rocketmq.route import NameServerClient, RouteCache
@@ -143,6 +144,12 @@ class RocketMQBackend(Backend):
         return addr
 
     # -- routes and offsets -----------------------------------------------------------------
+
+    def sharding_index(self, sharding_key: str, queues: int) -> int:
+        """RocketMQ's SelectMessageQueueByHash over the route's publish queues (brokers by name,
+        then queue id, as Java's TopicPublishInfo): ``Math.abs(key.hashCode() % size)``, so that
+        pymq's and Java's producers put a key's messages in the same queue."""
+        return abs(java_string_hash(sharding_key)) % queues
 
     def route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
         return self._routes.get(topic, refresh=refresh)

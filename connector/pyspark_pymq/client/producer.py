@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 import threading
 import time
-import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, ClassVar, Literal
@@ -433,7 +432,7 @@ class Producer:
         """The queue a sharding key maps to (MessageQueueSelector by hash), broker included:
         where :meth:`send` puts a message with that ``sharding_key``."""
         queues = self._publish_queues(topic)
-        return queues[zlib.crc32(sharding_key.encode()) % len(queues)]
+        return queues[self._backend.sharding_index(sharding_key, len(queues))]
 
     def _publish_queues(self, topic: str) -> tuple[MessageQueue, ...]:
         queues = self._backend.route(topic).publish_queues
@@ -466,7 +465,7 @@ class Producer:
             )
         if prepared.sharding_key is not None:
             # MessageQueueSelector by hash: the key's messages keep one queue.
-            return queues[zlib.crc32(prepared.sharding_key.encode()) % len(queues)]
+            return queues[self._backend.sharding_index(prepared.sharding_key, len(queues))]
         for _ in range(len(queues)):
             self._rr += 1
             mq = queues[self._rr % len(queues)]
