@@ -953,6 +953,7 @@ class FakeOffsetReader:
         self.committed: dict[MessageQueue, int] = {}
         self.down: set[str] = set()  # brokers that are down (RocketMQ: not registered now)
         self.group_progress: dict[MessageQueue, int] = {}  # the group's offsets on the broker
+        self.progress_fails: Exception | None = None  # what reading the group's progress raises
         self.opts: Any = None  # the query's options (make_stream sets them)
 
     def set(self, bounds: dict[MessageQueue, tuple[int, int]], topic_id: int = 0) -> None:
@@ -970,10 +971,18 @@ class FakeOffsetReader:
     def unavailable_brokers(self, queues: Any) -> set[str]:
         return {mq.broker_name for mq in queues} & self.down
 
-    def joining_offset(self, mq: MessageQueue, b: QueueBounds) -> int:
+    def joining_offset(self, mq: MessageQueue, b: QueueBounds) -> int | None:
         return OffsetReader.joining_offset(self, mq, b)  # type: ignore[arg-type]
 
-    def _committed(self, mq: MessageQueue) -> int:
+    @property
+    def backend(self) -> Any:  # what joining_offset asks: the group's progress
+        import types
+
+        return types.SimpleNamespace(committed=self._progress)
+
+    def _progress(self, group: str, mq: MessageQueue) -> int:
+        if self.progress_fails is not None:
+            raise self.progress_fails
         return self.group_progress.get(mq, -1)
 
     def topic_ids(self) -> dict[tuple[str, str], int]:
@@ -1238,6 +1247,21 @@ def test_a_queue_of_a_broker_down_at_the_start_joins_at_the_groups_progress(star
     then = stream.latestOffset(joined, ReadAllAvailable())
     assert sorted((p.range.broker_name, p.range.queue_id, p.range.start, p.range.end)
                   for p in stream.partitions(joined, then)) == [("a", 0, at, 35), ("a", 1, 0, 4)]
+    if starting != "group":
+        return
+    # the group's progress below the queue's first message: failOnDataLoss, as at a query's start
+    # (review helper-94); a broker that cannot say its progress yet: the queue joins later
+    fake.set({T0: (0, 30)})
+    restarted = make_stream(fake, topic="t")
+    first = restarted.latestOffset(restarted.initialOffset(), ReadAllAvailable())
+    fake.set({T0: (0, 30), A0: (27, 35)})
+    with pytest.raises(DataLossError, match=r"the group's progress 25 is below the queue's first message"):
+        restarted.latestOffset(first, ReadAllAvailable())
+    fake.progress_fails = BrokerUnavailableError("broker a is loading")
+    assert A0 not in ends(restarted.latestOffset(first, ReadAllAvailable()))
+    fake.progress_fails = None
+    lenient = make_stream(fake, topic="t", failOnDataLoss="false")
+    assert ends(lenient.latestOffset(first, ReadAllAvailable()))[A0] == 27
 
 
 def test_the_stream_driver_imports_no_producer_admin_or_transactions() -> None:

@@ -412,6 +412,10 @@ def test_a_commit_stopped_before_its_op_record_is_not_committed_again(tmp_path: 
     for i in range(3):
         half = msg(b"row%d" % i, TRAN_MSG="true", PGROUP="pg", UNIQ_KEY=f"tx-{i}")
         assert tx.prepare_messages("orders", i % 2, [half]).ok
+    # a committed message that names tx-2 among its KEYS is not tx-2's (review helper-94)
+    assert tx.prepare_messages("orders", 0, [msg(b"row3", TRAN_MSG="true", PGROUP="pg", UNIQ_KEY="tx-3",
+                                                 KEYS="tx-2")]).ok
+    assert tx.end_transactions(["tx-3"], commit=True)[0] == 1
     real_put = store.put_messages
 
     def stop_before_the_op_record(topic: str, queue_id: int, messages: Any) -> Any:
@@ -434,7 +438,8 @@ def test_a_commit_stopped_before_its_op_record_is_not_committed_again(tmp_path: 
     store, tx = _tx_service(tmp_path)
     try:
         assert tx.pending == {}
-        assert sorted(bodies(store, "orders", 0) + bodies(store, "orders", 1)) == [b"row0", b"row1", b"row2"]
+        assert sorted(bodies(store, "orders", 0) + bodies(store, "orders", 1)) == [
+            b"row0", b"row1", b"row2", b"row3"]
     finally:
         store.shutdown()
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import NamedTuple
@@ -44,6 +45,12 @@ _DELAY_KEY = property_key(MessageConst.PROPERTY_DELAY_TIME_LEVEL)
 _TRAN_KEY = property_key(MessageConst.PROPERTY_TRANSACTION_PREPARED)
 _TIMER = MessageConst.PROPERTY_TIMER_DELIVER_MS.encode()
 _TIMER_KEY = property_key(MessageConst.PROPERTY_TIMER_DELIVER_MS)
+
+def _deliver_ahead(properties: bytes) -> bool:
+    """A TIMER_DELIVER_MS still ahead (one past is delivered now, as the store does)."""
+    at = find_property(properties, _TIMER)
+    return at is not None and at.isdigit() and int(at) > time.time() * 1000
+
 
 PUT_STATUS_TO_CODE = {
     PutMessageStatus.MESSAGE_ILLEGAL: pymq_pb2.MESSAGE_ILLEGAL,
@@ -275,11 +282,11 @@ class SendMessageProcessor:
                     pymq_pb2.MESSAGE_ILLEGAL,
                     f"message {i} of the batch has a delay level; batch messages cannot be delayed",
                 )
-            if req.batch and find_property(m.properties, _TIMER) is not None:
+            if req.batch and _deliver_ahead(m.properties):
                 raise BrokerException(  # the store times a single message only: it went out at once
                     pymq_pb2.MESSAGE_ILLEGAL,
-                    f"message {i} of the batch has a delivery time (TIMER_DELIVER_MS); batch messages "
-                    "cannot be delayed: send it alone",
+                    f"message {i} of the batch has a delivery time ahead (TIMER_DELIVER_MS); batch "
+                    "messages cannot be delayed: send it alone",
                 )
             if len(m.properties) > MAX_PROPERTIES_SIZE:
                 raise BrokerException(

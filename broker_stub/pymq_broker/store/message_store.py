@@ -133,9 +133,9 @@ class DefaultMessageStore:
         self._indexed_upto = -1  # recovery indexes the records after it again
         self._queued_from = 0  # recovery queues the records from it on again
         self._requeue_from: dict[str, int] = {}  # damaged queues ("topic-queueId"): from there on
-        # damaged queues with no good entry in the log: their records met by the walk (queue
-        # offset, physical offset, size, tag code), from the last run of rising queue offsets
-        self._rebuild_runs: dict[str, list[tuple[int, int, int, int]]] = {}
+        # damaged queues with no good entry in the log: where the walk's last run of rising queue
+        # offsets of each began, [first queue offset, its physical offset, last queue offset]
+        self._rebuild_runs: dict[str, list[int]] = {}
         self._checkpoint_lock = threading.Lock()
 
     # -- life cycle -------------------------------------------------------------
@@ -221,9 +221,8 @@ class DefaultMessageStore:
             self._redispatch(offset, chunk, pos)
 
         cl.scan(walk_from, visit)
-        for key, run in self._rebuild_runs.items():
-            self._rebuild_from_run(key, run)
-        self._rebuild_runs = {}
+        if self._rebuild_runs:
+            self._rebuild_from_runs()
         for cq in self._all_consume_queues():
             cq.finish_recovery()
         self.dispatched_offset = end
@@ -242,9 +241,10 @@ class DefaultMessageStore:
         key = f"{topic}-{queue_id}"
         run = self._rebuild_runs.get(key)
         if run is not None:
-            if run and queue_offset <= run[-1][0]:  # an older incarnation of the topic ends here
-                run.clear()
-            run.append((queue_offset, offset, total, self._tag_code(topic, queue_id, props, store_ts)))
+            if not run or queue_offset <= run[2]:  # the first, or an older incarnation of the topic ended
+                run[:] = [queue_offset, offset, queue_offset]
+            else:
+                run[2] = queue_offset
         # RocketMQ's rule too: a record below the queue's last physical offset is already queued
         if key in self._requeue_from and queue_offset > cq.max_offset_in_queue:
             # a damaged queue's records between its last good entry and this one are not in the log
@@ -260,29 +260,37 @@ class DefaultMessageStore:
         if offset > self._indexed_upto:  # its keys were indexed after the last index flush, or never
             self._index(topic, [props], [offset], store_ts)
 
-    def _rebuild_from_run(self, key: str, run: list[tuple[int, int, int, int]]) -> None:
-        """Queue a damaged queue's records that no good entry anchored: the walk's last run of
-        rising queue offsets. The offsets before its first one are expired (or were never in the
-        log): the queue begins there."""
-        topic, _, queue_id = key.rpartition("-")
-        cq = self._find_or_create_consume_queue(topic, int(queue_id))
-        run = [r for r in run if r[0] >= cq.max_offset_in_queue]
-        lost_from = cq.max_offset_in_queue
-        if run and run[0][0] > cq.max_offset_in_queue:
-            cq.begin_at(run[0][0])
-        expected = cq.max_offset_in_queue
-        for queue_offset, offset, total, tag in run:
-            if queue_offset != expected:  # a record torn out of the log's middle: the queue ends there
-                break
-            cq.put_entries(queue_offset, pack_entries([offset], [total], [tag]), offset + total)
-            expected += 1
-        self.commit_log.topic_queue_table[key] = expected
-        if expected > lost_from:
+    def _rebuild_from_runs(self) -> None:
+        """Queue the damaged queues that no good entry anchored: from where each one's last run of
+        rising queue offsets began (the offsets before it expired, or were never in the log: the
+        queue begins there), by a second walk of the log from there that queues nothing else."""
+        runs, self._rebuild_runs = self._rebuild_runs, {}
+        starts: dict[str, int] = {}
+        for key, run in runs.items():
+            topic, _, queue_id = key.rpartition("-")
+            cq = self._find_or_create_consume_queue(topic, int(queue_id))
+            if not run or run[2] < cq.max_offset_in_queue:
+                log.warning("consume queue %s: the commit log holds no record of it from queue offset %d "
+                            "on; entries past the damage, if it had any, are lost",
+                            key, cq.max_offset_in_queue)
+                continue
+            if run[0] > cq.max_offset_in_queue:
+                cq.begin_at(run[0])
+            starts[key] = run[1]
+        if not starts:
+            return
+        queued_from, indexed_upto = self._queued_from, self._indexed_upto
+        self._requeue_from = starts
+        self._queued_from = self._indexed_upto = 2**63  # the first walk queued and indexed the rest
+        try:
+            self.commit_log.scan(min(starts.values()), self._redispatch)
+        finally:
+            self._queued_from, self._indexed_upto = queued_from, indexed_upto
+        for key in starts:
+            topic, _, queue_id = key.rpartition("-")
+            cq = self._find_or_create_consume_queue(topic, int(queue_id))
             log.warning("consume queue %s: rebuilt from the commit log, queue offsets %d..%d",
-                        key, cq.min_offset_in_queue, expected - 1)
-        else:
-            log.warning("consume queue %s: the commit log holds no record of it from queue offset %d "
-                        "on; entries past the damage, if it had any, are lost", key, lost_from)
+                        key, cq.min_offset_in_queue, cq.max_offset_in_queue - 1)
 
     def start(self) -> None:
         cfg = self.config

@@ -162,8 +162,11 @@ class TransactionalMessageService(ConfigManager):
                 continue
             topic = (_REAL_ENTRIES.values(self._raw_props(rec)).get(_REAL_TOPIC) or b"").decode()
             for real in self.store.query_message(topic, key, 4, 0, 2**62):
+                props = self._raw_props(real)
+                # the index finds KEYS too: another message may name this one's id among its keys
                 if (HEADER.unpack_from(real)[6] > phy  # its physical offset: stored after the half
-                        and find_property(self._raw_props(real), _TRAN) == b"true"):
+                        and find_property(props, _UNIQ) == key.encode()
+                        and find_property(props, _TRAN) == b"true"):
                     found.append(self.pending.pop(key)[0])
                     break
         if found:

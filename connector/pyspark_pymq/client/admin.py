@@ -27,7 +27,7 @@ from ..spark.option_registry import DEFAULT_READER_GROUP
 from .codec import decode_messages
 from .consumer import PullConsumer, dlq_topic
 from .credentials import check_credentials
-from .message import INT32_MAX, MessageExt, MessageQueue, SystemMessage, check_int
+from .message import MessageExt, MessageQueue, SystemMessage, check_timeout_ms
 from .route import PERM_READ, PERM_WRITE
 from .transport import BrokerClient
 
@@ -175,7 +175,7 @@ class Admin:
     ) -> None:
         if endpoint is None:
             raise ValueError("Admin needs an endpoint ('host:port' of a pymq broker) or namesrv_addr")
-        check_int("timeout_ms", timeout_ms, 1, INT32_MAX)
+        check_timeout_ms(timeout_ms)
         check_credentials(access_key, secret_key)
         tls_config = client_tls(tls, tls_ca_file, tls_cert_file, tls_key_file)
         self._client = BrokerClient(endpoint, timeout_ms / 1000.0, access_key=access_key,

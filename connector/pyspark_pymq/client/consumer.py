@@ -26,6 +26,7 @@ from .message import (
     SendBackColumns,
     check_int,
     check_property_name,
+    check_timeout_ms,
     clean_property_value,
     new_uniq_keys,
 )
@@ -92,7 +93,7 @@ class PullConsumer:
     ) -> None:
         if not isinstance(group, str) or not group:
             raise ValueError(f"consumer group must be a non-empty string, got {group!r}")
-        check_int("timeout_ms", timeout_ms, 1, INT32_MAX)
+        check_timeout_ms(timeout_ms)
         self.group = group
         self._backend = backend or open_backend(
             backend_config(endpoint, namesrv_addr, access_key, secret_key,

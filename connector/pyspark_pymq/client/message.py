@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import numbers
 import operator
 import os
 import secrets
@@ -180,6 +181,15 @@ def check_int(name: str, value: object, low: int, high: int = INT64_MAX) -> int:
         bound = f">= {low}" if high == INT64_MAX and not past_int64 else f"in {low}..{high}"
         raise ValueError(f"{name} must be an int {bound}, got {value!r}")
     return value
+
+
+def check_timeout_ms(value: object) -> float:
+    """A client's ``timeout_ms``: any real number of milliseconds in 1..2147483647 (an int, a
+    float, numpy's); a ValueError naming it and the range else."""
+    ms = float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else -1.0
+    if not 1 <= ms <= INT32_MAX:  # NaN too
+        raise ValueError(f"timeout_ms must be a number of milliseconds in 1..{INT32_MAX}, got {value!r}")
+    return ms
 
 
 def reserved_property_problem(name: str) -> str | None:

@@ -315,15 +315,16 @@ class Producer:
     def close(self) -> None:
         """Refuse new sends, then wait for those in flight (not from a send's callback, where
         it only refuses new sends, as Kafka's producer closes without waiting there)."""
-        if not self._closed:
-            self._closed = True
-            if getattr(_callbacks, "running", False):
-                return
-            while True:  # a send that passed the closed check as it was set may come after a flush
-                self.flush()
-                with self._pending_lock:
-                    if not self._pending:
-                        return
+        self._closed = True
+        if getattr(_callbacks, "running", False):
+            return
+        # every call waits (one after a close from a callback, a second thread's): the sends in
+        # flight; one that passed the closed check as it was set may come after a flush
+        while True:
+            self.flush()
+            with self._pending_lock:
+                if not self._pending:
+                    return
 
     def __enter__(self) -> Producer:
         return self

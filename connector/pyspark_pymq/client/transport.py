@@ -393,8 +393,12 @@ class UnaryRpc(Generic[Req, Resp]):
                     # as __call__: a broker back on its address while the channel waits out its
                     # reconnect backoff gets the call once connected, within what is left of it
                     left = max(0.001, limit - (time.monotonic() - started))
-                    again = self._call.future(request, timeout=left, wait_for_ready=True,
-                                              metadata=None if self._sign is None else self._sign())
+                    try:
+                        again = self._call.future(request, timeout=left, wait_for_ready=True,
+                                                  metadata=None if self._sign is None else self._sign())
+                    except Exception as retry_err:  # the future must end, whatever happens
+                        out.set_exception(PymqError(f"{name} to {endpoint} failed: {retry_err!r}"))
+                        return
                     again.add_done_callback(lambda c: done(c, waited=True))
                     return
                 out.set_exception(map_rpc_error(err, endpoint, name, tls))

@@ -286,7 +286,9 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     continue  # appeared after the AvailableNow target was taken
                 top = min(top, self._target[mq])
             if mq not in kept:
-                end[mq] = self.offset_reader.joining_offset(mq, b)  # read from the next batch on
+                joins = self.offset_reader.joining_offset(mq, b)  # read from the next batch on
+                if joins is not None:
+                    end[mq] = joins
             elif b.max_offset < kept[mq]:
                 report_data_loss(
                     fail,

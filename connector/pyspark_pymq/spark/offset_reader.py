@@ -279,16 +279,32 @@ class OffsetReader:
         except PymqError as err:
             raise self._explain(err, mq.topic) from None
 
-    def joining_offset(self, mq: MessageQueue, b: QueueBounds) -> int:
+    def joining_offset(self, mq: MessageQueue, b: QueueBounds) -> int | None:
         """Where a queue that joins a running stream starts (a new queue, or one of a broker that
         was down when the query started): its first message; with ``startingOffsets=group`` the
         group's progress on it when it has some, as a RocketMQ consumer starts a queue its
-        rebalance gains (else a broker down at the start had its queues read again whole)."""
-        if self.opts.starting.kind is StartKind.GROUP:
-            committed = self._committed(mq)
-            if committed >= 0:
-                return min(max(committed, b.min_offset), b.max_offset)
-        return b.min_offset
+        rebalance gains (else a broker down at the start had its queues read again whole).
+        Progress below the queue's first message goes through failOnDataLoss, as at the start.
+        None: the broker did not answer (just back, still loading): it joins at the next trigger."""
+        if self.opts.starting.kind is not StartKind.GROUP:
+            return b.min_offset
+        try:
+            committed = self.backend.committed(self.opts.pull_group, mq)
+        except (BrokerUnavailableError, RequestTimeoutError) as err:
+            logger.warning("pymq source: %s joins at the next trigger: its group progress could not be "
+                           "read (%s)", mq, err.remark)
+            return None
+        except PymqError as err:
+            raise self._explain(err, mq.topic) from None
+        if 0 <= committed < b.min_offset:
+            report_data_loss(
+                self.opts.fail_on_data_loss,
+                f"queue {mq}: the group's progress {committed} is below the queue's first message "
+                f"(min offset {b.min_offset}), so offsets [{committed}, {b.min_offset}) are no longer "
+                "on the broker",
+                f"start {mq} at offset {b.min_offset}",
+            )
+        return b.min_offset if committed < 0 else min(max(committed, b.min_offset), b.max_offset)
 
     def starting_offsets(
         self, bounds: Mapping[MessageQueue, QueueBounds], ending: Mapping[MessageQueue, int]

@@ -93,7 +93,8 @@ _SEND_COLUMNS: dict[str, tuple[tuple[str, ...], str]] = {
     "sharding_key": (("string",), "string"),
     "queue_id": (("int", "bigint", "smallint", "tinyint"), "an integer type"),
     # RocketMQ 5's delivery time (Message.setDeliverTimeMs): epoch milliseconds, or a timestamp
-    "deliver_time_ms": (("bigint", "timestamp", "timestamp_ntz"), "bigint (epoch ms) or timestamp"),
+    # (not timestamp_ntz: its instant depends on the session's time zone)
+    "deliver_time_ms": (("bigint", "timestamp"), "bigint (epoch ms) or timestamp"),
 }
 # body and properties: a row the broker cannot send back is sent to %RETRY% as a copy made from them
 _SEND_BACK_REQUIRED = ("commit_log_offset", "msg_id", "topic", "broker_name", "reconsume_times", "body",
