@@ -29,7 +29,7 @@ from .consumer import PullConsumer, dlq_topic
 from .credentials import check_credentials
 from .message import MessageExt, MessageQueue, SystemMessage, check_timeout_ms
 from .route import PERM_READ, PERM_WRITE
-from .transport import BrokerClient
+from .transport import BrokerClient, SharedConnections
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ def _frame(rows: list[dict[str, Any]], columns: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
-class Admin:
+class Admin(SharedConnections):
     """Topic and group administration for one broker.
 
     ``Admin(namesrv_addr="host:9876")`` gives the same tables for an Apache RocketMQ
@@ -187,16 +187,6 @@ class Admin:
 
     def __repr__(self) -> str:
         return f"Admin({self._client!r})"
-
-    def close(self) -> None:
-        """Nothing to release: connections are the process's, shared by its clients (kept for
-        ``with`` blocks, as :class:`Producer`)."""
-
-    def __enter__(self) -> Admin:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     @property
     def endpoint(self) -> str:

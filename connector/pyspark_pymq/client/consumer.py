@@ -31,6 +31,7 @@ from .message import (
     new_uniq_keys,
 )
 from .route import TopicRoute
+from .transport import SharedConnections
 
 __all__ = ["DEFAULT_PULL_BATCH_SIZE", "PullConsumer", "SendBackColumns", "SendBackResult", "retry_topic"]
 
@@ -50,7 +51,7 @@ class SendBackResult:
 
 
 DEFAULT_PULL_BATCH_SIZE = 32
-class PullConsumer:
+class PullConsumer(SharedConnections):
     """Pulls messages by (MessageQueue, offset) for a consumer group.
 
     The caller owns the offsets (as Spark's checkpoint does) and tells the
@@ -100,16 +101,6 @@ class PullConsumer:
                            client_tls(tls, tls_ca_file, tls_cert_file, tls_key_file)),
             timeout_ms / 1000.0
         )
-
-    def close(self) -> None:
-        """Nothing to release: connections are the process's, shared by its clients (kept for
-        ``with`` blocks, as :class:`Producer`)."""
-
-    def __enter__(self) -> PullConsumer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     @property
     def backend(self) -> Backend:

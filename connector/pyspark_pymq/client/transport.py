@@ -63,6 +63,7 @@ __all__ = [
     "CHANNEL_OPTIONS",
     "BrokerClient",
     "ResponseStream",
+    "SharedConnections",
     "StreamRpc",
     "UnaryRpc",
     "map_rpc_error",
@@ -103,6 +104,20 @@ _channels_lock = threading.Lock()
 Req = TypeVar("Req")  # a message, or (the sends) a pymq_proto.wire.SerializedRequest
 Resp = TypeVar("Resp", bound=ProtoMessage)
 T = TypeVar("T")
+
+
+class SharedConnections:
+    """A client whose connections are the process's, shared with its other clients: ``close()``
+    has nothing to release, and is there for ``with`` blocks (as :class:`~.producer.Producer`)."""
+
+    def close(self) -> None:
+        """Nothing to release (the process's channels stay for its other clients)."""
+
+    def __enter__(self: T) -> T:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _check_not_forked() -> None:
