@@ -1460,6 +1460,52 @@ def test_a_name_server_that_knows_no_broker_yet_is_not_taken_for_a_missing_topic
     t.join(5)
 
 
+def test_the_next_request_asks_another_name_server_than_one_that_knows_no_broker(
+    server: FakeServer, client: RemotingClient
+) -> None:
+    """With several name servers, one just restarted was asked again and again (the client keeps
+    to the one that answered) while another knew the route (review helper-94)."""
+    import json
+
+    other = FakeServer()
+    ns = NameServerClient(f"{server.addr};{other.addr}", remoting=client, timeout_s=2.0)
+    ns._index = 0  # the restarted one first (the client starts at a random one)
+
+    def restarted() -> None:  # as long as it is asked: no route, no broker
+        conn = server.accept()
+        empty = json.dumps({"brokerAddrTable": {}, "clusterAddrTable": {}}).encode()
+        with contextlib.suppress(Exception):  # the connection closes at the end
+            while True:
+                req = server.read_frame(conn)
+                answer = (RemotingCommand.response(0, req.opaque, body=empty)
+                          if req.code == RequestCode.GET_BROKER_CLUSTER_INFO
+                          else RemotingCommand.response(ResponseCode.TOPIC_NOT_EXIST, req.opaque))
+                conn.sendall(answer.encode())
+
+    def knows() -> None:
+        conn = other.accept()
+        req = other.read_frame(conn)
+        assert req.code == RequestCode.GET_ROUTEINFO_BY_TOPIC
+        route = {"queueDatas": [{"brokerName": "broker-a", "readQueueNums": 1, "writeQueueNums": 1,
+                                 "perm": 6, "topicSysFlag": 0}],
+                 "brokerDatas": [{"cluster": "c", "brokerName": "broker-a",
+                                  "brokerAddrs": {"0": "127.0.0.1:10911"}}]}
+        conn.sendall(RemotingCommand.response(0, req.opaque, body=json.dumps(route).encode()).encode())
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (restarted, knows)]
+    for t in threads:
+        t.start()
+    try:
+        with pytest.raises(BrokerUnavailableError, match="has no broker registered"):
+            ns.get_route_info("orders")
+        assert [q.broker_name for q in ns.get_route_info("orders").publish_queues()] == ["broker-a"]
+    finally:
+        other.close()
+        server.close()
+        for t in threads:
+            t.join(5)
+
+
 def test_a_broker_given_as_name_server_is_named_so(server: FakeServer, client: RemotingClient) -> None:
     """A broker's port as namesrvAddr answered "request type 105 not supported" alone (probe
     helper-93)."""

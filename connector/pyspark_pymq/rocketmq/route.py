@@ -281,7 +281,9 @@ class NameServerClient:
         if response.code == ResponseCode.TOPIC_NOT_EXIST:
             if not self._registered(timeout_s):
                 # a name server that just restarted knows no broker until their next heartbeat
-                # (30 s): a transient answer, as RocketMQ's clients keep their route meanwhile
+                # (30 s): a transient answer, as RocketMQ's clients keep their route meanwhile;
+                # the next request (a retry) goes to the next name server, which may know them
+                self._index = (self.addrs.index(addr) + 1) % len(self.addrs) if addr in self.addrs else 0
                 raise BrokerUnavailableError(
                     f"name server {addr} has no broker registered (restarted? brokers register "
                     f"again within 30 s): the route of topic {topic!r} is not known yet "
