@@ -148,7 +148,7 @@ def test_a_stored_bad_message_does_not_block_its_queue(tmp_path: Path) -> None:
     ("TRAN_MSG", "TransactionProducer"), ("DELAY", "delay_level"), ("TAGS", "tags"), ("KEYS", "keys"),
     ("UNIQ_KEY", "msg_id"), ("__SHARDINGKEY", "sharding_key"), ("REAL_TOPIC", "broker"),
     ("RETRY_TOPIC", "broker"), ("MAX_RECONSUME_TIMES", "max_reconsume_times"), ("PGROUP", "producer_group"),
-    ("TIMER_DELIVER_MS", "broker"),
+    ("TIMER_DELIVER_MS", "deliver_time_ms"),
 ])
 def test_producer_refuses_reserved_property_names(hostile: BrokerProcess, name: str, field: str) -> None:
     Admin(hostile.endpoint).create_topic("h-reserved", queues=1, update_if_exists=True)
