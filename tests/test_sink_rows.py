@@ -15,7 +15,7 @@ from pyspark_pymq.backend.pymq import PymqBackend
 from pyspark_pymq.client.message import Message, MessageQueue
 from pyspark_pymq.client.producer import Producer
 from pyspark_pymq.errors import BrokerUnavailableError, PymqError
-from pyspark_pymq.spark.rows import _ms_column, column
+from pyspark_pymq.spark.rows import column, epoch_ms
 from pyspark_pymq.spark.sink_options import SinkOptions, parse_sink_options
 from pyspark_pymq.spark.writer import SinkCommitMessage, _send_rows, _TaskIds
 
@@ -45,10 +45,14 @@ def test_timestamps_become_epoch_milliseconds() -> None:
         "ms": pa.array([1234, None], pa.int64()),
     })
     expected = int(when.timestamp() * 1000)
-    assert _ms_column(batch, "t") == [expected, 0]
-    assert _ms_column(batch, "n") == [expected, 0]
-    assert _ms_column(batch, "ms") == [1234, 0]
-    assert _ms_column(batch, "absent") == [0, 0]
+    assert epoch_ms(batch, "t", 0) == [expected, 0]
+    assert epoch_ms(batch, "n", 0) == [expected, 0]
+    assert epoch_ms(batch, "ms", 0) == [1234, 0]
+    assert epoch_ms(batch, "absent", 0) == [0, 0]
+    # the sink's deliver_time_ms: a null is no delivery time
+    assert epoch_ms(batch, "t") == [expected, None]
+    assert epoch_ms(batch, "ms") == [1234, None]
+    assert epoch_ms(batch, "absent") == [None, None]
 
 
 def test_send_back_columns_come_straight_from_the_arrow_columns() -> None:
@@ -250,6 +254,12 @@ def test_bad_rows_fail_the_task_naming_the_first_one() -> None:
          r"row 1 of partition 0 of batch 0: a property name or value contains the reserved"),
         (rows(keys=pa.array([["k0"], ["order 7"], ["x y"]])),  # would be stored as keys order, 7
          r"row 1 of partition 0 of batch 0: key 'order 7' of the keys array contains a space"),
+        # sent as is, a negative time was delivered at once (the client's Message refuses it)
+        (rows(deliver_time_ms=pa.array([None, -5, -1], pa.int64())),
+         r"row 1 of partition 0 of batch 0 has deliver_time_ms -5, before 1970"),
+        (rows(deliver_time_ms=pa.array([0, datetime(1969, 12, 31, 23, 59, 59, tzinfo=timezone.utc), None],
+                                       pa.timestamp("us", tz="UTC"))),
+         r"row 1 of partition 0 of batch 0 has deliver_time_ms -1000, before 1970"),
     ]
     for batch, match in cases:
         with pytest.raises(ValueError, match=match):
@@ -258,6 +268,28 @@ def test_bad_rows_fail_the_task_naming_the_first_one() -> None:
     with pytest.raises(ValueError, match=f"row 0 of {_WHERE} has a null topic and no topic option is set"):
         _send_rows(opts, iter([rows(topic=pa.array([None, "t", "t"]))]),
                    _TaskIds("q", "0", 0, 0), new_producer=_making(_RecordingProducer()))
+
+
+def test_the_tasks_of_a_python_worker_send_through_its_backend() -> None:
+    """Spark reuses a Python worker for later tasks: their producers share its backend, whose
+    routes are known, so a task that starts while a RocketMQ name server restarts still sends
+    (each task's own backend asked the name servers first, and failed, probe helper-93)."""
+    from pyspark_pymq.backend import cached_backend
+
+    opts = _sink_options(topic="t", sendMsgTimeoutMs="2500")
+    given: list[object] = []
+
+    def new_producer(*args: object, **kwargs: object) -> Producer:
+        given.append(kwargs.get("backend"))
+        return cast(Producer, _RecordingProducer())
+
+    batch = pa.RecordBatch.from_pydict({"body": pa.array([b"0"])})
+    for task in range(2):
+        _send_rows(opts, iter([batch]), _TaskIds("q", str(task), task, 0), new_producer=new_producer,
+                   prefix=_PREFIX)
+    shared = cached_backend(opts.backend, 2.5)
+    assert given == [shared, shared]
+    assert Producer(backend=shared).backend is shared
 
 
 def test_failed_sends_keep_their_code_and_name_their_rows() -> None:

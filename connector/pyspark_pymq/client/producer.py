@@ -107,6 +107,9 @@ class Producer:
             FLUSH_SLAVE_TIMEOUT, SLAVE_NOT_AVAILABLE) is sent again to another broker,
             within ``retry_times_when_send_failed``, unless its queue is pinned; the last
             answer is returned. False by default, as in RocketMQ.
+        backend: instead of the connection arguments, a backend to send through, shared with
+            other clients of the process (``pyspark_pymq.backend.cached_backend``): its routes
+            are known already, as a RocketMQ client instance's are to its producers.
 
     Example::
 
@@ -137,6 +140,7 @@ class Producer:
         max_in_flight: int = 64,
         max_batch_bytes: int | None = None,
         retry_another_broker_when_not_store_ok: bool = False,
+        backend: Backend | None = None,
     ) -> None:
         if send_mode not in SEND_MODES:
             raise ValueError(f"send_mode must be one of {SEND_MODES}, got {send_mode!r}")
@@ -164,7 +168,7 @@ class Producer:
             raise ValueError(f"max_batch_bytes must be at most max_message_size ({max_message_size}), "
                              f"got {max_batch_bytes!r}")
         self.retry_another_broker_when_not_store_ok = retry_another_broker_when_not_store_ok
-        self._backend: Backend = open_backend(
+        self._backend: Backend = backend or open_backend(
             backend_config(endpoint, namesrv_addr, access_key, secret_key,
                            client_tls(tls, tls_ca_file, tls_cert_file, tls_key_file)), self.timeout
         )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
@@ -17,7 +16,7 @@ from ..errors import PymqError
 from .schema import arrow_schema
 
 __all__ = [
-    "SEND_BACK_ATTEMPTS", "column", "empty_batch", "messages_from_batch", "messages_to_batch",
+    "SEND_BACK_ATTEMPTS", "column", "empty_batch", "epoch_ms", "messages_from_batch", "messages_to_batch",
     "rows_as_messages", "send_back_acknowledged", "send_back_columns",
 ]
 
@@ -43,22 +42,18 @@ def column(batch: pa.RecordBatch, name: str, default: Any = None) -> list[Any]:
     return list(arr.to_pylist())
 
 
-def _ms_column(batch: pa.RecordBatch, name: str) -> list[int]:
-    """A timestamp (or ms) column as ms since the epoch, 0 for null."""
+def epoch_ms(batch: pa.RecordBatch, name: str, null: int | None = None) -> list[int | None]:
+    """A bigint (epoch ms) or timestamp column as milliseconds since the epoch; ``null`` where a
+    value is null or the column is absent."""
     index = batch.schema.get_field_index(name)
     if index < 0:
-        return [0] * batch.num_rows
+        return [null] * batch.num_rows
     arr = batch.column(index)
     if pa.types.is_timestamp(arr.type):
-        ms = arr.cast(pa.timestamp("ms", arr.type.tz), safe=False).cast(pa.int64()).fill_null(0)
-        return list(ms.to_numpy().tolist())
-    return [_ms(v) for v in arr.to_pylist()]
-
-
-def _ms(value: Any) -> int:
-    if isinstance(value, datetime):
-        return int(value.timestamp() * 1000)
-    return int(value or 0)
+        arr = arr.cast(pa.timestamp("ms", arr.type.tz), safe=False).cast(pa.int64())
+    if null is not None:
+        arr = arr.fill_null(null)
+    return list(arr.to_pylist())
 
 
 def messages_from_batch(batch: pa.RecordBatch) -> list[MessageExt]:
@@ -69,8 +64,8 @@ def messages_from_batch(batch: pa.RecordBatch) -> list[MessageExt]:
     ``commit_log_offset`` did not come from a pymq source: ValueError.
     """
     cols = {name: column(batch, name) for name in _FIELDS if not name.endswith("_timestamp")}
-    cols["born_timestamp"] = _ms_column(batch, "born_timestamp")
-    cols["store_timestamp"] = _ms_column(batch, "store_timestamp")
+    cols["born_timestamp"] = epoch_ms(batch, "born_timestamp", 0)
+    cols["store_timestamp"] = epoch_ms(batch, "store_timestamp", 0)
     out = []
     for i in range(batch.num_rows):
         if cols["commit_log_offset"][i] is None or not cols["topic"][i]:

@@ -43,7 +43,7 @@ from ..client.message import RowKeys, SendStatus
 from ..client.producer import Producer
 from ..errors import PymqError, TopicNotExistError
 from .option_registry import SINK_OPTIONS
-from .rows import column, rows_as_messages, send_back_acknowledged, send_back_columns
+from .rows import column, epoch_ms, rows_as_messages, send_back_acknowledged, send_back_columns
 from .sink_options import SinkOptions
 
 __all__ = ["PymqSinkWriter", "PymqStreamSinkWriter", "SinkCommitMessage", "write_partition"]
@@ -185,20 +185,9 @@ def _row_values(batch: pa.RecordBatch, topic: str | None) -> Iterator[tuple[Any,
     body = _body_column(batch)
     bodies = [None] * batch.num_rows if body is None else body.to_numpy(zero_copy_only=False).tolist()
     columns = ([topic] * batch.num_rows if name == "topic" and topic
-               else _epoch_ms(batch, name) if name == "deliver_time_ms" else column(batch, name)
+               else epoch_ms(batch, name) if name == "deliver_time_ms" else column(batch, name)
                for name in _ROW_COLUMNS)
     return zip(bodies, *columns, strict=True)
-
-
-def _epoch_ms(batch: pa.RecordBatch, name: str) -> list[int | None]:
-    """A bigint (epoch ms) or timestamp column as epoch milliseconds, None where null or absent."""
-    index = batch.schema.get_field_index(name)
-    if index < 0:
-        return [None] * batch.num_rows
-    arr = batch.column(index)
-    if pa.types.is_timestamp(arr.type):
-        arr = arr.cast(pa.timestamp("ms", arr.type.tz), safe=False).cast(pa.int64())
-    return list(arr.to_pylist())
 
 
 class _MessageBatch:
@@ -219,13 +208,13 @@ class _MessageBatch:
 
 
 def _open_producer(opts: SinkOptions, new_producer: Callable[..., Producer]) -> Producer:
-    """The task's producer; its send mode, retries, timeout, request size and in-flight window are options."""
+    """The task's producer; its send mode, retries, timeout, request size and in-flight window are options.
+
+    It sends through the Python worker's backend, which Spark's later tasks reuse: their routes are
+    known, so a task that starts while a RocketMQ name server restarts still sends (probe helper-93).
+    """
     return new_producer(
-        opts.backend.endpoint,
-        namesrv_addr=opts.backend.namesrv_addr,
-        access_key=opts.backend.access_key,
-        secret_key=opts.backend.secret_key,
-        tls=opts.backend.tls,
+        backend=cached_backend(opts.backend, opts.send_msg_timeout_ms / 1000.0),
         send_mode=opts.send_mode,
         producer_group=opts.producer_group,
         retry_times_when_send_failed=opts.retry_times_when_send_failed,
@@ -305,6 +294,9 @@ class _SendTask:
                 raise ValueError(f"row {row} of {where} has a null topic and no topic option is set")
             if delay is not None and delay < 0:
                 raise ValueError(f"row {row} of {where} has delay_level {delay}; use 0 or more")
+            if at is not None and at < 0:
+                raise ValueError(f"row {row} of {where} has deliver_time_ms {at}, before 1970: give "
+                                 "milliseconds since the epoch (or a timestamp), or null to send now")
             if at is not None and delay:
                 raise ValueError(f"row {row} of {where} has delay_level {delay} and deliver_time_ms "
                                  f"{at}: give one of them")
