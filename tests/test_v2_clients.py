@@ -543,13 +543,14 @@ def test_pull_and_offsets_which_rocketmqs_proxy_does_not_serve(v2_broker: Broker
     assert int(progress["consumer_offset"].sum()) == 3
 
 
-def _receive_raw(endpoint: str, topic: str, group: str, invisible_ms: int = 1000) -> list[v2.Message]:
+def _receive_raw(endpoint: str, topic: str, group: str, invisible_ms: int = 1000,
+                 long_polling_ms: int = 5000) -> list[v2.Message]:
     """A receive of up to 4 messages of queue 0, without a client: the raw gRPC request."""
     with grpc.insecure_channel(endpoint) as channel:
         receive = sv.ReceiveMessageRequest(group=v2.Resource(name=group), batch_size=4,
                                            message_queue=v2.MessageQueue(topic=v2.Resource(name=topic), id=0))
         receive.invisible_duration.FromMilliseconds(invisible_ms)
-        receive.long_polling_timeout.FromMilliseconds(5000)
+        receive.long_polling_timeout.FromMilliseconds(long_polling_ms)
         answers = service_pb2_grpc.MessagingServiceStub(channel).ReceiveMessage(receive, timeout=10)
         return [a.message for a in answers if a.HasField("message")]
 
@@ -624,6 +625,30 @@ def test_messages_acked_above_the_committed_offset_are_not_delivered_after_a_res
         broker.restart(crash=crash)
         again = _receive_raw(broker.endpoint, topic, group)
         assert [(m.body, m.system_properties.delivery_attempt) for m in again] == [(b"m0", 2), (b"m2", 2)]
+
+
+@pytest.mark.parametrize("crash", [False, True])
+def test_a_consumer_acks_with_its_handles_across_a_broker_restart(tmp_path: Path, crash: bool) -> None:
+    """A restart refused the receipt handles its consumers held (INVALID_RECEIPT_HANDLE) and handed
+    every unacked message out again at once: what a consumer was working on came twice. As on
+    RocketMQ, the handle acks the message after the restart, and an unacked one stays hidden until
+    its invisible time (after a clean shutdown, or a kill -9 a second after the receive)."""
+    args = ["--min-invisible-time-mills-for-recv", "1000"]
+    with BrokerProcess(tmp_path / "broker", extra_args=args) as broker:
+        topic, group = _topic(broker.endpoint, 1), _name("v2G")
+        for body in (b"done", b"slow"):
+            Producer(broker.endpoint).send(PymqMessage(topic, body))
+        received_at = time.time()
+        done, slow = _receive_raw(broker.endpoint, topic, group, invisible_ms=10_000)
+        time.sleep(1.5 if crash else 0)  # the in-flight state is written within a second
+        broker.restart(crash=crash)
+        assert _ack_raw(broker.endpoint, topic, group, [done]) == [v2.OK]
+        again: list[v2.Message] = []
+        while not again and time.time() < received_at + 30:
+            again = _receive_raw(broker.endpoint, topic, group, long_polling_ms=1000)
+        assert time.time() >= received_at + 10.0 - 0.2  # not before its invisible time
+        assert [(m.body, m.system_properties.delivery_attempt) for m in again] == [(b"slow", 2)]
+        assert _ack_raw(broker.endpoint, topic, group, [slow]) == [v2.INVALID_RECEIPT_HANDLE]  # replaced
 
 
 class _PushClient:

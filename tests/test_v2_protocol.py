@@ -247,14 +247,69 @@ def test_acks_above_the_committed_offset_survive_a_restart(tmp_path: Path) -> No
         restored = DeliveryAttempts(path)
         restored.load()
         pop = PopMessageManager(store, offsets, attempts=restored)  # the broker restarted
-        again = pop.pop_new("g", "t", 0, 10, invisible_ms=60_000, now_ms=100)
-        assert [(p.message.body, p.inflight.delivery_attempt) for p in again] == [
-            (b"m0", 2), (b"m2", 2), (b"m4", 1)]
-        for p in again:
-            pop.ack("g", "t", p.inflight.handle, now_ms=110)
+        [new] = pop.pop_new("g", "t", 0, 10, 60_000, now_ms=100)
+        assert (new.message.body, new.inflight.delivery_attempt) == (b"m4", 1)
+        assert pop.due("g", "t", now_ms=59_999, limit=10) == []  # m0, m2 hidden as before the restart
+        again = [pop.redeliver(f, 60_000, 60_000) for f in pop.due("g", "t", now_ms=60_000, limit=10)]
+        assert [(f.queue_offset, f.delivery_attempt) for f in again] == [(0, 2), (2, 2)]
+        for f in [*again, new.inflight]:
+            pop.ack("g", "t", f.handle, now_ms=60_010)
         assert offsets.query_offset("g", "t", 0) == 5
         store.put_messages("t", 0, [MessageToStore(b"m5", 0, b"", 1, 0)])
-        assert [p.message.body for p in pop.pop_new("g", "t", 0, 10, 60_000, now_ms=200)] == [b"m5"]
+        assert [p.message.body for p in pop.pop_new("g", "t", 0, 10, 60_000, now_ms=60_100)] == [b"m5"]
+    finally:
+        store.shutdown()
+
+
+def test_messages_in_flight_stay_in_flight_across_a_restart(tmp_path: Path) -> None:
+    """A restart handed every unacked message out again at once, and refused the receipt handles
+    its consumers held (INVALID_RECEIPT_HANDLE): each message a consumer was still working on came
+    twice. As RocketMQ's (whose pop checkpoints are on disk), a message stays hidden until its
+    invisible time and the handle a consumer holds (after a change of invisible duration too)
+    acks it after the restart; an auto-renewed one is renewed again while its client is back."""
+    store = _store(tmp_path)
+    offsets = ConsumerOffsetManager(tmp_path / "offsets.json")
+    try:
+        _put(store, "acked-later", "renewed", "auto", "let-go")
+        pop = PopMessageManager(store, offsets, attempts=_attempts(tmp_path), renewable=lambda c: c == "push")
+        a, b = pop.pop_new("g", "t", 0, 2, invisible_ms=60_000, now_ms=0)
+        [c] = pop.pop_new("g", "t", 0, 1, invisible_ms=60_000, now_ms=0, owner="push")
+        [d] = pop.pop_new("g", "t", 0, 1, invisible_ms=30_000, now_ms=0)
+        b_handle = pop.change_invisible_duration("g", "t", b.inflight.handle, 120_000, now_ms=10).handle
+        pop = _restarted(store, tmp_path, pop, offsets)
+        pop.renewable = lambda client: client == "push"  # the push client is connected again
+        assert pop.ack("g", "t", a.inflight.handle, now_ms=20).queue_offset == 0  # a handle of the last run
+        with pytest.raises(ProxyException, match="unknown"):  # replaced by the change before the restart
+            pop.ack("g", "t", b.inflight.handle, now_ms=20)
+        assert pop.pop_new("g", "t", 0, 10, 60_000, now_ms=20) == []  # nothing new, nothing early
+        assert pop.due("g", "t", now_ms=29_999, limit=10) == []
+        [due] = pop.due("g", "t", now_ms=30_000, limit=10)  # the one without renewal, at its time
+        assert (due.handle, due.queue_offset) == (d.inflight.handle, 3)
+        assert pop.redeliver(due, 60_000, 30_000).delivery_attempt == 2
+        assert pop.due("g", "t", now_ms=60_000, limit=10) == []  # c renewed: its client is back
+        assert pop.ack("g", "t", c.inflight.handle, now_ms=60_001).queue_offset == 2
+        assert pop.ack("g", "t", b_handle, now_ms=60_002).queue_offset == 1
+        assert pop.offsets.query_offset("g", "t", 0) == 3  # d (queue offset 3) is still in flight
+    finally:
+        store.shutdown()
+
+
+def test_pending_messages_of_an_older_file_come_back_at_once(tmp_path: Path) -> None:
+    """A popDeliveryAttempts.json written before the in-flight state was kept holds attempts alone:
+    those messages are delivered again at once, their attempts counted on (as then); so is one
+    whose entry this broker cannot read."""
+    store = _store(tmp_path)
+    try:
+        _put(store, "m0", "m1", "m2")
+        attempts = DeliveryAttempts(None)
+        attempts.table = {"g@t": {"0:0": 1, "0:1": ["not", "as", "written"], "0:2": 2}}
+        attempts.next_offsets = {"g@t": {"0": 3}}
+        offsets = ConsumerOffsetManager(tmp_path / "offsets.json")
+        offsets.commit_offset("g", "t", 0, 0)
+        pop = PopMessageManager(store, offsets, attempts=attempts)
+        got = pop.pop_new("g", "t", 0, 10, 60_000, now_ms=0)
+        assert [(p.message.body, p.inflight.delivery_attempt) for p in got] == [
+            (b"m0", 2), (b"m1", 2), (b"m2", 3)]
     finally:
         store.shutdown()
 
@@ -317,9 +372,13 @@ def test_a_second_restart_does_not_deliver_again_what_was_acked_before_the_first
         for p in got[1:]:
             pop.ack("g", "t", p.inflight.handle, 10)  # m0 pending, m1..m9 acked
         pop = _restarted(store, tmp_path, pop, offsets)
-        assert _receive(pop, 1, 100) == ["m0"]  # still not acked
+        assert _receive(pop, 1, 100) == []  # m0 is still in flight
+        [m0] = pop.due("g", "t", now_ms=60_000, limit=10)
+        assert (m0.queue_offset, pop.redeliver(m0, 60_000, 60_000).delivery_attempt) == (0, 2)
         pop = _restarted(store, tmp_path, pop, pop.offsets)
-        assert _receive(pop, 32, 200) == ["m0"]
+        assert _receive(pop, 32, 60_100) == []
+        [m0] = pop.due("g", "t", now_ms=120_000, limit=10)  # m0 alone: m1..m9 were acked
+        assert (m0.queue_offset, pop.redeliver(m0, 60_000, 120_000).delivery_attempt) == (0, 3)
     finally:
         store.shutdown()
 
@@ -361,7 +420,8 @@ def test_a_new_groups_unacked_messages_come_back_when_its_offset_was_not_written
         assert _receive(pop, 32, 0) == ["m6", "m7", "m8", "m9"]
         pop = _restarted(store, tmp_path, pop)  # the pop state written, the offsets not: kill -9
         assert pop.offsets.query_offset("g", "t", 0) == -1
-        assert _receive(pop, 32, 100) == ["m6", "m7", "m8", "m9"]
+        assert _receive(pop, 32, 100) == []  # in flight until 60 s after their receive
+        assert [f.queue_offset for f in pop.due("g", "t", now_ms=60_000, limit=10)] == [6, 7, 8, 9]
     finally:
         store.shutdown()
 

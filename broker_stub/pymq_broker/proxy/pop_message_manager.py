@@ -14,23 +14,24 @@ The bookkeeping, per (group, topic, queue):
 - the group's committed offset (ConsumerOffsetManager) is the lowest pending
   offset, or ``next_offset`` when none is pending: what a restart starts from.
 
-What differs from RocketMQ: invisibility lives in memory (RocketMQ writes
+What differs from RocketMQ: invisibility is indexed in memory (RocketMQ writes
 checkpoints and acks to ``rmq_sys_REVIVE_LOG``). What a restart needs of it is on
 disk: :class:`DeliveryAttempts` (``popDeliveryAttempts.json``, written by the
-broker within a second of a change and at shutdown) keeps each pending message's
-delivery attempts and each queue's ``next_offset``. A restart reads from the
-committed offset again, and below the stored ``next_offset`` delivers only the
-messages that were pending: the others were acked (or filtered out), and are
-not delivered again. Every pending message comes back at once (its invisible
-time is forgotten) with its attempts counted on, so a message that makes its
-consumers crash still reaches the DLQ. A kill -9 may deliver again what was
-acked in its last second (at-least-once, nothing lost); a clean shutdown does
-not. Redelivery re-reads the original record; RocketMQ writes a copy to
-``%RETRY%<group>`` first.
+broker within a second of a change and at shutdown) keeps each pending message
+(its delivery attempts, receipt handle, invisible time and auto-renew owner) and
+each queue's ``next_offset``. A restart reads from the committed offset again, and
+below the stored ``next_offset`` delivers no message as new: the others were acked
+(or filtered out), and the pending ones are in flight again as they were: hidden
+until their invisible time, acked by the receipt handles their consumers hold
+(RocketMQ's handles stay valid across a restart too), then delivered again with
+their attempts counted on, so a message that makes its consumers crash still
+reaches the DLQ. A kill -9 may deliver again what was acked, or received, in its
+last second (at-least-once, nothing lost); a clean shutdown does not. Redelivery
+re-reads the original record; RocketMQ writes a copy to ``%RETRY%<group>`` first.
 
-Receipt handles are opaque strings valid in this broker run; a handle that is
-unknown, already acked, replaced (by a change of invisible duration or a
-redelivery) or past its invisible time is refused with INVALID_RECEIPT_HANDLE.
+Receipt handles are opaque strings; a handle that is unknown, already acked,
+replaced (by a change of invisible duration or a redelivery) or past its
+invisible time is refused with INVALID_RECEIPT_HANDLE.
 
 FIFO groups (``consumeMessageOrderly``, RocketMQ's orderly pop): a queue with a
 message in flight for the group is held: nothing new is popped from it until every
@@ -122,11 +123,15 @@ class _QueueState:
 
 
 class DeliveryAttempts(ConfigManager):
-    """What a restart needs of the pop state, persisted: how often each message handed out and
-    not yet acked was delivered, and where each queue's next new message is.
+    """What a restart needs of the pop state, persisted: each message handed out and not yet
+    acked (how often it was delivered, and how it is in flight), and where each queue's next
+    new message is.
 
-    ``{"deliveryAttempts": {"group@topic": {"queueId:queueOffset": attempts}},
-    "nextOffsets": {"group@topic": {"queueId": nextOffset}}}``; an attempts entry goes
+    ``{"deliveryAttempts": {"group@topic": {"queueId:queueOffset": [attempts, commitLogOffset,
+    receiptHandle, invisibleUntil, invisibleMs, owner, deliveredAt, renewTimes]}},
+    "nextOffsets": {"group@topic": {"queueId": nextOffset}}}`` (an entry of a file written
+    before the in-flight fields is the attempts alone: that message is delivered again at once,
+    as it was then); an attempts entry goes
     when its message is acked or dead-lettered, so its keys are the pending messages,
     and with the next offset they tell which messages above the committed offset were
     acked (RocketMQ's pop checkpoints and acks). One document, so one snapshot holds
@@ -139,7 +144,7 @@ class DeliveryAttempts(ConfigManager):
     def __init__(self, path: Path | None, persist_interval_s: float = 1.0) -> None:
         super().__init__(path or Path("/dev/null"))
         self.enabled = path is not None
-        self.table: dict[str, dict[str, int]] = {}
+        self.table: dict[str, dict[str, int | list[Any]]] = {}
         self.next_offsets: dict[str, dict[str, int]] = {}
         self.persist_interval_s = persist_interval_s
 
@@ -152,7 +157,8 @@ class DeliveryAttempts(ConfigManager):
 
     def decode(self, data: dict[str, Any]) -> None:
         stored = data.get("deliveryAttempts", {})
-        self.table = {k: {q: int(n) for q, n in v.items()} for k, v in stored.items()}
+        self.table = {k: {q: n if isinstance(n, list) else int(n) for q, n in v.items()}
+                      for k, v in stored.items()}
         offsets = data.get("nextOffsets", {})
         self.next_offsets = {k: {q: int(n) for q, n in v.items()} for k, v in offsets.items()}
 
@@ -224,12 +230,45 @@ class DeliveryAttempts(ConfigManager):
                 del self.next_offsets[group_topic]
 
     def get(self, inflight: InFlight) -> int:
-        return self.table.get(f"{inflight.group}@{inflight.topic}", {}).get(_key(inflight), 0)
+        entry = self.table.get(f"{inflight.group}@{inflight.topic}", {}).get(_key(inflight), 0)
+        if isinstance(entry, list):
+            return int(entry[0]) if entry and isinstance(entry[0], int) else 1
+        return entry
 
     def set(self, inflight: InFlight) -> None:
+        """Keep a pending message as it is in flight now (after each change of its handle or time)."""
         entries = self.table.setdefault(f"{inflight.group}@{inflight.topic}", {})
-        entries[_key(inflight)] = inflight.delivery_attempt
+        entries[_key(inflight)] = [
+            inflight.delivery_attempt, inflight.commit_log_offset, inflight.handle, inflight.invisible_until,
+            inflight.invisible_ms, inflight.owner, inflight.delivered_at, inflight.renew_times,
+        ]
         self.dirty = True
+
+    def in_flight(self, group: str, topic: str, queue_id: int) -> dict[int, InFlight]:
+        """The queue's pending messages stored with their in-flight state, by queue offset (those of
+        an older file, attempts alone, are not among them)."""
+        prefix = f"{queue_id}:"
+        out: dict[int, InFlight] = {}
+        for key, entry in self.table.get(f"{group}@{topic}", {}).items():
+            if key.startswith(prefix) and isinstance(entry, list):
+                try:
+                    attempts, phy, handle, until, invisible_ms, owner, delivered_at, renew_times = entry
+                    offset = int(key[len(prefix):])
+                    out[offset] = InFlight(
+                        str(handle), group, topic, queue_id, offset, int(phy), int(attempts), int(until),
+                        int(invisible_ms), str(owner), int(delivered_at), int(renew_times),
+                    )
+                except (TypeError, ValueError):  # not as this broker writes it: delivered again at once
+                    continue
+        return out
+
+    def queues(self) -> list[tuple[str, str, int]]:
+        """(group, topic, queue id) of every stored pending message, sorted."""
+        found: dict[tuple[str, str, int], None] = {}
+        for group_topic, entries in self.table.items():
+            group, _, topic = group_topic.rpartition("@")
+            found.update(((group, topic, int(key.partition(":")[0])), None) for key in entries)
+        return sorted(found)
 
     def drop(self, inflight: InFlight) -> None:
         group_topic = f"{inflight.group}@{inflight.topic}"
@@ -286,7 +325,10 @@ class PopMessageManager:
         self._handles: dict[str, InFlight] = {}
         self._expiry: dict[tuple[str, str], list[tuple[int, int, str]]] = {}
         self._seq = itertools.count()
-        self._run = secrets.token_hex(4)  # handles of an earlier run are unknown, not mistaken
+        self._run = secrets.token_hex(4)  # a new run's handles never repeat an earlier run's
+        for group, topic, queue_id in self.attempts.queues():
+            # in flight again at once: a consumer may ack with its handle before the queue is read
+            self._state(group, topic, queue_id)
 
     # -- new messages ---------------------------------------------------------------------------
     def _state(self, group: str, topic: str, queue_id: int) -> _QueueState:
@@ -298,7 +340,16 @@ class PopMessageManager:
             start = self._start_offset(group, topic, queue_id, stored_next, redo)
             state = self._queues[key] = _QueueState(start)
             if stored_next > state.next_offset:  # a restart: what was acked above the committed offset
-                state.done_below, state.redo = stored_next, redo
+                restored = self.attempts.in_flight(group, topic, queue_id)
+                for offset in redo:
+                    inflight = restored.get(offset)
+                    if inflight is not None and offset >= start:  # in flight as before the restart
+                        state.pending[offset] = inflight
+                        self._track(inflight)
+                # below the stored next offset, only what was pending without its in-flight state
+                # (an older file's) is read again as new
+                state.done_below = stored_next
+                state.redo = [o for o in redo if o not in state.pending]
             # pending before a restart below where the read starts (the group committed past them):
             # never read, so never acked
             self.attempts.forget_below(group, topic, queue_id, state.next_offset)
@@ -446,6 +497,7 @@ class PopMessageManager:
             return False
         inflight.invisible_until = now_ms + RENEW_NEXT_MS[min(inflight.renew_times, len(RENEW_NEXT_MS) - 1)]
         inflight.renew_times += 1
+        self.attempts.set(inflight)
         heap = self._expiry.setdefault((inflight.group, inflight.topic), [])
         heapq.heappush(heap, (inflight.invisible_until, next(self._seq), inflight.handle))
         return True
@@ -458,6 +510,7 @@ class PopMessageManager:
         for inflight in cleared:
             inflight.owner = ""
             inflight.invisible_until = min(inflight.invisible_until, now_ms + invisible_ms)
+            self.attempts.set(inflight)
             heap = self._expiry.setdefault((inflight.group, inflight.topic), [])
             heapq.heappush(heap, (inflight.invisible_until, next(self._seq), inflight.handle))
         return len(cleared)
@@ -499,6 +552,7 @@ class PopMessageManager:
             return
         inflight.invisible_until = now_ms + delay_ms
         self._track(inflight)
+        self.attempts.set(inflight)
 
     def put_back(self, inflight: InFlight) -> None:
         """A due message the caller did not get to (a receive cancelled, a FIFO queue stalled
@@ -514,7 +568,7 @@ class PopMessageManager:
             raise ProxyException(
                 v2.INVALID_RECEIPT_HANDLE,
                 f"receipt handle {handle[:64]!r} is unknown for group {group!r} and topic {topic!r}: "
-                "acked already, replaced by a later one, or from another broker run",
+                "acked already, or replaced by a later one",
             )
         if inflight.invisible_until <= now_ms and not self._renew(inflight, now_ms):
             raise ProxyException(
@@ -547,6 +601,7 @@ class PopMessageManager:
         )
         self._state(group, topic, inflight.queue_id).pending[inflight.queue_offset] = renewed
         self._track(renewed)
+        self.attempts.set(renewed)
         return renewed
 
     def clean_by_topic(self, topic: str) -> None:
