@@ -150,6 +150,27 @@ def test_a_new_producer_of_the_group_resolves_its_unresolved_transactions(
     assert first.bodies == [] and second.bodies[:1] == [b"orphan"]
 
 
+def test_a_producer_dropped_without_close_stops_heartbeating_and_answering(
+    rocketmq_cluster: RocketMQCluster,
+) -> None:
+    """Its heartbeat thread held it: a notebook cell run again left the old producer registered and
+    answering check-backs with its old listener for ever, as the pymq one did (probe helper-92).
+    Collected, it ends its thread and leaves the group's check-backs to the producers still open."""
+    import gc
+
+    group = unique("txd")
+    producer = TransactionProducer(namesrv_addr=rocketmq_cluster.namesrv_addr, producer_group=group,
+                                   check_listener=Recorder(COMMIT), heartbeat_interval_s=0.2)
+    assert isinstance(producer, RocketMQTransactionProducer)
+    thread, dispatcher = producer._thread, producer._dispatcher
+    time.sleep(0.5)  # heartbeating
+    del producer
+    gc.collect()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert dispatcher._select(group) is None
+
+
 def test_errors_name_what_and_where(rocketmq_cluster: RocketMQCluster) -> None:
     ns = rocketmq_cluster.namesrv_addr
     started = time.monotonic()

@@ -185,8 +185,12 @@ class RocketMQTransactionProducer(TransactionProducer):
             self._dispatcher.remove(self)
             self._checks.shutdown(wait=False)
             raise
-        self._thread = threading.Thread(target=self._heartbeat_loop, name="pymq-tx-heartbeat", daemon=True)
+        # the thread holds the producer weakly: one dropped without close() (a notebook cell run
+        # again) is collected, and stops heartbeating and answering check-backs with its old listener
+        self._thread = threading.Thread(target=_heartbeat_loop, args=(weakref.ref(self), self._closed,
+                                        heartbeat_interval_s), name="pymq-tx-heartbeat", daemon=True)
         self._thread.start()
+        weakref.finalize(self, self._closed.set)
 
     # -- registration -------------------------------------------------------------------
 
@@ -206,13 +210,6 @@ class RocketMQTransactionProducer(TransactionProducer):
                 log.log(logging.WARNING if first else logging.INFO,
                         "producer group %s not registered with broker %s (%s) for check-backs: %s",
                         self.producer_group, name, addr, err)
-
-    def _heartbeat_loop(self) -> None:
-        while not self._closed.wait(self.heartbeat_interval_s):
-            try:
-                self._heartbeat_all()
-            except Exception as err:  # the name servers are away: try again next time
-                log.info("heartbeat of producer group %s failed: %s", self.producer_group, err)
 
     def _ensure_registered(self, topic: str) -> None:
         """Register again with the topic's brokers whose connection was made anew since."""
@@ -324,3 +321,17 @@ class RocketMQTransactionProducer(TransactionProducer):
 
     def __enter__(self) -> RocketMQTransactionProducer:
         return self
+
+
+def _heartbeat_loop(ref: weakref.ReferenceType[RocketMQTransactionProducer], closed: threading.Event,
+                    interval_s: float) -> None:
+    """Register the producer's group again every ``interval_s`` while it is open and referenced."""
+    while not closed.wait(interval_s):
+        producer = ref()
+        if producer is None:
+            return
+        try:
+            producer._heartbeat_all()
+        except Exception as err:  # the name servers are away: try again next time
+            log.info("heartbeat of producer group %s failed: %s", producer.producer_group, err)
+        del producer
