@@ -316,3 +316,34 @@ def test_properties_over_rocketmqs_limit_are_named_before_they_are_sent(broker: 
     with pytest.raises(PymqError, match=r"sending rows 0..1 .* message 1 of the batch: its properties"):
         write_partition(opts, iter([tagged]))
     assert read_all(broker.endpoint, topic) == []
+
+
+def _body_rows(n: int, **columns: pa.Array) -> Iterator[pa.RecordBatch]:
+    return iter([pa.RecordBatch.from_pydict({"body": pa.array([f"r{i}" for i in range(n)]), **columns})])
+
+
+def test_later_tasks_see_a_topic_created_again_or_scaled_out(shared_broker: BrokerProcess) -> None:
+    """A Python worker's tasks share its backend and its routes (kept 30 s): a later task sent to
+    the queues of the route an earlier one learnt, so a topic re-created with fewer queues between
+    micro-batches failed it (queue id out of range), and a row pinned to a queue just added too
+    (review helper-98). Each task's producer asks a topic's route once, as each did alone before."""
+    from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+
+    ep = shared_broker.endpoint
+    admin = Admin(ep)
+    recreated, scaled = unique("recreated"), unique("scaled")
+    admin.create_topic(recreated, queues=8)
+    admin.create_topic(scaled, queues=2)
+    plain = parse_sink_options({"endpoint": ep, "topic": recreated},
+                               StructType([StructField("body", StringType())]), stream=False)
+    pinned = parse_sink_options({"endpoint": ep, "topic": scaled}, StructType(
+        [StructField("body", StringType()), StructField("queue_id", IntegerType())]), stream=False)
+    assert write_partition(plain, _body_rows(64)).rows == 64  # the worker learns 8 queues
+    assert write_partition(pinned, _body_rows(2, queue_id=pa.array([0, 1], pa.int32()))).rows == 2
+    admin.delete_topic(recreated)
+    admin.create_topic(recreated, queues=2)
+    admin.create_topic(scaled, queues=4)  # updateTopic: 4 queues now
+    assert write_partition(plain, _body_rows(64)).rows == 64
+    assert write_partition(pinned, _body_rows(2, queue_id=pa.array([0, 3], pa.int32()))).rows == 2
+    assert sorted(mq.queue_id for mq in PullConsumer(ep, "g").queues(recreated)) == [0, 1]
+    assert len(read_all(ep, recreated)) == 64

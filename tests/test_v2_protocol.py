@@ -297,19 +297,26 @@ def test_messages_in_flight_stay_in_flight_across_a_restart(tmp_path: Path) -> N
 def test_pending_messages_of_an_older_file_come_back_at_once(tmp_path: Path) -> None:
     """A popDeliveryAttempts.json written before the in-flight state was kept holds attempts alone:
     those messages are delivered again at once, their attempts counted on (as then); so is one
-    whose entry this broker cannot read."""
+    whose entry this broker cannot read (a damaged file must not stop the broker, nor two entries
+    with one handle leave one of them unreachable, its queue's offset stuck)."""
     store = _store(tmp_path)
     try:
-        _put(store, "m0", "m1", "m2")
+        _put(store, "m0", "m1", "m2", "m3", "m4", "m5")
+        hidden = [1, 0, "h1", 10**12, 60_000, "", 0, 0]
         attempts = DeliveryAttempts(None)
-        attempts.table = {"g@t": {"0:0": 1, "0:1": ["not", "as", "written"], "0:2": 2}}
-        attempts.next_offsets = {"g@t": {"0": 3}}
+        attempts.table = {"g@t": {"0:0": 1, "0:1": ["not", "as", "written"], "0:2": 2, "0:3": hidden,
+                                  "0:4": hidden, "0:5": [1, float("inf"), "h5", 1, 1, "", 0, 0]}}
+        attempts.next_offsets = {"g@t": {"0": 6}}
         offsets = ConsumerOffsetManager(tmp_path / "offsets.json")
         offsets.commit_offset("g", "t", 0, 0)
         pop = PopMessageManager(store, offsets, attempts=attempts)
         got = pop.pop_new("g", "t", 0, 10, 60_000, now_ms=0)
         assert [(p.message.body, p.inflight.delivery_attempt) for p in got] == [
-            (b"m0", 2), (b"m1", 2), (b"m2", 3)]
+            (b"m0", 2), (b"m1", 2), (b"m2", 3), (b"m4", 2), (b"m5", 2)]  # m3 in flight, as stored
+        for p in got:
+            pop.ack("g", "t", p.inflight.handle, now_ms=1)
+        pop.ack("g", "t", "h1", now_ms=1)
+        assert offsets.query_offset("g", "t", 0) == 6
     finally:
         store.shutdown()
 

@@ -8,7 +8,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +19,10 @@ class ConfigFileDamagedError(ValueError):
 
 class ConfigManager:
     """Subclasses give ``encode()`` / ``decode(data)``; ``persist()`` is crash-safe."""
+
+    # written as compact JSON (Python's C encoder) rather than indented for people to read: for
+    # a large document written every second on the event loop (the v2 in-flight messages)
+    COMPACT: ClassVar[bool] = False
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -106,6 +110,8 @@ class ConfigManager:
         """The document as it is now, numbered: take it on the thread that changes the tables."""
         self.dirty = False
         self._snapshots += 1
+        if self.COMPACT:
+            return self._snapshots, json.dumps(self.encode(), separators=(",", ":")).encode()
         return self._snapshots, json.dumps(self.encode(), indent=1, sort_keys=True).encode()
 
     def write(self, snapshot: tuple[int, bytes]) -> None:

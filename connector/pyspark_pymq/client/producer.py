@@ -108,8 +108,9 @@ class Producer:
             within ``retry_times_when_send_failed``, unless its queue is pinned; the last
             answer is returned. False by default, as in RocketMQ.
         backend: instead of the connection arguments, a backend to send through, shared with
-            other clients of the process (``pyspark_pymq.backend.cached_backend``): its routes
-            are known already, as a RocketMQ client instance's are to its producers.
+            other clients of the process (``pyspark_pymq.backend.cached_backend``), as a RocketMQ
+            client instance is by its producers: the producer asks a topic's route once, and
+            keeps the backend's when the name servers do not answer.
 
     Example::
 
@@ -180,6 +181,10 @@ class Producer:
         self._pending: set[Future[Any]] = set()
         self._pending_lock = threading.Lock()
         self._closed = False
+        # topics whose route this producer asked for: a shared backend's cached route may be up to
+        # 30 s old, so it is asked once per producer (the cached one kept if asking fails transiently)
+        self._routed: set[str] = set()
+        self._shared_backend = backend is not None
         # oneway: messages whose send failed (nobody waits for them; the count is all that is kept)
         self.oneway_unacknowledged = 0
 
@@ -440,7 +445,10 @@ class Producer:
         return queues[self._backend.sharding_index(sharding_key, len(queues))]
 
     def _publish_queues(self, topic: str) -> tuple[MessageQueue, ...]:
-        queues = self._backend.route(topic).publish_queues
+        fresh = self._shared_backend and topic not in self._routed
+        queues = self._backend.route(topic, refresh=fresh).publish_queues
+        if fresh:
+            self._routed.add(topic)
         if not queues:
             # RocketMQ's broker answers NO_PERMISSION for a send to a topic without PERM_WRITE.
             how = (f"mqadmin updateTopicPerm -n <namesrvAddr> -c <cluster> -t {topic} -p "

@@ -210,8 +210,8 @@ class _MessageBatch:
 def _open_producer(opts: SinkOptions, new_producer: Callable[..., Producer]) -> Producer:
     """The task's producer; its send mode, retries, timeout, request size and in-flight window are options.
 
-    It sends through the Python worker's backend, which Spark's later tasks reuse: their routes are
-    known, so a task that starts while a RocketMQ name server restarts still sends (probe helper-93).
+    It sends through the Python worker's backend, which Spark's later tasks reuse: a route the
+    name servers cannot give now (one restarting) is the one an earlier task learnt (probe helper-93).
     """
     return new_producer(
         backend=cached_backend(opts.backend, opts.send_msg_timeout_ms / 1000.0),
