@@ -1281,6 +1281,22 @@ class MQClientAPI:
         request = RemotingCommand(RequestCode.CHECK_CLIENT_CONFIG, body=json.dumps(body).encode())
         self._call(addr, request, timeout_s)
 
+    def get_broker_config(self, addr: str, *, timeout_s: float | None = None) -> dict[str, str]:
+        """The broker's configuration now, every key of its BrokerConfig, NettyServerConfig and
+        MessageStoreConfig (GET_BROKER_CONFIG, as ``mqadmin getBrokerConfig``), values as text.
+
+        Changes made with ``mqadmin updateBrokerConfig`` show at once.
+        """
+        response = self._call(addr, RemotingCommand(RequestCode.GET_BROKER_CONFIG), timeout_s)
+        # MixAll.properties2String: "key=value" lines, nothing escaped
+        text = bytes(response.body).decode("utf-8", errors="replace")
+        out: dict[str, str] = {}
+        for line in text.splitlines():
+            key, sep, value = line.partition("=")
+            if sep and key.strip() and not key.lstrip().startswith("#"):
+                out[key.strip()] = value.strip()
+        return out
+
     def unregister_client(
         self,
         addr: str,

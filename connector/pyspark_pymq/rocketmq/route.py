@@ -470,6 +470,15 @@ class RouteCache:
             )
         return addr
 
+    def reread(self, topic: str) -> TopicRouteData:
+        """The route of ``topic`` asked of the name servers again, unless the one held was
+        fetched less than ROUTE_RETRY_AFTER_S ago: a caller retrying every second asks them
+        once per interval, not once per try."""
+        fetched, data, _ = self._entry(topic, False)
+        if time.monotonic() - fetched >= ROUTE_RETRY_AFTER_S:
+            data = self._entry(topic, True)[1]
+        return data
+
     def master_addr(self, broker_name: str) -> str | None:
         """The master address of ``broker_name`` in any route held (the newest first), or None.
 
