@@ -249,8 +249,9 @@ class Backend(ABC):
 
         One stats request per broker of the route, not two requests per queue.
         With ``unreachable``, a broker of the route that does not answer (killed,
-        restarting, before the name servers notice) is added to it and its
-        queues are left out; without it, its error is raised.
+        restarting, before the name servers notice) or serves no reads (a RocketMQ
+        broker whose master is down and whose slave has slaveReadEnable=false) is
+        added to it and its queues are left out; without it, its error is raised.
         """
         from ..errors import BrokerUnavailableError, RequestTimeoutError, TopicNotExistError
 
@@ -287,7 +288,11 @@ class Backend(ABC):
 
     @abstractmethod
     def _broker_bounds(self, topic: str, broker_name: str) -> dict[MessageQueue, QueueBounds] | None:
-        """The bounds of ``topic``'s queues on one broker; None: the topic is gone everywhere."""
+        """The bounds of ``topic``'s queues on one broker; None: the topic is gone everywhere.
+
+        BrokerUnavailableError (or RequestTimeoutError) when the broker does not answer, or
+        answers but would refuse the pulls of its queues (:meth:`queue_bounds` leaves them out).
+        """
 
     def unavailable_brokers(self, queues: Iterable[MessageQueue]) -> set[str]:
         """Which brokers of ``queues`` (queues missing from their topics' routes) still hold

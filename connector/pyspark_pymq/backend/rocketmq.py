@@ -26,6 +26,7 @@ client sends them; their end and check-back are
 
 from __future__ import annotations
 
+import logging
 import struct
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -43,6 +44,7 @@ from ..errors import (
     BrokerUnavailableError,
     PymqError,
     RequestTimeoutError,
+    SystemBusyError,
     TopicNotExistError,
 )
 from ..rocketmq import codec
@@ -56,7 +58,7 @@ from ..rocketmq.api import (
     java_string_hash,
 )
 from ..rocketmq.remoting import RemotingClient, SessionCredentials
-from ..rocketmq.route import NameServerClient, RouteCache
+from ..rocketmq.route import BrokerData, NameServerClient, RouteCache
 from .base import (
     Backend,
     BackendConfig,
@@ -75,6 +77,8 @@ if TYPE_CHECKING:
 
 __all__ = ["RocketMQBackend"]
 
+log = logging.getLogger(__name__)
+
 _QUEUE_OFFSET = struct.Struct(">q")
 _QUEUE_OFFSET_AT = 20  # QUEUEOFFSET in MessageDecoder's record
 _BATCH_ITEM_FIXED = 4 * 5 + 2  # encodeMessages: TOTALSIZE MAGIC BODYCRC FLAG BODYLEN, PROPERTIESLENGTH
@@ -92,6 +96,13 @@ SEND_BACK_WINDOW = 256  # CONSUMER_SEND_MSG_BACK requests in flight
 _TRAN_MSG = "TRAN_MSG"  # MessageConst.PROPERTY_TRANSACTION_PREPARED
 _RECONSUME_TIME = "RECONSUME_TIME"  # MessageConst.PROPERTY_RECONSUME_TIME
 _MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"  # MessageConst.PROPERTY_MAX_RECONSUME_TIMES
+# Whether a slave serves reads is asked again after this long: once per broker without a master
+# and interval, not at every trigger (its slaveReadEnable changes only by updateBrokerConfig or a restart).
+SLAVE_READ_TTL_S = 10.0
+# How a broker's remoting server answers a request its processor rejects (NettyRemotingAbstract:
+# SYSTEM_BUSY "[REJECTREQUEST]system busy, ..."); a pull is rejected only by a slave with
+# slaveReadEnable=false (PullMessageProcessor.rejectRequest), before the group or topic is looked at.
+_REJECT_REQUEST = "[REJECTREQUEST]"
 
 
 class RocketMQBackend(Backend):
@@ -116,6 +127,9 @@ class RocketMQBackend(Backend):
         self.api = MQClientAPI(self.remoting, timeout_s=timeout_s)
         # broker address -> how many messages it answers per pull at most (learned), and when
         self._pull_caps: dict[str, tuple[int, float]] = {}
+        # slave address -> whether it serves pulls (slaveReadEnable), and when that was asked
+        self._slave_reads: dict[str, tuple[bool, float]] = {}
+        self._told_unreadable: set[str] = set()  # slaves warned about (once per outage)
 
     def _addr(self, mq: MessageQueue) -> str:
         return self._routes.broker_addr(mq.topic, mq.broker_name)
@@ -155,11 +169,71 @@ class RocketMQBackend(Backend):
         return self._routes.get(topic, refresh=refresh)
 
     def _broker_bounds(self, topic: str, broker_name: str) -> dict[MessageQueue, QueueBounds] | None:
+        addr = self._routes.broker_addr(topic, broker_name)
+        # A slave answers stats whether it serves pulls or not: bounds of one that does not would
+        # plan ranges whose every pull it refuses, until pollTimeoutMs fails the query.
+        self._check_reads(topic, broker_name, addr)
         try:
-            found = self.api.get_topic_stats_info(self._routes.broker_addr(topic, broker_name), topic)
+            found = self.api.get_topic_stats_info(addr, topic)
         except TopicNotExistError:
             return {}  # the route still names a broker that dropped the topic
         return {mq: QueueBounds(o.min_offset, o.max_offset) for mq, o in found.items()}
+
+    def _check_reads(self, topic: str, broker_name: str, addr: str) -> None:
+        """BrokerUnavailableError when ``addr``, where the route of ``topic`` sends the reads of
+        ``broker_name``, is a slave that refuses pulls: the master is not registered (down, or
+        restarting) and the slave runs with RocketMQ's default slaveReadEnable=false. Its queues
+        then wait, as a broker's that does not answer (see :meth:`Backend.queue_bounds`)."""
+        broker = self._routes.route_data(topic).broker(broker_name)
+        if broker is None or broker.master_addr is not None:
+            if broker is not None:  # the master is back: a later outage is told again
+                self._told_unreadable.difference_update(broker.broker_addrs.values())
+            return
+        if self._slave_serves_reads(addr):
+            return
+        why = self._unreadable(broker_name, addr, broker)
+        if addr not in self._told_unreadable:  # once per outage: the driver asks at every trigger
+            self._told_unreadable.add(addr)
+            log.warning("%s", why)
+        raise BrokerUnavailableError(why)
+
+    def _slave_serves_reads(self, addr: str) -> bool:
+        """Whether the slave at ``addr`` serves pulls: what PullMessageProcessor.rejectRequest
+        decides from its configuration (GET_BROKER_CONFIG), remembered SLAVE_READ_TTL_S."""
+        now = time.monotonic()
+        known = self._slave_reads.get(addr)
+        if known is not None and now - known[1] < SLAVE_READ_TTL_S:
+            return known[0]
+        try:
+            config = self.api.get_broker_config(addr)
+        except (BrokerUnavailableError, RequestTimeoutError):
+            raise  # a broker that does not answer: its queues wait anyway
+        except PymqError as err:
+            # A broker that does not say (an ACL refusing the request, an old or foreign broker):
+            # planned as readable, its pulls tell if it is not (see pull).
+            log.info("broker %s does not give its configuration (%s): its queues are planned as "
+                     "readable", addr, err)
+            readable = True
+        else:
+            readable = (config.get("slaveReadEnable", "false").lower() == "true"
+                        or config.get("brokerRole", "SLAVE").upper() != "SLAVE")
+        self._slave_reads[addr] = (readable, now)
+        if readable:
+            self._told_unreadable.discard(addr)
+        return readable
+
+    def _unreadable(self, broker_name: str, addr: str, broker: BrokerData | None) -> str:
+        """Why ``broker_name`` serves no reads: its master is down, its slave at ``addr`` refuses pulls."""
+        ids = sorted(i for i, a in (broker.broker_addrs.items() if broker else ()) if a == addr)
+        slave = f"slave {addr} (brokerId {ids[0]})" if ids else f"slave {addr}"
+        return (
+            f"broker {broker_name!r} serves no reads: its master (brokerId 0) is not registered with "
+            f"the name servers {self.config.namesrv_addr} (down or restarting), and its {slave} runs "
+            "with slaveReadEnable=false (RocketMQ's default), so it refuses every pull "
+            "([REJECTREQUEST]). Its queues are read on once the master is back; to read them from "
+            f"the slave meanwhile, set slaveReadEnable=true on it (mqadmin updateBrokerConfig -b {addr} "
+            "-k slaveReadEnable -v true)"
+        )
 
     def unavailable_brokers(self, queues: Iterable[MessageQueue]) -> set[str]:
         # ``queues`` are missing from their topics' routes. A broker that is not registered is
@@ -308,19 +382,35 @@ class RocketMQBackend(Backend):
         suspend_timeout_ms: int = 0,
         timeout_s: float | None = None,
     ) -> PullBatch:
-        try:
-            return self._pull(group, mq, offset, max_nums, subscription, expression_type,
-                              suspend_timeout_ms, timeout_s)
-        except PymqError as err:
-            if err.code != GROUP_NOT_EXIST:
-                raise
-            raise self._no_group(err, group, mq, f"{mq} cannot be pulled with it") from None
+        addr = self._addr(mq)
+        while True:
+            try:
+                return self._pull(addr, group, mq, offset, max_nums, subscription, expression_type,
+                                  suspend_timeout_ms, timeout_s)
+            except PymqError as err:
+                if err.code == GROUP_NOT_EXIST:
+                    raise self._no_group(err, group, mq, f"{mq} cannot be pulled with it") from None
+                if not (isinstance(err, SystemBusyError) and _REJECT_REQUEST in err.remark):
+                    raise
+            # A slave refused the pull (slaveReadEnable=false): the route held here named it for
+            # a broker without a master, for a range planned before the master went down or
+            # after it came back. Its master may be registered again: the route is asked again
+            # (at most every ROUTE_RETRY_AFTER_S, so this ends), and the pull goes to the master.
+            broker = self._routes.reread(mq.topic).broker(mq.broker_name)
+            master = broker.master_addr if broker is not None else None
+            if master is None or master == addr:
+                # Retriable: the read loop tries again until pollTimeoutMs, as for a broker that
+                # is down, since a master's restart takes seconds; Spark's own task retries
+                # would come at once, and fail the query after spark.task.maxFailures.
+                raise BrokerUnavailableError(
+                    f"{mq} cannot be pulled: {self._unreadable(mq.broker_name, addr, broker)}"
+                ) from None
+            addr = master
 
     def _pull(
-        self, group: str, mq: MessageQueue, offset: int, max_nums: int, subscription: str,
+        self, addr: str, group: str, mq: MessageQueue, offset: int, max_nums: int, subscription: str,
         expression_type: str, suspend_timeout_ms: int, timeout_s: float | None,
     ) -> PullBatch:
-        addr = self._addr(mq)
         # RocketMQ's broker reads " * " as the tag "*" (FilterAPI.buildSubscriptionData trims
         # only each tag): nothing would match, while every other place here reads it as all
         subscription = subscription.strip() or "*"

@@ -154,7 +154,7 @@ class OffsetReader:
             # (Spark calls no initialOffset then): the brokers may have changed meanwhile
             self._check_group(out, strict=require_topics)
         if self._unreachable:
-            logger.warning("pymq source: broker(s) %s do not answer; their queues wait",
+            logger.warning("pymq source: broker(s) %s do not answer or serve no reads; their queues wait",
                            ", ".join(sorted(self._unreachable)))
         return out, missing
 

@@ -1,0 +1,171 @@
+"""A RocketMQ broker without a master, whose slave may or may not serve reads: no JVM.
+
+One fake server on loopback plays the name server and broker ``b``'s slave (brokerId 1,
+no master in the route); it answers as RocketMQ 5.3.3 does: GET_BROKER_CONFIG with the
+slave's properties, stats and offsets whatever slaveReadEnable says, and every pull of a
+slave with slaveReadEnable=false with NettyRemotingAbstract's SYSTEM_BUSY "[REJECTREQUEST]".
+tests/test_rocketmq_slave.py runs the same against a real master and slave.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+import pytest
+from pyspark_pymq.backend import BackendConfig, QueueBounds
+from pyspark_pymq.backend.rocketmq import RocketMQBackend
+from pyspark_pymq.client.message import MessageQueue
+from pyspark_pymq.errors import BrokerUnavailableError
+from pyspark_pymq.rocketmq.protocol import RemotingCommand, RequestCode, ResponseCode
+
+TOPIC = "T"
+REJECT_REMARK = "[REJECTREQUEST]system busy, start flow control for a while"  # RocketMQ's own
+
+
+class FakeCluster:
+    """Answers every request with ``answer(request)``; counts the requests by code."""
+
+    def __init__(self, answer: Callable[[FakeCluster, RemotingCommand], RemotingCommand]) -> None:
+        self.answer = answer
+        self.asked: Counter[int] = Counter()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.addr = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.master: str | None = None  # the route's brokerId 0, when set
+        self.config = {"brokerRole": "SLAVE", "slaveReadEnable": "false", "brokerId": "1"}
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            while True:
+                try:
+                    head = _recv(conn, 4)
+                    request = RemotingCommand.decode(head + _recv(conn, struct.unpack(">i", head)[0]))
+                except (EOFError, OSError):
+                    return
+                self.asked[request.code] += 1
+                response = self.answer(self, request)
+                response.opaque = request.opaque
+                conn.sendall(response.encode())
+
+    def route(self) -> bytes:
+        addrs = {"1": self.addr} if self.master is None else {"0": self.master, "1": self.addr}
+        return json.dumps({
+            "brokerDatas": [{"brokerAddrs": addrs, "brokerName": "b", "cluster": "c"}],
+            "queueDatas": [{"brokerName": "b", "perm": 6, "readQueueNums": 2, "writeQueueNums": 2,
+                            "topicSysFlag": 0}],
+        }).encode()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def _recv(conn: socket.socket, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        chunk = conn.recv(n - len(out))
+        if not chunk:
+            raise EOFError
+        out += chunk
+    return bytes(out)
+
+
+def _slave(c: FakeCluster, request: RemotingCommand) -> RemotingCommand:
+    """A name server whose route of T has broker b's slave only, and that slave."""
+    ok = ResponseCode.SUCCESS
+    if request.code == RequestCode.GET_ROUTEINFO_BY_TOPIC:
+        return RemotingCommand.response(ok, 0, body=c.route())
+    if request.code == RequestCode.GET_BROKER_CONFIG:
+        properties = "".join(f"{k}={v}\n" for k, v in c.config.items())  # MixAll.properties2String
+        return RemotingCommand.response(ok, 0, body=properties.encode())
+    if request.code == RequestCode.GET_TOPIC_STATS_INFO:
+        # a Map<MessageQueue, TopicOffset>: fastjson writes object keys
+        table = ",".join(json.dumps({"brokerName": "b", "queueId": q, "topic": TOPIC})
+                         + ':{"maxOffset":5,"minOffset":0}' for q in (0, 1))
+        return RemotingCommand.response(ok, 0, body=f'{{"offsetTable":{{{table}}}}}'.encode())
+    if request.code == RequestCode.PULL_MESSAGE and c.config["slaveReadEnable"] != "true":
+        return RemotingCommand.response(ResponseCode.SYSTEM_BUSY, 0, remark=REJECT_REMARK)
+    if request.code == RequestCode.PULL_MESSAGE:
+        return RemotingCommand.response(ResponseCode.PULL_NOT_FOUND, 0, ext_fields={
+            "nextBeginOffset": "5", "minOffset": "0", "maxOffset": "5", "suggestWhichBrokerId": "0"})
+    return RemotingCommand.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, 0, remark="not in this fake")
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeCluster]:
+    c = FakeCluster(_slave)
+    yield c
+    c.close()
+
+
+def _backend(c: FakeCluster) -> RocketMQBackend:
+    return RocketMQBackend(BackendConfig(namesrv_addr=c.addr), timeout_s=3.0)
+
+
+def test_a_slave_with_reads_off_makes_its_broker_unreachable_asked_once_per_interval(
+    fake: FakeCluster,
+) -> None:
+    """Its stats would plan ranges whose every pull it refuses: its queues wait instead."""
+    backend = _backend(fake)
+    for _ in range(3):  # three triggers
+        with pytest.raises(BrokerUnavailableError) as info:
+            backend._broker_bounds(TOPIC, "b")
+        unreachable: set[str] = set()
+        assert backend.queue_bounds(TOPIC, unreachable=unreachable) == {}
+        assert unreachable == {"b"}
+    remark = info.value.remark
+    assert "broker 'b' serves no reads" in remark and f"slave {fake.addr} (brokerId 1)" in remark
+    assert "slaveReadEnable=false" in remark and "master (brokerId 0) is not registered" in remark
+    assert f"mqadmin updateBrokerConfig -b {fake.addr} -k slaveReadEnable -v true" in remark
+    assert fake.asked[RequestCode.GET_BROKER_CONFIG] == 1  # remembered, not asked per trigger
+    assert fake.asked[RequestCode.GET_TOPIC_STATS_INFO] == 0  # nothing planned from the slave
+
+    # made readable (mqadmin updateBrokerConfig: at once), or one that does not say: read
+    fake.config["slaveReadEnable"] = "true"
+    read = {MessageQueue(TOPIC, "b", q): QueueBounds(0, 5) for q in (0, 1)}
+    assert _backend(fake).queue_bounds(TOPIC) == read
+
+    def refusing(c: FakeCluster, request: RemotingCommand) -> RemotingCommand:
+        if request.code == RequestCode.GET_BROKER_CONFIG:  # an ACL that does not allow it
+            return RemotingCommand.response(ResponseCode.NO_PERMISSION, 0, remark="no permission")
+        return _slave(c, request)
+
+    fake.answer = refusing
+    assert len(_backend(fake).queue_bounds(TOPIC) or {}) == 2  # its pulls will say
+
+
+def test_a_pull_the_slave_rejects_says_why_and_goes_to_the_master_once_it_is_back(
+    fake: FakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = _backend(fake)
+    mq = MessageQueue(TOPIC, "b", 0)
+    with pytest.raises(BrokerUnavailableError) as info:
+        backend.pull("g", mq, 0, 8)
+    assert info.value.retriable  # the read loop tries again until pollTimeoutMs
+    assert f"{mq} cannot be pulled: broker 'b' serves no reads" in info.value.remark
+    assert "slaveReadEnable=false" in info.value.remark and "[REJECTREQUEST]" in info.value.remark
+
+    # the master is back (here: a second fake that pulls), while this process still holds the
+    # route that names the slave: the rejected pull asks the route again and goes to the master
+    master = FakeCluster(_slave)
+    master.config["slaveReadEnable"] = "true"  # pulls answer NOT_FOUND at the end
+    try:
+        fake.master = master.addr
+        monkeypatch.setattr("pyspark_pymq.rocketmq.route.ROUTE_RETRY_AFTER_S", 0.0)  # held long enough
+        pulled = backend.pull("g", mq, 5, 8)
+        assert pulled.next_begin_offset == 5 and master.asked[RequestCode.PULL_MESSAGE] == 1
+        assert backend.broker_addr(mq) == master.addr  # the next pulls go there at once
+    finally:
+        master.close()
