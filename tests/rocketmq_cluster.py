@@ -147,6 +147,11 @@ class RocketMQCluster:
     remoting port clients use), ``cluster_name``. A broker on port L also listens on L-2 (the "VIP"
     channel) and L+1 (HA, which RocketMQ binds on every interface); all three are free when chosen.
 
+    ``slaves=("broker-a",)``: those brokers get a slave too (process ``broker-a-slave``:
+    brokerId 1, brokerRole SLAVE, its own store and ports, started once the masters are
+    registered), ``slave_addrs`` name -> its address; ``kill_broker("broker-a")`` kills the master only.
+    RocketMQ's default slaveReadEnable=false applies unless ``extra_broker_conf`` sets it.
+
     ``tls=(cert_file, key_file)``: every server speaks TLS only (RocketMQ's
     ``tls.server.mode=enforcing``) with that PEM certificate and unencrypted PKCS#8 key.
 
@@ -184,14 +189,18 @@ class RocketMQCluster:
         rocketmq_dir: Path = DEFAULT_ROCKETMQ_DIR,
         startup_timeout: float = 90.0,
         tls: tuple[str, str] | None = None,
+        slaves: Sequence[str] = (),
     ) -> None:
         if len(set(brokers)) != len(brokers) or not brokers:
             raise ValueError(f"broker names must be distinct and not empty: {brokers!r}")
+        if not set(slaves) <= set(brokers):
+            raise ValueError(f"slaves {slaves!r} name brokers that are not among {brokers!r}")
         if not all(re.fullmatch(r"\d+[smhd]", level) for level in delay_levels.split()):
             # The broker would log a NumberFormatException and exit.
             raise ValueError(f"delay levels take the units s, m, h and d only: {delay_levels!r}")
         self.base_dir = Path(base_dir).resolve()
         self.broker_names = tuple(brokers)
+        self.slave_of = {slave_name(b): b for b in slaves}  # process name -> its master's broker name
         self.delay_levels = delay_levels
         self.extra_broker_conf = dict(extra_broker_conf or {})
         self.cluster_name = cluster_name
@@ -201,6 +210,7 @@ class RocketMQCluster:
         self.tls = tls
         self.namesrv_addr = ""
         self.broker_addrs: dict[str, str] = {}
+        self.slave_addrs: dict[str, str] = {}  # broker name -> its slave's address
         self._procs: dict[str, _Proc] = {}
         self._lock = threading.Lock()
 
@@ -223,6 +233,10 @@ class RocketMQCluster:
             port = _pick_port(taken, below=2, above=1)
             self.broker_addrs[name] = f"127.0.0.1:{port}"
             self._procs[name] = self._broker_proc(name, port)
+        for proc_name, master in self.slave_of.items():
+            port = _pick_port(taken, below=2, above=1)  # a slave binds its own fast and HA ports too
+            self.slave_addrs[master] = f"127.0.0.1:{port}"
+            self._procs[proc_name] = self._broker_proc(proc_name, port, master=master)
         _LIVE.add(self)
         try:
             self._launch(ns)
@@ -233,6 +247,13 @@ class RocketMQCluster:
             for p in brokers:
                 self._launch(p)
             self._wait_ready(brokers)
+            # A slave learns its master's HA address from the name server's answer to its
+            # registration, which names it only once the master has registered (else the next
+            # registration, 30 s later): slaves start after their masters.
+            slaves = [self._procs[n] for n in self.slave_of]
+            for p in slaves:
+                self._launch(p)
+            self._wait_ready(slaves)
         except BaseException:
             self.stop()
             raise
@@ -269,6 +290,10 @@ class RocketMQCluster:
         p = self._broker(name)
         if p.popen is not None and p.popen.poll() is None:
             os.kill(p.popen.pid, signal.SIGCONT)
+
+    def running(self, name: str) -> bool:
+        """Whether broker (or slave) process ``name`` runs now."""
+        return self._broker(name).alive()
 
     def stop_broker(self, name: str, grace: float = 30.0) -> None:
         """SIGTERM one broker and wait: a clean shutdown (it unregisters from the name server)."""
@@ -338,6 +363,8 @@ class RocketMQCluster:
 
         On every broker of the cluster by default (``updateTopic -c``); on the named brokers only
         (``updateTopic -b addr`` each) when ``brokers`` is given. perm: 2 write, 4 read, 6 both.
+        A broker's slave gets it too: a slave copies its master's topics only every 60 s
+        (SlaveSynchronize.syncAll), and answers no stats of a topic it does not know.
         """
         common = ["-t", topic, "-r", str(queues), "-w", str(queues), "-p", str(perm)]
         if brokers is None:
@@ -345,6 +372,9 @@ class RocketMQCluster:
         else:
             for name in brokers:
                 self.mqadmin("updateTopic", "-b", self.broker_addrs[name], *common)
+        for name in self.broker_names if brokers is None else brokers:
+            if name in self.slave_addrs:
+                self.mqadmin("updateTopic", "-b", self.slave_addrs[name], *common)
 
     def topic_status(self, topic: str) -> dict[tuple[str, int], tuple[int, int]]:
         """``mqadmin topicStatus``: (broker name, queue id) -> (min offset, max offset)."""
@@ -458,15 +488,19 @@ class RocketMQCluster:
         # NamesrvStartup prints its boot line to stdout.
         return _Proc("namesrv", home, cmd, home / "stdout.log", _NAMESRV_READY)
 
-    def _broker_proc(self, name: str, port: int) -> _Proc:
+    def _broker_proc(self, name: str, port: int, *, master: str | None = None) -> _Proc:
+        """The broker process ``name`` on ``port``: a master, or with ``master`` that broker's slave."""
         home = self.base_dir / name
         store = home / "store"
         store.mkdir(parents=True, exist_ok=True)
+        role: dict[str, str] = {"brokerName": name, "brokerId": "0", "brokerRole": "ASYNC_MASTER"}
+        if master is not None:
+            # No haMasterAddress: set, 5.3.3's slave logged "HAClient connect to master null
+            # failed" for good; it learns the address from its registrations instead.
+            role = {"brokerName": master, "brokerId": "1", "brokerRole": "SLAVE"}
         conf: dict[str, str] = {
             "brokerClusterName": self.cluster_name,
-            "brokerName": name,
-            "brokerId": "0",
-            "brokerRole": "ASYNC_MASTER",
+            **role,
             "flushDiskType": "ASYNC_FLUSH",
             "namesrvAddr": self.namesrv_addr,
             "brokerIP1": "127.0.0.1",
@@ -500,8 +534,9 @@ class RocketMQCluster:
         return _Proc(name, home, cmd, home / "logs" / "rocketmqlogs" / "broker.log", _REGISTERED)
 
     def _broker(self, name: str) -> _Proc:
-        if name not in self.broker_names or name not in self._procs:
-            raise KeyError(f"no broker {name!r} in this cluster (brokers: {', '.join(self.broker_names)})")
+        if name not in (*self.broker_names, *self.slave_of) or name not in self._procs:
+            raise KeyError(f"no broker {name!r} in this cluster (brokers: "
+                           f"{', '.join((*self.broker_names, *self.slave_of))})")
         return self._procs[name]
 
     def _launch(self, p: _Proc) -> None:
@@ -565,6 +600,11 @@ class RocketMQCluster:
                 f.replace(classes / f.name)
             tmp.rmdir()
             return classes
+
+
+def slave_name(broker: str) -> str:
+    """The process name of ``broker``'s slave (for kill_broker, start_broker, its log directory)."""
+    return f"{broker}-slave"
 
 
 def _parse_sent(line: str) -> SendResult:
@@ -676,4 +716,4 @@ def _stop_all() -> None:
         cluster.stop(grace=5.0)
 
 
-__all__ = ["FAST_DELAY_LEVELS", "JavaMessage", "RocketMQCluster", "SendResult"]
+__all__ = ["FAST_DELAY_LEVELS", "JavaMessage", "RocketMQCluster", "SendResult", "slave_name"]
