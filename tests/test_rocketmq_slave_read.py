@@ -169,3 +169,36 @@ def test_a_pull_the_slave_rejects_says_why_and_goes_to_the_master_once_it_is_bac
         assert backend.broker_addr(mq) == master.addr  # the next pulls go there at once
     finally:
         master.close()
+
+
+def test_a_readable_slave_without_the_message_yet_sends_the_pull_to_its_master(
+    fake: FakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slave whose group has a master answers a pull it cannot serve (an offset it has not
+    replicated yet) PULL_RETRY_IMMEDIATELY at the same offset: read as "nothing matched", the read
+    loop skipped that offset, and the next, silently, to the range's end (review of helper-96's
+    fix). The pull goes to the master instead; without one, it is tried again (retriable)."""
+    fake.config["slaveReadEnable"] = "true"
+
+    def behind(c: FakeCluster, request: RemotingCommand) -> RemotingCommand:
+        if request.code == RequestCode.PULL_MESSAGE:
+            offset = request.ext_fields["queueOffset"]
+            return RemotingCommand.response(ResponseCode.PULL_RETRY_IMMEDIATELY, 0, ext_fields={
+                "nextBeginOffset": offset, "minOffset": "0", "maxOffset": "3", "suggestWhichBrokerId": "0"})
+        return _slave(c, request)
+
+    fake.answer = behind
+    backend = _backend(fake)
+    mq = MessageQueue(TOPIC, "b", 0)
+    with pytest.raises(BrokerUnavailableError) as info:
+        backend.pull("g", mq, 4, 8)
+    assert info.value.retriable and "PULL_RETRY_IMMEDIATELY at offset 4" in info.value.remark
+    master = FakeCluster(_slave)
+    master.config["slaveReadEnable"] = "true"  # this one answers NOT_FOUND at 5, its end
+    try:
+        fake.master = master.addr
+        monkeypatch.setattr("pyspark_pymq.rocketmq.route.ROUTE_RETRY_AFTER_S", 0.0)
+        assert backend.pull("g", mq, 4, 8).next_begin_offset == 5
+        assert master.asked[RequestCode.PULL_MESSAGE] == 1
+    finally:
+        master.close()

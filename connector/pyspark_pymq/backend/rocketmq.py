@@ -385,26 +385,36 @@ class RocketMQBackend(Backend):
         addr = self._addr(mq)
         while True:
             try:
-                return self._pull(addr, group, mq, offset, max_nums, subscription, expression_type,
-                                  suspend_timeout_ms, timeout_s)
+                pulled = self._pull(addr, group, mq, offset, max_nums, subscription, expression_type,
+                                    suspend_timeout_ms, timeout_s)
             except PymqError as err:
                 if err.code == GROUP_NOT_EXIST:
                     raise self._no_group(err, group, mq, f"{mq} cannot be pulled with it") from None
                 if not (isinstance(err, SystemBusyError) and _REJECT_REQUEST in err.remark):
                     raise
-            # A slave refused the pull (slaveReadEnable=false): the route held here named it for
-            # a broker without a master, for a range planned before the master went down or
-            # after it came back. Its master may be registered again: the route is asked again
-            # (at most every ROUTE_RETRY_AFTER_S, so this ends), and the pull goes to the master.
+                rejected = True
+            else:
+                # PULL_RETRY_IMMEDIATELY without moving on: a slave that has not the message yet
+                # sends the puller to its master (PullMessageProcessor: a slave whose group has a
+                # master answers any miss so); read as "nothing matched" it would skip the offset
+                if not (pulled.status is PullStatus.NO_MATCHED_MSG and pulled.next_begin_offset <= offset):
+                    return pulled
+                rejected = False
+            # A slave refused the pull (slaveReadEnable=false) or has not the message yet: the
+            # route held here named it for a broker without a master, for a range planned before
+            # the master went down or after it came back. Its master may be registered again: the
+            # route is asked again (at most every ROUTE_RETRY_AFTER_S, so this ends), and the pull
+            # goes to the master.
             broker = self._routes.reread(mq.topic).broker(mq.broker_name)
             master = broker.master_addr if broker is not None else None
             if master is None or master == addr:
                 # Retriable: the read loop tries again until pollTimeoutMs, as for a broker that
                 # is down, since a master's restart takes seconds; Spark's own task retries
                 # would come at once, and fail the query after spark.task.maxFailures.
-                raise BrokerUnavailableError(
-                    f"{mq} cannot be pulled: {self._unreadable(mq.broker_name, addr, broker)}"
-                ) from None
+                why = (self._unreadable(mq.broker_name, addr, broker) if rejected else
+                       f"broker {addr} answered PULL_RETRY_IMMEDIATELY at offset {offset} (a slave "
+                       "behind its master, or a commit log file being removed): asked again")
+                raise BrokerUnavailableError(f"{mq} cannot be pulled: {why}") from None
             addr = master
 
     def _pull(
