@@ -28,6 +28,7 @@ import json  # noqa: E402
 from pymq_broker import EmbeddedBroker  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
+from pyspark.sql.utils import is_remote  # noqa: E402
 from pyspark_pymq import Admin, Message, Producer  # noqa: E402
 
 
@@ -50,7 +51,8 @@ def main() -> None:
                  .config("spark.ui.enabled", "false")
                  .config("spark.ui.showConsoleProgress", "false")
                  .getOrCreate())
-        spark.sparkContext.setLogLevel("ERROR")
+        if not is_remote():  # Spark Connect (SPARK_API_MODE=connect) has no SparkContext
+            spark.sparkContext.setLogLevel("ERROR")
         orders = (spark.readStream.format("pymq")
                   .option("endpoint", endpoint)
                   .option("topic", "orders")

@@ -86,10 +86,12 @@ def main(argv: list[str] | None = None) -> None:
     shutil.rmtree(out, ignore_errors=True)
 
     from pyspark.sql import SparkSession
+    from pyspark.sql.utils import is_remote
 
     spark = (SparkSession.builder.master("local[2]").appName("pymq-rocketmq")
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    if not is_remote():  # Spark Connect (SPARK_API_MODE=connect) has no SparkContext
+        spark.sparkContext.setLogLevel("ERROR")
     poison = produce(ns, topic, args.orders)
     print(f"sent {args.orders} orders to {topic!r} on {ns} ({poison} poison)", flush=True)
 

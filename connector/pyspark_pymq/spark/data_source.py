@@ -438,13 +438,17 @@ class PymqDataSource(DataSource):
     ``writeId``
         (string; default a new one for each ``write``; ``write`` only) what a ``df.write``'s msgIds are
         derived from, with the task and row (a ``writeStream``'s come from its query and batch ids).
-        Inside a ``foreachBatch``, give each write of the function its own ``writeId`` (``orders``,
-        ``refunds``): a micro-batch that Spark runs again then sends the same msgIds, which a topic's
-        de-duplication window drops; without it, each run sends new ones. Outside a stream a ``writeId``
-        names one write: running it again with the same ``writeId`` sends the same msgIds (a
-        de-duplication window drops rows already sent) as long as each row lands in the same partition
-        at the same place (a msgId is the partition and the row's index in it: read the input in a fixed
-        order, without a ``repartition``), so give new data a new one (``orders-2026-11-27``).
+        Inside a ``foreachBatch``, give each write of the function its own ``writeId`` made with the
+        batch id (``f"orders-{batch_id}"``, ``f"refunds-{batch_id}"``; two queries writing one topic:
+        their names too): a micro-batch that Spark runs again then sends the same msgIds, which a
+        topic's de-duplication window drops; without it, each run sends new ones. Under Spark Connect
+        the function's writes do not see the stream's ids: a ``writeId`` without the batch id would send
+        the same msgIds in every micro-batch, and a de-duplication window would drop all but the
+        first's. Outside a stream a ``writeId`` names one write: running it again with the same
+        ``writeId`` sends the same msgIds (a de-duplication window drops rows already sent) as long as
+        each row lands in the same partition at the same place (a msgId is the partition and the row's
+        index in it: read the input in a fixed order, without a ``repartition``), so give new data a new
+        one (``orders-2026-11-27``).
 
     ``retryTimesWhenSendFailed``
         (integer 0..16; default 2) ``sendMode=sync``: retries of a failed send.

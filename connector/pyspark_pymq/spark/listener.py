@@ -344,22 +344,45 @@ class MessageListener:
                 f"MessageListener.process needs every column of the pymq source (listeners get whole "
                 f"messages); the DataFrame lacks {missing}: read it without .schema(...) or keep them"
             )
+        import pyarrow as pa
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import ArrayType, LongType, StructField, StructType
+
         cfg, listener, bid = self.config, self.listener, str(batch_id)
-        sc = df.sparkSession.sparkContext
-        counters = {name: sc.accumulator(0) for name in ConsumeStats.__dataclass_fields__}
+        names = list(ConsumeStats.__dataclass_fields__)
+        if cfg.orderly:
+            df = _by_queue(df)
+        # Each partition's counts come back as one more row, in a column of their own (every
+        # other column null), not through accumulators: Spark Connect has none (no SparkContext).
+        counts = pa.field(_STATS_COLUMN, pa.list_(pa.int64()))
 
         def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             stats = ConsumeStats()
-            yield from consume_partition(cfg, listener, batches, bid, stats)
-            for name, acc in counters.items():
-                acc.add(getattr(stats, name))
+            schemas: list[pa.Schema] = []
 
-        if cfg.orderly:
-            df = _by_queue(df)
-        good = df.mapInArrow(run, df.schema).localCheckpoint(eager=True)
-        self.last_stats = ConsumeStats(**{n: int(a.value) for n, a in counters.items()})
+            def noted(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+                for batch in batches:
+                    if not schemas:
+                        schemas.append(batch.schema)
+                    yield batch
+
+            for good in consume_partition(cfg, listener, noted(batches), bid, stats):
+                yield good.append_column(counts, pa.nulls(good.num_rows, counts.type))
+            if schemas:
+                totals = pa.array([[getattr(stats, n) for n in names]], counts.type)
+                yield pa.RecordBatch.from_arrays([pa.nulls(1, f.type) for f in schemas[0]] + [totals],
+                                                 schema=schemas[0].append(counts))
+
+        marked = StructType([*df.schema.fields, StructField(_STATS_COLUMN, ArrayType(LongType()))])
+        done = df.mapInArrow(run, marked).localCheckpoint(eager=True)  # the listener runs here, once
+        row = done.where(F.col(_STATS_COLUMN).isNotNull()).agg(
+            *[F.sum(F.col(_STATS_COLUMN)[i]).alias(n) for i, n in enumerate(names)]).first()
+        self.last_stats = ConsumeStats(**{n: int(row[n] or 0) if row is not None else 0 for n in names})
         log.info("pymq listener batch %s: %s", bid, self.last_stats)
-        return good
+        return done.where(F.col(_STATS_COLUMN).isNull()).drop(_STATS_COLUMN)
+
+
+_STATS_COLUMN = "__pymq_listener_stats"
 
 
 def _by_queue(df: DataFrame) -> DataFrame:
@@ -373,5 +396,11 @@ def _by_queue(df: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
     queue = [F.coalesce(F.col("retry_topic"), F.col("topic")), F.col("broker_name"), F.col("queue_id")]
-    tasks = max(1, df.sparkSession.sparkContext.defaultParallelism)
-    return df.repartition(tasks, *queue).sortWithinPartitions(*queue, F.col("queue_offset"))
+    spark = df.sparkSession
+    try:
+        tasks = spark.sparkContext.defaultParallelism
+    except Exception:  # Spark Connect: no SparkContext (PySparkAttributeError)
+        conf = (spark.conf.get("spark.default.parallelism", None)
+                or spark.conf.get("spark.sql.shuffle.partitions", None))
+        tasks = int(conf) if conf and str(conf).isdigit() else 2
+    return df.repartition(max(1, tasks), *queue).sortWithinPartitions(*queue, F.col("queue_offset"))
