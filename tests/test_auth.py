@@ -893,6 +893,27 @@ def test_spark_options_take_credentials_for_the_pymq_backend() -> None:
     assert BackendConfig("127.0.0.1:8081", None, "a", "b") != BackendConfig("127.0.0.1:8081", None, "a", "c")
 
 
+def test_the_secret_key_may_come_from_a_file(tmp_path: Path) -> None:
+    """Spark Connect records every option of a request in its event log and UI: option
+    secretKeyFile keeps the secret out of the options (read on the driver, errors never show it)."""
+    secret = tmp_path / "secret"
+    secret.write_text("top-secret\nignored second line\n")
+    opts = {"endpoint": "127.0.0.1:8081", "accessKey": "alice", "secretKeyFile": str(secret)}
+    assert parse_backend_options(opts.get, "pymq option").secret_key == "top-secret"
+    cases = {
+        "are both set": {**opts, "secretKey": "top-secret"},
+        "go together": {"endpoint": "127.0.0.1:8081", "secretKeyFile": str(secret)},
+        "cannot be read on the driver: No such file": {**opts, "secretKeyFile": str(tmp_path / "absent")},
+    }
+    for match, given in cases.items():
+        with pytest.raises(ValueError, match=match) as info:
+            parse_backend_options(given.get, "pymq option")
+        assert "top-secret" not in str(info.value)
+    secret.write_text("\n")
+    with pytest.raises(ValueError, match="has no secret key on its first line"):
+        parse_backend_options(opts.get, "pymq option")
+
+
 def test_every_rpc_has_an_authorization_rule() -> None:
     """A new RPC of service Broker must say what it needs (unlisted, it is Super-only)."""
     from pymq_broker.auth.rpc_resources import RULES

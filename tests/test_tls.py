@@ -159,6 +159,13 @@ def test_spark_over_tls_with_credentials(spark: Any, certs: Certificates, tmp_pa
         assert spark.sql("select count(*) from tls_stream").collect()[0][0] == 50
         assert "sparky-very-secret" not in str(query.lastProgress)
 
+        # the secret from a file (secretKeyFile): in no option, so in no plan of a Connect server
+        (tmp_path / "secret").write_text("sparky-very-secret\n")
+        from_file = {k: v for k, v in options("").items() if k != "secretKey"}
+        read = spark.read.format("pymq").options(**from_file, secretKeyFile=str(tmp_path / "secret")).option(
+            "consumerGroup", "spark-g").load()
+        assert read.count() == 50
+
         queues = spark.read.format("pymq").options(**options("sparky-very-secret")).option(
             "view", "queues").load().collect()
         assert {r["queue_id"] for r in queues} == {0, 1}

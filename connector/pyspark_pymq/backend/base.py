@@ -529,9 +529,24 @@ def _host_port_problem(addr: str) -> str | None:
     return None
 
 
+def _read_secret(path: str, prefix: str) -> str:
+    """The secret key in the first line of ``path`` (option ``secretKeyFile``); errors name the
+    file, never what it holds."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            secret = f.readline().strip()
+    except (OSError, UnicodeDecodeError) as err:
+        why = getattr(err, "strerror", None) or "not UTF-8 text"
+        raise ValueError(f"{prefix} secretKeyFile={path!r} cannot be read on the driver: {why}") from None
+    if not secret:
+        raise ValueError(f"{prefix} secretKeyFile={path!r} has no secret key on its first line")
+    return secret
+
+
 def parse_backend_options(get: Callable[[str], str | None], prefix: str) -> BackendConfig:
-    """The backend named by Spark options ``endpoint`` / ``namesrvAddr`` (+ ``accessKey``, ``secretKey``,
-    ``tls``, ``tlsCaFile``, ``tlsCertFile``, ``tlsKeyFile``: both backends sign and encrypt).
+    """The backend named by Spark options ``endpoint`` / ``namesrvAddr`` (+ ``accessKey``, ``secretKey``
+    or ``secretKeyFile``, ``tls``, ``tlsCaFile``, ``tlsCertFile``, ``tlsKeyFile``: both backends sign
+    and encrypt).
 
     Exactly one of ``endpoint`` and ``namesrvAddr``; errors name the option and
     the value (never the secret key's).
@@ -549,9 +564,16 @@ def parse_backend_options(get: Callable[[str], str | None], prefix: str) -> Back
             ".option('namesrvAddr', 'host:9876') for Apache RocketMQ"
         )
     access_key, secret_key = get("accessKey") or None, get("secretKey") or None
+    secret_file = get("secretKeyFile") or None
+    if secret_file is not None:
+        if secret_key is not None:
+            raise ValueError(f"{prefix}s secretKey and secretKeyFile={secret_file!r} are both set: "
+                             "give the secret key one way")
+        secret_key = _read_secret(secret_file, prefix)
     if (access_key is None) != (secret_key is None):
         raise ValueError(
-            f"{prefix} accessKey and secretKey go together: set both (RocketMQ ACL credentials) or neither"
+            f"{prefix} accessKey and secretKey go together (secretKey or secretKeyFile): set both "
+            "(RocketMQ ACL credentials) or neither"
         )
     tls = parse_tls_options(get, prefix)
     try:

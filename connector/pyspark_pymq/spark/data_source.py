@@ -57,7 +57,13 @@ class PymqDataSource(DataSource):
         Apache RocketMQ as its ``AclClientRPCHook`` does.
 
     ``secretKey``
-        (string) ACL secret key, with ``accessKey``; it never shows in plans, logs or error messages.
+        (string) ACL secret key, with ``accessKey``; it never shows in plans, logs or error messages
+        (under Spark Connect see ``secretKeyFile``).
+
+    ``secretKeyFile``
+        (string) instead of ``secretKey``: a file whose first line is the ACL secret key, read on the
+        driver when the query is planned. The secret is then in no option: a Spark Connect server, which
+        records each request's options in its event log and UI, never sees it.
 
     ``tls``
         (boolean; default ``false``) encrypt connections with TLS and verify the broker's certificate
@@ -311,7 +317,13 @@ class PymqDataSource(DataSource):
         Apache RocketMQ as its ``AclClientRPCHook`` does.
 
     ``secretKey``
-        (string) ACL secret key, with ``accessKey``; it never shows in plans, logs or error messages.
+        (string) ACL secret key, with ``accessKey``; it never shows in plans, logs or error messages
+        (under Spark Connect see ``secretKeyFile``).
+
+    ``secretKeyFile``
+        (string) instead of ``secretKey``: a file whose first line is the ACL secret key, read on the
+        driver when the query is planned. The secret is then in no option: a Spark Connect server, which
+        records each request's options in its event log and UI, never sees it.
 
     ``tls``
         (boolean; default ``false``) encrypt connections with TLS and verify the broker's certificate
@@ -383,7 +395,13 @@ class PymqDataSource(DataSource):
         Apache RocketMQ as its ``AclClientRPCHook`` does.
 
     ``secretKey``
-        (string) ACL secret key, with ``accessKey``; it never shows in plans, logs or error messages.
+        (string) ACL secret key, with ``accessKey``; it never shows in plans, logs or error messages
+        (under Spark Connect see ``secretKeyFile``).
+
+    ``secretKeyFile``
+        (string) instead of ``secretKey``: a file whose first line is the ACL secret key, read on the
+        driver when the query is planned. The secret is then in no option: a Spark Connect server, which
+        records each request's options in its event log and UI, never sees it.
 
     ``tls``
         (boolean; default ``false``) encrypt connections with TLS and verify the broker's certificate

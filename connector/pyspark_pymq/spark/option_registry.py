@@ -207,7 +207,14 @@ ACCESS_KEY = OptionSpec(
 )
 SECRET_KEY = OptionSpec(
     "secretKey", "string", section="where",
-    doc="ACL secret key, with `accessKey`; it never shows in plans, logs or error messages.",
+    doc="ACL secret key, with `accessKey`; it never shows in plans, logs or error messages (under "
+        "Spark Connect see `secretKeyFile`).",
+)
+SECRET_KEY_FILE = OptionSpec(
+    "secretKeyFile", "string", section="where",
+    doc="instead of `secretKey`: a file whose first line is the ACL secret key, read on the driver "
+        "when the query is planned. The secret is then in no option: a Spark Connect server, which "
+        "records each request's options in its event log and UI, never sees it.",
 )
 TLS = OptionSpec(
     "tls", "boolean", section="where", default=False,
@@ -227,7 +234,8 @@ TLS_KEY_FILE = OptionSpec(
     "tlsKeyFile", "string", section="where",
     doc="with `tls=true` and `tlsCertFile`: the client certificate's PEM private key (unencrypted).",
 )
-_WHERE = (ENDPOINT, NAMESRV_ADDR, ACCESS_KEY, SECRET_KEY, TLS, TLS_CA_FILE, TLS_CERT_FILE, TLS_KEY_FILE)
+_WHERE = (ENDPOINT, NAMESRV_ADDR, ACCESS_KEY, SECRET_KEY, SECRET_KEY_FILE, TLS, TLS_CA_FILE, TLS_CERT_FILE,
+          TLS_KEY_FILE)
 
 
 # -- the source ------------------------------------------------------------------------------
