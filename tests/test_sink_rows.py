@@ -12,6 +12,7 @@ import pytest
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, StructField, StructType
 from pyspark_pymq.backend import BackendConfig
 from pyspark_pymq.backend.pymq import PymqBackend
+from pyspark_pymq.client.consumer import PullConsumer
 from pyspark_pymq.client.message import Message, MessageQueue
 from pyspark_pymq.client.producer import Producer
 from pyspark_pymq.errors import BrokerUnavailableError, PymqError
@@ -290,6 +291,11 @@ def test_the_tasks_of_a_python_worker_send_through_its_backend() -> None:
     shared = cached_backend(opts.backend, 2.5)
     assert given == [shared, shared]
     assert Producer(backend=shared).backend is shared
+    # a backend and connection keywords: which would it be? refused, naming them
+    with pytest.raises(ValueError, match="not both: got backend= and endpoint, secret_key"):
+        Producer("127.0.0.1:2", secret_key="s", backend=shared)
+    with pytest.raises(ValueError, match="not both: got backend= and namesrv_addr"):
+        PullConsumer(group="g", namesrv_addr="127.0.0.1:9876", backend=shared)
 
 
 def test_failed_sends_keep_their_code_and_name_their_rows() -> None:

@@ -59,7 +59,7 @@ import bisect
 import heapq
 import itertools
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -248,24 +248,25 @@ class DeliveryAttempts(ConfigManager):
         ]
         self.dirty = True
 
-    def in_flight(self, group: str, topic: str, queue_id: int) -> dict[int, InFlight]:
-        """The queue's pending messages stored with their in-flight state, by queue offset (those of
-        an older file, attempts alone, are not among them)."""
-        prefix = f"{queue_id}:"
+    def in_flight(self, group: str, topic: str, queue_id: int, offsets: Iterable[int]) -> dict[int, InFlight]:
+        """Those of the queue's pending messages at ``offsets`` stored with their in-flight state, by
+        queue offset (those of an older file, attempts alone, are not among them)."""
+        entries = self.table.get(f"{group}@{topic}", {})
         out: dict[int, InFlight] = {}
-        for key, entry in self.table.get(f"{group}@{topic}", {}).items():
-            if key.startswith(prefix) and isinstance(entry, list):
-                try:
-                    attempts, phy, handle, until, invisible_ms, owner, delivered_at, renew_times = entry
-                    if not isinstance(handle, str) or not handle:
-                        continue
-                    offset = int(key[len(prefix):])
-                    out[offset] = InFlight(
-                        str(handle), group, topic, queue_id, offset, int(phy), int(attempts), int(until),
-                        int(invisible_ms), str(owner), int(delivered_at), int(renew_times),
-                    )
-                except (TypeError, ValueError, OverflowError):  # not as written here: delivered again at once
+        for offset in offsets:
+            entry = entries.get(f"{queue_id}:{offset}")
+            if not isinstance(entry, list):
+                continue
+            try:
+                attempts, phy, handle, until, invisible_ms, owner, delivered_at, renew_times = entry
+                if not isinstance(handle, str) or not handle:
                     continue
+                out[offset] = InFlight(
+                    handle, group, topic, queue_id, offset, int(phy), int(attempts), int(until),
+                    int(invisible_ms), str(owner), int(delivered_at), int(renew_times),
+                )
+            except (TypeError, ValueError, OverflowError):  # not as written here: delivered again at once
+                continue
         return out
 
     def queues(self) -> list[tuple[str, str, int]]:
@@ -346,7 +347,7 @@ class PopMessageManager:
             start = self._start_offset(group, topic, queue_id, stored_next, redo)
             state = self._queues[key] = _QueueState(start)
             if stored_next > state.next_offset:  # a restart: what was acked above the committed offset
-                restored = self.attempts.in_flight(group, topic, queue_id)
+                restored = self.attempts.in_flight(group, topic, queue_id, redo)
                 for offset in redo:
                     inflight = restored.get(offset)
                     # in flight as before the restart (a handle seen twice only in a damaged file)

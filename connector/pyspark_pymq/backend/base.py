@@ -474,6 +474,27 @@ def backend_config(
     return BackendConfig(endpoint, namesrv_addr, access_key, secret_key, tls)
 
 
+def client_backend(
+    backend: Backend | None, timeout_s: float, endpoint: str | None, namesrv_addr: str | None,
+    access_key: str | None, secret_key: str | None, tls: bool | TlsConfig | None, tls_ca_file: str | None,
+    tls_cert_file: str | None, tls_key_file: str | None,
+) -> Backend:
+    """A client class's backend: ``backend`` (one the process shares, as a RocketMQ client
+    instance) or a new one for the connection keywords; ValueError when both are given."""
+    if backend is None:
+        return open_backend(backend_config(endpoint, namesrv_addr, access_key, secret_key,
+                                           client_tls(tls, tls_ca_file, tls_cert_file, tls_key_file)),
+                            timeout_s)
+    given = {"endpoint": endpoint, "namesrv_addr": namesrv_addr, "access_key": access_key,
+             "secret_key": secret_key, "tls": tls, "tls_ca_file": tls_ca_file,
+             "tls_cert_file": tls_cert_file, "tls_key_file": tls_key_file}
+    named = [name for name, value in given.items() if value]
+    if named:
+        raise ValueError(f"give backend= or the connection keywords, not both: got backend= and "
+                         f"{', '.join(named)} (the backend's connection is {backend.config.address!r})")
+    return backend
+
+
 def client_tls(
     tls: bool | TlsConfig | None, tls_ca_file: str | None, tls_cert_file: str | None,
     tls_key_file: str | None,

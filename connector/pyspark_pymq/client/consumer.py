@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from pymq_proto.record import MAX_PROPERTIES_SIZE, MAX_REASON_CHARS, MessageConst, encode_properties
 from pymq_proto.topics import get_dlq_topic, get_retry_topic
 
-from ..backend.base import Backend, PullBatch, SendRequest, backend_config, client_tls, open_backend
+from ..backend.base import Backend, PullBatch, SendRequest, client_backend
 from ..errors import (
     BrokerUnavailableError,
     MessageIllegalError,
@@ -96,11 +96,8 @@ class PullConsumer(SharedConnections):
             raise ValueError(f"consumer group must be a non-empty string, got {group!r}")
         check_timeout_ms(timeout_ms)
         self.group = group
-        self._backend = backend or open_backend(
-            backend_config(endpoint, namesrv_addr, access_key, secret_key,
-                           client_tls(tls, tls_ca_file, tls_cert_file, tls_key_file)),
-            timeout_ms / 1000.0
-        )
+        self._backend = client_backend(backend, timeout_ms / 1000.0, endpoint, namesrv_addr, access_key,
+                                       secret_key, tls, tls_ca_file, tls_cert_file, tls_key_file)
 
     @property
     def backend(self) -> Backend:

@@ -14,7 +14,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..backend.base import Backend, SendRequest, backend_config, client_tls, open_backend
+from ..backend.base import Backend, SendRequest, client_backend
 from ..errors import (
     IllegalArgumentError,
     MessageIllegalError,
@@ -169,10 +169,8 @@ class Producer:
             raise ValueError(f"max_batch_bytes must be at most max_message_size ({max_message_size}), "
                              f"got {max_batch_bytes!r}")
         self.retry_another_broker_when_not_store_ok = retry_another_broker_when_not_store_ok
-        self._backend: Backend = backend or open_backend(
-            backend_config(endpoint, namesrv_addr, access_key, secret_key,
-                           client_tls(tls, tls_ca_file, tls_cert_file, tls_key_file)), self.timeout
-        )
+        self._backend: Backend = client_backend(backend, self.timeout, endpoint, namesrv_addr, access_key,
+                                                secret_key, tls, tls_ca_file, tls_cert_file, tls_key_file)
         self._fault = LatencyFaultTolerance()
         # A random start, as RocketMQ's ThreadLocalIndex: producers made together (one per Spark
         # task) would otherwise all send their first batch to the same queue.

@@ -399,7 +399,7 @@ def _by_queue(df: DataFrame) -> DataFrame:
     spark = df.sparkSession
     try:
         tasks = spark.sparkContext.defaultParallelism
-    except Exception:  # Spark Connect: no SparkContext (PySparkAttributeError)
+    except AttributeError:  # Spark Connect: no SparkContext (its PySparkAttributeError)
         conf = (spark.conf.get("spark.default.parallelism", None)
                 or spark.conf.get("spark.sql.shuffle.partitions", None))
         tasks = int(conf) if conf and str(conf).isdigit() else 2
