@@ -53,6 +53,7 @@ def main() -> None:
                  .getOrCreate())
         if not is_remote():  # Spark Connect (SPARK_API_MODE=connect) has no SparkContext
             spark.sparkContext.setLogLevel("ERROR")
+        print(f"Spark {spark.version} ({'Spark Connect' if is_remote() else 'classic'})")
         orders = (spark.readStream.format("pymq")
                   .option("endpoint", endpoint)
                   .option("topic", "orders")

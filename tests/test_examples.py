@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import base64
+import os
 import re
 import subprocess
 import sys
@@ -20,11 +21,16 @@ EXAMPLES = ROOT / "examples"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def run_example(name: str, *args: str, timeout: float = 300, cwd: Path = ROOT) -> str:
-    """Run ``examples/<name>`` with this interpreter; its stdout (fails on a non-zero exit)."""
+def run_example(name: str, *args: str, timeout: float = 300, cwd: Path = ROOT,
+                env: dict[str, str] | None = None) -> str:
+    """Run ``examples/<name>`` with this interpreter; its stdout (fails on a non-zero exit).
+
+    ``env``: variables to set on top of this process's environment.
+    """
     proc = subprocess.run(
         [sys.executable, str(EXAMPLES / name), *args],
         capture_output=True, text=True, timeout=timeout, cwd=cwd,
+        env={**os.environ, **env} if env else None,
     )
     assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
     return proc.stdout
@@ -63,8 +69,11 @@ def test_retry_dead_letters_walkthrough() -> None:
 
 
 @pytest.mark.spark
-def test_quickstart_streams_and_resumes_from_its_checkpoint() -> None:
-    out = run_example("quickstart.py")
+@pytest.mark.parametrize("api_mode", ["classic", "connect"])
+def test_quickstart_streams_and_resumes_from_its_checkpoint(api_mode: str) -> None:
+    """Also under Spark Connect, as the README says (a local Connect server of its own)."""
+    out = run_example("quickstart.py", env={"SPARK_API_MODE": api_mode})
+    assert ("(Spark Connect)" in out) is (api_mode == "connect")
     assert "sent 100 orders to 'orders'" in out
     assert "first run: read 100 orders" in out
     assert re.findall(r"^\|\s+(\d)\|\s+25\|\s+24\|$", out, re.M) == ["0", "1", "2", "3"]
