@@ -54,6 +54,16 @@ def test_timestamps_become_epoch_milliseconds() -> None:
     assert epoch_ms(batch, "t") == [expected, None]
     assert epoch_ms(batch, "ms") == [1234, None]
     assert epoch_ms(batch, "absent") == [None, None]
+    # floored, as Spark's unix_millis: half a millisecond before 1970 is -1 (a cast made it 0,
+    # which passed the sink's check for times before 1970)
+    early = pa.RecordBatch.from_pydict({
+        "us": pa.array([-500, -1500, 1500], pa.timestamp("us", tz="UTC")),
+        "ns": pa.array([-1, 999_999, -1_000_000], pa.timestamp("ns")),
+        "s": pa.array([-2, 0, 3], pa.timestamp("s")),
+    })
+    assert epoch_ms(early, "us") == [-1, -2, 1]
+    assert epoch_ms(early, "ns") == [-1, 0, -1]
+    assert epoch_ms(early, "s") == [-2000, 0, 3000]
 
 
 def test_send_back_columns_come_straight_from_the_arrow_columns() -> None:

@@ -50,7 +50,9 @@ def epoch_ms(batch: pa.RecordBatch, name: str, null: int | None = None) -> list[
         return [null] * batch.num_rows
     arr = batch.column(index)
     if pa.types.is_timestamp(arr.type):
-        arr = arr.cast(pa.timestamp("ms", arr.type.tz), safe=False).cast(pa.int64())
+        if arr.type.unit in ("us", "ns"):  # floored: a cast truncates -0.5 ms to 0, past a sign check
+            arr = pc.floor_temporal(arr, unit="millisecond")
+        arr = arr.cast(pa.timestamp("ms", arr.type.tz)).cast(pa.int64())
     if null is not None:
         arr = arr.fill_null(null)
     return list(arr.to_pylist())
