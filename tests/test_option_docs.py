@@ -175,7 +175,6 @@ def test_unknown_options_name_the_closest_registered_one() -> None:
 
 @pytest.mark.parametrize(("kafka", "here"), [
     ("subscribe", "use 'topic' here"),  # not the closest spelling, 'subscription' (the tag filter)
-    ("assign", "reading only some queues of a topic is not supported"),
     ("minOffsetsPerTrigger", "use 'minMessagesPerTrigger' here (with maxTriggerDelay"),
     ("kafkaConsumer.pollTimeoutMs", "use 'pollTimeoutMs' here"),
     ("kafka.security.protocol", "TLS is options tls=true and tlsCaFile"),

@@ -354,6 +354,44 @@ def test_queue_added_mid_stream_is_read_from_its_start(
     assert min(r["queue_offset"] for r in rows if r["queue_id"] >= 2) == 0
 
 
+def test_assign_splits_a_topics_queues_between_two_streams_of_one_group(
+    spark: Any, ep: str, tmp_path: Path
+) -> None:
+    """Spark's Kafka ``assign``: each stream reads its own queues and commits their progress to the
+    group it shares with the other, reads no retries, and a queue added later joins neither."""
+    topic, group = create(ep, unique("assign"), queues=4), unique("g")
+    sent = produce(ep, topic, 40)
+    consumer = PullConsumer(ep, group)
+    consumer.send_back(consumer.pull(MessageQueue(topic, "broker-a", 0), 0, 1).messages[0], delay_level=1)
+    wait_for_messages(ep, f"%RETRY%{group}", 1)
+    halves = [f'{{"{topic}": [0, 1]}}', f'{{"{topic}": ["broker-a:2", "broker-a:3"]}}']
+
+    def run(half: int) -> list[dict[str, Any]]:
+        df = (spark.readStream.format("pymq").option("endpoint", ep).option("assign", halves[half])
+              .option("consumerGroup", group).option("startingOffsets", "earliest").load())
+        run_available_now(df, tmp_path / f"out{half}", tmp_path / f"ckpt{half}")
+        return output(tmp_path / f"out{half}")
+
+    first, second = run(0), run(1)
+    assert {r["queue_id"] for r in first} == {0, 1} and {r["queue_id"] for r in second} == {2, 3}
+    assert Counter(r["msg_id"] for r in first + second) == Counter(sent)  # the retry was read by neither
+    Admin(ep).create_topic(topic, queues=6)  # scaled out: queues 4 and 5 are nobody's
+    produce(ep, topic, 60, start=40)
+    first, second = run(0), run(1)
+    stats = Admin(ep).topic_stats(topic).set_index("queue_id")["max_offset"]
+    assert len(first) == stats[0] + stats[1] and len(second) == stats[2] + stats[3]
+    assert {r["queue_id"] for r in first + second} == {0, 1, 2, 3}
+    assert len({r["msg_id"] for r in first + second}) == len(first) + len(second)  # none twice
+    # both streams' commits are the group's progress, each of its own queues (one batch late)
+    ends = [checkpoint_offsets(tmp_path / f"ckpt{half}")[0][topic] for half in (0, 1)]
+    committed = {q: consumer.committed(MessageQueue(topic, "broker-a", q)) for q in range(6)}
+    assert committed == {**{int(k.split(":")[1]): v for end in ends for k, v in end.items()}, 4: -1, 5: -1}
+
+    batch = (spark.read.format("pymq").option("endpoint", ep).option("assign", f'{{"{topic}": [5]}}')
+             .load().select("queue_id").collect())
+    assert len(batch) == stats[5] > 0 and {r["queue_id"] for r in batch} == {5}
+
+
 def test_group_progress_goes_on_after_a_scale_in_of_read_queues(ep: str) -> None:
     """A queue cut by a scale-in of read queues waits in the checkpoint; the commits leave it out
     (the stream's as Spark calls them, and commit_group_progress's), or the broker refuses the

@@ -382,12 +382,56 @@ def test_subscribe_pattern_is_one_of_topic_or_it_and_matches_whole_user_topic_na
     for raw, needles in [
         (batch(subscribePattern="o.*"),
          ["topic='orders' and subscribePattern='o.*' cannot be used together"]),
-        ({"endpoint": EP}, ["topic is required", "or subscribePattern="]),
+        ({"endpoint": EP}, ["topic is required", "subscribePattern='orders-.*' for the topics"]),
         ({"endpoint": EP, "subscribePattern": ""}, ["subscribePattern='' is not valid"]),
         ({"endpoint": EP, "subscribePattern": "orders-("}, ["subscribePattern='orders-(' is not valid",
                                                             "no regular expression"]),
         ({"endpoint": EP, "subscribePattern": "o.*", "startingOffsets": '{"payments": {"0": 1}}'},
          ["startingOffsets=", "topics ['payments'] that subscribePattern='o.*' does not match"]),
+    ]:
+        with pytest.raises(ValueError) as info:
+            parse_source_options(raw, stream=None)
+        for needle in needles:
+            assert needle in str(info.value), str(info.value)
+
+
+def test_assign_names_queues_instead_of_topics_and_reads_no_retries() -> None:
+    o = parse_source_options({"endpoint": EP, "consumerGroup": "g",
+                              "assign": '{"orders": ["broker-a:1", 0], "payments": ["2"]}'}, stream=True)
+    assert o.topics == ("orders", "payments") and o.assigned is not None
+    assert o.include_retry is False and o.all_topics() == ("orders", "payments")
+    assert o.topic_option == """assign='{"orders":["0","broker-a:1"],"payments":["2"]}'"""
+    assert o.assigns(MessageQueue("orders", "broker-a", 1)) and o.assigns(MessageQueue("orders", "any", 0))
+    assert not o.assigns(MessageQueue("orders", "broker-b", 1))  # another broker's queue 1
+    assert not o.assigns(MessageQueue("payments", "broker-a", 0))
+    assert parse_source_options(stream(), stream=True).assigns(MessageQueue("orders", "b", 9))
+    # offsets JSON of assigned queues (a broker-less key names them on any broker)
+    parse_source_options({"endpoint": EP, "consumerGroup": "g", "assign": '{"orders": ["broker-a:1"]}',
+                          "startingOffsets": '{"orders": {"1": 5}}'}, stream=True)
+    retry = '{"%RETRY%g": [0], "orders": [0]}'  # the retry topic's queues, named like any other
+    assert parse_source_options({"endpoint": EP, "consumerGroup": "g", "assign": retry},
+                                stream=True).topics == ("%RETRY%g", "orders")
+    for raw, needles in [
+        (batch(assign='{"orders": [0]}'),
+         ["assign='{\"orders\": [0]}' and topic='orders' cannot be used together"]),
+        ({"endpoint": EP, "subscribePattern": "o.*", "assign": '{"orders": [0]}'},
+         ["and subscribePattern='o.*' cannot be used together"]),
+        ({"endpoint": EP, "assign": "orders:0"}, ["assign='orders:0' is not valid JSON"]),
+        ({"endpoint": EP, "assign": "{}"}, ["non-empty JSON object of topic -> [queues]"]),
+        ({"endpoint": EP, "assign": '{"orders": []}'}, ["topic 'orders' must be a non-empty list"]),
+        ({"endpoint": EP, "assign": '{"orders": {"0": 1}}'}, ["must be a non-empty list of queues"]),
+        ({"endpoint": EP, "assign": '{"orders": ["a:b"]}'}, ["queue 'a:b' of topic 'orders' must be"]),
+        ({"endpoint": EP, "assign": '{"orders": [-1]}'}, ["queue -1 of topic 'orders' must be"]),
+        ({"endpoint": EP, "assign": '{"orders": [true]}'}, ["queue True of topic 'orders' must be"]),
+        ({"endpoint": EP, "assign": '{"orders": [1, "1"]}'}, ["names queue '1' of 'orders' twice"]),
+        ({"endpoint": EP, "assign": '{"orders": [1], "orders": [2]}'}, ["names 'orders' twice"]),
+        ({"endpoint": EP, "assign": '{"or ders": [1]}'}, ["topic 'or ders' must be 1-127 letters"]),
+        ({"endpoint": EP, "consumerGroup": "g", "assign": '{"orders": [0]}', "includeRetry": "true"},
+         ["includeRetry='true' is not valid", "name the queues of '%RETRY%g' in assign"]),
+        ({"endpoint": EP, "assign": '{"orders": ["broker-a:0"]}',
+          "startingOffsets": '{"orders": {"broker-a:1": 5}}'},
+         ["startingOffsets=", "names queue broker-a:1 of 'orders', which assign=", "name only assigned"]),
+        ({"endpoint": EP}, ["topic is required", "or assign"]),
     ]:
         with pytest.raises(ValueError) as info:
             parse_source_options(raw, stream=None)
@@ -425,6 +469,15 @@ class TopicsBackend:
 
     def register_consumer(self, group: str, topics: Any) -> None:
         self.registered = list(topics)
+
+
+class QueuesBackend(TopicsBackend):
+    """Topics of several queues on broker "b", each holding 10 messages."""
+
+    def queue_bounds(self, topic: str, *, unreachable: Any = None) -> dict[MessageQueue, QueueBounds] | None:
+        if topic not in self.topics:
+            return None
+        return {MessageQueue(topic, "b", q): QueueBounds(0, 10) for q in range(self.topics[topic])}
 
 
 def test_subscribe_pattern_topics_are_asked_at_every_bounds_and_a_gone_one_is_missing() -> None:
@@ -470,6 +523,25 @@ def test_subscribe_pattern_mid_stream_outlives_a_listing_the_broker_does_not_ans
                                         r"cannot find its topics: the name servers do not list .*name "
                                         r"the topics with option topic$"):
         OffsetReader(opts, backend=backend).bounds(require_topics=True)  # type: ignore[arg-type]
+
+
+def test_assign_bounds_are_the_named_queues_and_each_must_be_there_at_the_start() -> None:
+    backend = QueuesBackend({"orders": 4})
+    opts = parse_source_options({"endpoint": EP, "consumerGroup": "g",
+                                 "assign": '{"orders": ["b:1", 3]}'}, stream=True)
+    reader = OffsetReader(opts, backend=backend)  # type: ignore[arg-type]
+    bounds, missing = reader.bounds(require_topics=True)
+    assert sorted(mq.queue_id for mq in bounds) == [1, 3] and missing == []
+    backend.topics["orders"] = 2  # scaled in: queue 3 gone mid-stream is left out, not an error
+    bounds, missing = reader.bounds(require_topics=False)
+    assert sorted(mq.queue_id for mq in bounds) == [1] and missing == []
+    with pytest.raises(ValueError, match=r"""pymq option assign='\{"orders":\["3","b:1"\]\}': topic """
+                                         r"'orders' has no readable queue 3 on .*; its queues are b:0, "
+                                         r"b:1. Name those it has"):
+        OffsetReader(opts, backend=backend).bounds(require_topics=True)  # type: ignore[arg-type]
+    other = parse_source_options({"endpoint": EP, "assign": '{"orders": ["c:1"]}'}, stream=False)
+    with pytest.raises(ValueError, match="has no readable queue c:1"):  # queue 1 of another broker
+        OffsetReader(other, backend=backend).bounds(require_topics=True)  # type: ignore[arg-type]
 
 
 def test_subscribe_pattern_skips_a_listed_topic_it_cannot_read() -> None:

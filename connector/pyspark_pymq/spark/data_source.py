@@ -82,20 +82,30 @@ class PymqDataSource(DataSource):
         (unencrypted).
 
     ``topic``
-        (comma-separated list; ``topic`` or ``subscribePattern`` required) one topic or a
+        (comma-separated list; ``topic``, ``subscribePattern`` or ``assign`` required) one topic or a
         comma-separated list (``orders,payments``; a topic named twice is read once). Names are 1-127
         letters, digits, ``%``, ``|``, ``_`` or ``-``, so ``%RETRY%<group>`` and ``%DLQ%<group>`` can be
         read too.
 
     ``subscribePattern``
-        (string; ``topic`` or ``subscribePattern`` required) the topics whose whole name matches this
-        regular expression (Spark's Kafka option; Python's ``re`` syntax, which agrees with Java's for
-        the usual ``orders-.*`` or ``(orders|payments)_eu``). A stream looks for matching topics at
-        every trigger and reads a new one from its first message (one deleted goes through
+        (string; ``topic``, ``subscribePattern`` or ``assign`` required) the topics whose whole name
+        matches this regular expression (Spark's Kafka option; Python's ``re`` syntax, which agrees with
+        Java's for the usual ``orders-.*`` or ``(orders|payments)_eu``). A stream looks for matching
+        topics at every trigger and reads a new one from its first message (one deleted goes through
         ``failOnDataLoss``); a batch read takes those there are when it is planned (none: no rows).
         System topics (``%RETRY%``, ``%DLQ%``, ``RMQ_SYS_*``, ``SCHEDULE_TOPIC_XXXX``, ``TBW102``, ...)
         never match. Instead of ``topic``; listing topics needs the broker's LIST permission where users
         are on.
+
+    ``assign``
+        (JSON; ``topic``, ``subscribePattern`` or ``assign`` required) some queues of some topics, and
+        only those (Spark's Kafka option; RocketMQ's ``DefaultLitePullConsumer.assign``): ``{"orders":
+        ["broker-a:0", "broker-a:1"], "payments": [2]}`` (a bare queue id: that queue on any broker).
+        Queries that split a topic's queues between them can share a ``consumerGroup``: each commits the
+        progress of its own queues. No retries are read along (``includeRetry`` is refused): name
+        ``%RETRY%<consumerGroup>``'s queues in one query's ``assign`` to read them. A named queue the
+        topic does not have fails the query at its start; one gone mid-stream waits, as any queue a
+        topic no longer reads. Instead of ``topic`` and ``subscribePattern``.
 
     ``consumerGroup``
         (string) the consumer group: 1-127 letters, digits, ``|``, ``_`` or ``-``. Required for streams
@@ -217,13 +227,13 @@ class PymqDataSource(DataSource):
         start a new checkpoint.
 
     ``includeRetry``
-        (boolean; default streams in CLUSTERING with a ``consumerGroup``: ``true``; else ``false``) read
-        ``%RETRY%<consumerGroup>`` too (needs ``consumerGroup`` and CLUSTERING). Its queues start as the
-        topics' do (``startingOffsets``, ``startingTimestamp``, ``lastMessagesPerQueue``), except that
-        with ``startingOffsets=group`` a queue without the group's progress starts as RocketMQ's
-        consumers start retry topics: at its first message, or with
-        ``consumeFromWhere=CONSUME_FROM_TIMESTAMP`` at its last. A retried message shows its original
-        topic in ``topic`` and the retry topic in ``retry_topic``.
+        (boolean; default streams in CLUSTERING with a ``consumerGroup`` (without ``assign``): ``true``;
+        else ``false``) read ``%RETRY%<consumerGroup>`` too (needs ``consumerGroup`` and CLUSTERING).
+        Its queues start as the topics' do (``startingOffsets``, ``startingTimestamp``,
+        ``lastMessagesPerQueue``), except that with ``startingOffsets=group`` a queue without the
+        group's progress starts as RocketMQ's consumers start retry topics: at its first message, or
+        with ``consumeFromWhere=CONSUME_FROM_TIMESTAMP`` at its last. A retried message shows its
+        original topic in ``topic`` and the retry topic in ``retry_topic``.
 
     ``pullBatchSize``
         (integer 1..100000; default 32768) at most this many messages per pull. RocketMQ's brokers

@@ -158,8 +158,9 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
         gone = [mq for mq in current if mq not in bounds and mq.topic in subscribed]
         down = reader.unavailable_brokers(gone) if gone else set()
         for mq, offset in sorted(current.items()):
-            if mq.topic not in subscribed:
-                # The options changed (topic list, consumerGroup): the user's choice, not a loss.
+            if mq.topic not in subscribed or not self.options.assigns(mq):
+                # The options changed (topic list, consumerGroup, assign): the user's choice, not a
+                # loss.
                 logger.warning(
                     "pymq source: the checkpoint has offsets of %s, which the query no longer "
                     "reads (%s, consumerGroup=%s); dropping them",

@@ -145,6 +145,8 @@ class OffsetReader:
                     raise self._explain(TopicNotExistError(topic), topic)
                 missing.append(topic)
                 continue
+            if self.opts.assigned is not None:
+                found = self._assigned(topic, found, strict=require_topics)
             out.update(found)
         self._unreachable = unreachable or set()
         self._readable = set(out)
@@ -157,6 +159,24 @@ class OffsetReader:
             logger.warning("pymq source: broker(s) %s do not answer or serve no reads; their queues wait",
                            ", ".join(sorted(self._unreachable)))
         return out, missing
+
+    def _assigned(self, topic: str, found: dict[MessageQueue, QueueBounds], *,
+                  strict: bool) -> dict[MessageQueue, QueueBounds]:
+        """The queues of ``found`` that ``assign`` names. At the start (``strict``) each one it
+        names must be there; mid-stream one gone waits (see MicroBatchStream.latestOffset)."""
+        opts = self.opts
+        assert opts.assigned is not None
+        if strict:
+            for _, broker, qid in sorted(key for key in opts.assigned if key[0] == topic):
+                if not any(mq.queue_id == qid and broker in ("", mq.broker_name) for mq in found):
+                    has = ", ".join(f"{mq.broker_name}:{mq.queue_id}" for mq in sorted(
+                        found, key=lambda mq: (mq.broker_name, mq.queue_id)))
+                    raise ValueError(
+                        f"pymq option {opts.topic_option}: topic {topic!r} has no readable queue "
+                        f"{f'{broker}:{qid}' if broker else qid} on {opts.backend.where}; its "
+                        f"queues are {has or 'none'}. Name those it has"
+                    )
+        return {mq: b for mq, b in found.items() if opts.assigns(mq)}
 
     def _resolve_topics(self, keep: set[str], *, strict: bool) -> None:
         """subscribePattern: ``opts.topics`` become the topics that match now (see :meth:`bounds`).

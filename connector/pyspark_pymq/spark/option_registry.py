@@ -240,7 +240,7 @@ _WHERE = (ENDPOINT, NAMESRV_ADDR, ACCESS_KEY, SECRET_KEY, SECRET_KEY_FILE, TLS, 
 
 # -- the source ------------------------------------------------------------------------------
 
-_TOPIC_OR_PATTERN = "`topic` or `subscribePattern` required"
+_TOPIC_OR_PATTERN = "`topic`, `subscribePattern` or `assign` required"
 
 _SOURCE = (
     *_WHERE,
@@ -261,6 +261,17 @@ _SOURCE = (
             "planned (none: no rows). System topics (`%RETRY%`, `%DLQ%`, `RMQ_SYS_*`, "
             "`SCHEDULE_TOPIC_XXXX`, `TBW102`, ...) never match. Instead of `topic`; listing topics "
             "needs the broker's LIST permission where users are on.",
+    ),
+    OptionSpec(
+        "assign", "json_object", section="what", required=_TOPIC_OR_PATTERN,
+        doc="some queues of some topics, and only those (Spark's Kafka option; RocketMQ's "
+            '`DefaultLitePullConsumer.assign`): `{"orders": ["broker-a:0", "broker-a:1"], '
+            '"payments": [2]}` (a bare queue id: that queue on any broker). Queries that split a '
+            "topic's queues between them can share a `consumerGroup`: each commits the progress of "
+            "its own queues. No retries are read along (`includeRetry` is refused): name "
+            "`%RETRY%<consumerGroup>`'s queues in one query's `assign` to read them. A named queue "
+            "the topic does not have fails the query at its start; one gone mid-stream waits, as "
+            "any queue a topic no longer reads. Instead of `topic` and `subscribePattern`.",
     ),
     OptionSpec(
         "consumerGroup", "string", section="what",
@@ -411,7 +422,7 @@ _SOURCE = (
     ),
     OptionSpec(
         "includeRetry", "boolean", section="retries",
-        default_doc="streams in CLUSTERING with a `consumerGroup`: `true`; else `false`",
+        default_doc="streams in CLUSTERING with a `consumerGroup` (without `assign`): `true`; else `false`",
         doc="read `%RETRY%<consumerGroup>` too (needs `consumerGroup` and CLUSTERING). Its queues "
             "start as the topics' do (`startingOffsets`, `startingTimestamp`, `lastMessagesPerQueue`), "
             "except that with `startingOffsets=group` a queue without the group's progress starts "

@@ -30,6 +30,7 @@ from enum import Enum
 from pymq_proto.topics import get_retry_topic, is_retry_topic, is_system_topic
 
 from ..backend.base import BackendConfig, check_subscription, parse_backend_options
+from ..client.message import MessageQueue
 from .option_registry import (
     DEFAULT_CONNECT_TIMEOUT_MS,
     DEFAULT_POLL_TIMEOUT_MS,
@@ -42,7 +43,13 @@ from .option_registry import (
     OptionRegistry,
     browse_group,
 )
-from .source_offset import QueueKey, parse_offsets_json, parse_timestamps_json
+from .source_offset import (
+    QueueKey,
+    assign_text,
+    parse_assign_json,
+    parse_offsets_json,
+    parse_timestamps_json,
+)
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT_MS",
@@ -169,13 +176,26 @@ class SourceOptions:
     # subscribePattern: ``topics`` are then the matching topics the offset reader found last
     # (none until it looked; OffsetReader replaces them at each look)
     topic_pattern: str | None = None
+    # assign: the queues read, of ``topics`` (broker name "": that queue id on any broker); None:
+    # every queue of the topics
+    assigned: frozenset[QueueKey] | None = None
 
     @property
     def topic_option(self) -> str:
-        """How the user named the topics, for messages: ``topic='a,b'`` or ``subscribePattern='a.*'``."""
+        """How the user named the topics, for messages: ``topic='a,b'``, ``subscribePattern='a.*'``
+        or ``assign='{...}'``."""
         if self.topic_pattern is not None:
             return f"subscribePattern={self.topic_pattern!r}"
+        if self.assigned is not None:
+            return f"assign={assign_text(self.assigned)!r}"
         return f"topic={','.join(self.topics)!r}"
+
+    def assigns(self, mq: MessageQueue) -> bool:
+        """Whether ``mq`` is one of the queues ``assign`` names (every queue without it)."""
+        if self.assigned is None:
+            return True
+        return (mq.topic, mq.broker_name, mq.queue_id) in self.assigned or (
+            (mq.topic, "", mq.queue_id) in self.assigned)
 
     def matches(self, topic: str) -> bool:
         """Whether ``topic`` is one of the query's: named in ``topic``, or matched by
@@ -231,8 +251,6 @@ def _bad(name: str, value: object, allowed: str, prefix: str = "pymq option") ->
 _SASL = ("", "authentication is options accessKey and secretKey (RocketMQ's ACL users)")
 _KAFKA_OPTIONS: dict[str, tuple[str, str]] = {
     "subscribe": ("topic", "a comma-separated list; every queue of each topic is read"),
-    "assign": ("topic", "every queue of the topics is read, and startingOffsets JSON sets where each "
-                        "starts; reading only some queues of a topic is not supported"),
     "kafka.bootstrap.servers": ("endpoint", "the pymq broker's host:port, or namesrvAddr for an Apache "
                                             "RocketMQ cluster"),
     "kafka.group.id": ("consumerGroup", ""),
@@ -424,6 +442,7 @@ def _parse_group(value: str | None, prefix: str = "pymq option") -> str | None:
 class _What:
     topics: tuple[str, ...]  # () with a pattern
     pattern: str | None
+    assigned: frozenset[QueueKey] | None
     group: str | None
     model: MessageModel
     subscription: str
@@ -455,15 +474,38 @@ def _parse_pattern(opts: OptionValues) -> str | None:
     return pattern
 
 
+def _parse_assign(opts: OptionValues) -> frozenset[QueueKey] | None:
+    """assign: the queues read; instead of topic and subscribePattern."""
+    text = opts.get("assign")
+    if text is None:
+        return None
+    other = next((name for name in ("topic", "subscribePattern") if (opts.get(name) or "").strip()), None)
+    if other is not None:
+        raise ValueError(
+            f"pymq options assign={text!r} and {other}={opts.get(other)!r} cannot be used together: "
+            "each says what is read. Keep one of them"
+        )
+    assigned = parse_assign_json(text)
+    for topic in sorted({key[0] for key in assigned}):
+        if not _TOPIC_RE.match(topic):
+            raise opts.bad("assign", text, f"topic {topic!r} must be 1-127 letters, digits, '%', '|', "
+                           "'_' or '-'")
+    return assigned
+
+
 def _parse_what(opts: OptionValues, backend: BackendConfig, stream: bool | None) -> _What:
     pattern = _parse_pattern(opts)
-    if pattern is None and not (opts.get("topic") or "").strip():
+    assigned = _parse_assign(opts)
+    if pattern is None and assigned is None and not (opts.get("topic") or "").strip():
         raise ValueError(
             "pymq option topic is required: set .option('topic', 'orders') (one topic, or a "
-            "comma-separated list such as 'orders,payments'), or subscribePattern='orders-.*' for "
-            "the topics whose names match"
+            "comma-separated list such as 'orders,payments'), subscribePattern='orders-.*' for "
+            "the topics whose names match, or assign for some queues of them"
         )
-    topics = () if pattern is not None else _parse_topics(opts.get("topic"))
+    if assigned is not None:
+        topics = tuple(sorted({key[0] for key in assigned}))
+    else:
+        topics = () if pattern is not None else _parse_topics(opts.get("topic"))
     group = _parse_group(opts.get("consumerGroup"))
     model = MessageModel(opts.choice("messageModel"))
     if stream is True and model is MessageModel.CLUSTERING and group is None:
@@ -481,7 +523,7 @@ def _parse_what(opts: OptionValues, backend: BackendConfig, stream: bool | None)
         check_subscription(backend, subscription, subscription_type)
     except ValueError as err:
         raise opts.bad("subscription", subscription, str(err)) from None
-    return _What(topics, pattern, group, model, subscription, subscription_type)
+    return _What(topics, pattern, assigned, group, model, subscription, subscription_type)
 
 
 # -- where reading starts ------------------------------------------------------------------------
@@ -639,6 +681,14 @@ def _check_offset_topics(opts: OptionValues, options: SourceOptions) -> None:
                           ("endingOffsetsByTimestamp", options.ending.timestamps)):
         unknown = sorted(topic for topic in {key[0] for key in offsets}
                          if topic != retry and not options.matches(topic))
+        if not unknown and options.assigned is not None:
+            # a queue assign does not name is never read: its start or end would be ignored
+            other = sorted(key for key in offsets if not any(_same_queue(key, a) for a in options.assigned))
+            if other:
+                topic, broker, qid = other[0]
+                raise opts.bad(name, opts.get(name), f"it names queue {f'{broker}:{qid}' if broker else qid} "
+                               f"of {topic!r}, which {options.topic_option} does not: name only "
+                               "assigned queues")
         if not unknown:
             continue
         if options.topic_pattern is not None:
@@ -758,8 +808,17 @@ def _parse_include_retry(opts: OptionValues, what: _What, stream: bool | None) -
     At load() (``stream`` None) the default is a stream's: what a stream accepts (an offsets
     JSON naming %RETRY%<consumerGroup>) must not be refused before Spark says it is one.
     """
-    default = stream is not False and what.clustering and what.group is not None
+    # assign: the named queues only. Two queries that split a topic's queues would each read every
+    # queue of the group's %RETRY% topic (RocketMQ's assign mode reads no retry topic either)
+    default = stream is not False and what.clustering and what.group is not None and what.assigned is None
     include_retry = opts.boolean("includeRetry", default)
+    if include_retry and what.assigned is not None:
+        raise _bad(
+            "includeRetry", opts.get("includeRetry"),
+            "with assign a query reads the queues it names, and no others: name the queues of "
+            f"{get_retry_topic(what.group or '<consumerGroup>')!r} in assign to read retries (in one "
+            "of the queries that split a topic's queues), or remove includeRetry",
+        )
     if include_retry and not what.clustering:
         raise _bad(
             "includeRetry",
@@ -822,6 +881,7 @@ def parse_source_options(raw: Mapping[str, str], *, stream: bool | None) -> Sour
         backend=backend,
         topics=what.topics,
         topic_pattern=what.pattern,
+        assigned=what.assigned,
         stream=bool(stream),
         consumer_group=what.group,
         message_model=what.model,

@@ -57,10 +57,12 @@ __all__ = [
     "TOPIC_IDS_KEY",
     "QueueKey",
     "TopicIds",
+    "assign_text",
     "batch_start",
     "is_initial",
     "offsets_from_json",
     "offsets_to_json",
+    "parse_assign_json",
     "parse_offsets_json",
     "parse_timestamps_json",
     "queue_key",
@@ -231,10 +233,8 @@ def parse_timestamps_json(text: str, option: str) -> dict[QueueKey, int]:
     )
 
 
-def _parse_queue_json(
-    text: str, option: str, *, example: str, what: str, allowed: str, valid: Callable[[int], bool],
-) -> dict[QueueKey, int]:
-    """``{"topic": {"brokerName:queueId": number}}``, each number ``valid``."""
+def _json_object(text: str, option: str, example: str, shape: str) -> dict[str, Any]:
+    """The non-empty JSON object of option ``option`` (of ``shape``), no key given twice."""
 
     def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         # json.loads keeps the last of two equal keys: one of the user's values would be lost
@@ -256,8 +256,16 @@ def _parse_queue_json(
     if not isinstance(data, dict) or not data:
         raise ValueError(
             f"pymq option {option}={text!r} is not valid: use a non-empty JSON object of "
-            f"topic -> {{'brokerName:queueId': {what}}}, such as {example}"
+            f"{shape}, such as {example}"
         )
+    return data
+
+
+def _parse_queue_json(
+    text: str, option: str, *, example: str, what: str, allowed: str, valid: Callable[[int], bool],
+) -> dict[QueueKey, int]:
+    """``{"topic": {"brokerName:queueId": number}}``, each number ``valid``."""
+    data = _json_object(text, option, example, f"topic -> {{'brokerName:queueId': {what}}}")
     out: dict[QueueKey, int] = {}
     for topic, queues in data.items():
         if not isinstance(queues, dict):
@@ -283,6 +291,43 @@ def _parse_queue_json(
                                  f"each queue once (example: {example})")
             out[queue] = int(value)
     return out
+
+
+ASSIGN_EXAMPLE = '{"orders": ["broker-a:0", "broker-a:1"], "payments": [2]}'
+
+
+def parse_assign_json(text: str, option: str = "assign") -> frozenset[QueueKey]:
+    """The queues an ``assign`` option names: ``{"topic": ["brokerName:queueId", queueId, ...]}``
+    (a bare queue id: that queue on any broker, as in :func:`parse_offsets_json`)."""
+    data = _json_object(text, option, ASSIGN_EXAMPLE, "topic -> [queues]")
+    out: set[QueueKey] = set()
+    for topic, queues in data.items():
+        if not isinstance(queues, list) or not queues:
+            raise ValueError(f"pymq option {option}: the value for topic {topic!r} must be a non-empty "
+                             f"list of queues ('broker-a:0', or a queue id), got {queues!r} (example: "
+                             f"{ASSIGN_EXAMPLE})")
+        for queue in queues:
+            parsed = None if isinstance(queue, bool) else (
+                ("", queue) if isinstance(queue, int) and queue >= 0
+                else _split_queue_key(queue, allow_bare=True) if isinstance(queue, str) else None)
+            if parsed is None:
+                raise ValueError(f"pymq option {option}: queue {queue!r} of topic {topic!r} must be "
+                                 f"'brokerName:queueId' such as 'broker-a:0', or a queue id (example: "
+                                 f"{ASSIGN_EXAMPLE})")
+            key = (str(topic), parsed[0], parsed[1])
+            if key in out:
+                raise ValueError(f"pymq option {option} names queue {queue!r} of {topic!r} twice: give "
+                                 f"each queue once (example: {ASSIGN_EXAMPLE})")
+            out.add(key)
+    return frozenset(out)
+
+
+def assign_text(assigned: frozenset[QueueKey]) -> str:
+    """``assigned`` as ``assign`` JSON, in one order (for messages)."""
+    out: dict[str, list[str]] = {}
+    for topic, broker, qid in sorted(assigned):
+        out.setdefault(topic, []).append(f"{broker}:{qid}" if broker else str(qid))
+    return json.dumps(out, separators=(",", ":"))
 
 
 def lookup(offsets: Mapping[QueueKey, int], mq: MessageQueue) -> int | None:
