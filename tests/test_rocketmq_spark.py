@@ -192,6 +192,30 @@ def test_batch_read_subscribe_pattern(spark: Any, rocketmq_cluster: RocketMQClus
     ]
 
 
+def test_batch_read_assign_reads_the_named_queues(spark: Any, rocketmq_cluster: RocketMQCluster) -> None:
+    """``assign`` on a topic of two brokers: one broker's queues, or a queue id on either broker."""
+    c = rocketmq_cluster
+    topic = unique("rassign")
+    c.create_topic(topic, 2)
+    producer = Producer(namesrv_addr=c.namesrv_addr)
+    for i in range(24):
+        producer.send(Message(topic, f"m{i}".encode()))
+    sent = _read_topic(c.namesrv_addr, topic, at_least=24)
+    assert {m.broker_name for m in sent} == {"broker-a", "broker-b"}
+
+    def read(assign: str) -> Counter[tuple[str, int, bytes]]:
+        rows = (spark.read.format("pymq").option("namesrvAddr", c.namesrv_addr).option("assign", assign)
+                .load().collect())
+        return Counter((r.broker_name, r.queue_id, r.body) for r in rows)
+
+    def stored(keep: Any) -> Counter[tuple[str, int, bytes]]:
+        return Counter((m.broker_name, m.queue_id, m.body) for m in sent if keep(m))
+
+    one_broker = f'{{"{topic}": ["broker-b:0", "broker-b:1"]}}'
+    assert read(one_broker) == stored(lambda m: m.broker_name == "broker-b")
+    assert read(f'{{"{topic}": [1]}}') == stored(lambda m: m.queue_id == 1)
+
+
 def test_sink_send_modes_write_to_both_brokers(
     spark: Any, rocketmq_cluster: RocketMQCluster
 ) -> None:
