@@ -236,6 +236,42 @@ def test_a_damaged_consume_queue_entry_is_rebuilt_from_the_commit_log_after_a_cl
         crashed.shutdown()
 
 
+def test_a_start_reads_what_its_consume_queues_hold_not_their_whole_segments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each queue's last segment (6 MB by default) was read whole at every start: a broker of 4,096
+    queues of a few messages each took ~25 s to start. Its zeros (holes) are not read now, and a
+    byte past a queue's end far into the segment still marks it damaged."""
+    store = make_store(tmp_path)
+    for q in range(8):
+        store.put_messages("t", q, [msg(b"a"), msg(b"b")])
+    store.shutdown()
+    read: list[int] = []  # bytes read from consume queue files (the commit log's recovery reads its own)
+    pread = os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, n, at: (
+        "/consumequeue/" in os.readlink(f"/proc/self/fd/{fd}") and read.append(n)) or pread(fd, n, at))
+    again = make_store(tmp_path)
+    try:
+        assert [again.get_max_offset_in_queue("t", q) for q in range(8)] == [2] * 8
+        cq_bytes = 8 * again.config.mapped_file_size_consume_queue
+        assert sum(read) < cq_bytes // 100, (sum(read), cq_bytes)  # a few KB a queue, not 6 MB
+    finally:
+        again.shutdown()
+    monkeypatch.setattr(os, "pread", pread)
+    segment = next((tmp_path / "consumequeue" / "t" / "3").iterdir())
+    with open(segment, "r+b") as f:  # one stray byte 5 MB past the queue's end
+        f.seek(5_000_000)
+        f.write(b"\x01")
+    with caplog.at_level(logging.WARNING):
+        damaged = make_store(tmp_path)
+    try:
+        assert "consume queue t-3: the entry at queue offset 2" in caplog.text
+        assert damaged.get_max_offset_in_queue("t", 3) == 2  # rebuilt from the commit log
+        assert damaged.put_messages("t", 3, [msg(b"c")]).queue_offset == 2
+    finally:
+        damaged.shutdown()
+
+
 def test_a_damaged_queue_is_found_again_when_the_start_that_found_it_fails(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

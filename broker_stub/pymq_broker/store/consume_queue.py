@@ -86,12 +86,9 @@ class ConsumeQueue:
                 del files[after:]
                 break
         for mf in reversed(files):
-            raw = mf.read(0, mf.file_size)
-            arr = np.frombuffer(raw[: len(raw) - len(raw) % CQ_STORE_UNIT_SIZE], dtype=CQ_ENTRY)
-            empty = np.flatnonzero((arr["size"] <= 0) | (arr["phy"] < 0))
-            used = int(empty[0]) if len(empty) else len(arr)
+            arr, used = self._entries_to_end(mf)
             end = used * CQ_STORE_UNIT_SIZE
-            if np.frombuffer(raw, dtype=np.uint8)[end:].any() and not self.damaged:
+            if not self.damaged and mf.any_data_after(end):
                 self._damaged_at(mf, used, int(arr["size"][used]) if used < len(arr) else 0)
             mf.wrote_position = mf.flushed_position = end
             if used:
@@ -108,6 +105,27 @@ class ConsumeQueue:
                     mf.destroy()
         if not self.min_logic_offset:
             self.min_logic_offset = self._first_entry_past_pre_blank(files[0]) if files else 0
+
+    @staticmethod
+    def _entries_to_end(mf: MappedFile) -> tuple[EntryArray, int]:
+        """The segment's entries up to its first empty one (included, if any), and how many come
+        before it: read in chunks that grow from 4 KB, as a queue's last segment is mostly zeros."""
+        parts: list[EntryArray] = []
+        used, position, chunk = 0, 0, 204 * CQ_STORE_UNIT_SIZE
+        size = mf.file_size - mf.file_size % CQ_STORE_UNIT_SIZE
+        while position < size:
+            raw = mf.read(position, min(chunk, size - position))
+            part = np.frombuffer(raw[: len(raw) - len(raw) % CQ_STORE_UNIT_SIZE], dtype=CQ_ENTRY)
+            if not len(part):
+                break
+            parts.append(part)
+            empty = np.flatnonzero((part["size"] <= 0) | (part["phy"] < 0))
+            if len(empty):
+                return np.concatenate(parts), used + int(empty[0])
+            used += len(part)
+            position += len(part) * CQ_STORE_UNIT_SIZE
+            chunk = min(chunk * 4, 52_428 * CQ_STORE_UNIT_SIZE)  # up to ~1 MB
+        return (np.concatenate(parts) if parts else np.empty(0, dtype=CQ_ENTRY)), used
 
     def _damaged_at(self, mf: MappedFile, entry: int, size: int) -> None:
         log.warning(

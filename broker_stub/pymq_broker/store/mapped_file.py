@@ -67,6 +67,37 @@ class MappedFile:
         """``size`` bytes from ``position`` within this file (fewer at its end)."""
         return os.pread(self.fd, size, position)
 
+    def any_data_after(self, position: int) -> bool:
+        """Whether a byte from ``position`` on is not zero, reading only what the file holds.
+
+        A segment is sparse (:meth:`__init__`): its holes read as zeros without being read, found
+        with ``SEEK_DATA`` / ``SEEK_HOLE`` where the system has them. Reading a mostly empty 6 MB
+        consume queue segment whole, at every start, made a broker of 4,096 queues take ~25 s.
+        """
+        chunk = 1 << 20
+        size = self.file_size
+        while position < size:
+            start, end = position, size
+            if hasattr(os, "SEEK_DATA"):
+                try:
+                    start = max(position, os.lseek(self.fd, position, os.SEEK_DATA))
+                    end = min(size, os.lseek(self.fd, start, os.SEEK_HOLE))
+                except OSError as err:
+                    if err.errno == errno.ENXIO:  # nothing but a hole from here to the end
+                        return False
+                    if err.errno != errno.EINVAL:  # EINVAL: the file system cannot say; read it all
+                        raise
+                    start, end = position, size
+            while start < end:
+                data = os.pread(self.fd, min(chunk, end - start), start)
+                if not data:
+                    return False
+                if data.count(0) != len(data):
+                    return True
+                start += len(data)
+            position = end
+        return False
+
     def flush(self) -> int:
         """fdatasync if anything was written since the last flush; returns the flushed position."""
         if self._dirty:
