@@ -336,8 +336,12 @@ def test_bad_input_gets_clear_errors_and_the_broker_keeps_serving(endpoint: str)
         admin.create_topic("%RETRY%mine")
     with pytest.raises(NoPermissionError):
         admin.create_topic("SCHEDULE_TOPIC_XXXX")
-    with pytest.raises(MessageIllegalError, match="maxMessageSize 4194304"):
-        producer.send(Message("ok", bytes(4 * 1024 * 1024 + 1)))
+    big = bytes(4 * 1024 * 1024 + 1)
+    with pytest.raises(MessageIllegalError, match=r"\] message body of 4194305 bytes is over maxMessageSize"):
+        producer.send(Message("ok", big))
+    with pytest.raises(MessageIllegalError, match=r"\] message 1 of the batch: its body of 4194305 bytes "
+                                                  r"is over maxMessageSize 4194304 \(topic 'ok'\)"):
+        producer.send_batch([Message("ok", b"a"), Message("ok", big), Message("ok", b"c")])
     with pytest.raises(ValueError, match="cannot be delayed"):
         producer.send_batch([Message("ok", b"a"), Message("ok", b"b", delay_level=2)])
     with pytest.raises(IllegalArgumentError, match="queue id 7 is out of range"):

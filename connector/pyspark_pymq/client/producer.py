@@ -378,9 +378,9 @@ class Producer:
                 props = UNIQ_PREFIX + key.encode() + b"\x02"
             body = msg.body
             if len(body) > max_size:
+                which = f"message {i} of the batch: its " if len(messages) > 1 else "message "
                 raise MessageIllegalError(
-                    f"message body of {len(body)} bytes is over maxMessageSize "
-                    f"{max_size} (topic {topic!r})"
+                    f"{which}body of {len(body)} bytes is over maxMessageSize {max_size} (topic {topic!r})"
                 )
             props_list.append(props)
             bodies.append(body)
