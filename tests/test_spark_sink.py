@@ -480,6 +480,40 @@ def test_listener_batches_of_messages_fail_whole_and_none_means_reconsume_later(
     assert {m.properties["CONSUME_FAILURE_BATCH_ID"] for m in back.values()} == {"7"}
 
 
+def test_a_listener_runs_once_per_process_and_keeps_only_the_last_result_cached(
+    spark: Any, shared_broker: Any, tmp_path: Path
+) -> None:
+    """The result is written without running the listener again, and its cache goes at the next
+    process (a local checkpoint's blocks stayed until the JVM's garbage collection: a long stream
+    held hundreds of MB of them)."""
+    ep = shared_broker.endpoint
+    topic, group = unique("lcache"), unique("lcg")
+    Admin(ep).create_topic(topic, queues=2)
+    Producer(ep).send_batch([Message(topic, f"m{i}") for i in range(20)])
+    log = tmp_path / "calls.log"
+
+    def handle(msgs: list[MessageExt]) -> ConsumeConcurrentlyStatus:
+        with log.open("a") as f:
+            f.write(f"{msgs[0].body.decode()}\n")
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    def cached_rdds() -> int:
+        return len(spark.sparkContext._jsc.sc().getRDDStorageInfo())
+
+    listener = MessageListener(ep, group, handle)
+    df = spark.read.format("pymq").option("endpoint", ep).option("topic", topic).load()
+    before = cached_rdds()
+    good = listener.process(df, 0)
+    assert good.count() == 20 and good.select("body").distinct().count() == 20  # read twice
+    assert len(log.read_text().splitlines()) == 20  # the listener ran once
+    assert cached_rdds() == before + 1
+    assert listener.process(df, 1).count() == 20
+    assert len(log.read_text().splitlines()) == 40
+    assert cached_rdds() == before + 1  # the first result's cache is gone
+    listener.release()
+    assert cached_rdds() == before
+
+
 def test_stream_sink_keeps_per_key_order_end_to_end(spark: Any, shared_broker: Any, tmp_path: Path) -> None:
     """Rows of a key, in order in their Spark partition, reach the consumer in that order over batches."""
     ep = shared_broker.endpoint
