@@ -40,7 +40,7 @@ from pyspark.sql.streaming.datasource import (
 from ..client.message import MessageQueue
 from ..errors import PymqError
 from .data_loss import report_data_loss
-from .offset_range import limit_offsets, plan_ranges, split_ranges
+from .offset_range import Turn, limit_offsets, plan_ranges, split_ranges
 from .offset_reader import OffsetReader, QueueBounds
 from .options import SourceOptions
 from .read_loop import make_partitions, read_partition
@@ -77,6 +77,7 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._latest: dict[str, dict[str, int]] | None = None
         self._waiting_told: set[MessageQueue] = set()  # queues gone from their topic, warned about
         self._last_trigger: float | None = None  # monotonic s of the last end that was not held back
+        self._turn = Turn()  # maxMessagesPerTrigger below the queues behind: round robin across triggers
 
     # Tasks get the options only: channels and driver state stay on the driver.
     def __getstate__(self) -> dict[str, Any]:
@@ -306,7 +307,7 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 available[mq] = top
 
         if isinstance(limit, ReadMaxRows):
-            end.update(limit_offsets(kept, available, limit.max_rows))
+            end.update(limit_offsets(kept, available, limit.max_rows, self._turn))
         else:
             end.update(available)
         ids = {**(read_with or {}), **topic_ids(bounds)}

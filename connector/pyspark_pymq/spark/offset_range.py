@@ -8,11 +8,14 @@ the start and end offsets it is given.
 - :func:`split_ranges`: large ranges cut into several partitions
   (``minPartitions``, ``maxMessagesPerPartition``), as Spark's Kafka source does.
 - :func:`limit_offsets`: a ``maxMessagesPerTrigger`` budget shared among queues
-  in proportion to what each has waiting.
+  in proportion to what each has waiting (a budget below the number of queues behind goes
+  round robin, :class:`Turn`: a batch's end is computed once and checkpointed, so that state
+  never changes a replay).
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 from ..client.message import MessageQueue
 from .data_loss import report_data_loss
 
-__all__ = ["OffsetRange", "limit_offsets", "plan_ranges", "split_ranges"]
+__all__ = ["OffsetRange", "Turn", "limit_offsets", "plan_ranges", "split_ranges"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,10 +124,20 @@ def _top_up(pieces: list[int], sizes: list[int], min_partitions: int) -> None:
             heapq.heappush(heap, (-sizes[i] / pieces[i], i))
 
 
+@dataclass
+class Turn:
+    """A stream's round robin when its ``maxMessagesPerTrigger`` is below the number of queues
+    behind: the next trigger starts after the last queue this one read, whichever queues are
+    behind then, so each waits at most about (queues behind / budget) triggers."""
+
+    after: MessageQueue | None = None
+
+
 def limit_offsets(
     start: Mapping[MessageQueue, int],
     available: Mapping[MessageQueue, int],
     max_messages: int,
+    turn: Turn | None = None,
 ) -> dict[MessageQueue, int]:
     """End offsets that read at most ``max_messages`` in all from ``start``.
 
@@ -133,7 +146,8 @@ def limit_offsets(
     has left (largest remainder, ties by queue order): the total is exactly
     ``min(max_messages, backlog)``, and a queue with a small backlog next to big ones is not
     held back until they are read. When the budget is smaller than the number of queues
-    with a backlog, which of them read this time turns with the offsets reached. Queues of
+    with a backlog, which of them read this time turns: after ``turn``'s queue, else with the
+    offsets reached (a queue could then wait ten times longer than its turn). Queues of
     ``available`` missing from ``start`` keep their ``available`` offset (they are new and
     start there).
     """
@@ -145,9 +159,15 @@ def limit_offsets(
     behind = [mq for mq in queues if backlog[mq]]
     share = dict.fromkeys(queues, 0)
     if max_messages < len(behind):
-        turn = sum(start.get(mq, 0) for mq in behind) % len(behind)
-        for mq in (behind[turn:] + behind[:turn])[:max_messages]:
+        if turn is not None and turn.after is not None:
+            first = bisect.bisect_right([_order(mq) for mq in behind], _order(turn.after))
+        else:
+            first = sum(start.get(mq, 0) for mq in behind) % len(behind)
+        chosen = (behind[first:] + behind[:first])[:max_messages]
+        for mq in chosen:
             share[mq] = 1
+        if turn is not None:
+            turn.after = chosen[-1]
         return {mq: start.get(mq, available[mq]) + share[mq] for mq in queues}
     for mq in behind:
         share[mq] = 1
