@@ -49,6 +49,7 @@ from pyspark_pymq.spark.offset_range import (
     OffsetRange,
     Turn,
     limit_offsets,
+    pack_ranges,
     plan_ranges,
     split_ranges,
 )
@@ -60,6 +61,7 @@ from pyspark_pymq.spark.options import (
     TimestampStrategy,
     parse_source_options,
 )
+from pyspark_pymq.spark.read_loop import make_partitions, read_partition
 from pyspark_pymq.spark.schema import (
     COLUMNS,
     SOURCE_DDL,
@@ -702,6 +704,42 @@ def test_split_ranges_gives_at_least_min_partitions_where_rounding_gives_fewer()
     assert len(uneven) >= 5 and len([r for r in uneven if r.mq == Q0]) >= 3
 
 
+def test_small_ranges_of_several_queues_share_a_partition() -> None:
+    """A Python source's task costs ~50 ms: a trickle over 256 queues made 256 tasks a batch."""
+    queues = [MessageQueue("t", "b", i) for i in range(256)]
+    trickle = [OffsetRange(q, 10, 15) for q in queues]  # 5 new messages a queue
+    assert [len(p) for p in pack_ranges(trickle)] == [200, 56]
+    assert [r for p in pack_ranges(trickle) for r in p] == trickle  # every range once, in order
+    mixed = [OffsetRange(Q0, 0, 5000), OffsetRange(Q1, 0, 10), OffsetRange(Q2, 0, 995)]
+    assert pack_ranges(mixed) == [[mixed[0]], [mixed[1]], [mixed[2]]]  # 10 + 995 > 1000
+    assert pack_ranges(mixed, capacity=20) == [[mixed[0]], [mixed[2]], [mixed[1]]]  # large ones alone
+    assert pack_ranges(mixed[1:], capacity=1005) == [mixed[1:]]
+    opts = parse_source_options(batch(), stream=False)
+    parts = make_partitions(trickle, opts)
+    assert [len(p.ranges) for p in parts] == [200, 56] and [p.value for p in parts] == [0, 1]
+    assert [(r.queue_id, r.start, r.end) for r in parts[1].ranges][-1] == (255, 10, 15)
+    # minPartitions asks for parallelism: one range a partition; maxMessagesPerPartition caps a pack
+    assert len(make_partitions(trickle, parse_source_options(batch(minPartitions="2"), stream=False))) == 256
+    capped = make_partitions(trickle, parse_source_options(batch(maxMessagesPerPartition="30"), stream=False))
+    assert {len(p.ranges) for p in capped} == {6, 4} and len(capped) == 43
+
+
+def test_a_partition_reads_its_ranges_one_after_the_other(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyspark_pymq.spark import read_loop
+
+    read: list[tuple[int, int, int]] = []
+
+    def fake_range(opts: Any, r: Any) -> Any:
+        read.append((r.queue_id, r.start, r.end))
+        yield pa.RecordBatch.from_pydict({"queue_id": [r.queue_id] * (r.end - r.start)})
+
+    monkeypatch.setattr(read_loop, "_read_range", fake_range)
+    opts = parse_source_options(batch(), stream=False)
+    part = make_partitions([OffsetRange(Q0, 0, 2), OffsetRange(Q1, 5, 5), OffsetRange(Q2, 1, 4)], opts)[0]
+    rows = [v for b in read_partition(opts, part) for v in b.column(0).to_pylist()]
+    assert read == [(0, 0, 2), (2, 1, 4)] and rows == [0, 0, 2, 2, 2]  # an empty range is not pulled
+
+
 def test_limit_offsets_shares_the_budget_by_backlog() -> None:
     start = {Q0: 0, Q1: 100, Q2: 5}
     available = {Q0: 300, Q1: 200, Q2: 5}
@@ -1116,11 +1154,11 @@ def test_stream_offsets_start_limit_new_queues_and_commit() -> None:
     assert ends(start) == {T0: 2, T1: 6}  # shared by backlog: 10 vs 30
     assert json.loads(json.dumps(start))[FROM_KEY] == {"t": {"b:0": 0, "b:1": 0}}
     parts = reader.partitions(json.loads(json.dumps(first)), json.loads(json.dumps(start)))
-    assert [(p.range.queue_id, p.range.start, p.range.end) for p in parts] == [(0, 0, 2), (1, 0, 6)]
+    assert [(r.queue_id, r.start, r.end) for p in parts for r in p.ranges] == [(0, 0, 2), (1, 0, 6)]
     end = reader.latestOffset(start, ReadMaxRows(8))
     assert FROM_KEY not in end and ends(end) == {T0: 4, T1: 12}
     parts = reader.partitions(start, end)
-    assert [(p.range.queue_id, p.range.start, p.range.end) for p in parts] == [(0, 2, 4), (1, 6, 12)]
+    assert [(r.queue_id, r.start, r.end) for p in parts for r in p.ranges] == [(0, 2, 4), (1, 6, 12)]
     # a checkpoint of an older version: batch 0 ended at the resolved start and read nothing
     assert reader.partitions(first, {"t": {"b:0": 0, "b:1": 0}}) == []
     # Spark compares JSON text: the same offsets must serialise identically
@@ -1223,7 +1261,8 @@ def test_stream_offsets_available_now_target_and_data_loss() -> None:
     T7 = MessageQueue("t", "b", 7)
     waiting = strict.latestOffset({"t": {"b:0": 5, "b:7": 3}}, ReadAllAvailable())
     assert ends(waiting) == {T0: 50, T7: 3}
-    assert [p.range.queue_id for p in strict.partitions({"t": {"b:0": 5, "b:7": 3}}, waiting)] == [0]
+    parts = strict.partitions({"t": {"b:0": 5, "b:7": 3}}, waiting)
+    assert [r.queue_id for p in parts for r in p.ranges] == [0]
     fake.set({T0: (4, 50), T7: (0, 9)})
     assert ends(strict.latestOffset(waiting, ReadAllAvailable())) == {T0: 50, T7: 9}
     fake.set({T0: (4, 50)})
@@ -1232,7 +1271,8 @@ def test_stream_offsets_available_now_target_and_data_loss() -> None:
     fake.down = {"a"}
     waiting = strict.latestOffset({"t": {"b:0": 5, "a:0": 7}}, ReadAllAvailable())
     assert ends(waiting) == {T0: 50, A0: 7}
-    assert strict.partitions({"t": {"b:0": 5, "a:0": 7}}, waiting)[0].range.broker_name == "b"
+    parts = strict.partitions({"t": {"b:0": 5, "a:0": 7}}, waiting)
+    assert [r.broker_name for p in parts for r in p.ranges] == ["b"]
     assert len(strict.partitions({"t": {"b:0": 5, "a:0": 7}}, waiting)) == 1
     fake.down = set()
     fake.set({T0: (4, 50), A0: (0, 9)})
@@ -1274,7 +1314,7 @@ def test_a_topic_created_again_is_told_by_its_id_whatever_its_offsets() -> None:
     assert ends(end) == {T0: 25, T1: 30}  # T2 went with the old topic
     assert json.loads(json.dumps(end))[TOPIC_IDS_KEY] == {"t": {"b": 8}}
     parts = lenient.partitions(first, end)  # the new topic from its first message, not from 10
-    assert sorted((p.range.queue_id, p.range.start, p.range.end) for p in parts) == [(0, 0, 25), (1, 0, 30)]
+    assert sorted((r.queue_id, r.start, r.end) for p in parts for r in p.ranges) == [(0, 0, 25), (1, 0, 30)]
     assert ends(lenient.latestOffset(end, ReadAllAvailable())) == {T0: 25, T1: 30}  # then as usual
 
     # A restart replays the last batch from the checkpoint (partitions without latestOffset):
@@ -1320,8 +1360,8 @@ def test_a_topic_created_again_while_its_broker_was_down_is_told_by_its_id() -> 
         strict.latestOffset(during, ReadAllAvailable())
     lenient = make_stream(fake, topic="t", failOnDataLoss="false")
     end = lenient.latestOffset(during, ReadAllAvailable())
-    assert [(p.range.start, p.range.end) for p in lenient.partitions(during, end)
-            if p.range.broker_name == "a"] == [(0, 30)]  # the new topic from its first message
+    assert [(r.start, r.end) for p in lenient.partitions(during, end) for r in p.ranges
+            if r.broker_name == "a"] == [(0, 30)]  # the new topic from its first message
 
 
 @pytest.mark.parametrize("starting", ["group", "earliest"])
@@ -1340,8 +1380,9 @@ def test_a_queue_of_a_broker_down_at_the_start_joins_at_the_groups_progress(star
     at = 25 if starting == "group" else 0
     assert ends(joined)[A0] == at and ends(joined)[A1] == 0
     then = stream.latestOffset(joined, ReadAllAvailable())
-    assert sorted((p.range.broker_name, p.range.queue_id, p.range.start, p.range.end)
-                  for p in stream.partitions(joined, then)) == [("a", 0, at, 35), ("a", 1, 0, 4)]
+    parts = stream.partitions(joined, then)
+    assert sorted((r.broker_name, r.queue_id, r.start, r.end) for p in parts for r in p.ranges) == [
+        ("a", 0, at, 35), ("a", 1, 0, 4)]
     if starting != "group":
         return
     # the group's progress below the queue's first message: failOnDataLoss, as at a query's start
@@ -1410,7 +1451,7 @@ def test_expired_offsets_skipped_with_fail_on_data_loss_false_spend_no_trigger_b
     # one range over the million gone offsets (split into many partitions by maxMessagesPerPartition)
     split = make_stream(fake, failOnDataLoss="false", maxMessagesPerPartition="10")
     for stream in (lenient, split):
-        ranges = [(p.range.topic, p.range.start, p.range.end) for p in stream.partitions(start, offset)]
+        ranges = [(r.topic, r.start, r.end) for p in stream.partitions(start, offset) for r in p.ranges]
         assert sum(1 for t, _, _ in ranges if t == "t") <= 10
         assert min(a for t, a, _ in ranges if t == "t") == 1_000_000
     # the next trigger goes on from that end; with nothing new it returns it unchanged (no batch)

@@ -1,4 +1,4 @@
-"""The executor read loop: pull one offset range of one queue, yield Arrow batches.
+"""The executor read loop: pull the offset ranges of a partition, yield Arrow batches.
 
 Both readers (``readStream`` and ``read``) run their tasks through
 :func:`read_partition`. It pulls up to ``pullBatchSize`` messages or
@@ -34,7 +34,7 @@ from ..backend.base import PullBatch, cached_backend
 from ..client.message import MessageQueue, PullStatus
 from ..errors import PymqError, TopicNotExistError
 from .data_loss import report_data_loss
-from .offset_range import OffsetRange
+from .offset_range import PACK_MESSAGES, OffsetRange, pack_ranges
 from .options import SourceOptions
 from .schema import project
 
@@ -62,47 +62,52 @@ class _Range:
 
 
 class PymqInputPartition(InputPartition):
-    """One Spark task: queue offsets ``[start, end)`` of one MessageQueue.
+    """One Spark task: queue offsets ``[start, end)`` of one MessageQueue, or of several small ones
+    read one after the other (:func:`.offset_range.pack_ranges`).
 
     Carries everything the task needs (Spark builds the reader that runs it in
     another process, from the pickled options only).
     """
 
-    def __init__(
-        self, index: int, offset_range: OffsetRange, subscription: str, expression_type: str = "TAG"
-    ) -> None:
-        mq = offset_range.mq
+    def __init__(self, index: int, ranges: tuple[_Range, ...]) -> None:
         super().__init__(index)
-        self.range = _Range(
-            mq.topic, mq.broker_name, mq.queue_id, offset_range.start, offset_range.end,
-            subscription, expression_type,
-        )
+        self.ranges = ranges
 
     def __repr__(self) -> str:
-        r = self.range
-        return (
-            f"PymqInputPartition({r.topic}@{r.broker_name}#{r.queue_id} "
-            f"[{r.start}, {r.end}) {r.subscription!r})"
-        )
+        shown = ", ".join(f"{r.topic}@{r.broker_name}#{r.queue_id} [{r.start}, {r.end}) {r.subscription!r}"
+                          for r in self.ranges[:3])
+        more = f" and {len(self.ranges) - 3} more" if len(self.ranges) > 3 else ""
+        return f"PymqInputPartition({shown}{more})"
 
 
 def make_partitions(ranges: list[OffsetRange], opts: SourceOptions) -> list[PymqInputPartition]:
-    """One partition per range; retry topics are read with ``*`` as RocketMQ does."""
+    """The ranges as partitions, small ones of several queues together unless ``minPartitions``
+    asks for parallelism (within ``maxMessagesPerPartition``); retry topics are read with ``*``
+    as RocketMQ does."""
     retry = opts.retry_topic
-    return [
-        PymqInputPartition(i, r, "*", "TAG") if r.mq.topic == retry
-        else PymqInputPartition(i, r, opts.subscription, opts.subscription_type)
-        for i, r in enumerate(ranges)
-    ]
+
+    def as_read(r: OffsetRange) -> _Range:
+        sub, kind = ("*", "TAG") if r.mq.topic == retry else (opts.subscription, opts.subscription_type)
+        return _Range(r.mq.topic, r.mq.broker_name, r.mq.queue_id, r.start, r.end, sub, kind)
+
+    if opts.min_partitions is not None:
+        parts = [[r] for r in ranges]
+    else:
+        parts = pack_ranges(ranges, min(PACK_MESSAGES, opts.max_messages_per_partition or PACK_MESSAGES))
+    return [PymqInputPartition(i, tuple(as_read(r) for r in part)) for i, part in enumerate(parts)]
 
 
 def read_partition(opts: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
     """All rows of ``partition``, as RecordBatches of the source schema (or of the columns kept)."""
     if not isinstance(partition, PymqInputPartition):
         return  # Spark's placeholder partition when a batch read plans none
-    r = partition.range
-    if r.end <= r.start:
-        return
+    for r in partition.ranges:
+        if r.end > r.start:
+            yield from _read_range(opts, r)
+
+
+def _read_range(opts: SourceOptions, r: _Range) -> Iterator[pa.RecordBatch]:
+    """The rows of one queue's range."""
     backend = cached_backend(opts.backend, opts.poll_timeout_ms / 1000.0)
     group = opts.pull_group
     mq = MessageQueue(r.topic, r.broker_name, r.queue_id)
