@@ -53,11 +53,9 @@ def use_repository() -> None:
 
     The scripts run from a checkout with the project's interpreter, not from an installed pymq."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from source_tree import SOURCE_DIRS, compile_bytecode
+    from source_tree import compile_bytecode, use_source_tree
 
-    sys.path[:0] = SOURCE_DIRS
-    os.environ["PYTHONPATH"] = os.pathsep.join([*SOURCE_DIRS, os.environ.get("PYTHONPATH", "")])
-    os.environ["PYSPARK_PYTHON"] = sys.executable
+    use_source_tree()
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     compile_bytecode()  # as an installed pymq has it: no process compiles the modules again
 

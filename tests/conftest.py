@@ -14,15 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from source_tree import SOURCE_DIRS, compile_bytecode
+from source_tree import compile_bytecode, use_source_tree
 
-for _d in reversed(SOURCE_DIRS):
-    if _d not in sys.path:
-        sys.path.insert(0, _d)
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    SOURCE_DIRS + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-)
-os.environ["PYSPARK_PYTHON"] = sys.executable
+use_source_tree()
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 compile_bytecode()
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import compileall
+import os
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,3 +22,15 @@ def compile_bytecode() -> None:
     """
     for d in SOURCE_DIRS:
         compileall.compile_dir(d, quiet=1)
+
+
+def use_source_tree() -> None:
+    """This tree's packages first on ``sys.path`` and on the PYTHONPATH of the processes Spark
+    starts, and Spark's Python this interpreter: for the scripts tests run as drivers of their own
+    (tests/jobs/), as the test session itself (conftest.py)."""
+    for d in reversed(SOURCE_DIRS):
+        if d not in sys.path:
+            sys.path.insert(0, d)
+    others = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in SOURCE_DIRS]
+    os.environ["PYTHONPATH"] = os.pathsep.join(SOURCE_DIRS + others)
+    os.environ["PYSPARK_PYTHON"] = sys.executable

@@ -11,16 +11,14 @@ run's half messages).
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-SRC_DIRS = [str(ROOT / d) for d in ("connector", "broker_stub", "proto")]
-sys.path[:0] = SRC_DIRS
-os.environ["PYTHONPATH"] = os.pathsep.join([*SRC_DIRS, os.environ.get("PYTHONPATH", "")])
-os.environ["PYSPARK_PYTHON"] = sys.executable
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for source_tree
+from source_tree import use_source_tree
+
+use_source_tree()
 
 
 def main() -> None:

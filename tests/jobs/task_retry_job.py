@@ -12,17 +12,15 @@ sends all 1000 rows, with the same UNIQ_KEYs.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-SRC_DIRS = [str(ROOT / d) for d in ("connector", "broker_stub", "proto")]
-sys.path[:0] = SRC_DIRS
-os.environ["PYTHONPATH"] = os.pathsep.join([*SRC_DIRS, os.environ.get("PYTHONPATH", "")])
-os.environ["PYSPARK_PYTHON"] = sys.executable
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for source_tree
+from source_tree import use_source_tree
+
+use_source_tree()
 
 ROWS, FAIL_AFTER, SENT_BEFORE_FAILURE = 1000, 500, 200
 PAD = "x" * 2000
