@@ -480,12 +480,12 @@ def test_listener_batches_of_messages_fail_whole_and_none_means_reconsume_later(
     assert {m.properties["CONSUME_FAILURE_BATCH_ID"] for m in back.values()} == {"7"}
 
 
-def test_a_listener_runs_once_per_process_and_keeps_only_the_last_result_cached(
+def test_a_listener_runs_once_per_process_and_frees_earlier_batches_results(
     spark: Any, shared_broker: Any, tmp_path: Path
 ) -> None:
-    """The result is written without running the listener again, and its cache goes at the next
-    process (a local checkpoint's blocks stayed until the JVM's garbage collection: a long stream
-    held hundreds of MB of them)."""
+    """The result is written without running the listener again; a later batch's process frees
+    the earlier results' blocks (left to the JVM's garbage collection, a long stream held hundreds
+    of MB of them), and a freed result fails when read instead of consuming its messages again."""
     ep = shared_broker.endpoint
     topic, group = unique("lcache"), unique("lcg")
     Admin(ep).create_topic(topic, queues=2)
@@ -497,21 +497,29 @@ def test_a_listener_runs_once_per_process_and_keeps_only_the_last_result_cached(
             f.write(f"{msgs[0].body.decode()}\n")
         return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 
-    def cached_rdds() -> int:
+    def held() -> int:  # RDDs with blocks in Spark's storage
         return len(spark.sparkContext._jsc.sc().getRDDStorageInfo())
+
+    def calls() -> int:
+        return len(log.read_text().splitlines())
 
     listener = MessageListener(ep, group, handle)
     df = spark.read.format("pymq").option("endpoint", ep).option("topic", topic).load()
-    before = cached_rdds()
-    good = listener.process(df, 0)
-    assert good.count() == 20 and good.select("body").distinct().count() == 20  # read twice
-    assert len(log.read_text().splitlines()) == 20  # the listener ran once
-    assert cached_rdds() == before + 1
-    assert listener.process(df, 1).count() == 20
-    assert len(log.read_text().splitlines()) == 40
-    assert cached_rdds() == before + 1  # the first result's cache is gone
+    before = held()
+    first = listener.process(df, 0)
+    assert first.count() == 20 and first.select("body").distinct().count() == 20  # read twice
+    assert calls() == 20  # the listener ran once
+    one = held() - before
+    assert one > 0
+    again = listener.process(df, 0)  # the same batch again (a retried foreachBatch): both kept
+    assert again.count() == 20 and first.count() == 20 and held() - before == 2 * one
+    assert listener.process(df, 1).count() == 20 and calls() == 60
+    assert held() - before == one  # batch 0's results are freed
+    with pytest.raises(Exception, match="CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND"):
+        first.count()
+    assert calls() == 60  # a freed result is not consumed again
     listener.release()
-    assert cached_rdds() == before
+    assert held() == before
 
 
 def test_stream_sink_keeps_per_key_order_end_to_end(spark: Any, shared_broker: Any, tmp_path: Path) -> None:

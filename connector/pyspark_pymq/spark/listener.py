@@ -331,15 +331,17 @@ class MessageListener:
             delay_level=delay_level,
         )
         self.last_stats = ConsumeStats()
-        self._cached: DataFrame | None = None  # the last process()'s result, until the next one
+        self._results: list[tuple[str, DataFrame]] = []  # (batch id, result) until a later batch
 
     def process(self, df: DataFrame, batch_id: int | str = "") -> DataFrame:
         """Consume ``df`` (rows of a pymq source) once; return the rows consumed successfully.
 
-        The work runs exactly once, here: the result is cached (memory, then disk), so writing
-        the returned DataFrame does not run the listener again. The cache is released at this
-        listener's next ``process`` (the next micro-batch's) or :meth:`release`: one listener per
-        query, and write the result before the next call.
+        The work runs exactly once, here: the result is checkpointed locally (memory, then disk),
+        so writing the returned DataFrame never runs the listener again. A ``process`` with
+        another ``batch_id`` (the next micro-batch's) releases the results of the earlier ones,
+        as :meth:`release` does: write a result before the next batch. A released result fails
+        when read (Spark's CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND) rather than consume its messages
+        again. One listener per query.
         """
         missing = [name for name in source_schema().names if name not in df.columns]
         if missing:  # else the listener would get messages with those fields empty
@@ -348,7 +350,6 @@ class MessageListener:
                 f"messages); the DataFrame lacks {missing}: read it without .schema(...) or keep them"
             )
         import pyarrow as pa
-        from pyspark import StorageLevel
         from pyspark.sql import functions as F
         from pyspark.sql.types import ArrayType, LongType, StructField, StructType
 
@@ -378,13 +379,12 @@ class MessageListener:
                                                  schema=schemas[0].append(counts))
 
         marked = StructType([*df.schema.fields, StructField(_STATS_COLUMN, ArrayType(LongType()))])
-        # The last batch's result is written by now: its cache goes before this one's is made. A
-        # local checkpoint (eager) did the same work, but nothing released its blocks until the
-        # JVM's garbage collection: a soak held 83 of them, 925 MB of storage memory.
-        self.release()
-        done = df.mapInArrow(run, marked).persist(StorageLevel.MEMORY_AND_DISK)
-        self._cached = done
-        # an action over every row: the listener runs here, once, and every partition is cached
+        # Earlier batches' results are written by now. Left to the JVM's garbage collection, their
+        # blocks stayed: a soak held 83 of them, 925 MB of storage memory. A cache (persist) in their
+        # place would run the listener again, silently, for a result read after its release.
+        self._release(keep=bid)
+        done = df.mapInArrow(run, marked).localCheckpoint(eager=True)  # the listener runs here, once
+        self._results.append((bid, done))
         row = done.where(F.col(_STATS_COLUMN).isNotNull()).agg(
             *[F.sum(F.col(_STATS_COLUMN)[i]).alias(n) for i, n in enumerate(names)]).first()
         self.last_stats = ConsumeStats(**{n: int(row[n] or 0) if row is not None else 0 for n in names})
@@ -392,10 +392,27 @@ class MessageListener:
         return done.where(F.col(_STATS_COLUMN).isNull()).drop(_STATS_COLUMN)
 
     def release(self) -> None:
-        """Drop the cached result of the last :meth:`process` (done by the next one anyway)."""
-        cached, self._cached = self._cached, None
-        if cached is not None:
-            cached.unpersist()
+        """Free what the results of :meth:`process` hold in Spark's storage (the next micro-batch's
+        ``process`` frees the earlier batches' anyway)."""
+        self._release(keep=None)
+
+    def _release(self, keep: str | None) -> None:
+        for bid, result in self._results:
+            if bid != keep:
+                _free_local_checkpoint(result)
+        self._results = [(bid, result) for bid, result in self._results if bid == keep]
+
+
+def _free_local_checkpoint(result: DataFrame) -> None:
+    """Unpersist the RDD behind a local checkpoint (classic Spark). Under Spark Connect the server
+    frees it once no DataFrame of the client refers to it any more."""
+    jdf = getattr(result, "_jdf", None)
+    if jdf is None:
+        return
+    try:
+        jdf.queryExecution().logical().rdd().unpersist(False)
+    except Exception as err:  # a Spark without a LogicalRDD there: its garbage collection frees it
+        log.debug("pymq listener: could not free a result's checkpoint: %s", err)
 
 
 _STATS_COLUMN = "__pymq_listener_stats"
