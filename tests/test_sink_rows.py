@@ -64,6 +64,12 @@ def test_timestamps_become_epoch_milliseconds() -> None:
     assert epoch_ms(early, "us") == [-1, -2, 1]
     assert epoch_ms(early, "ns") == [-1, 0, -1]
     assert epoch_ms(early, "s") == [-2000, 0, 3000]
+    # in Spark's session time zone, an instant of a DST fall-back hour (01:30 in New York on
+    # 2026-11-01 came twice): flooring it in local time raised "Local time is ambiguous"
+    fall_back = datetime(2026, 11, 1, 5, 30, 0, 123_456, tzinfo=timezone.utc)
+    zoned = pa.RecordBatch.from_pydict({"t": pa.array([fall_back, None], pa.timestamp("us", "UTC")).cast(
+        pa.timestamp("us", "America/New_York"))})
+    assert epoch_ms(zoned, "t", 0) == [int(fall_back.timestamp() * 1000), 0]
 
 
 def test_send_back_columns_come_straight_from_the_arrow_columns() -> None:

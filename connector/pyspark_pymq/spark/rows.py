@@ -50,9 +50,12 @@ def epoch_ms(batch: pa.RecordBatch, name: str, null: int | None = None) -> list[
         return [null] * batch.num_rows
     arr = batch.column(index)
     if pa.types.is_timestamp(arr.type):
+        # the instants as UTC, without their zone (Spark's session time zone): floor_temporal
+        # floors in local time, and an instant of a DST fall-back hour is ambiguous there
+        arr = arr.cast(pa.timestamp(arr.type.unit))
         if arr.type.unit in ("us", "ns"):  # floored: a cast truncates -0.5 ms to 0, past a sign check
             arr = pc.floor_temporal(arr, unit="millisecond")
-        arr = arr.cast(pa.timestamp("ms", arr.type.tz)).cast(pa.int64())
+        arr = arr.cast(pa.timestamp("ms")).cast(pa.int64())
     if null is not None:
         arr = arr.fill_null(null)
     return list(arr.to_pylist())
