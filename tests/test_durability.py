@@ -182,3 +182,51 @@ def test_a_deleted_topics_consumer_offsets_stay_deleted_after_a_crash(tmp_path: 
         assert PullConsumer(ep, "G").committed(mq) < 0
     finally:
         broker.stop()
+
+
+def test_topics_created_are_on_disk_when_create_topic_answers(tmp_path: Path) -> None:
+    """CreateTopic writes topics.json on a thread (off the event loop) but answers only once it is
+    written: a kill -9 right after the answer keeps every topic, as created or updated."""
+    broker = BrokerProcess(tmp_path / "b").start()
+    try:
+        admin = Admin(broker.endpoint)
+        ids = {admin.create_topic(f"made-{i}", queues=1 + i % 3).topic_id: f"made-{i}" for i in range(20)}
+        admin.create_topic("made-0", queues=5)  # an update: its id is kept
+        broker.restart(crash=True)
+        admin = Admin(broker.endpoint)
+        for topic_id, name in ids.items():
+            config = admin.topic_config(name)
+            assert config.topic_id == topic_id
+            assert config.read_queue_nums == (5 if name == "made-0" else 1 + int(name[5:]) % 3)
+    finally:
+        broker.stop()
+
+
+@pytest.mark.parametrize("crash", [True, False])
+def test_a_topic_deleted_and_created_again_at_once_keeps_its_new_messages(
+    tmp_path: Path, crash: bool
+) -> None:
+    """DeleteTopic removes the old topic's files on a thread, after renaming them aside: a topic of
+    the same name created right after keeps its own, across a restart too (and a kill -9 leaves no
+    half-removed files for the next start to load)."""
+    from helpers import read_all
+
+    broker = BrokerProcess(tmp_path / "b").start()
+    try:
+        ep = broker.endpoint
+        Admin(ep).create_topic("again", queues=8)
+        Producer(ep).send_batch([Message("again", b"old-%d" % i) for i in range(200)])
+        Admin(ep).delete_topic("again")
+        Admin(ep).create_topic("again", queues=2)
+        producer = Producer(ep)
+        new = [b"new-%d" % i for i in range(40)]
+        for body in new:
+            assert producer.send(Message("again", body)).status == SendStatus.SEND_OK
+        assert sorted(m.body for m in read_all(ep, "again")) == sorted(new)
+        broker.restart(crash=crash)
+        ep = broker.endpoint
+        assert sorted(m.body for m in read_all(ep, "again")) == sorted(new)
+        assert Admin(ep).topic_config("again").read_queue_nums == 2
+        assert not list((tmp_path / "b" / "consumequeue").glob(".deleted-*"))
+    finally:
+        broker.stop()

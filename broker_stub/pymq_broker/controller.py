@@ -344,15 +344,16 @@ class BrokerController:
     async def _persist_every(interval_s: float, *managers: ConfigManager) -> None:
         """What changed of ``managers`` to disk every ``interval_s`` (groups created on first use,
         the %RETRY% topics of consumers that registered, v2 delivery attempts): each snapshot is
-        taken on the event loop (the only writer of the tables), the write and fsync run on a thread."""
+        taken on the event loop (the only writer of the tables), the write and fsync run on a thread
+        (and the encoding, for a manager that encodes in ``render``: the topics)."""
         while True:
             await asyncio.sleep(interval_s)
             for manager in managers:
-                snapshot = manager.snapshot_if_dirty()
-                if snapshot is None:
+                job = manager.snapshot_job_if_dirty()
+                if job is None:
                     continue
                 try:
-                    await asyncio.to_thread(manager.write, snapshot)
+                    await asyncio.to_thread(job)
                 except Exception:
                     manager.dirty = True  # tried again next time
                     log.exception("persisting %s failed", manager.path)

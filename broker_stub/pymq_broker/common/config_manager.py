@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -97,6 +99,23 @@ class ConfigManager:
             self.dirty = True
             raise
 
+    async def persist_async(self) -> None:
+        """:meth:`persist` from a coroutine on the event loop, the file work off it.
+
+        The snapshot is taken here, on the loop (the only writer of the tables); the write and
+        fsync run on a thread, and this returns once they are done: the change is on disk before
+        its request is answered (as RocketMQ's), while other clients are served meanwhile. Two
+        changes racing are safe: :meth:`write` does not put an older snapshot over a newer one,
+        and the newer one holds both. A write that fails (or a caller cancelled while it runs)
+        leaves the document dirty, for the controller's periodic write to try again.
+        """
+        job = self.snapshot_job()
+        try:
+            await asyncio.to_thread(job)
+        except BaseException:
+            self.dirty = True
+            raise
+
     def persist_if_dirty(self) -> None:
         snapshot = self.snapshot_if_dirty()
         if snapshot is not None:
@@ -108,11 +127,34 @@ class ConfigManager:
 
     def snapshot(self) -> tuple[int, bytes]:
         """The document as it is now, numbered: take it on the thread that changes the tables."""
+        number, state = self._capture_numbered()
+        return number, self.render(state)
+
+    def snapshot_job(self) -> Callable[[], None]:
+        """The document as it is now (take it on the thread that changes the tables), as a call that
+        encodes and writes it, for another thread: :meth:`render` runs there."""
+        number, state = self._capture_numbered()
+        return lambda: self.write((number, self.render(state)))
+
+    def snapshot_job_if_dirty(self) -> Callable[[], None] | None:
+        return self.snapshot_job() if self.dirty else None
+
+    def _capture_numbered(self) -> tuple[int, Any]:
         self.dirty = False
         self._snapshots += 1
+        return self._snapshots, self.capture()
+
+    def capture(self) -> Any:
+        """What :meth:`render` encodes, taken on the thread that changes the tables: the encoded
+        document, unless a subclass takes a cheaper copy (of values replaced, never changed in place)
+        and encodes it in :meth:`render`, which may run on another thread."""
+        return self.encode()
+
+    def render(self, state: Any) -> bytes:
+        """The file's bytes for :meth:`capture`'s ``state`` (by default an encoded document)."""
         if self.COMPACT:
-            return self._snapshots, json.dumps(self.encode(), separators=(",", ":")).encode()
-        return self._snapshots, json.dumps(self.encode(), indent=1, sort_keys=True).encode()
+            return json.dumps(state, separators=(",", ":")).encode()
+        return json.dumps(state, indent=1, sort_keys=True).encode()
 
     def write(self, snapshot: tuple[int, bytes]) -> None:
         """Write ``snapshot`` (write, fsync, rename; from any thread) unless a newer one is on disk.

@@ -65,7 +65,11 @@ class SubscriptionGroupManager(ConfigManager):
             self.dirty = True
         return cfg
 
-    def update_subscription_group_config(self, cfg: SubscriptionGroupConfig) -> SubscriptionGroupConfig:
+    def update_subscription_group_config(
+        self, cfg: SubscriptionGroupConfig, *, persist: bool = True
+    ) -> SubscriptionGroupConfig:
+        """Create or change a group's settings; ``persist=False``: the caller writes them before it
+        answers, off the event loop (:meth:`~..common.config_manager.ConfigManager.persist_async`)."""
         problem = group_name_problem(cfg.group_name)
         if problem:
             raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT, problem)
@@ -81,5 +85,8 @@ class SubscriptionGroupManager(ConfigManager):
                 f"consumeFromWhere {cfg.consume_from_where!r} must be one of {CONSUME_FROM_WHERE}",
             )
         self.subscription_group_table[cfg.group_name] = cfg
-        self.persist()
+        if persist:
+            self.persist()
+        else:
+            self.dirty = True
         return cfg

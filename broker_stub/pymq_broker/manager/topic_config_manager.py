@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import secrets
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,12 +69,37 @@ class TopicConfigManager(ConfigManager):
         self.auto_create_topic_enable = auto_create_topic_enable
         self.default_topic_queue_nums = default_topic_queue_nums
         self.topic_config_table: dict[str, TopicConfig] = {}
+        self._lines: dict[str, tuple[TopicConfig, str]] = {}  # render's encoded topics
         self.topic_config_table[SCHEDULE_TOPIC] = TopicConfig(
             SCHEDULE_TOPIC, max_delay_level, max_delay_level, PERM_READ | PERM_WRITE
         )
 
     def encode(self) -> dict[str, Any]:
-        return {"topicConfigTable": {k: asdict(v) for k, v in self.topic_config_table.items()}}
+        # vars(), not asdict(): every field is a plain value, and asdict's deep copies took 23 ms at
+        # 3,000 topics
+        return {"topicConfigTable": {k: dict(vars(v)) for k, v in self.topic_config_table.items()}}
+
+    def capture(self) -> dict[str, TopicConfig]:
+        """The table (a TopicConfig is replaced, never changed in place): encoding it, indented by
+        Python's pure-Python encoder, took 43 ms of the event loop at 3,000 topics."""
+        return dict(self.topic_config_table)
+
+    def render(self, state: dict[str, TopicConfig]) -> bytes:
+        """One topic a line, each by the C encoder (indent=1 takes the pure-Python one, 5x slower),
+        and kept for the next write while its TopicConfig is the same object: a write of 3,000
+        topics encodes the one that changed. (Run on a thread, encoding all of them each time
+        still held the GIL, and the event loop, 10 ms of each write.)"""
+        entry = json.JSONEncoder(sort_keys=True).encode
+        known, lines = self._lines, {}
+        for name in sorted(state):
+            cfg = state[name]
+            line = known.get(name)
+            if line is None or line[0] is not cfg:
+                line = (cfg, f"  {json.dumps(name)}: {entry(vars(cfg))}")
+            lines[name] = line
+        self._lines = lines  # (two writes at once: either one's lines will do)
+        return ('{\n "topicConfigTable": {\n' + ",\n".join(line for _, line in lines.values())
+                + "\n }\n}").encode()
 
     def decode(self, data: dict[str, Any]) -> None:
         known = set(TopicConfig.__dataclass_fields__)
@@ -85,8 +111,12 @@ class TopicConfigManager(ConfigManager):
         return self.topic_config_table.get(topic)
 
     def create_topic(self, config: TopicConfig, *, update_if_exists: bool,
-                     allow_system: bool = False) -> tuple[TopicConfig, bool]:
-        """Create or update a topic after validating it; returns (config, created)."""
+                     allow_system: bool = False, persist: bool = True) -> tuple[TopicConfig, bool]:
+        """Create or update a topic after validating it; returns (config, created).
+
+        ``persist=False``: the caller writes the table before it answers, off the event loop
+        (:meth:`~..common.config_manager.ConfigManager.persist_async`).
+        """
         problem = topic_name_problem(config.topic_name)
         if problem:
             raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT, problem)
@@ -128,7 +158,10 @@ class TopicConfigManager(ConfigManager):
         # an update keeps the topic's id; only a new topic (or one deleted before) gets a new one
         config = replace(config, topic_id=old.topic_id if old is not None else new_topic_id())
         self.topic_config_table[config.topic_name] = config
-        self.persist()
+        if persist:
+            self.persist()
+        else:
+            self.dirty = True
         return config, old is None
 
     def create_topic_in_send_message_method(self, topic: str) -> TopicConfig | None:
@@ -171,11 +204,14 @@ class TopicConfigManager(ConfigManager):
                 self.dirty = True
         return cfg
 
-    def delete_topic(self, topic: str) -> None:
-        """A client's DeleteTopic (see :meth:`check_deletable`)."""
+    def delete_topic(self, topic: str, *, persist: bool = True) -> None:
+        """A client's DeleteTopic (see :meth:`check_deletable`); ``persist`` as :meth:`create_topic`'s."""
         self.check_deletable(topic)
         del self.topic_config_table[topic]
-        self.persist()
+        if persist:
+            self.persist()
+        else:
+            self.dirty = True
 
     def check_deletable(self, topic: str) -> None:
         """The broker's own topics (schedule, transaction halves and op records, TBW102,

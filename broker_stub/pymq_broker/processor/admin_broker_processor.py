@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from functools import partial
 
@@ -11,9 +13,12 @@ from ..common.broker_exception import BrokerException
 from ..common.mix_all import group_name_problem, is_system_topic, topic_name_problem
 from ..manager.subscription_group_manager import SubscriptionGroupConfig
 from ..manager.topic_config_manager import TopicConfig
+from ..store.message_store import DetachedQueues
 from ..transaction.transactional_message_service import TransactionalMessageService
 from .context import BrokerContext
 from .dedup import DedupWindow
+
+log = logging.getLogger(__name__)
 
 # the TopicConfig fields a CreateTopic may keep from an existing topic (CreateTopicRequest.keep)
 _KEEPABLE = ("read_queue_nums", "write_queue_nums", "perm", "dedup_window_ms", "order")
@@ -36,6 +41,8 @@ class AdminBrokerProcessor:
         self.ctx = ctx
         self.dedup = dedup
         self.transactions = transactions
+        # DeleteTopics whose files and configs are still being written: a CreateTopic of the name waits
+        self._deleting: dict[str, asyncio.Task[None]] = {}
 
     def query_route(self, req: pymq_pb2.QueryRouteRequest) -> pymq_pb2.TopicRouteData:
         """GET_ROUTEINFO_BY_TOPIC: the topic's queues and the endpoint of each broker.
@@ -69,11 +76,20 @@ class AdminBrokerProcessor:
             ],
         )
 
-    def create_topic(self, req: pymq_pb2.CreateTopicRequest) -> pymq_pb2.CreateTopicResponse:
+    async def create_topic(self, req: pymq_pb2.CreateTopicRequest) -> pymq_pb2.CreateTopicResponse:
         """UPDATE_AND_CREATE_TOPIC. An existing topic keeps the fields named in ``keep`` (a
         provisioning script run twice must not reset what it does not name), and a cut of read
-        queues that would hide unread messages is refused unless ``allow_shrink``."""
+        queues that would hide unread messages is refused unless ``allow_shrink``.
+
+        As RocketMQ's, it answers once topics.json holds the topic (a crash right after must not
+        lose a topic whose messages may be in the commit log), but the write runs on a thread:
+        at 3,000 topics it took 50-160 ms, every other client's time while it ran on the event loop.
+        """
         c = req.config
+        # a DeleteTopic of the name still writing its removal goes first: the new topic's config
+        # must not reach the disk before the old topic's consumer offsets are gone from it
+        while (pending := self._deleting.get(c.topic_name)) is not None and not pending.done():
+            await asyncio.wait([pending])
         manager = self.ctx.topic_config_manager
         old = manager.select_topic_config(c.topic_name)
         unknown = sorted(set(req.keep) - set(_KEEPABLE))
@@ -91,8 +107,9 @@ class AdminBrokerProcessor:
             self._refuse_shrink(old, values["read_queue_nums"])
         cfg, created = manager.create_topic(
             TopicConfig(c.topic_name, message_type=message_type, **values),
-            update_if_exists=req.update_if_exists,
+            update_if_exists=req.update_if_exists, persist=False,
         )
+        await manager.persist_async()
         return pymq_pb2.CreateTopicResponse(config=cfg.to_proto(), created=created)
 
     def _refuse_shrink(self, old: TopicConfig, reads: int) -> None:
@@ -124,21 +141,42 @@ class AdminBrokerProcessor:
             "pass allow_shrink=True (pymq-admin create-topic --allow-shrink)",
         )
 
-    def delete_topic(self, req: pymq_pb2.DeleteTopicRequest) -> pymq_pb2.DeleteTopicResponse:
-        """RocketMQ's deleteTopicInBroker. The topic's config goes last, once everything else is
-        durable: a kill -9 before it leaves the topic listed (a retried DeleteTopic finishes), never
-        a deleted topic whose queue files or consumer offsets come back at the next start."""
+    async def delete_topic(self, req: pymq_pb2.DeleteTopicRequest) -> pymq_pb2.DeleteTopicResponse:
+        """RocketMQ's deleteTopicInBroker. The topic leaves every table at once, on the event loop
+        (no request after this one sees it); its files go, then its consumer offsets and config
+        are written, on threads, and the answer comes once they are on disk. The topic's config
+        goes last, once everything else is durable: a kill -9 before it leaves the topic listed
+        (a retried DeleteTopic finishes), never a deleted topic whose queue files or consumer
+        offsets come back at the next start. Removing a 1,024-queue topic's files on the event
+        loop held every client up for 0.2-0.6 s."""
         topic = req.topic
-        self.ctx.topic_config_manager.check_deletable(topic)
-        self.ctx.store.delete_topic(topic)
+        tcm = self.ctx.topic_config_manager
+        tcm.check_deletable(topic)
+        queues = self.ctx.store.detach_topic(topic)  # renamed aside: a topic created again gets its own
         offsets = self.ctx.consumer_offset_manager
         offsets.remove_topic(topic)  # cleanOffsetByTopic
-        offsets.persist_if_dirty()  # not left to the periodic flush, after DeleteTopic answered
         for hook in self.ctx.delete_topic_hooks:  # the v2 proxy's pop state
             hook(topic)
         self.dedup.forget_topic(topic)
-        self.ctx.topic_config_manager.delete_topic(topic)
+        tcm.delete_topic(topic, persist=False)
+        # a task of its own: a client that gives up waiting must not cut the writes short
+        task = asyncio.ensure_future(self._write_deletion(queues))
+        self._deleting[topic] = task
+        task.add_done_callback(partial(self._deleted, topic))
+        await asyncio.shield(task)
         return pymq_pb2.DeleteTopicResponse()
+
+    async def _write_deletion(self, queues: DetachedQueues) -> None:
+        await asyncio.to_thread(queues.remove)
+        # not left to the periodic flush: DeleteTopic answers once they are on disk
+        await self.ctx.consumer_offset_manager.persist_async()
+        await self.ctx.topic_config_manager.persist_async()
+
+    def _deleted(self, topic: str, task: asyncio.Task[None]) -> None:
+        if self._deleting.get(topic) is task:
+            del self._deleting[topic]
+        if not task.cancelled() and task.exception() is not None:  # its DeleteTopic reports it, if waiting
+            log.warning("deleting topic %s: %s", topic, task.exception())
 
     def list_topics(self, req: pymq_pb2.ListTopicsRequest) -> pymq_pb2.ListTopicsResponse:
         table = self.ctx.topic_config_manager.topic_config_table
@@ -207,7 +245,7 @@ class AdminBrokerProcessor:
             ]
         )
 
-    def reset_offset(self, req: pymq_pb2.ResetOffsetRequest) -> pymq_pb2.ResetOffsetResponse:
+    async def reset_offset(self, req: pymq_pb2.ResetOffsetRequest) -> pymq_pb2.ResetOffsetResponse:
         """INVOKE_BROKER_TO_RESET_OFFSET as RocketMQ 5 runs it by default (``useServerSideResetOffset``,
         ``resetOffsetInner``): the group's offset on each queue of ``topic`` (or on ``queue_id``) moves
         to the first message stored at or after ``timestamp`` (-1: the queue's end), or to ``offset``
@@ -272,8 +310,8 @@ class AdminBrokerProcessor:
             offsets.commit_offset(group, topic, qid, offset)
         # on disk before the v2 proxy drops its state (a kill -9 between the two then leaves the
         # old state above a backward reset: nothing delivered twice, the reset to run again) and
-        # before the answer
-        offsets.persist_if_dirty()
+        # before the answer (written on a thread: consumerOffset.json holds every group's offsets)
+        await offsets.persist_async()
         for hook in self.ctx.reset_offset_hooks:
             hook(group, topic, moved)
         queue = partial(pymq_pb2.MessageQueue, topic=topic, broker_name=self.ctx.broker_name)
@@ -282,17 +320,21 @@ class AdminBrokerProcessor:
             for qid, offset in moved.items()
         ])
 
-    def update_subscription_group(
+    async def update_subscription_group(
         self, req: pymq_pb2.UpdateSubscriptionGroupRequest
     ) -> pymq_pb2.SubscriptionGroupResponse:
+        """UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: answered once on disk, written on a thread."""
         c = req.config
-        cfg = self.ctx.subscription_group_manager.update_subscription_group_config(
+        manager = self.ctx.subscription_group_manager
+        cfg = manager.update_subscription_group_config(
             SubscriptionGroupConfig(
                 c.group_name, c.retry_queue_nums or 1, c.retry_max_times,
                 c.consume_from_where or "CONSUME_FROM_LAST_OFFSET", c.consume_enable,
                 c.consume_broadcast_enable, c.consume_message_orderly,
-            )
+            ),
+            persist=False,
         )
+        await manager.persist_async()
         return pymq_pb2.SubscriptionGroupResponse(config=cfg.to_proto())
 
     def get_subscription_group(

@@ -23,6 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -103,6 +104,28 @@ def _tag_codes(records: EncodedRecords) -> npt.NDArray[np.int64]:
     return codes
 
 
+DELETED_QUEUES_PREFIX = ".deleted-"
+"""The consume-queue directory of a deleted topic is renamed to ``.deleted-<topic>-<ns>`` (not a
+topic name: a topic name has no dot) before its files are removed on another thread."""
+
+
+class DetachedQueues:
+    """A deleted topic's consume queues, out of the store: :meth:`remove` deletes their files."""
+
+    def __init__(self, queues: list[ConsumeQueue], path: Path | None, lock: threading.Lock) -> None:
+        self.queues = queues
+        self.path = path  # their directory, renamed aside (None: they had none)
+        self._lock = lock
+
+    def remove(self) -> None:
+        """Close and delete the files (slow for many queues or large ones: call it off the event loop)."""
+        with self._lock:  # the flush thread's checkpoint may hold them in its list of queues
+            for cq in self.queues:
+                cq.queue.close()  # not destroy(): it deletes by the old path, a new topic's now
+        if self.path is not None:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
 class DefaultMessageStore:
     """The broker's store. Call :meth:`load` then :meth:`start`; :meth:`shutdown` at the end.
 
@@ -151,7 +174,10 @@ class DefaultMessageStore:
         if root.exists():
             # anything else a person or a tool left there (a note, .DS_Store) is not a queue: as
             # RocketMQ's loadConsumeQueue, skip it rather than refuse to start
-            for topic_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+            for leftover in root.glob(f"{DELETED_QUEUES_PREFIX}*"):  # a deletion a crash cut short
+                shutil.rmtree(leftover, ignore_errors=True)
+            for topic_dir in sorted(p for p in root.iterdir()
+                                    if p.is_dir() and not p.name.startswith(DELETED_QUEUES_PREFIX)):
                 for qdir in sorted(topic_dir.iterdir()):
                     if qdir.name.isdigit() and qdir.is_dir():
                         cq = self._find_or_create_consume_queue(topic_dir.name, int(qdir.name))
@@ -657,6 +683,17 @@ class DefaultMessageStore:
 
     def delete_topic(self, topic: str) -> None:
         """Drop the topic's consume queues (its records expire with the commit log)."""
+        self.detach_topic(topic).remove()
+
+    def detach_topic(self, topic: str) -> DetachedQueues:
+        """Take the topic's consume queues out of the store, cheaply: call it on the thread that
+        writes the store, then :meth:`DetachedQueues.remove` (any thread) deletes their files.
+
+        Their directory is renamed aside first (:data:`DELETED_QUEUES_PREFIX`; a start removes
+        what a crash left of it): a topic of the same name created right after gets queues of its
+        own, which the removal cannot touch. Removing the files of a 1,024-queue topic took
+        0.2 s, the event loop's (and every client's) time while it ran there.
+        """
         self.do_reput()
         # a crash recovery re-queues the records after the checkpoint: move it past the topic's
         # records before its queue files go, or a kill -9 in between would build its queues again
@@ -664,10 +701,22 @@ class DefaultMessageStore:
         if self._running:
             self.checkpoint_now()
         queues = self.consume_queue_table.pop(topic, {})
-        for qid, cq in queues.items():
-            cq.destroy()
+        for qid in queues:
             self.commit_log.topic_queue_table.pop(f"{topic}-{qid}", None)
-        shutil.rmtree(self.config.store_path_consume_queue / topic, ignore_errors=True)
+        root = self.config.store_path_consume_queue
+        aside = root / f"{DELETED_QUEUES_PREFIX}{topic}-{time.time_ns()}"
+        detached = DetachedQueues(list(queues.values()), aside, self._checkpoint_lock)
+        try:
+            os.rename(root / topic, aside)
+        except FileNotFoundError:  # no queue file was ever made
+            detached.path = None
+        except OSError as err:  # cannot be renamed: removed here, before a topic of the name is made
+            log.warning("consume queues of deleted topic %s not moved aside (%s): removed in place",
+                        topic, err)
+            detached.path = root / topic
+            detached.remove()
+            detached = DetachedQueues([], None, self._checkpoint_lock)
+        return detached
 
     # -- get --------------------------------------------------------------------
 
