@@ -375,6 +375,13 @@ def test_assign_splits_a_topics_queues_between_two_streams_of_one_group(
     first, second = run(0), run(1)
     assert {r["queue_id"] for r in first} == {0, 1} and {r["queue_id"] for r in second} == {2, 3}
     assert Counter(r["msg_id"] for r in first + second) == Counter(sent)  # the retry was read by neither
+    # the group's %RETRY% queues named in assign are read along: from their first message (the
+    # group has no progress there), as the retried message of its original topic
+    retries = (spark.readStream.format("pymq").option("endpoint", ep).option("consumerGroup", group)
+               .option("assign", f'{{"%RETRY%{group}": [0]}}').load())
+    run_available_now(retries, tmp_path / "out-retry", tmp_path / "ckpt-retry")
+    got = output(tmp_path / "out-retry")
+    assert [(r["topic"], r["retry_topic"], r["queue_id"]) for r in got] == [(topic, f"%RETRY%{group}", 0)]
     Admin(ep).create_topic(topic, queues=6)  # scaled out: queues 4 and 5 are nobody's
     produce(ep, topic, 60, start=40)
     first, second = run(0), run(1)

@@ -403,7 +403,7 @@ def test_assign_names_queues_instead_of_topics_and_reads_no_retries() -> None:
                               "assign": '{"orders": ["broker-a:1", 0], "payments": ["2"]}'}, stream=True)
     assert o.topics == ("orders", "payments") and o.assigned is not None
     assert o.include_retry is False and o.all_topics() == ("orders", "payments")
-    assert o.topic_option == """assign='{"orders":["0","broker-a:1"],"payments":["2"]}'"""
+    assert o.topic_option == """assign='{"orders":[0,"broker-a:1"],"payments":[2]}'"""
     assert o.assigns(MessageQueue("orders", "broker-a", 1)) and o.assigns(MessageQueue("orders", "any", 0))
     assert not o.assigns(MessageQueue("orders", "broker-b", 1))  # another broker's queue 1
     assert not o.assigns(MessageQueue("payments", "broker-a", 0))
@@ -411,9 +411,14 @@ def test_assign_names_queues_instead_of_topics_and_reads_no_retries() -> None:
     # offsets JSON of assigned queues (a broker-less key names them on any broker)
     parse_source_options({"endpoint": EP, "consumerGroup": "g", "assign": '{"orders": ["broker-a:1"]}',
                           "startingOffsets": '{"orders": {"1": 5}}'}, stream=True)
-    retry = '{"%RETRY%g": [0], "orders": [0]}'  # the retry topic's queues, named like any other
-    assert parse_source_options({"endpoint": EP, "consumerGroup": "g", "assign": retry},
-                                stream=True).topics == ("%RETRY%g", "orders")
+    retry = '{"%RETRY%g": [0], "orders": [0]}'  # the group's retry queues named: read along
+    along = parse_source_options({"endpoint": EP, "consumerGroup": "g", "assign": retry}, stream=True)
+    assert along.topics == ("orders",) and along.include_retry
+    assert along.all_topics() == ("orders", "%RETRY%g") and along.retry_topic == "%RETRY%g"
+    assert along.assigns(MessageQueue("%RETRY%g", "b", 0))
+    assert not along.assigns(MessageQueue("%RETRY%g", "b", 1))
+    other = parse_source_options({"endpoint": EP, "consumerGroup": "h", "assign": retry}, stream=True)
+    assert other.topics == ("%RETRY%g", "orders") and not other.include_retry  # another group's: a topic
     for raw, needles in [
         (batch(assign='{"orders": [0]}'),
          ["assign='{\"orders\": [0]}' and topic='orders' cannot be used together"]),
@@ -431,6 +436,9 @@ def test_assign_names_queues_instead_of_topics_and_reads_no_retries() -> None:
         ({"endpoint": EP, "assign": '{"or ders": [1]}'}, ["topic 'or ders' must be 1-127 letters"]),
         ({"endpoint": EP, "consumerGroup": "g", "assign": '{"orders": [0]}', "includeRetry": "true"},
          ["includeRetry='true' is not valid", "name the queues of '%RETRY%g' in assign"]),
+        ({"endpoint": EP, "consumerGroup": "g", "assign": '{"orders": [0]}',
+          "startingOffsets": '{"%RETRY%g": {"0": 5}}'},
+         ["with assign, name %RETRY%<consumerGroup>'s queues"]),
         ({"endpoint": EP, "assign": '{"orders": ["broker-a:0"]}',
           "startingOffsets": '{"orders": {"broker-a:1": 5}}'},
          ["startingOffsets=", "names queue broker-a:1 of 'orders', which assign=", "name only assigned"]),
@@ -528,7 +536,9 @@ def test_subscribe_pattern_mid_stream_outlives_a_listing_the_broker_does_not_ans
         OffsetReader(opts, backend=backend).bounds(require_topics=True)  # type: ignore[arg-type]
 
 
-def test_assign_bounds_are_the_named_queues_and_each_must_be_there_at_the_start() -> None:
+def test_assign_bounds_are_the_named_queues_and_each_must_be_there_at_the_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     backend = QueuesBackend({"orders": 4})
     opts = parse_source_options({"endpoint": EP, "consumerGroup": "g",
                                  "assign": '{"orders": ["b:1", 3]}'}, stream=True)
@@ -538,13 +548,20 @@ def test_assign_bounds_are_the_named_queues_and_each_must_be_there_at_the_start(
     backend.topics["orders"] = 2  # scaled in: queue 3 gone mid-stream is left out, not an error
     bounds, missing = reader.bounds(require_topics=False)
     assert sorted(mq.queue_id for mq in bounds) == [1] and missing == []
-    with pytest.raises(ValueError, match=r"""pymq option assign='\{"orders":\["3","b:1"\]\}': topic """
+    with pytest.raises(ValueError, match=r"""pymq option assign='\{"orders":\[3,"b:1"\]\}': topic """
                                          r"'orders' has no readable queue 3 on .*; its queues are b:0, "
                                          r"b:1. Name those it has"):
         OffsetReader(opts, backend=backend).bounds(require_topics=True)  # type: ignore[arg-type]
     other = parse_source_options({"endpoint": EP, "assign": '{"orders": ["c:1"]}'}, stream=False)
     with pytest.raises(ValueError, match="has no readable queue c:1"):  # queue 1 of another broker
         OffsetReader(other, backend=backend).bounds(require_topics=True)  # type: ignore[arg-type]
+    # a stream restarted from its checkpoint (no strict look): said once, not raised
+    restarted = OffsetReader(opts, backend=backend)  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="pyspark_pymq.spark"):
+        restarted.bounds(require_topics=False)
+        restarted.bounds(require_topics=False)
+    said = [r.getMessage() for r in caplog.records if "has no readable queue 3" in r.getMessage()]
+    assert len(said) == 1 and "nothing is read for it until the topic has it" in said[0]
 
 
 def test_subscribe_pattern_skips_a_listed_topic_it_cannot_read() -> None:

@@ -85,9 +85,7 @@ class MappedFile:
                 except OSError as err:
                     if err.errno == errno.ENXIO:  # nothing but a hole from here to the end
                         return False
-                    if err.errno != errno.EINVAL:  # EINVAL: the file system cannot say; read it all
-                        raise
-                    start, end = position, size
+                    start, end = position, size  # the file system cannot say (EINVAL, ...): read it all
             while start < end:
                 data = os.pread(self.fd, min(chunk, end - start), start)
                 if not data:

@@ -29,7 +29,7 @@ __all__ = ["PymqBatchReader"]
 
 
 class PymqBatchReader(DataSourceReader):
-    """One partition per queue range with data (large ranges may be split)."""
+    """A partition per queue range with data (large ranges may be split, small ones share one)."""
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options

@@ -65,7 +65,8 @@ logger = logging.getLogger("pyspark_pymq.spark")
 
 
 class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Micro-batches of the query's MessageQueues (one Spark partition per queue range)."""
+    """Micro-batches of the query's MessageQueues (a Spark partition per queue range; small ranges
+    of several queues share one)."""
 
     def __init__(self, options: SourceOptions) -> None:
         self._setup(options)

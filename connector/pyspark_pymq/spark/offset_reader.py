@@ -68,6 +68,8 @@ class OffsetReader:
         # subscribePattern: the topic names of the last listing (a listing that fails mid-stream
         # falls back on them, as a named topic's queues wait for a broker that does not answer)
         self._listed: tuple[str, ...] = ()
+        # assign: the topics whose named queues were looked for in this run
+        self._assign_checked: set[str] = set()
 
     # -- errors -------------------------------------------------------------------
 
@@ -166,16 +168,20 @@ class OffsetReader:
         names must be there; mid-stream one gone waits (see MicroBatchStream.latestOffset)."""
         opts = self.opts
         assert opts.assigned is not None
-        if strict:
+        if strict or topic not in self._assign_checked:
+            # a stream restarted from its checkpoint gets no strict look (Spark calls no
+            # initialOffset): a queue named there that is not (a typo, a queue cut since) is said once
+            self._assign_checked.add(topic)
             for _, broker, qid in sorted(key for key in opts.assigned if key[0] == topic):
                 if not any(mq.queue_id == qid and broker in ("", mq.broker_name) for mq in found):
                     has = ", ".join(f"{mq.broker_name}:{mq.queue_id}" for mq in sorted(
                         found, key=lambda mq: (mq.broker_name, mq.queue_id)))
-                    raise ValueError(
-                        f"pymq option {opts.topic_option}: topic {topic!r} has no readable queue "
-                        f"{f'{broker}:{qid}' if broker else qid} on {opts.backend.where}; its "
-                        f"queues are {has or 'none'}. Name those it has"
-                    )
+                    problem = (f"pymq option {opts.topic_option}: topic {topic!r} has no readable queue "
+                               f"{f'{broker}:{qid}' if broker else qid} on {opts.backend.where}; its "
+                               f"queues are {has or 'none'}")
+                    if strict:
+                        raise ValueError(f"{problem}. Name those it has")
+                    logger.warning("%s: nothing is read for it until the topic has it", problem)
         return {mq: b for mq, b in found.items() if opts.assigns(mq)}
 
     def _resolve_topics(self, keep: set[str], *, strict: bool) -> None:

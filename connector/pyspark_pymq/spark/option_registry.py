@@ -268,10 +268,14 @@ _SOURCE = (
             '`DefaultLitePullConsumer.assign`): `{"orders": ["broker-a:0", "broker-a:1"], '
             '"payments": [2]}` (a bare queue id: that queue on any broker). Queries that split a '
             "topic's queues between them can share a `consumerGroup`: each commits the progress of "
-            "its own queues. No retries are read along (`includeRetry` is refused): name "
-            "`%RETRY%<consumerGroup>`'s queues in one query's `assign` to read them. A named queue "
-            "the topic does not have fails the query at its start; one gone mid-stream waits, as "
-            "any queue a topic no longer reads. Instead of `topic` and `subscribePattern`.",
+            "its own queues; before another query takes a queue over from the group's progress, write "
+            "the last batch of the query that read it (`commit_group_progress`: a stopped query's "
+            "last batch is not committed). No retries are read along unless named: "
+            "`%RETRY%<consumerGroup>`'s queues in one query's `assign` are read as `includeRetry` "
+            "reads them (which is refused with `assign`). A named queue the topic does not have "
+            "fails the query at its start, and is logged once when a stream restarted from its "
+            "checkpoint finds it missing; one gone mid-stream waits, as any queue a topic no longer "
+            "reads. Instead of `topic` and `subscribePattern`.",
     ),
     OptionSpec(
         "consumerGroup", "string", section="what",

@@ -502,12 +502,14 @@ def _parse_what(opts: OptionValues, backend: BackendConfig, stream: bool | None)
             "comma-separated list such as 'orders,payments'), subscribePattern='orders-.*' for "
             "the topics whose names match, or assign for some queues of them"
         )
-    if assigned is not None:
-        topics = tuple(sorted({key[0] for key in assigned}))
-    else:
-        topics = () if pattern is not None else _parse_topics(opts.get("topic"))
     group = _parse_group(opts.get("consumerGroup"))
     model = MessageModel(opts.choice("messageModel"))
+    if assigned is not None:
+        # %RETRY%<consumerGroup>'s queues named there are read along (includeRetry), those only
+        retry = get_retry_topic(group) if group and model is MessageModel.CLUSTERING else None
+        topics = tuple(sorted({key[0] for key in assigned} - {retry}))
+    else:
+        topics = () if pattern is not None else _parse_topics(opts.get("topic"))
     if stream is True and model is MessageModel.CLUSTERING and group is None:
         raise ValueError(
             "pymq option consumerGroup is required for a stream in CLUSTERING mode: its "
@@ -696,7 +698,9 @@ def _check_offset_topics(opts: OptionValues, options: SourceOptions) -> None:
                            f"does not match{f', nor {retry!r} read along' if retry else ''}")
         hint = ""
         if any(is_retry_topic(topic) for topic in unknown):
-            hint = " (a query reads %RETRY%<consumerGroup> along with includeRetry=true)"
+            hint = (" (with assign, name %RETRY%<consumerGroup>'s queues there to read them)"
+                    if options.assigned is not None
+                    else " (a query reads %RETRY%<consumerGroup> along with includeRetry=true)")
         raise opts.bad(
             name, opts.get(name),
             f"it names topics {unknown} that the query does not read: it can name "
@@ -808,17 +812,21 @@ def _parse_include_retry(opts: OptionValues, what: _What, stream: bool | None) -
     At load() (``stream`` None) the default is a stream's: what a stream accepts (an offsets
     JSON naming %RETRY%<consumerGroup>) must not be refused before Spark says it is one.
     """
-    # assign: the named queues only. Two queries that split a topic's queues would each read every
-    # queue of the group's %RETRY% topic (RocketMQ's assign mode reads no retry topic either)
-    default = stream is not False and what.clustering and what.group is not None and what.assigned is None
+    if what.assigned is not None:
+        # the named queues only: two queries that split a topic's queues would each read every queue
+        # of the group's %RETRY% topic (RocketMQ's assign mode reads no retry topic either); its
+        # queues named in assign are read along
+        retry = get_retry_topic(what.group or "<consumerGroup>")
+        if opts.given("includeRetry"):
+            raise _bad(
+                "includeRetry", opts.get("includeRetry"),
+                f"with assign a query reads the queues it names, and no others: name the queues of "
+                f"{retry!r} in assign to read retries (in one of the queries that split a topic's "
+                "queues), or remove includeRetry",
+            )
+        return what.clustering and any(key[0] == retry for key in what.assigned)
+    default = stream is not False and what.clustering and what.group is not None
     include_retry = opts.boolean("includeRetry", default)
-    if include_retry and what.assigned is not None:
-        raise _bad(
-            "includeRetry", opts.get("includeRetry"),
-            "with assign a query reads the queues it names, and no others: name the queues of "
-            f"{get_retry_topic(what.group or '<consumerGroup>')!r} in assign to read retries (in one "
-            "of the queries that split a topic's queues), or remove includeRetry",
-        )
     if include_retry and not what.clustering:
         raise _bad(
             "includeRetry",

@@ -324,9 +324,9 @@ def parse_assign_json(text: str, option: str = "assign") -> frozenset[QueueKey]:
 
 def assign_text(assigned: frozenset[QueueKey]) -> str:
     """``assigned`` as ``assign`` JSON, in one order (for messages)."""
-    out: dict[str, list[str]] = {}
+    out: dict[str, list[str | int]] = {}
     for topic, broker, qid in sorted(assigned):
-        out.setdefault(topic, []).append(f"{broker}:{qid}" if broker else str(qid))
+        out.setdefault(topic, []).append(f"{broker}:{qid}" if broker else qid)
     return json.dumps(out, separators=(",", ":"))
 
 
