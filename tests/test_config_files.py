@@ -78,6 +78,11 @@ def test_a_write_that_runs_out_of_space_leaves_the_file_and_its_backup_as_they_w
     assert full.value.filename == str(tmp_path / "doc.json")
     assert _texts(tmp_path) == before  # nothing cut, no .tmp left, the backup not replaced
     assert doc.dirty  # written again by the next periodic write
+    with monkeypatch.context() as patch:  # the same through persist_if_dirty (a shutdown's write)
+        patch.setattr(config_manager.os, "write", FullDisk(tmp_path, 50))
+        with pytest.raises(OSError, match="No space left on device"):
+            doc.persist_if_dirty()
+    assert _texts(tmp_path) == before and doc.dirty
     doc.persist_if_dirty()  # room again
     assert json.loads((tmp_path / "doc.json").read_text())["table"] == doc.table
     again = Doc(tmp_path / "doc.json")

@@ -119,7 +119,11 @@ class ConfigManager:
     def persist_if_dirty(self) -> None:
         snapshot = self.snapshot_if_dirty()
         if snapshot is not None:
-            self.write(snapshot)
+            try:
+                self.write(snapshot)
+            except BaseException:  # as persist(): the next write tries it again
+                self.dirty = True
+                raise
 
     def snapshot_if_dirty(self) -> tuple[int, bytes] | None:
         """A snapshot if something changed since the last one (for a write on another thread)."""
