@@ -99,6 +99,14 @@ class ConfigManager:
             self.dirty = True
             raise
 
+    def changed(self, *, persist: bool) -> None:
+        """A change to the tables: written now (``persist``), or marked for a later write (the
+        caller's :meth:`persist_async`, off the event loop, or the periodic one)."""
+        if persist:
+            self.persist()
+        else:
+            self.dirty = True
+
     async def persist_async(self) -> None:
         """:meth:`persist` from a coroutine on the event loop, the file work off it.
 

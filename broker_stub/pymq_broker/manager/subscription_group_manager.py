@@ -85,8 +85,5 @@ class SubscriptionGroupManager(ConfigManager):
                 f"consumeFromWhere {cfg.consume_from_where!r} must be one of {CONSUME_FROM_WHERE}",
             )
         self.subscription_group_table[cfg.group_name] = cfg
-        if persist:
-            self.persist()
-        else:
-            self.dirty = True
+        self.changed(persist=persist)
         return cfg

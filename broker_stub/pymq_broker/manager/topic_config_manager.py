@@ -158,10 +158,7 @@ class TopicConfigManager(ConfigManager):
         # an update keeps the topic's id; only a new topic (or one deleted before) gets a new one
         config = replace(config, topic_id=old.topic_id if old is not None else new_topic_id())
         self.topic_config_table[config.topic_name] = config
-        if persist:
-            self.persist()
-        else:
-            self.dirty = True
+        self.changed(persist=persist)
         return config, old is None
 
     def create_topic_in_send_message_method(self, topic: str) -> TopicConfig | None:
@@ -198,20 +195,14 @@ class TopicConfigManager(ConfigManager):
             # while its stored messages are all there: a new id would read as a new topic
             cfg = TopicConfig(topic, queues, queues, PERM_READ | PERM_WRITE)
             self.topic_config_table[topic] = cfg
-            if persist:
-                self.persist()
-            else:
-                self.dirty = True
+            self.changed(persist=persist)
         return cfg
 
     def delete_topic(self, topic: str, *, persist: bool = True) -> None:
         """A client's DeleteTopic (see :meth:`check_deletable`); ``persist`` as :meth:`create_topic`'s."""
         self.check_deletable(topic)
         del self.topic_config_table[topic]
-        if persist:
-            self.persist()
-        else:
-            self.dirty = True
+        self.changed(persist=persist)
 
     def check_deletable(self, topic: str) -> None:
         """The broker's own topics (schedule, transaction halves and op records, TBW102,

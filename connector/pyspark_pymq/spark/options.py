@@ -816,15 +816,15 @@ def _parse_include_retry(opts: OptionValues, what: _What, stream: bool | None) -
         # the named queues only: two queries that split a topic's queues would each read every queue
         # of the group's %RETRY% topic (RocketMQ's assign mode reads no retry topic either); its
         # queues named in assign are read along
-        retry = get_retry_topic(what.group or "<consumerGroup>")
         if opts.given("includeRetry"):
             raise _bad(
                 "includeRetry", opts.get("includeRetry"),
                 f"with assign a query reads the queues it names, and no others: name the queues of "
-                f"{retry!r} in assign to read retries (in one of the queries that split a topic's "
-                "queues), or remove includeRetry",
+                f"{get_retry_topic(what.group or '<consumerGroup>')!r} in assign to read retries (in "
+                "one of the queries that split a topic's queues), or remove includeRetry",
             )
-        return what.clustering and any(key[0] == retry for key in what.assigned)
+        # _parse_what took the group's retry topic out of the topics when assign names it
+        return any(key[0] not in what.topics for key in what.assigned)
     default = stream is not False and what.clustering and what.group is not None
     include_retry = opts.boolean("includeRetry", default)
     if include_retry and not what.clustering:
