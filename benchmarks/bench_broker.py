@@ -190,11 +190,12 @@ def running_broker(
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
-def serve_echo() -> None:
+def serve_echo(tls_cert: str | None = None, tls_key: str | None = None) -> None:
     """The bare gRPC server: ``--serve-echo`` runs it (in its own process).
 
     One unary method, bytes in and bytes out (identity serializers). The first
-    8 bytes of a request give the size of the response.
+    8 bytes of a request give the size of the response. With a certificate and key
+    it serves TLS, as the broker's ``--tls-cert-file``/``--tls-key-file`` do.
     """
     import asyncio
 
@@ -219,7 +220,11 @@ def serve_echo() -> None:
                 ),
             )
         )
-        port = server.add_insecure_port("127.0.0.1:0")
+        if tls_cert and tls_key:
+            creds = grpc.ssl_server_credentials([(Path(tls_key).read_bytes(), Path(tls_cert).read_bytes())])
+            port = server.add_secure_port("127.0.0.1:0", creds)
+        else:
+            port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         print(f"echo listening on 127.0.0.1:{port}", flush=True)
         await server.wait_for_termination()
@@ -228,13 +233,15 @@ def serve_echo() -> None:
 
 
 @contextlib.contextmanager
-def running_echo() -> Iterator[tuple[str, int]]:
+def running_echo(tls: tuple[str, str] | None = None) -> Iterator[tuple[str, int]]:
+    """The bare gRPC server in its own process: (endpoint, pid). ``tls``: (certificate, key)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT / d) for d in ("proto", "broker_stub", "connector")] + [env.get("PYTHONPATH", "")]
     )
     proc = subprocess.Popen(
-        [sys.executable, str(Path(__file__).resolve()), "--serve-echo"],
+        [sys.executable, str(Path(__file__).resolve()), "--serve-echo",
+         *(["--tls-cert", tls[0], "--tls-key", tls[1]] if tls else [])],
         stdout=subprocess.PIPE, text=True, env=env,
     )
     assert proc.stdout is not None
@@ -289,23 +296,28 @@ def pull_request_size() -> int:
 # -- workers (each in its own process) -----------------------------------------
 
 
-def _bare_stub(endpoint: str) -> Callable[..., bytes]:
+def bare_stub(endpoint: str, tls_ca_file: str | None = None) -> Callable[..., bytes]:
+    """The bare server's method, with pymq's channel options (TLS verified by ``tls_ca_file``)."""
     import grpc
     from pyspark_pymq.client.transport import CHANNEL_OPTIONS
 
-    channel = grpc.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
+    if tls_ca_file:
+        creds = grpc.ssl_channel_credentials(Path(tls_ca_file).read_bytes())
+        channel = grpc.secure_channel(endpoint, creds, options=CHANNEL_OPTIONS)
+    else:
+        channel = grpc.insecure_channel(endpoint, options=CHANNEL_OPTIONS)
     return channel.unary_unary(ECHO_METHOD)
 
 
-def _bare_payload(req_size: int, resp_size: int) -> bytes:
+def bare_payload(req_size: int, resp_size: int) -> bytes:
     return struct.pack("<Q", resp_size) + os.urandom(max(0, req_size - 8))
 
 
 def _send_loop(spec: dict[str, Any]) -> Iterator[Callable[[], int]]:
     """Yields one step function: each call sends one batch and returns messages sent."""
     if spec["kind"] == "bare":
-        call = _bare_stub(spec["endpoint"])
-        payload = _bare_payload(spec["req_size"], spec["resp_size"])
+        call = bare_stub(spec["endpoint"])
+        payload = bare_payload(spec["req_size"], spec["resp_size"])
         batch = spec["batch"]
 
         def bare_step() -> int:
@@ -343,8 +355,8 @@ def _pull_loop(spec: dict[str, Any]) -> Iterator[Callable[[], int]]:
     kind = spec["kind"]
     stats = spec.setdefault("_stats", {"calls": 0, "bytes": 0})
     if kind == "bare_pull":
-        call = _bare_stub(spec["bare_endpoint"])
-        payload = _bare_payload(spec["req_size"], spec["resp_size"])
+        call = bare_stub(spec["bare_endpoint"])
+        payload = bare_payload(spec["req_size"], spec["resp_size"])
         per_call = spec["msgs_per_call"]
 
         def bare_pull() -> int:
@@ -538,9 +550,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--sends", type=int, default=3000, help="--single: sends per run (default 3000)")
     ap.add_argument("--puts", type=int, default=20000, help="--single: store puts per run (default 20000)")
     ap.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--tls-cert", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--tls-key", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve_echo:
-        serve_echo()
+        serve_echo(args.tls_cert, args.tls_key)
         return 0
     compile_bytecode()  # the broker and producer processes start as from an installed pymq
     if args.single:

@@ -18,6 +18,11 @@ messages sent, ``--max-nums`` per pull, ``--duration`` seconds), in msgs/s, with
 per message of the client and of the broker. ``--batch 1`` measures one message per request,
 where a per-request cost shows most.
 
+``--floor``: the same loops against a bare gRPC server (``bench_broker.py``'s: its own process,
+one bytes-in/bytes-out method, nothing else), plaintext and TLS, with requests and answers of
+the sizes pymq's send and pull carry, taking turns with the brokers in every round: what TLS
+costs gRPC itself on the same bytes, the floor under pymq's figures.
+
 ``--spark ROWS``: the same four configurations as a user meets them, through the Spark
 connector (options ``tls``/``tlsCaFile``, ``accessKey``/``secretKey``): the async sink, a
 ``readStream`` -> ``noop`` and a ``spark.read`` -> ``noop`` of ``ROWS`` rows (4 queues), the
@@ -28,6 +33,7 @@ Usage::
 
     python benchmarks/bench_security.py             # 3 rounds of 4 s sends (~2 min)
     python benchmarks/bench_security.py --quick     # 1 round of 1 s (~20 s)
+    python benchmarks/bench_security.py --configs plain,tls --floor --repeats 5   # with gRPC's own
     python benchmarks/bench_security.py --spark 1000000 --configs plain,tls   # Spark (~6 min)
 """
 
@@ -49,6 +55,7 @@ for _sub in ("proto", "broker_stub", "connector", "tests", "benchmarks"):
     if str(ROOT / _sub) not in sys.path:
         sys.path.insert(0, str(ROOT / _sub))
 
+from bench_broker import bare_payload, bare_stub, pull_request_size, running_echo, wire_sizes  # noqa: E402
 from broker_process import BrokerProcess  # noqa: E402
 from pyspark_pymq.client import Admin, Message, MessageQueue, Producer, PullConsumer  # noqa: E402
 from tls_certs import make_certificates  # noqa: E402
@@ -108,10 +115,13 @@ def run_one(proc: BrokerProcess, config: str, certs: Any, topic: str,
     mq = MessageQueue(topic, "broker-a", 0)
     start, end = consumer.min_offset(mq), consumer.max_offset(mq)
     consumer.pull_raw(mq, start, 1)  # warm-up
-    pulled, offset, c0, b0, t0 = 0, start, time.process_time(), broker_cpu(proc.pid), time.perf_counter()
+    pulled, answers, answer_bytes = 0, 0, 0
+    offset, c0, b0, t0 = start, time.process_time(), broker_cpu(proc.pid), time.perf_counter()
     while time.perf_counter() - t0 < a.duration:  # passes over the queue, as long as the sends ran
         batch_ = consumer.pull_raw(mq, offset, a.max_nums)
         pulled += batch_.message_count
+        answers += 1
+        answer_bytes += len(batch_.records) + len(batch_.record_sizes)
         offset = batch_.next_begin_offset if batch_.next_begin_offset < end else start
     pull_s, pull_c, pull_b = time.perf_counter() - t0, time.process_time() - c0, broker_cpu(proc.pid) - b0
     return {
@@ -119,7 +129,30 @@ def run_one(proc: BrokerProcess, config: str, certs: Any, topic: str,
         "send_broker_us": send_b / sent * 1e6,
         "pull": pulled / pull_s, "pull_client_us": pull_c / pulled * 1e6,
         "pull_broker_us": pull_b / pulled * 1e6,
+        "pull_answer_bytes": answer_bytes / answers,
     }
+
+
+def run_floor(tls: bool, certs: Any, a: argparse.Namespace, pull_answer: int) -> dict[str, float]:
+    """:func:`run_one`'s two loops against the bare gRPC server, with pymq's request and answer sizes."""
+    send_req, send_resp = wire_sizes(a.body, a.batch)
+    out: dict[str, float] = {}
+    with running_echo((certs.server_cert, certs.server_key) if tls else None) as (endpoint, pid):
+        call = bare_stub(endpoint, certs.ca if tls else None)
+        for what, per_call, payload in (
+            ("send", a.batch, bare_payload(send_req, send_resp)),
+            ("pull", a.max_nums, bare_payload(pull_request_size(), pull_answer)),
+        ):
+            call(payload)  # warm-up: the channel (and the TLS handshake)
+            calls, c0, b0, t0 = 0, time.process_time(), broker_cpu(pid), time.perf_counter()
+            while time.perf_counter() - t0 < a.duration:
+                call(payload)
+                calls += 1
+            n = calls * per_call
+            out[what] = n / (time.perf_counter() - t0)
+            out[f"{what}_client_us"] = (time.process_time() - c0) / n * 1e6
+            out[f"{what}_broker_us"] = (broker_cpu(pid) - b0) / n * 1e6
+    return out
 
 
 def _name(config: str) -> str:
@@ -191,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--max-nums", type=int, default=1000)
     ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--floor", action="store_true",
+                    help="also the bare gRPC server, plaintext and TLS, with pymq's request and answer sizes")
     ap.add_argument("--spark", type=int, default=0, metavar="ROWS",
                     help="the Spark connector's sink and reads of ROWS rows instead of the client loops")
     a = ap.parse_args(argv)
@@ -200,7 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"`python benchmarks/bench_security.py {' '.join(argv if argv is not None else sys.argv[1:])}`, "
           f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, {os.cpu_count()} CPUs, "
           f"Python {platform.python_version()}, {platform.platform()}")
-    results: dict[str, list[dict[str, float]]] = {c: [] for c in configs}
+    floors = [c for c in ("plain", "tls") if a.floor]
+    names = [*configs, *(f"bare gRPC {f}" for f in floors)]
+    results: dict[str, list[dict[str, float]]] = {c: [] for c in names}
     with tempfile.TemporaryDirectory(prefix="pymq-bench-security-") as tmp:
         certs = make_certificates(Path(tmp))
         if a.spark:
@@ -212,14 +249,19 @@ def main(argv: list[str] | None = None) -> int:
                 with BrokerProcess(Path(tmp) / f"{config}-{r}", broker_args(config, certs)) as proc:
                     prepare(proc.endpoint, config, certs, topic)
                     results[config].append(run_one(proc, config, certs, topic, a))
+            answer = int(statistics.median(x["pull_answer_bytes"] for x in results[configs[0]]))
+            for floor in floors:
+                results[f"bare gRPC {floor}"].append(run_floor(floor == "tls", certs, a, answer))
     base = {k: statistics.median(x[k] for x in results[configs[0]]) for k in results[configs[0]][0]}
     print(f"\n{a.batch} x {a.body} B per send_batch (sync), pull_raw of {a.max_nums}; "
           f"median of {a.repeats} (min-max)\n")
     print("| config | send msgs/s | vs plain | client / broker CPU µs/msg | pull msgs/s | vs plain "
           "| client / broker CPU µs/msg |")
     print("|---|---|---|---|---|---|---|")
-    for config in configs:
+    for config in results:
         rs = results[config]
+        if config == "bare gRPC plain":
+            base = {k: statistics.median(x[k] for x in rs) for k in rs[0]}
 
         def med(k: str, rs: list[dict[str, float]] = rs) -> float:
             return statistics.median(x[k] for x in rs)
