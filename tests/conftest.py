@@ -112,7 +112,8 @@ _INTEGRATION_FIXTURES = {"broker", "endpoint", "shared_broker", "rocketmq_cluste
 # Modules whose tests start (and kill -9) broker processes or example scripts of their own.
 _INTEGRATION_MODULES = {"test_broker", "test_broker_parity", "test_durability", "test_examples", "test_retry",
                         "test_transactions", "test_rocketmq_tls", "test_v2_clients", "test_hardening",
-                        "test_auth", "test_tls", "test_v2_java_client", "test_fuzz", "test_rocketmq_slave"}
+                        "test_auth", "test_tls", "test_v2_java_client", "test_fuzz", "test_rocketmq_slave",
+                        "test_delete_topic_crash"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

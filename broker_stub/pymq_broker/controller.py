@@ -132,6 +132,27 @@ class BrokerController:
             await self._abandon_start()
             raise
 
+    def _finish_deletions(self, store: DefaultMessageStore) -> None:
+        """Finish the DeleteTopics a crash cut short (their queue files gone, their marker left,
+        their consumer offsets or config maybe still on disk: AdminBrokerProcessor.delete_topic).
+        A topic with queues again (the broker makes a %RETRY% topic anew when a message of its
+        group fails) is a new one, and kept."""
+        unfinished = store.unfinished_deletions
+        if not unfinished:
+            return
+        tcm, offsets = self.topic_config_manager, self.consumer_offset_manager
+        for topic in sorted(unfinished):
+            # (the recovery's walk of the log makes an empty queue for every topic it passes)
+            if any(cq.max_offset_in_queue > 0 for cq in store.consume_queue_table.get(topic, {}).values()):
+                log.warning("topic %s: a deletion a crash cut short, and queues made since: kept", topic)
+                continue
+            log.info("topic %s: finishing its deletion, which a crash cut short", topic)
+            offsets.remove_topic(topic)
+            tcm.topic_config_table.pop(topic, None)
+        offsets.persist()  # offsets first, as the deletion writes them
+        tcm.persist()
+        store.release_deletion_markers()
+
     async def _start(self) -> str:
         bc = self.broker_config
         self.topic_config_manager.load()
@@ -149,6 +170,7 @@ class BrokerController:
         store = DefaultMessageStore(self.store_config, store_host_bytes(bc.host, port))
         try:
             store.load()
+            self._finish_deletions(store)
         except BaseException:
             store.close()
             raise

@@ -69,6 +69,10 @@ class TopicConfigManager(ConfigManager):
         self.auto_create_topic_enable = auto_create_topic_enable
         self.default_topic_queue_nums = default_topic_queue_nums
         self.topic_config_table: dict[str, TopicConfig] = {}
+        # topics a DeleteTopic took out whose consumer offsets are not yet off the disk: still
+        # written to topics.json until then (deletion_written), so that a crash in between leaves the
+        # topic listed, never its offsets without it (a topic of the name made later would take them)
+        self.deleting: dict[str, TopicConfig] = {}
         self._lines: dict[str, tuple[TopicConfig, str]] = {}  # render's encoded topics
         self.topic_config_table[SCHEDULE_TOPIC] = TopicConfig(
             SCHEDULE_TOPIC, max_delay_level, max_delay_level, PERM_READ | PERM_WRITE
@@ -77,11 +81,13 @@ class TopicConfigManager(ConfigManager):
     def encode(self) -> dict[str, Any]:
         # vars(), not asdict(): every field is a plain value, and asdict's deep copies took 23 ms at
         # 3,000 topics
-        return {"topicConfigTable": {k: dict(vars(v)) for k, v in self.topic_config_table.items()}}
+        return {"topicConfigTable": {k: dict(vars(v)) for k, v in self.capture().items()}}
 
     def capture(self) -> dict[str, TopicConfig]:
         """The table (a TopicConfig is replaced, never changed in place): encoding it, indented by
         Python's pure-Python encoder, took 43 ms of the event loop at 3,000 topics."""
+        if self.deleting:
+            return {**self.deleting, **self.topic_config_table}
         return dict(self.topic_config_table)
 
     def render(self, state: dict[str, TopicConfig]) -> bytes:
@@ -199,10 +205,20 @@ class TopicConfigManager(ConfigManager):
         return cfg
 
     def delete_topic(self, topic: str, *, persist: bool = True) -> None:
-        """A client's DeleteTopic (see :meth:`check_deletable`); ``persist`` as :meth:`create_topic`'s."""
+        """A client's DeleteTopic (see :meth:`check_deletable`). ``persist=False``: the topic is gone
+        from the table at once but stays in what is written (:attr:`deleting`) until the caller, its
+        consumer offsets written, calls :meth:`deletion_written` and writes the table."""
         self.check_deletable(topic)
-        del self.topic_config_table[topic]
-        self.changed(persist=persist)
+        cfg = self.topic_config_table.pop(topic)
+        if persist:
+            self.persist()
+        else:
+            self.deleting[topic] = cfg
+
+    def deletion_written(self, topic: str) -> None:
+        """The deleted topic's consumer offsets are off the disk: the next write drops its config."""
+        if self.deleting.pop(topic, None) is not None:
+            self.dirty = True
 
     def check_deletable(self, topic: str) -> None:
         """The broker's own topics (schedule, transaction halves and op records, TBW102,

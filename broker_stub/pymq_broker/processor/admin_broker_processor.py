@@ -41,8 +41,6 @@ class AdminBrokerProcessor:
         self.ctx = ctx
         self.dedup = dedup
         self.transactions = transactions
-        # DeleteTopics whose files and configs are still being written: a CreateTopic of the name waits
-        self._deleting: dict[str, asyncio.Task[None]] = {}
 
     def query_route(self, req: pymq_pb2.QueryRouteRequest) -> pymq_pb2.TopicRouteData:
         """GET_ROUTEINFO_BY_TOPIC: the topic's queues and the endpoint of each broker.
@@ -86,10 +84,7 @@ class AdminBrokerProcessor:
         at 3,000 topics it took 50-160 ms, every other client's time while it ran on the event loop.
         """
         c = req.config
-        # a DeleteTopic of the name still writing its removal goes first: the new topic's config
-        # must not reach the disk before the old topic's consumer offsets are gone from it
-        while (pending := self._deleting.get(c.topic_name)) is not None and not pending.done():
-            await asyncio.wait([pending])
+        await self.ctx.deletion_done(c.topic_name)  # a DeleteTopic of the name still writing goes first
         manager = self.ctx.topic_config_manager
         old = manager.select_topic_config(c.topic_name)
         unknown = sorted(set(req.keep) - set(_KEEPABLE))
@@ -144,11 +139,14 @@ class AdminBrokerProcessor:
     async def delete_topic(self, req: pymq_pb2.DeleteTopicRequest) -> pymq_pb2.DeleteTopicResponse:
         """RocketMQ's deleteTopicInBroker. The topic leaves every table at once, on the event loop
         (no request after this one sees it); its files go, then its consumer offsets and config
-        are written, on threads, and the answer comes once they are on disk. The topic's config
-        goes last, once everything else is durable: a kill -9 before it leaves the topic listed
-        (a retried DeleteTopic finishes), never a deleted topic whose queue files or consumer
-        offsets come back at the next start. Removing a 1,024-queue topic's files on the event
-        loop held every client up for 0.2-0.6 s."""
+        are written, on threads, and the answer comes once they are on disk. Removing a 1,024-queue
+        topic's files on the event loop held every client up for 0.2-0.6 s.
+
+        The topic's config leaves topics.json last (every write of the file keeps it until then,
+        whoever makes it), and the emptied queue directory stays as a marker until it has: a kill -9
+        in between leaves the marker, and the next start finishes the deletion (the controller's
+        ``_finish_deletions``). A topic of the name is not made again (CreateTopic, a send's
+        auto-create) before all of it is on disk."""
         topic = req.topic
         tcm = self.ctx.topic_config_manager
         tcm.check_deletable(topic)
@@ -160,21 +158,25 @@ class AdminBrokerProcessor:
         self.dedup.forget_topic(topic)
         tcm.delete_topic(topic, persist=False)
         # a task of its own: a client that gives up waiting must not cut the writes short
-        task = asyncio.ensure_future(self._write_deletion(queues))
-        self._deleting[topic] = task
+        task = asyncio.ensure_future(self._write_deletion(topic, queues))
+        self.ctx.deleting_topics[topic] = task
         task.add_done_callback(partial(self._deleted, topic))
         await asyncio.shield(task)
         return pymq_pb2.DeleteTopicResponse()
 
-    async def _write_deletion(self, queues: DetachedQueues) -> None:
+    async def _write_deletion(self, topic: str, queues: DetachedQueues) -> None:
         await asyncio.to_thread(queues.remove)
         # not left to the periodic flush: DeleteTopic answers once they are on disk
         await self.ctx.consumer_offset_manager.persist_async()
-        await self.ctx.topic_config_manager.persist_async()
+        tcm = self.ctx.topic_config_manager
+        tcm.deletion_written(topic)
+        await tcm.persist_async()
+        await asyncio.to_thread(queues.release)
 
     def _deleted(self, topic: str, task: asyncio.Task[None]) -> None:
-        if self._deleting.get(topic) is task:
-            del self._deleting[topic]
+        deleting = self.ctx.deleting_topics
+        if deleting.get(topic) is task:
+            del deleting[topic]
         if not task.cancelled() and task.exception() is not None:  # its DeleteTopic reports it, if waiting
             log.warning("deleting topic %s: %s", topic, task.exception())
 

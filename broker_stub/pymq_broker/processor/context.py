@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -31,6 +32,22 @@ class BrokerContext:
     # called with (group, topic, {queue id: offset}) of the queues ResetOffset moved, once their
     # offsets are written (the v2 proxy reads them for the group from there)
     reset_offset_hooks: list[Callable[[str, str, dict[int, int]], None]] = field(default_factory=list)
+    # DeleteTopics still writing their removal (AdminBrokerProcessor.delete_topic), by topic
+    deleting_topics: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+
+    async def deletion_done(self, topic: str) -> None:
+        """Wait for a DeleteTopic of ``topic`` still writing its removal. A topic of the name made
+        before that is on disk would, after a crash, carry the old topic's consumer offsets, or be
+        taken for it by the start that finishes the deletion. A deletion whose writes failed is
+        finished by the next start: until then the name cannot be made again."""
+        while (pending := self.deleting_topics.get(topic)) is not None and not pending.done():
+            await asyncio.wait([pending])
+        if topic in self.topic_config_manager.deleting:
+            raise BrokerException(
+                pymq_pb2.SYSTEM_ERROR,
+                f"topic {topic!r} was deleted but its removal could not be written (see the broker's "
+                "log); restart the broker to finish it, then create the topic again",
+            )
 
     @property
     def broker_name(self) -> str:

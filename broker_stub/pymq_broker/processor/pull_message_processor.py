@@ -23,11 +23,12 @@ class PullMessageProcessor:
     def __init__(self, ctx: BrokerContext, hold: PullRequestHoldService) -> None:
         self.ctx = ctx
         self.hold = hold
+        ctx.delete_topic_hooks.append(hold.wake_topic)  # a held pull hears of a deletion at once
 
     async def pull_message(self, req: pymq_pb2.PullMessageRequest) -> pymq_pb2.PullMessageResponse:
         ctx = self.ctx
         mq = req.message_queue
-        ctx.check_mq(mq)
+        topic_id = ctx.check_mq(mq).topic_id
         if req.queue_offset < 0:
             raise BrokerException(
                 pymq_pb2.ILLEGAL_ARGUMENT, f"queue offset {req.queue_offset} must be >= 0"
@@ -68,6 +69,15 @@ class PullMessageProcessor:
             if status != pymq_pb2.NO_NEW_MSG or left <= 0 or not ctx.broker_config.long_polling_enable:
                 return self._response(status, result)
             await self.hold.suspend(mq.topic, mq.queue_id, req.queue_offset, left)
+            now = ctx.topic_config_manager.select_topic_config(mq.topic)
+            if now is None or now.topic_id != topic_id:
+                # not the next topic's messages at the old topic's offset: a pull held at offset 3
+                # when the topic was deleted and made again answered the new one's from 3 on
+                raise BrokerException(
+                    pymq_pb2.TOPIC_NOT_EXIST,
+                    f"topic {mq.topic!r} was deleted while the pull waited for messages"
+                    + ("" if now is None else " (and made again since)"),
+                )
 
     def _response(
         self, status: pymq_pb2.PullStatus.ValueType, r: GetMessageResult

@@ -32,6 +32,14 @@ class PullRequestHoldService:
                 if not waiters:
                     del self._waiters[key]
 
+    def wake_topic(self, topic: str) -> None:
+        """The topic was deleted: every pull held on it looks again (and finds it gone)."""
+        for (held_topic, _), waiters in list(self._waiters.items()):
+            if held_topic == topic:
+                for fut in waiters:
+                    if not fut.done():
+                        fut.set_result(None)
+
     def notify_message_arriving(self, topic: str, queue_id: int, max_offset: int) -> None:
         waiters = self._waiters.get((topic, queue_id))
         if not waiters:

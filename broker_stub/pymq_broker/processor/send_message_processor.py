@@ -148,6 +148,8 @@ class SendMessageProcessor:
         records = self._parse_request(req)
         _check_utf8(records, req.messages)
         topic = req.topic
+        if topic in self.ctx.deleting_topics:  # an auto-create of the name waits for the deletion
+            await self.ctx.deletion_done(topic)
         cfg, queue_id = self._msg_check(topic, req.queue_id)
         items: _Messages = req.messages
         if records is not None:

@@ -106,15 +106,36 @@ def _tag_codes(records: EncodedRecords) -> npt.NDArray[np.int64]:
 
 DELETED_QUEUES_PREFIX = ".deleted-"
 """The consume-queue directory of a deleted topic is renamed to ``.deleted-<topic>-<ns>`` (not a
-topic name: a topic name has no dot) before its files are removed on another thread."""
+topic name: a topic name has no dot) before its files are removed on another thread. The emptied
+directory stays until the deletion's configs are on disk: a start that finds one finishes the
+deletion a crash cut short (:attr:`DefaultMessageStore.unfinished_deletions`)."""
+
+
+def deleted_topic_of(marker: Path) -> str:
+    """The topic a :data:`DELETED_QUEUES_PREFIX` directory was the queues of."""
+    return marker.name[len(DELETED_QUEUES_PREFIX):].rpartition("-")[0]
+
+
+def _empty_dir(path: Path) -> None:
+    """Remove what ``path`` holds and keep it."""
+    try:
+        children = list(path.iterdir())
+    except FileNotFoundError:
+        return
+    for child in children:
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
 
 
 class DetachedQueues:
-    """A deleted topic's consume queues, out of the store: :meth:`remove` deletes their files."""
+    """A deleted topic's consume queues, out of the store: :meth:`remove` deletes their files, and
+    :meth:`release` the emptied directory once the deletion is on disk everywhere else."""
 
     def __init__(self, queues: list[ConsumeQueue], path: Path | None, lock: threading.Lock) -> None:
         self.queues = queues
-        self.path = path  # their directory, renamed aside (None: they had none)
+        self.path = path  # their directory, renamed aside (None: none to keep as a marker)
         self._lock = lock
 
     def remove(self) -> None:
@@ -122,6 +143,11 @@ class DetachedQueues:
         with self._lock:  # the flush thread's checkpoint may hold them in its list of queues
             for cq in self.queues:
                 cq.queue.close()  # not destroy(): it deletes by the old path, a new topic's now
+        if self.path is not None:
+            _empty_dir(self.path)
+
+    def release(self) -> None:
+        """The deletion is on disk (consumer offsets, then topics.json): the marker goes."""
         if self.path is not None:
             shutil.rmtree(self.path, ignore_errors=True)
 
@@ -147,6 +173,9 @@ class DefaultMessageStore:
             2 * config.max_message_size,
         )
         self.dispatched_offset = 0  # every record before it is in its consume queue
+        # topic -> the emptied queue directories of its DeleteTopic that a crash cut short (found by
+        # load): the broker finishes those deletions, then calls release_deletion_markers
+        self.unfinished_deletions: dict[str, list[Path]] = {}
         self._reput_queue: deque[tuple[str, int, EncodedRecords, AppendMessageResult]] = deque()
         self.message_arriving_listener: MessageArrivingListener | None = None
         self._group_commit: GroupCommitService | None = None
@@ -175,7 +204,8 @@ class DefaultMessageStore:
             # anything else a person or a tool left there (a note, .DS_Store) is not a queue: as
             # RocketMQ's loadConsumeQueue, skip it rather than refuse to start
             for leftover in root.glob(f"{DELETED_QUEUES_PREFIX}*"):  # a deletion a crash cut short
-                shutil.rmtree(leftover, ignore_errors=True)
+                _empty_dir(leftover)
+                self.unfinished_deletions.setdefault(deleted_topic_of(leftover), []).append(leftover)
             for topic_dir in sorted(p for p in root.iterdir()
                                     if p.is_dir() and not p.name.startswith(DELETED_QUEUES_PREFIX)):
                 for qdir in sorted(topic_dir.iterdir()):
@@ -685,6 +715,13 @@ class DefaultMessageStore:
         """Drop the topic's consume queues (its records expire with the commit log)."""
         self.detach_topic(topic).remove()
 
+    def release_deletion_markers(self) -> None:
+        """The deletions :attr:`unfinished_deletions` named are finished (their configs written)."""
+        for markers in self.unfinished_deletions.values():
+            for marker in markers:
+                shutil.rmtree(marker, ignore_errors=True)
+        self.unfinished_deletions = {}
+
     def detach_topic(self, topic: str) -> DetachedQueues:
         """Take the topic's consume queues out of the store, cheaply: call it on the thread that
         writes the store, then :meth:`DetachedQueues.remove` (any thread) deletes their files.
@@ -708,14 +745,18 @@ class DefaultMessageStore:
         detached = DetachedQueues(list(queues.values()), aside, self._checkpoint_lock)
         try:
             os.rename(root / topic, aside)
-        except FileNotFoundError:  # no queue file was ever made
-            detached.path = None
+        except FileNotFoundError:  # no queue file was ever made: the marker alone
+            try:
+                aside.mkdir(parents=True)
+            except OSError as err:
+                log.warning("deleting topic %s: no marker of the deletion could be made (%s)", topic, err)
+                detached.path = None
         except OSError as err:  # cannot be renamed: removed here, before a topic of the name is made
             log.warning("consume queues of deleted topic %s not moved aside (%s): removed in place",
                         topic, err)
-            detached.path = root / topic
+            detached.path = None
             detached.remove()
-            detached = DetachedQueues([], None, self._checkpoint_lock)
+            shutil.rmtree(root / topic, ignore_errors=True)
         return detached
 
     # -- get --------------------------------------------------------------------
