@@ -97,22 +97,59 @@ def test_async_with_retries_delivers_through_a_paused_broker(broker: BrokerProce
         f"r{i}" for i in range(300))
 
 
-def test_oneway_does_not_fail_the_task_but_counts_what_was_not_acknowledged(
-    broker: BrokerProcess, caplog: pytest.LogCaptureFixture
-) -> None:
-    """oneway is lossy by contract: a dead broker loses the rows; the log says how many."""
+def test_oneway_to_a_broker_that_does_not_answer_fails_the_task(broker: BrokerProcess) -> None:
+    """oneway is lossy in its answers, not in reaching the broker: as RocketMQ's sendOneway throws
+    when it finds no route or cannot connect, a dead broker fails the task, naming the rows (it
+    reported success with every row lost, the loss only in the executor's log)."""
     topic = unique("oneway-dead")
     Admin(broker.endpoint).create_topic(topic, queues=1)
     opts = _options(broker.endpoint, topic, sendMode="oneway", maxBatchBytes="4096",
                     sendMsgTimeoutMs="500")
     broker.kill()
-    with caplog.at_level(logging.WARNING, logger="pyspark_pymq.spark.writer"):
-        done = write_partition(opts, _rows(100))
-    assert done.rows == 100 and done.unacknowledged == 100
-    assert "100 of 100 row(s) of partition 0" in caplog.text and "oneway" in caplog.text
+    with pytest.raises(BrokerUnavailableError) as info:
+        write_partition(opts, _rows(100))
+    assert "partition 0" in str(info.value), str(info.value)
     broker.start()
-    Admin(broker.endpoint).create_topic(topic, queues=1, update_if_exists=True)
-    assert read_all(broker.endpoint, topic) == []  # lost, as oneway allows
+
+
+def test_oneway_sends_that_reached_no_broker_fail_the_task_at_its_end(broker: BrokerProcess) -> None:
+    """The route known (the broker answered it), the broker gone before the sends: each send's
+    answer says it never reached the broker, and the task fails once all are answered."""
+    from pyspark_pymq.backend.base import cached_backend
+
+    topic = unique("oneway-gone")
+    Admin(broker.endpoint).create_topic(topic, queues=1)
+    opts = _options(broker.endpoint, topic, sendMode="oneway", maxBatchBytes="4096",
+                    sendMsgTimeoutMs="500")
+    cached_backend(opts.backend, 0.5).route(topic, refresh=True)  # the task's producer finds it cached
+    broker.kill()
+    with pytest.raises(BrokerUnavailableError, match=r"sendMode=oneway: \d+ of 100 row\(s\) of partition 0 "
+                                                    r"of batch \d+ not sent: a broker could not be reached"):
+        write_partition(opts, _rows(100))
+    broker.start()
+
+
+def test_a_failed_task_says_how_many_of_its_rows_it_had_sent(
+    broker: BrokerProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A write failing at its 41st row had stored 40 and the driver logged "aborted after 0
+    row(s)": a user re-running it wrote the 40 twice. The task's error says it had sent them, and
+    the abort names the failed tasks."""
+    from pyspark_pymq.spark.writer import SinkCommitMessage
+
+    topic = unique("partial")
+    Admin(broker.endpoint).create_topic(topic, queues=1)
+    good = pa.record_batch([pa.array([f"r{i}" for i in range(40)])], names=["body"])
+    bad = pa.record_batch([pa.array(["r40", None])], names=["body"])
+    with pytest.raises(ValueError, match=r"row 41 of partition 0 .* null body") as info:
+        write_partition(_options(broker.endpoint, topic), iter([good, bad]))
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "40 row(s) of partition 0 of batch" in notes and "had been sent before this failure" in notes
+    assert len(read_all(broker.endpoint, topic)) == 40
+    with caplog.at_level(logging.WARNING, logger="pyspark_pymq.spark.writer"):
+        PymqSinkWriter(_options(broker.endpoint, topic)).abort([SinkCommitMessage(0, 7), None])
+    assert "the 1 task(s) that finished stored 7 row(s)" in caplog.text
+    assert "1 task(s) failed or did not run, and a failed one may have stored rows" in caplog.text
 
 
 def test_a_failed_route_refresh_keeps_the_route_and_asks_again_only_after_a_pause(

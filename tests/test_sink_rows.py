@@ -126,6 +126,7 @@ class _RecordingProducer:
         self.queue_look_ups: list[tuple[str, str]] = []
         self.flushed = False
         self.oneway_unacknowledged = 0
+        self.oneway_undelivered: Exception | None = None
         self.max_message_size = 4 * 1024 * 1024
 
     def _sent(self, topic: str, queue_id: int | None, keys: Sequence[str]) -> list[object]:

@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from ..backend.base import Backend, SendRequest, client_backend
 from ..errors import (
+    BrokerUnavailableError,
     IllegalArgumentError,
     MessageIllegalError,
     NoPermissionError,
@@ -95,8 +96,11 @@ class Producer:
             :meth:`flush` and :meth:`close` after them, not in them) or ``"oneway"`` (no answer is
             awaited: **messages may be lost**; after :meth:`flush`,
             ``oneway_unacknowledged`` counts those whose send failed since
-            the producer was made; a send no retry could mend, such as one to
-            a topic without write permission, still raises).
+            the producer was made, and ``oneway_undelivered`` is the first error of a send that
+            never reached a broker (it does not answer); a send that finds no route (no broker
+            or name server answers, a topic that does not exist) or that no retry could mend,
+            such as one to a topic without write permission, still raises, as RocketMQ's
+            ``sendOneway`` does).
         producer_group: RocketMQ's producer group, kept as PGROUP.
         send_msg_timeout_ms: per request, 3000 as in RocketMQ.
         max_message_size: 4 MiB; a larger message fails before it is sent.
@@ -185,6 +189,8 @@ class Producer:
         self._shared_backend = backend is not None
         # oneway: messages whose send failed (nobody waits for them; the count is all that is kept)
         self.oneway_unacknowledged = 0
+        # oneway: the first send that never reached a broker (not a lost answer: an unreachable one)
+        self.oneway_undelivered: PymqError | None = None
 
     # -- public API -------------------------------------------------------------
 
@@ -554,8 +560,9 @@ class Producer:
                     return
                 failure = err
                 # oneway is lossy only in transport: as RocketMQ's sendOneway throws when it
-                # finds no route or queue, an error no retry can mend reaches the caller.
-                refused = oneway and not retriable
+                # finds no route or queue (also when no name server or broker answers the look-up),
+                # the error reaches the caller.
+                refused = oneway
                 finish(lambda: outer.set_exception(failure), failed=not refused)
                 if refused:
                     raise
@@ -571,6 +578,8 @@ class Producer:
                         attempt(left - 1, mq.broker_name)
                         return
                     error = err
+                    if oneway and isinstance(err, BrokerUnavailableError) and self.oneway_undelivered is None:
+                        self.oneway_undelivered = err  # it never reached the broker
                     finish(lambda: outer.set_exception(error), failed=True)
                     return
                 self._fault.update(mq.broker_name, False)

@@ -453,12 +453,14 @@ class PymqDataSource(DataSource):
         another broker where there is one, unless a ``queue_id`` or ``sharding_key`` column pins the
         queue. ``async``: a bounded in-flight window; the task still waits for every acknowledgement and
         fails on a failed one; not retried unless ``retryTimesWhenSendAsyncFailed`` > 0, as in RocketMQ.
-        ``oneway``: **lossy**, a failed send does not fail the task (the executor log says how many rows
-        were not acknowledged); a send that can never succeed, such as to a topic without write
-        permission, still fails it. An answer other than ``SEND_OK`` (``FLUSH_DISK_TIMEOUT``,
-        ``FLUSH_SLAVE_TIMEOUT``, ``SLAVE_NOT_AVAILABLE``: stored, not yet durable) fails the task too,
-        so that Spark sends those rows again with the same msgIds; ``sync`` first sends them to another
-        broker where there is one (RocketMQ's ``retryAnotherBrokerWhenNotStoreOK``).
+        ``oneway``: **lossy** in its answers: a send a broker took but failed does not fail the task
+        (the executor log says how many rows were not acknowledged); as RocketMQ's ``sendOneway``
+        throws, a send that reaches no broker (no route, a broker that does not answer) or can never
+        succeed, such as to a topic without write permission, still fails it. An answer other than
+        ``SEND_OK`` (``FLUSH_DISK_TIMEOUT``, ``FLUSH_SLAVE_TIMEOUT``, ``SLAVE_NOT_AVAILABLE``: stored,
+        not yet durable) fails the task too, so that Spark sends those rows again with the same msgIds;
+        ``sync`` first sends them to another broker where there is one (RocketMQ's
+        ``retryAnotherBrokerWhenNotStoreOK``).
 
     ``deliveryGuarantee``
         (one of ``at-least-once``, ``exactly-once``; default ``at-least-once``) ``exactly-once``

@@ -240,7 +240,7 @@ class _SendTask:
     """
 
     __slots__ = ("extra_properties", "in_flight", "max_batch_bytes", "open_batches", "opts", "partition_id",
-                 "prefix", "producer", "rows", "where")
+                 "prefix", "producer", "rows", "sent", "where")
 
     def __init__(
         self, opts: SinkOptions, ids: _TaskIds, producer: Producer, prefix: str, extra_properties: bytes,
@@ -256,12 +256,23 @@ class _SendTask:
         self.open_batches: dict[tuple[str, int | None, str | None], _MessageBatch] = {}
         self.in_flight: list[tuple[str, Future[Any]]] = []  # async: (its rows, as errors name them, answer)
         self.rows = 0  # rows taken: the index of the next one
+        self.sent = 0  # rows handed to the producer (the failed task's error says how many)
 
     def execute(self, batches: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
-        for batch in batches:
-            if batch.num_rows and not self.send_arrow_batch(batch):
-                self.send_row_by_row(batch)
-        return self.close()
+        try:
+            for batch in batches:
+                if batch.num_rows and not self.send_arrow_batch(batch):
+                    self.send_row_by_row(batch)
+            return self.close()
+        except Exception as err:
+            # The driver hears nothing from a failed task: without this, "aborted after 0 row(s)"
+            # read as if nothing was written, and a re-run wrote the rows sent here a second time.
+            if self.sent and not (self.opts.send_mode == "oneway" and self.producer.oneway_undelivered):
+                err.add_note(
+                    f"pymq sink: {self.sent} row(s) of {self.where} had been sent before this failure "
+                    "and may be stored (those of sync sends are); running the write again sends them again, "
+                    "unless the topic has a de-duplication window and the write a writeId")
+            raise
 
     def send_arrow_batch(self, batch: pa.RecordBatch) -> bool:
         """The whole batch at once, laid out by Arrow (:func:`encode_plain_batch`); False if it cannot be."""
@@ -277,6 +288,7 @@ class _SendTask:
             results = self.producer.send_records(topic, records, sizes, row_keys)
         except PymqError as err:
             raise self._send_failed(err, topic, what) from err
+        self.sent += n
         self._keep_answers(results, what)
         self.rows += n
         return True
@@ -358,6 +370,7 @@ class _SendTask:
                                                  broker_name=broker)
         except PymqError as err:
             raise self._send_failed(err, topic, what) from err
+        self.sent += len(rows)
         self._keep_answers(results, what)
 
     def _send_failed(self, err: PymqError, topic: str, what: str) -> PymqError:
@@ -373,11 +386,16 @@ class _SendTask:
                 _check_stored(r, f"sending {what} of {self.where}")
 
     def _oneway_unacknowledged(self) -> int:
-        """sendMode=oneway: waits for every answer; the failed sends are logged, not raised."""
+        """sendMode=oneway: waits for every answer; the failed sends are logged, not raised, but
+        for sends that never reached a broker (as RocketMQ's sendOneway throws then)."""
         if self.opts.send_mode != "oneway":
             return 0
         self.producer.flush()  # answers do not fail the task, but nothing is left unsent
         lost = self.producer.oneway_unacknowledged
+        unsent = self.producer.oneway_undelivered
+        if unsent is not None:
+            raise _naming(unsent, f"sendMode=oneway: {lost} of {self.rows} row(s) of {self.where} not "
+                                  "sent: a broker could not be reached; sending them")
         if lost:
             log.warning("sendMode=oneway: %d of %d row(s) of %s were not acknowledged and may be lost "
                         "(use sync or async to fail the task instead)", lost, self.rows, self.where)
@@ -571,6 +589,17 @@ def _summary(messages: list[WriterCommitMessage | None]) -> str:
     return f"{text}, {lost} oneway row(s) not acknowledged" if lost else text
 
 
+def _aborted(messages: list[WriterCommitMessage | None]) -> str:
+    """What an aborted write left: the finished tasks' rows are stored; a failed task's error
+    (the task's log, the query's exception) says how many of its rows it had sent."""
+    failed = sum(1 for m in messages if not isinstance(m, SinkCommitMessage))
+    text = f"the {len(messages) - failed} task(s) that finished stored {_summary(messages)}"
+    if failed:
+        text += (f"; {failed} task(s) failed or did not run, and a failed one may have stored rows "
+                 "before failing (its error says how many it had sent)")
+    return text
+
+
 def check_sink_topic(opts: SinkOptions) -> None:
     """The ``topic`` option's route, looked up once on the driver before any task runs: a topic the
     brokers do not know (and would not create) fails the write naming it, instead of every task's
@@ -600,8 +629,7 @@ class PymqSinkWriter(DataSourceArrowWriter):
         log.info("pymq sink wrote %s", _summary(messages))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        # What was acknowledged stays on the broker; a re-run sends the same UNIQ_KEYs.
-        log.warning("pymq sink write aborted after %s", _summary(messages))
+        log.warning("pymq sink write aborted: %s", _aborted(messages))
 
 
 class PymqStreamSinkWriter(DataSourceStreamArrowWriter):
@@ -617,4 +645,4 @@ class PymqStreamSinkWriter(DataSourceStreamArrowWriter):
         log.info("pymq sink batch %d: %s", batchId, _summary(messages))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        log.warning("pymq sink batch %d aborted after %s", batchId, _summary(messages))
+        log.warning("pymq sink batch %d aborted: %s", batchId, _aborted(messages))
