@@ -386,7 +386,7 @@ class DefaultMessageStore:
     def checkpoint_now(self) -> None:
         """Flush queues, index and log, then record how far all of them are durable.
 
-        One at a time (the flush thread and ``delete_topic`` on the event loop): a slower
+        One at a time (the flush thread, a DeleteTopic's thread, the shutdown): a slower
         round that read an older offset must not write it over a newer checkpoint.
         """
         with self._checkpoint_lock:
@@ -722,9 +722,12 @@ class DefaultMessageStore:
                 shutil.rmtree(marker, ignore_errors=True)
         self.unfinished_deletions = {}
 
-    def detach_topic(self, topic: str) -> DetachedQueues:
+    def detach_topic(self, topic: str, *, checkpoint: bool = True) -> DetachedQueues:
         """Take the topic's consume queues out of the store, cheaply: call it on the thread that
         writes the store, then :meth:`DetachedQueues.remove` (any thread) deletes their files.
+        ``checkpoint=False``: the caller moved the checkpoint past the topic's records already
+        (:meth:`checkpoint_now` on another thread: it flushes every queue), the topic taking no
+        records since.
 
         Their directory is renamed aside first (:data:`DELETED_QUEUES_PREFIX`; a start removes
         what a crash left of it): a topic of the same name created right after gets queues of its
@@ -735,7 +738,7 @@ class DefaultMessageStore:
         # a crash recovery re-queues the records after the checkpoint: move it past the topic's
         # records before its queue files go, or a kill -9 in between would build its queues again
         # from the older checkpoint, beginning mid-queue
-        if self._running:
+        if self._running and checkpoint:
             self.checkpoint_now()
         queues = self.consume_queue_table.pop(topic, {})
         for qid in queues:
