@@ -334,3 +334,47 @@ def test_an_access_key_without_its_secret_says_where_the_secret_goes(
     with pytest.raises(ValueError, match="secret_key is empty") as info:
         PullConsumer("127.0.0.1:1", "g", access_key="alice", secret_key="")
     assert "alice" not in str(info.value)
+
+
+def test_bodies_and_properties_are_printed_escaped_one_line_each(
+    shared_broker: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A producer's bytes reach the operator's terminal: an ESC sequence recoloured it (or worse) and a
+    newline in a body broke tail's one line per message. Printable UTF-8 is shown as it is."""
+    endpoint, topic, group = shared_broker.endpoint, unique("escape"), unique("escape-group")
+    Admin(endpoint).create_topic(topic, 1)
+    hostile = b"\x1b[31mred\x1b[0m\nfake line\r\x07\xff\xfe end"
+    with Producer(endpoint) as producer:
+        r = producer.send(Message(topic, hostile, tags="t", keys=["k1"], properties={"note": "a\nb\x1b[2J"}))
+        producer.send(Message(topic, "héllo wörld ✓".encode(), keys=["k2"]))
+    consumer = PullConsumer(endpoint, group)
+    first = consumer.pull(consumer.queues(topic)[0], 0, 1).messages[0]
+    consumer.send_back(first, delay_level=-1, reason="bad\x1b[1m\nreason")
+
+    def check(out: str) -> None:
+        assert "\x1b" not in out and "\r" not in out and "\x07" not in out, repr(out)
+        assert r"\x1b[31mred\x1b[0m\nfake line\r\x07\xff\xfe end" in out, out
+
+    assert main(["-e", endpoint, "tail", topic]) == 0
+    out = capsys.readouterr().out
+    check(out)
+    assert len(out.splitlines()) == 2 and "body=héllo wörld ✓" in out, out  # one line per message
+    assert main(["-e", endpoint, "query-message", topic, "k1"]) == 0
+    out = capsys.readouterr().out
+    check(out)
+    assert len(out.splitlines()) == 3, out  # header, rule, the message
+    assert main(["-e", endpoint, "view-message", r.offset_msg_id]) == 0
+    out = capsys.readouterr().out
+    check(out)
+    assert r"a\nb\x1b[2J" in out and "fake line\n" not in out
+    assert main(["-e", endpoint, "dead-letters", group]) == 0
+    out = capsys.readouterr().out
+    check(out)
+    assert r"bad\x1b[1m\nreason" in out and len(out.splitlines()) == 3, out
+
+
+def test_a_long_body_is_cut_between_characters() -> None:
+    """Only the first 40 bytes are shown: a character cut there is left out, not shown as broken bytes."""
+    table = render_table([{"body": "é".encode() * 30}], ["body"])
+    assert table.splitlines()[2] == "é" * 20 + "..."
+    assert render_table([{"body": b"\x00\x1b\x7f\xc3"}], ["body"]).splitlines()[2] == r"\x00\x1b\x7f\xc3"

@@ -29,6 +29,7 @@ broker takes ``--tls-ca-file`` (and ``--tls-cert-file`` / ``--tls-key-file`` for
 from __future__ import annotations
 
 import argparse
+import codecs
 import os
 import sys
 import time
@@ -80,11 +81,23 @@ class ProgressBar:
             self.out.flush()
 
 
+def _printable(text: str) -> str:
+    """``text`` with what a terminal would act on or break a line at escaped, as Python's repr
+    escapes it (ESC as ``\\x1b``, a newline as ``\\n``): a message body or property set by any
+    producer cannot recolour, move the cursor or fake lines of the output."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
 def _cell(value: Any) -> str:
+    """One value as one line of printable text: bytes (a body) decoded as UTF-8 where they are,
+    other bytes as ``\\xNN``, at most the first 40 bytes shown."""
     if isinstance(value, bytes):
-        text = value[:40].decode("utf-8", "replace")
-        return text + ("..." if len(value) > 40 else "")
-    return str(value)
+        cut = len(value) > 40  # a character the cut splits is left out, not shown as broken bytes
+        text = codecs.getincrementaldecoder("utf-8")("backslashreplace").decode(value[:40], final=not cut)
+        return _printable(text) + ("..." if cut else "")
+    return _printable(str(value))
 
 
 def render_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
@@ -254,7 +267,8 @@ def _cmd_tail(admin: Admin, a: argparse.Namespace) -> None:
         start = max(consumer.min_offset(mq), end - a.last)
         # pulled until the end: an Apache RocketMQ broker answers at most 32 messages a pull
         for m in pull_messages(consumer, mq, start, end - start):
-            print(f"{mq} @{m.queue_offset} tags={m.tags} keys={' '.join(m.keys)} body={_cell(m.body)}")
+            print(f"{mq} @{m.queue_offset} tags={_cell(m.tags)} keys={_cell(' '.join(m.keys))} "
+                  f"body={_cell(m.body)}")
 
 
 def _cmd_broker(admin: Admin, a: argparse.Namespace) -> None:
