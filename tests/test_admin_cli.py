@@ -378,3 +378,67 @@ def test_a_long_body_is_cut_between_characters() -> None:
     table = render_table([{"body": "é".encode() * 30}], ["body"])
     assert table.splitlines()[2] == "é" * 20 + "..."
     assert render_table([{"body": b"\x00\x1b\x7f\xc3"}], ["body"]).splitlines()[2] == r"\x00\x1b\x7f\xc3"
+
+
+def test_errors_name_the_clis_flags_not_the_python_keywords(
+    shared_broker: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`reset-offset ... --offset 0` answered "offset=0 needs queue_id= ... give timestamp=": the Python
+    API's keywords, which a pymq-admin user never typed. The API keeps its wording for Python callers."""
+    endpoint, topic, group = shared_broker.endpoint, unique("flags"), unique("flags-group")
+    admin = Admin(endpoint)
+    admin.create_topic(topic, 2)
+    admin.update_group(group, retry_max_times=3)
+
+    def error_of(*argv: str) -> str:
+        assert main(["-e", endpoint, *argv]) == 1
+        return capsys.readouterr().err
+
+    err = error_of("reset-offset", group, topic, "--offset", "0")
+    assert "--offset 0 needs --queue-id" in err and "give --timestamp" in err, err
+    assert "=" not in err and "queue_id" not in err, err
+    with pytest.raises(ValueError, match=r"offset=0 needs queue_id= .* give timestamp="):
+        admin.reset_offset(group, topic, offset=0)  # the Python API's own words
+    err = error_of("reset-offset", group, topic, "--offset", "5", "--queue-id", "0")
+    assert "--offset 5 is outside" in err, err  # the broker's answer, worded with the flag too
+    # values no broker takes: argparse's error naming the flag (exit 2), nothing asked of the broker
+    for argv, expected in ((["reset-offset", group, topic, "--offset", "-1", "--queue-id", "0"],
+                            "argument --offset: -1 is below 0"),
+                           (["reset-offset", group, topic, "--offset", "0", "--queue-id", "-1"],
+                            "argument --queue-id: -1 is below 0"),
+                           (["reset-offset", group, topic, "--timestamp", "1900-01-01T00:00:00+00:00"],
+                            "is before 1970"),
+                           (["create-topic", topic, "--queues", "0"], "argument --queues: 0 is below 1"),
+                           (["update-group", group, "--retry-max-times", "-1"],
+                            "argument --retry-max-times: -1 is below 0"),
+                           (["query-message", topic, "k", "--max", "-1"], "argument --max: -1 is below 1"),
+                           (["tail", topic, "--last", "0"], "argument --last: 0 is below 1")):
+        with pytest.raises(SystemExit) as bad:
+            main(["-e", endpoint, *argv])
+        assert bad.value.code == 2 and expected in capsys.readouterr().err, argv
+    # the connection's settings, checked by the client classes
+    assert main(["-n", "bad", "topics"]) == 1
+    assert capsys.readouterr().err.startswith("pymq-admin: --namesrv-addr 'bad' is not")
+    assert main(["-e", "127.0.0.1:1", "--tls-cert-file", "/nonexistent.pem", "topics"]) == 1
+    assert "--tls-cert-file is set without --tls-key-file" in capsys.readouterr().err
+    assert main(["-e", "127.0.0.1:1", "--tls-ca-file", "/nonexistent.pem", "topics"]) == 1
+    assert "--tls-ca-file '/nonexistent.pem' is not a readable file" in capsys.readouterr().err
+
+
+def test_cli_wording_of_the_python_apis_messages() -> None:
+    """What no check of the CLI catches first still reaches its user in its flags."""
+    from pyspark_pymq.admin_cli import _cli_wording
+
+    api = "offset=0 needs queue_id= (the queue it is for); to move every queue, give timestamp="
+    assert _cli_wording(api, "reset-offset") == ("--offset 0 needs --queue-id (the queue it is for); to move "
+                                                 "every queue, give --timestamp")
+    assert _cli_wording("queue_id must be an int >= 0 (a queue of 'orders'), got -1", "reset-offset") \
+        == "--queue-id must be an int >= 0 (a queue of 'orders'), got -1"
+    assert _cli_wording("[ILLEGAL_ARGUMENT] max_num 20000 is out of range 1..10000", "query-message") \
+        == "[ILLEGAL_ARGUMENT] --max 20000 is out of range 1..10000"
+    assert _cli_wording("retry_queue_nums must be an int >= 1, got 0", "update-group") \
+        == "--retry-queue-nums must be an int >= 1, got 0"
+    # another command's words, and words that are not a keyword, stay as they are
+    assert _cli_wording("offset=0 needs queue_id=", "tail") == "offset=0 needs queue_id="
+    other = "the queue offset 5 is past the end"
+    assert _cli_wording(other, "reset-offset") == other

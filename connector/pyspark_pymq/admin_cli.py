@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -176,16 +177,23 @@ def _reset_time(text: str) -> int:
     if text.isdigit():
         return int(text)
     try:
-        return int(datetime.fromisoformat(text).timestamp() * 1000)
+        ms = int(datetime.fromisoformat(text).timestamp() * 1000)
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a time: give ms since the epoch, an ISO 8601 date-time such as "
             "2026-11-28T09:00:00+00:00 (without an offset: local time), earliest, latest or now") from None
+    if ms < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is before 1970: no message was stored then "
+                                         "(earliest: each queue's first message)")
+    return ms
 
 
 def _cmd_reset_offset(admin: Admin, a: argparse.Namespace) -> None:
     if (a.timestamp is None) == (a.offset is None):
         raise ValueError("give --timestamp (every queue, or --queue-id's) or --offset with --queue-id")
+    if a.offset is not None and a.queue_id is None:
+        raise ValueError(f"--offset {a.offset} needs --queue-id (the queue it is for); to move every queue, "
+                         "give --timestamp")
     frame = admin.reset_offset(a.group, a.topic, a.timestamp, offset=a.offset, queue_id=a.queue_id)
     _print_frame(frame)
     print(f"offsets of {a.group} on {a.topic} reset ({len(frame)} queue(s)). A PullConsumer or Spark query "
@@ -234,15 +242,23 @@ def _cmd_query(admin: Admin, a: argparse.Namespace) -> None:
     print(render_table(rows, ["queue_id", "queue_offset", "msg_id", "keys", "store_timestamp", "body"]))
 
 
-def _at_least_one(text: str) -> int:
-    """argparse's type for counts and sizes: an int of 1 or more, else its own error (exit 2)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is below 1")
-    return value
+def _at_least(least: int) -> Callable[[str], int]:
+    """argparse's type for counts, sizes and offsets: an int of ``least`` or more, else argparse's own
+    error naming the flag (exit 2), before anything is asked of a broker."""
+
+    def check(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{value} is below {least}")
+        return value
+
+    return check
+
+
+_at_least_one, _at_least_zero = _at_least(1), _at_least(0)
 
 
 def _cmd_send(admin: Admin, a: argparse.Namespace) -> None:
@@ -303,6 +319,38 @@ def _explain(err: PymqError, a: argparse.Namespace) -> PymqError:
         return err
     why = not_created_yet(topic)
     return err if why is None else TopicNotExistError(f"topic {topic!r} does not exist: {why}")
+
+
+# The Python API's messages name its keywords (``offset=0 needs queue_id=``), right for a Python caller;
+# pymq-admin's user gave flags: each command's keywords as its flags, then the connection's.
+_COMMAND_FLAGS: dict[str, dict[str, str]] = {
+    "reset-offset": {"timestamp": "--timestamp", "offset": "--offset", "queue_id": "--queue-id"},
+    "create-topic": {"queues": "--queues", "dedup_window_ms": "--dedup-window-ms",
+                     "message_type": "--message-type"},  # the broker's allow_shrink= names the flag too
+    "update-group": {"retry_max_times": "--retry-max-times", "retry_queue_nums": "--retry-queue-nums"},
+    "query-message": {"max_num": "--max"},
+    "dead-letters": {"max_num": "--max"},
+}
+_CONNECTION_WORDING = (
+    (re.compile(r"\bTLS (ca|cert|key)_file is set without (ca|cert|key)_file\b"),
+     r"--tls-\1-file is set without --tls-\2-file"),
+    (re.compile(r"(?<![\w-])(?:tls_)?(ca|cert|key)_file=(?=\S)"), r"--tls-\1-file "),
+    (re.compile(r"\(TLS is the tls option\)"), "(TLS: --tls-ca-file)"),
+    (re.compile(r"^namesrvAddr\b"), "--namesrv-addr"),
+    (re.compile(r"\bgive both access_key and secret_key\b"), "give both --access-key and its secret key"),
+)
+
+
+def _cli_wording(text: str, command: str | None) -> str:
+    """``text``, an error of the Python API, with its keyword names as pymq-admin's flags: ``offset=0
+    needs queue_id=`` as ``--offset 0 needs --queue-id``, ``queues must be`` as ``--queues must be``."""
+    for name, flag in _COMMAND_FLAGS.get(command or "", {}).items():
+        text = re.sub(rf"(?<![\w-]){name}=(?=[\w'\"/.-])", f"{flag} ", text)  # name=value
+        text = re.sub(rf"(?<![\w-]){name}=", flag, text)  # a bare name=
+        text = re.sub(rf"(^|\] ){name}(?= must\b| -?\d+ (?:must|is)\b)", rf"\g<1>{flag}", text)
+    for pattern, replacement in _CONNECTION_WORDING:
+        text = pattern.sub(replacement, text)
+    return text
 
 
 def _split(values: Sequence[str] | None) -> list[str]:
@@ -425,9 +473,9 @@ def parser() -> argparse.ArgumentParser:
         "--all", action="store_true", help="include pymq's and RocketMQ's own groups")
     sp = add("create-topic", _cmd_create, "create or update a topic")
     sp.add_argument("topic", help="the topic's name")
-    sp.add_argument("--queues", type=int,
+    sp.add_argument("--queues", type=_at_least_one,
                     help="read and write queues (default: 4 for a new topic, unchanged for an existing one)")
-    sp.add_argument("--dedup-window-ms", type=int,
+    sp.add_argument("--dedup-window-ms", type=_at_least_zero,
                     help="drop a message whose msgId (UNIQ_KEY) the topic stored within this window "
                          "(default: 0, off, for a new topic; unchanged for an existing one)")
     sp.add_argument("--allow-shrink", action="store_true",
@@ -439,9 +487,10 @@ def parser() -> argparse.ArgumentParser:
     add("delete-topic", _cmd_delete, "delete a topic").add_argument("topic", help="the topic to delete")
     sp = add("update-group", _cmd_update_group, "change a consumer group's settings (mqadmin updateSubGroup)")
     sp.add_argument("group", help="the consumer group")
-    sp.add_argument("--retry-max-times", type=int,
+    sp.add_argument("--retry-max-times", type=_at_least_zero,
                     help="times a message is sent back before it goes to %%DLQ%%<group> (default: unchanged)")
-    sp.add_argument("--retry-queue-nums", type=int, help="queues of %%RETRY%%<group> (default: unchanged)")
+    sp.add_argument("--retry-queue-nums", type=_at_least_one,
+                    help="queues of %%RETRY%%<group> (default: unchanged)")
     sp.add_argument("--orderly", action=argparse.BooleanOptionalAction, default=None,
                     help="consumeMessageOrderly: a FIFO group for RocketMQ 5's clients")
     sp.add_argument("--consume-enable", action=argparse.BooleanOptionalAction, default=None,
@@ -459,11 +508,12 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--timestamp", type=_reset_time,
                     help="to the first message stored at or after this time: ms since the epoch, an ISO "
                          "8601 date-time (without an offset: local time), earliest, latest or now")
-    sp.add_argument("--offset", type=int, help="to this queue offset (with --queue-id)")
-    sp.add_argument("--queue-id", type=int, help="only this queue (default: every queue of the topic)")
+    sp.add_argument("--offset", type=_at_least_zero, help="to this queue offset (with --queue-id)")
+    sp.add_argument("--queue-id", type=_at_least_zero,
+                    help="only this queue (default: every queue of the topic)")
     sp = add("dead-letters", _cmd_dead_letters, "browse a group's dead letters")
     sp.add_argument("group", help="the consumer group (its %%DLQ%%<group> topic)")
-    sp.add_argument("--max", type=int, default=100, help="at most this many (default 100)")
+    sp.add_argument("--max", type=_at_least_one, default=100, help="at most this many (default 100)")
     sp = add("resend-dead-letters", _cmd_resend, "re-send dead letters to their original topic")
     sp.add_argument("group", help="the consumer group (its %%DLQ%%<group> topic)")
     sp.add_argument("--msg-id", action="append", help="only these (repeatable); default: all")
@@ -478,7 +528,7 @@ def parser() -> argparse.ArgumentParser:
     sp = add("query-message", _cmd_query, "messages by key")
     sp.add_argument("topic", help="the topic to search")
     sp.add_argument("key", help="a key of the message's KEYS, or its msgId (UNIQ_KEY)")
-    sp.add_argument("--max", type=int, default=32, help="at most this many (default 32)")
+    sp.add_argument("--max", type=_at_least_one, default=32, help="at most this many (default 32)")
     sp = add("send", _cmd_send, "bulk-send test messages")
     sp.add_argument("topic", help="the topic to send to")
     sp.add_argument("--count", type=_at_least_one, default=1000, help="messages (default 1000)")
@@ -487,7 +537,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--tags", help="the messages' tag")
     sp = add("tail", _cmd_tail, "the last messages of each queue of a topic")
     sp.add_argument("topic", help="the topic")
-    sp.add_argument("--last", type=int, default=5,
+    sp.add_argument("--last", type=_at_least_one, default=5,
                     help="how many of EACH queue (default 5): a topic of 4 queues shows up to 4 x N")
     sp.add_argument("--group", help=(
         f"the group to pull as; nothing is committed (default {ADMIN_TAIL_GROUP}; on RocketMQ "
@@ -536,10 +586,10 @@ def main(argv: list[str] | None = None) -> int:
             args.security["tls"] = client_tls(None, args.tls_ca_file, args.tls_cert_file, args.tls_key_file)
         args.fn(Admin(**args.target, **args.security), args)
     except PymqError as err:
-        print(f"pymq-admin: {_explain(err, args)}", file=sys.stderr)
+        print(f"pymq-admin: {_cli_wording(str(_explain(err, args)), args.command)}", file=sys.stderr)
         return 1
     except (ValueError, TypeError) as err:
-        print(f"pymq-admin: {err}", file=sys.stderr)
+        print(f"pymq-admin: {_cli_wording(str(err), args.command)}", file=sys.stderr)
         return 1
     return 0
 
