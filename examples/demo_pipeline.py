@@ -16,7 +16,8 @@
    ``txnVersion``, see ``examples/delta_pipeline.py``).
 5. When every good order is in the table and every poison one in the DLQ, the
    query stops, a summary is printed and two charts are written: lag per queue
-   and retries / dead letters per group.
+   and retries / dead letters per group (with matplotlib, ``pip install
+   'pyspark-pymq[charts]'``; without it the charts are skipped, saying so).
 
 Everything goes under ``--out`` (default ``./out``): the Delta table, the
 checkpoint and the charts; a previous run's table and checkpoint are removed
@@ -69,6 +70,22 @@ def produce(endpoint: str, orders: int) -> None:
             time.sleep(0.5)
 
 
+def write_charts(admin: Admin, out: Path) -> None:
+    """The two charts, into ``out``; without matplotlib (a plain ``pip install .``), one line that
+    says how to get them instead of an ImportError after the whole run."""
+    print("charts:")
+    try:
+        import matplotlib  # noqa: F401  (pyspark_pymq.charts imports it only when it draws)
+    except ImportError:
+        print("  skipped: matplotlib is not installed (pip install 'pyspark-pymq[charts]')")
+        return
+    charts = [out / "lag.png", out / "retry_dlq.png"]
+    plot_lag(admin, GROUP, path=charts[0])
+    plot_retry_dlq(admin, [GROUP], path=charts[1])
+    for chart in charts:
+        print(f"  {chart}")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="pymq demo: broker -> Spark -> Delta Lake")
     p.add_argument("--out", default="out", help="directory for the Delta table and charts")
@@ -112,9 +129,6 @@ def main(argv: list[str] | None = None) -> None:
         counts = retry_dlq_counts(admin, [GROUP]).iloc[0]
         dead = admin.dead_letters(GROUP)
         lag = int(admin.group_progress(GROUP)["lag"].sum())
-        charts = [out / "lag.png", out / "retry_dlq.png"]
-        plot_lag(admin, GROUP, path=charts[0])
-        plot_retry_dlq(admin, [GROUP], path=charts[1])
         print()
         print("summary")
         print(f"  delivered      {delivered} (in the Delta table {table}, "
@@ -128,10 +142,8 @@ def main(argv: list[str] | None = None) -> None:
         print()
         print("first dead letters:")
         print(dead[["origin_topic", "reconsume_times", "reason"]].head(3).to_string(index=False))
-        print()
-        print("charts:")
-        for chart in charts:
-            print(f"  {chart}")
+        print(flush=True)
+        write_charts(admin, out)
         spark.stop()
 
 

@@ -170,3 +170,21 @@ def test_rocketmq_pipeline_against_the_real_cluster(rocketmq_cluster: Any, tmp_p
     assert "sent 200 orders" in out and "(4 poison)" in out
     assert re.search(r"^  delivered      196 ", out, re.M)
     assert re.search(r"^  dead-lettered  4 \(in %DLQ%billing-\w+, after 2 retries each\)$", out, re.M)
+
+
+def test_demo_pipeline_without_matplotlib_skips_its_charts_saying_how_to_get_them(tmp_path: Path) -> None:
+    """After a plain ``pip install .`` the demo ran to its end and died in plot_lag with an ImportError
+    before its summary; now the summary comes first and the charts are skipped with one line."""
+    script = (
+        "import sys; sys.modules['matplotlib'] = None\n"  # import matplotlib: ImportError
+        "import demo_pipeline\n"
+        f"demo_pipeline.write_charts(None, __import__('pathlib').Path({str(tmp_path)!r}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=EXAMPLES)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout == ("charts:\n  skipped: matplotlib is not installed "
+                           "(pip install 'pyspark-pymq[charts]')\n")
+    assert not list(tmp_path.iterdir())
+    demo = (EXAMPLES / "demo_pipeline.py").read_text()
+    assert demo.index('print("summary")') < demo.index("write_charts(admin, out)")
