@@ -17,7 +17,7 @@
 5. When every good order is in the table and every poison one in the DLQ, the
    query stops, a summary is printed and two charts are written: lag per queue
    and retries / dead letters per group (with matplotlib, ``pip install
-   'pyspark-pymq[charts]'``; without it the charts are skipped, saying so).
+   '.[charts]'`` from the clone; without it the charts are skipped, saying so).
 
 Everything goes under ``--out`` (default ``./out``): the Delta table, the
 checkpoint and the charts; a previous run's table and checkpoint are removed
@@ -72,12 +72,14 @@ def produce(endpoint: str, orders: int) -> None:
 
 def write_charts(admin: Admin, out: Path) -> None:
     """The two charts, into ``out``; without matplotlib (a plain ``pip install .``), one line that
-    says how to get them instead of an ImportError after the whole run."""
+    says how to get them instead of an ImportError after the whole run (pymq is not on PyPI yet:
+    the extra is installed from the clone)."""
     print("charts:")
     try:
         import matplotlib  # noqa: F401  (pyspark_pymq.charts imports it only when it draws)
     except ImportError:
-        print("  skipped: matplotlib is not installed (pip install 'pyspark-pymq[charts]')")
+        print("  skipped: matplotlib is not installed (pip install '.[charts]' from the clone; "
+              "'pyspark-pymq[charts]' once on PyPI)")
         return
     charts = [out / "lag.png", out / "retry_dlq.png"]
     plot_lag(admin, GROUP, path=charts[0])

@@ -183,8 +183,8 @@ def test_demo_pipeline_without_matplotlib_skips_its_charts_saying_how_to_get_the
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                           cwd=EXAMPLES)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert proc.stdout == ("charts:\n  skipped: matplotlib is not installed "
-                           "(pip install 'pyspark-pymq[charts]')\n")
+    assert proc.stdout == ("charts:\n  skipped: matplotlib is not installed (pip install '.[charts]' "
+                           "from the clone; 'pyspark-pymq[charts]' once on PyPI)\n")
     assert not list(tmp_path.iterdir())
     demo = (EXAMPLES / "demo_pipeline.py").read_text()
     assert demo.index('print("summary")') < demo.index("write_charts(admin, out)")
