@@ -41,7 +41,7 @@ from delta_pipeline import (  # first: puts the repository's pymq on the path fo
 )
 from pymq_broker import EmbeddedBroker
 from pyspark_pymq import Admin, Message, Producer
-from pyspark_pymq.charts import plot_lag, plot_retry_dlq, retry_dlq_counts
+from pyspark_pymq.charts import INSTALL_HINT, plot_lag, plot_retry_dlq, retry_dlq_counts
 from pyspark_pymq.spark.progress import commit_group_progress
 
 FAST_DELAY_LEVELS = " ".join(["50ms"] * 3 + ["100ms"] * 15)
@@ -78,8 +78,7 @@ def write_charts(admin: Admin, out: Path) -> None:
     try:
         import matplotlib  # noqa: F401  (pyspark_pymq.charts imports it only when it draws)
     except ImportError:
-        print("  skipped: matplotlib is not installed (pip install '.[charts]' from the clone; "
-              "'pyspark-pymq[charts]' once on PyPI)")
+        print(f"  skipped: matplotlib is not installed ({INSTALL_HINT})")
         return
     charts = [out / "lag.png", out / "retry_dlq.png"]
     plot_lag(admin, GROUP, path=charts[0])

@@ -184,7 +184,7 @@ def test_demo_pipeline_without_matplotlib_skips_its_charts_saying_how_to_get_the
                           cwd=EXAMPLES)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout == ("charts:\n  skipped: matplotlib is not installed (pip install '.[charts]' "
-                           "from the clone; 'pyspark-pymq[charts]' once on PyPI)\n")
+                           "in pymq's clone ('pyspark-pymq[charts]' once it is on PyPI))\n")
     assert not list(tmp_path.iterdir())
     demo = (EXAMPLES / "demo_pipeline.py").read_text()
     assert demo.index('print("summary")') < demo.index("write_charts(admin, out)")

@@ -1,7 +1,7 @@
 """Tables and charts for notebooks: lag per queue, retries and dead letters per group.
 
-One call each, drawn with matplotlib (``pip install 'pyspark-pymq[charts]'``),
-which is imported only when a chart is drawn::
+One call each, drawn with matplotlib (:data:`INSTALL_HINT`), which is imported only when a
+chart is drawn::
 
     from pyspark_pymq import Admin
     from pyspark_pymq.charts import message_table, plot_lag, plot_retry_dlq, retry_dlq_counts
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
     from .client.message import MessageExt
 
-__all__ = ["message_table", "plot_lag", "plot_retry_dlq", "retry_dlq_counts"]
+__all__ = ["INSTALL_HINT", "message_table", "plot_lag", "plot_retry_dlq", "retry_dlq_counts"]
 
 #: (width, height) in inches of a chart drawn on a new figure.
 FIGSIZE = (8.0, 4.5)
@@ -48,6 +48,10 @@ _CONSUMED_COLOR = "#9ecae1"
 _LAG_COLOR = "#e6550d"
 _RETRY_COLOR = "#fdae6b"
 _DLQ_COLOR = "#de2d26"
+
+
+INSTALL_HINT = "pip install '.[charts]' in pymq's clone ('pyspark-pymq[charts]' once it is on PyPI)"
+"""How to get matplotlib for the charts."""
 
 
 def _admin(admin_or_endpoint: Admin | str) -> Admin:
@@ -73,9 +77,7 @@ def _new_axes(ax: Axes | None, height: float) -> Axes:
     try:
         import matplotlib  # noqa: F401
     except ImportError as err:
-        raise ImportError(
-            "pyspark_pymq.charts draws with matplotlib: pip install 'pyspark-pymq[charts]'"
-        ) from err
+        raise ImportError(f"pyspark_pymq.charts draws with matplotlib: {INSTALL_HINT}") from err
     size = (FIGSIZE[0], height)
     if _in_ipython():
         import matplotlib.pyplot as plt
