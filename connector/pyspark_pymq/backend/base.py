@@ -544,6 +544,9 @@ def _host_port_problem(addr: str) -> str | None:
     scheme, sep, _ = addr.partition("://")
     if sep:  # 'http://host:port' passed as host 'http://host' and took a DNS failure to show
         return f"has a scheme: drop '{scheme}://' and give host:port (TLS is the tls option)"
+    if any(c in addr for c in ",; \t"):  # 'h1:8081,h2:8082' passed as host 'h1:8081,h2'
+        return ("holds more than one address: endpoint takes one pymq broker's host:port, and "
+                "namesrvAddr Apache RocketMQ's name servers separated by ';'")
     host, sep, port = addr.rpartition(":")
     if not sep or not host or not port.isdecimal() or not 0 < int(port) < 65536:
         return "is not 'host:port' with a port in 1..65535"

@@ -46,6 +46,7 @@ from .option_registry import (
 from .source_offset import (
     QueueKey,
     assign_text,
+    epoch_ms_problem,
     parse_assign_json,
     parse_offsets_json,
     parse_timestamps_json,
@@ -382,6 +383,14 @@ class OptionValues:
         return parse_int_option(name, self.values.get(name), minimum=spec.minimum,
                                 maximum=spec.maximum, prefix=self.registry.prefix)
 
+    def epoch_ms(self, name: str) -> int | None:
+        """:meth:`integer`, a time in milliseconds since the epoch: seconds are refused, naming both."""
+        value = self.integer(name)
+        problem = None if value is None else epoch_ms_problem(value)
+        if problem:
+            raise self.bad(name, value, problem)
+        return value
+
     def integer_or_default(self, name: str) -> int:
         value = self.integer(name)
         if value is not None:
@@ -534,7 +543,7 @@ def _parse_what(opts: OptionValues, backend: BackendConfig, stream: bool | None)
 def _parse_consume_from_where(opts: OptionValues) -> tuple[ConsumeFromWhere, int | None]:
     """consumeFromWhere and its consumeTimestamp: where a group without progress starts."""
     where = ConsumeFromWhere(opts.choice("consumeFromWhere"))
-    timestamp = opts.integer("consumeTimestamp")
+    timestamp = opts.epoch_ms("consumeTimestamp")
     if where is ConsumeFromWhere.CONSUME_FROM_TIMESTAMP and timestamp is None:
         raise ValueError(
             "pymq option consumeFromWhere=CONSUME_FROM_TIMESTAMP needs consumeTimestamp "
@@ -612,7 +621,7 @@ def _starting_position(
     consume_from_where: ConsumeFromWhere, consume_timestamp: int | None,
 ) -> StartingPosition:
     """The one start the user gave, else the default of this kind of read."""
-    starting_ts = opts.integer("startingTimestamp")
+    starting_ts = opts.epoch_ms("startingTimestamp")
     last_n = opts.integer("lastMessagesPerQueue")
     given = [name for name in _START_OPTIONS if opts.given(name)]
     if len(given) > 1:
@@ -768,7 +777,7 @@ def _check_times(starting: StartingPosition, ending: EndingPosition) -> None:
 
 
 def _parse_ending(opts: OptionValues, starting: StartingPosition) -> EndingPosition:
-    ending_ts = opts.integer("endingTimestamp")
+    ending_ts = opts.epoch_ms("endingTimestamp")
     given = [name for name in _END_OPTIONS if opts.given(name)]
     if len(given) > 1:
         raise ValueError(

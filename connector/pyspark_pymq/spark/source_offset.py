@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
 from typing import Any
 
 from ..client.message import MessageQueue
@@ -59,6 +60,7 @@ __all__ = [
     "TopicIds",
     "assign_text",
     "batch_start",
+    "epoch_ms_problem",
     "is_initial",
     "offsets_from_json",
     "offsets_to_json",
@@ -223,13 +225,28 @@ def parse_offsets_json(text: str, option: str, *, allow_earliest: bool) -> dict[
     )
 
 
+# A 10-digit time is a Unix time in seconds (2001 to 2286): read as milliseconds it lands in January
+# 1970, and reads a topic from its start. No message is stored at such a time.
+SECONDS_LIKE = range(1_000_000_000, 10_000_000_000)
+
+
+def epoch_ms_problem(value: int) -> str | None:
+    """Why ``value`` is no time in milliseconds since the epoch a user means, or None."""
+    if value in SECONDS_LIKE:
+        return (f"that is {datetime.fromtimestamp(value / 1000, timezone.utc):%Y-%m-%d %H:%M:%S} UTC in "
+                f"milliseconds since the epoch, as pymq reads it; if it is seconds give {value * 1000}")
+    return None
+
+
 def parse_timestamps_json(text: str, option: str) -> dict[QueueKey, int]:
     """User-given times per queue, in ms since the epoch (``startingOffsetsByTimestamp`` /
     ``endingOffsetsByTimestamp``), in the form of :func:`parse_offsets_json`: Spark's Kafka
     source keys them as its offsets, so pymq keys them as its own."""
     return _parse_queue_json(
         text, option, example='{"orders": {"broker-a:0": 1700000000000, "broker-a:1": 1700000000000}}',
-        what="timestamp", allowed="milliseconds since the epoch, >= 0", valid=lambda value: value >= 0,
+        what="timestamp", allowed="milliseconds since the epoch, >= 0 (a 10-digit time is seconds: "
+        "multiply it by 1000)",
+        valid=lambda value: value >= 0 and epoch_ms_problem(value) is None,
     )
 
 
