@@ -408,6 +408,10 @@ def test_errors_name_the_clis_flags_not_the_python_keywords(
                             "argument --queue-id: -1 is below 0"),
                            (["reset-offset", group, topic, "--timestamp", "1900-01-01T00:00:00+00:00"],
                             "is before 1970"),
+                           (["reset-offset", group, topic, "--timestamp", "1795962000"],  # seconds
+                            "argument --timestamp: 1795962000: that is 1970-01-21 18:52:42 UTC in "
+                            "milliseconds since the epoch, as pymq reads it; if it is seconds give "
+                            "1795962000000"),
                            (["create-topic", topic, "--queues", "0"], "argument --queues: 0 is below 1"),
                            (["update-group", group, "--retry-max-times", "-1"],
                             "argument --retry-max-times: -1 is below 0"),

@@ -45,6 +45,7 @@ from .client import Admin, Message, Producer, PullConsumer
 from .client.admin import ADMIN_TAIL_GROUP, pull_messages
 from .errors import PymqError, TopicNotExistError
 from .spark.option_registry import TOOLS_CONSUMER_GROUP, browse_group
+from .spark.source_offset import epoch_ms_problem
 
 __all__ = ["ProgressBar", "main", "render_table"]
 
@@ -175,6 +176,9 @@ def _reset_time(text: str) -> int:
     if text.lower() in named:
         return named[text.lower()]
     if text.isdigit():
+        problem = epoch_ms_problem(int(text))
+        if problem:
+            raise argparse.ArgumentTypeError(f"{text}: {problem}")
         return int(text)
     try:
         ms = int(datetime.fromisoformat(text).timestamp() * 1000)
