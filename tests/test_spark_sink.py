@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -478,6 +479,34 @@ def test_listener_batches_of_messages_fail_whole_and_none_means_reconsume_later(
         else:
             assert {reason[b] for b in call} == {"listener returned RECONSUME_LATER"}
     assert {m.properties["CONSUME_FAILURE_BATCH_ID"] for m in back.values()} == {"7"}
+
+
+def test_a_listener_of_a_group_no_consumer_registered_says_so(
+    spark: Any, shared_broker: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A listener whose group was misspelt sent every failure to a %RETRY% topic no stream read,
+    and nothing said so (newcomer probe)."""
+    ep = shared_broker.endpoint
+    topic = unique("lgroup")
+    Admin(ep).create_topic(topic, queues=1)
+    Producer(ep).send(Message(topic, b"m"))
+    df = spark.read.format("pymq").option("endpoint", ep).option("topic", topic).load()
+
+    def ok(msgs: list[MessageExt]) -> ConsumeConcurrentlyStatus:
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    typo = unique("billng")
+    with caplog.at_level(logging.WARNING, logger="pyspark_pymq.spark.listener"):
+        assert MessageListener(ep, typo, ok).process(df, 0).count() == 1
+    assert f"MessageListener of consumer group {typo!r}: no consumer of the group has registered" in (
+        caplog.text)
+    assert f"%RETRY%{typo} does not exist" in caplog.text
+    caplog.clear()
+    group = unique("billing")
+    PullConsumer(ep, group).register(topic)  # as a stream of the group does when it starts
+    with caplog.at_level(logging.WARNING, logger="pyspark_pymq.spark.listener"):
+        assert MessageListener(ep, group, ok).process(df, 0).count() == 1
+    assert "no consumer of the group" not in caplog.text
 
 
 def test_a_listener_runs_once_per_process_and_frees_earlier_batches_results(

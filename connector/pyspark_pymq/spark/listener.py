@@ -50,11 +50,12 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from pymq_proto.record import MessageConst as MC
+from pymq_proto.topics import get_retry_topic
 
 from ..backend.base import BackendConfig, backend_config, cached_backend, client_tls
 from ..client.consumer import PullConsumer
 from ..client.message import MessageExt, MessageQueue
-from ..errors import PymqError
+from ..errors import PymqError, TopicNotExistError
 from .option_registry import SINK_OPTIONS
 from .rows import column, messages_from_batch, send_back_acknowledged
 from .schema import source_schema
@@ -332,6 +333,7 @@ class MessageListener:
         )
         self.last_stats = ConsumeStats()
         self._results: list[tuple[str, DataFrame]] = []  # (batch id, result) until a later batch
+        self._group_looked_at = False
 
     def process(self, df: DataFrame, batch_id: int | str = "") -> DataFrame:
         """Consume ``df`` (rows of a pymq source) once; return the rows consumed successfully.
@@ -378,6 +380,7 @@ class MessageListener:
                 yield pa.RecordBatch.from_arrays([pa.nulls(1, f.type) for f in schemas[0]] + [totals],
                                                  schema=schemas[0].append(counts))
 
+        self._warn_if_no_consumer_of_the_group()
         marked = StructType([*df.schema.fields, StructField(_STATS_COLUMN, ArrayType(LongType()))])
         # Earlier batches' results are written by now. Left to the JVM's garbage collection, their
         # blocks stayed: a soak held 83 of them, 925 MB of storage memory. A cache (persist) in their
@@ -390,6 +393,27 @@ class MessageListener:
         self.last_stats = ConsumeStats(**{n: int(row[n] or 0) if row is not None else 0 for n in names})
         log.info("pymq listener batch %s: %s", bid, self.last_stats)
         return done.where(F.col(_STATS_COLUMN).isNull()).drop(_STATS_COLUMN)
+
+    def _warn_if_no_consumer_of_the_group(self) -> None:
+        """Once, before the first send back: a group whose consumers registered with the brokers has
+        its %RETRY% topic (their heartbeat makes it, as RocketMQ's). Without it, nothing reads what
+        this listener sends back: a listener whose group was misspelt ('billng' for the stream's
+        'billing') sent every failure where no stream read it, and nothing said so."""
+        cfg = self.config
+        if self._group_looked_at or cfg.broadcasting:  # BROADCASTING sends nothing back
+            return
+        self._group_looked_at = True
+        retry = get_retry_topic(cfg.group)
+        try:
+            cached_backend(cfg.backend).route(retry, refresh=True)
+        except TopicNotExistError:
+            log.warning(
+                "MessageListener of consumer group %r: no consumer of the group has registered with %s "
+                "(%s does not exist), so the messages it sends back come back only to a stream whose "
+                "consumerGroup is %r. If the stream reading these rows has another consumerGroup, give "
+                "the listener that one", cfg.group, cfg.backend.where, retry, cfg.group)
+        except PymqError:
+            pass  # the brokers cannot say now: the sends back will tell what is wrong, if anything
 
     def release(self) -> None:
         """Free what the results of :meth:`process` hold in Spark's storage (the next micro-batch's
