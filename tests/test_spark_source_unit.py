@@ -335,6 +335,37 @@ class TimeBackend:
         return {mq: QueueBounds(0, len(times)) for mq, times in self.times.items()}
 
 
+def test_a_stream_starting_at_the_end_says_how_many_stored_messages_it_leaves(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A new stream with the defaults on a topic holding 50 messages read none, and said nothing."""
+    Q0, Q1 = (MessageQueue("orders", "b", qid) for qid in range(2))
+    bounds = {Q0: QueueBounds(3, 30), Q1: QueueBounds(0, 20)}
+
+    class NoProgress:
+        def committed(self, group: str, mq: MessageQueue) -> int:
+            return 7 if mq == Q1 and group == "old" else -1
+
+    def start(**extra: str) -> dict[MessageQueue, int]:
+        opts = parse_source_options(stream(**extra), stream=True)
+        return OffsetReader(opts, backend=NoProgress()).starting_offsets(bounds)  # type: ignore[arg-type]
+
+    with caplog.at_level(logging.WARNING, logger="pyspark_pymq.spark"):
+        assert start(startingOffsets="latest") == {Q0: 30, Q1: 20}
+        assert "47 message(s) already stored are not read (startingOffsets=latest)" in caplog.text
+        caplog.clear()
+        assert start() == {Q0: 30, Q1: 20}  # a new group: RocketMQ's CONSUME_FROM_LAST_OFFSET
+        assert "47 message(s) already stored" in caplog.text and "consumeFromWhere=CONSUME_FROM_FIRST" in (
+            caplog.text)
+        caplog.clear()
+        assert start(consumerGroup="old") == {Q0: 30, Q1: 7}  # its progress on Q1: only Q0's are left
+        assert "27 message(s) already stored are not read (consumer group 'old' has no progress" in (
+            caplog.text)
+        caplog.clear()
+        assert start(startingOffsets="earliest") == {Q0: 3, Q1: 0}
+        assert "already stored" not in caplog.text
+
+
 def test_offsets_by_timestamp_resolve_per_queue_and_the_strategy_names_a_queue_without_a_match() -> None:
     Q0, Q1, Q2 = (MessageQueue("orders", "b", qid) for qid in range(3))
     R0 = MessageQueue("%RETRY%g", "b", 0)

@@ -63,6 +63,7 @@ class OffsetReader:
         self._registered_at: float | None = None
         # Brokers that did not answer the last mid-stream bounds(): their queues wait.
         self._unreachable: set[str] = set()
+        self._skipped = 0  # messages the last starting_offsets left behind (it starts at their end)
         # The queues the last bounds() found readable: the only ones commit() writes.
         self._readable: set[MessageQueue] | None = None
         # The topic ids the last bounds() found: commit() writes no offsets of an older topic.
@@ -381,6 +382,7 @@ class OffsetReader:
         start = opts.starting
         self._check_named_queues(start, bounds)
         out: dict[MessageQueue, int] = {}
+        self._skipped = 0
         for mq in sorted(bounds):
             b = bounds[mq]
             offset = self._start_of(mq, b, start, ending)
@@ -406,6 +408,15 @@ class OffsetReader:
                     f"start {mq} at its end, offset {b.max_offset}",
                 )
             out[mq] = min(offset, b.max_offset)
+        if self._skipped:
+            # a new stream on a topic that holds messages read none of them, and said nothing
+            how = ("startingOffsets=latest" if start.kind is StartKind.LATEST else
+                   f"consumer group {opts.consumer_group!r} has no progress on them, and "
+                   "consumeFromWhere=CONSUME_FROM_LAST_OFFSET (RocketMQ's default) starts there")
+            logger.warning(
+                "pymq source: starting at the end of the queues: %d message(s) already stored are not "
+                "read (%s). To read them, set startingOffsets=earliest%s", self._skipped, how,
+                "" if start.kind is StartKind.LATEST else " or consumeFromWhere=CONSUME_FROM_FIRST_OFFSET")
         return out
 
     def _start_of(
@@ -419,6 +430,7 @@ class OffsetReader:
         if kind is StartKind.EARLIEST:
             return b.min_offset
         if kind is StartKind.LATEST:
+            self._skipped += b.max_offset - b.min_offset
             return b.max_offset
         if kind is StartKind.TIMESTAMP:
             assert start.timestamp_ms is not None
@@ -448,6 +460,7 @@ class OffsetReader:
         if where is ConsumeFromWhere.CONSUME_FROM_TIMESTAMP:
             assert self.opts.consume_timestamp_ms is not None
             return self._search(mq, self.opts.consume_timestamp_ms)
+        self._skipped += b.max_offset - b.min_offset
         return b.max_offset
 
     def _check_time_matched(self, mq: MessageQueue, start: StartingPosition) -> None:
