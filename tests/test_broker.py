@@ -370,6 +370,25 @@ def test_bad_input_gets_clear_errors_and_the_broker_keeps_serving(endpoint: str)
     assert sum(admin.topic_stats("ok")["messages"]) == 1
 
 
+def test_max_message_size_is_a_broker_flag_and_the_errors_say_where_to_raise_it(tmp_path: Path) -> None:
+    """"over maxMessageSize 4194304" named no way to raise it, and pymq-broker had no flag for it."""
+    with BrokerProcess(tmp_path / "b", ["--max-message-size", "1024"]) as broker:
+        Admin(broker.endpoint).create_topic("sized", queues=1)
+        with Producer(broker.endpoint, max_message_size=4096) as producer:
+            producer.send(Message("sized", bytes(1024)))
+            refused = (r"body of 1025 bytes is over maxMessageSize 1024 \(topic 'sized'; the broker's "
+                       r"--max-message-size")
+            with pytest.raises(MessageIllegalError, match=refused):
+                producer.send(Message("sized", bytes(1025)))  # the broker refuses it
+        before = (r"over maxMessageSize 512 \(topic 'sized'\); a larger message needs a larger "
+                  r"max_message_size here and on the broker \(pymq-broker --max-message-size")
+        with Producer(broker.endpoint, max_message_size=512) as producer, pytest.raises(
+                MessageIllegalError, match=before):
+            producer.send(Message("sized", bytes(1024)))  # refused before it is sent
+    with pytest.raises(RuntimeError, match="maxMessageSize must be at least 1 byte, got 0"):
+        BrokerProcess(tmp_path / "c", ["--max-message-size", "0"], startup_timeout=20).start()
+
+
 def test_unreachable_broker_names_the_endpoint() -> None:
     producer = Producer("127.0.0.1:1", send_msg_timeout_ms=2000, retry_times_when_send_failed=0)
     with pytest.raises(BrokerUnavailableError, match=r"127\.0\.0\.1:1"):

@@ -49,6 +49,9 @@ def parser() -> argparse.ArgumentParser:
                    help="hours a commit log segment is kept (default 72)")
     p.add_argument("--mapped-file-size-commit-log", type=int, default=256 * 1024 * 1024,
                    help="bytes per commit log segment (default 256 MiB)")
+    p.add_argument("--max-message-size", type=int, default=4 * 1024 * 1024,
+                   help="largest message body, and batch, a send may carry, bytes (default 4 MiB, "
+                        "RocketMQ's maxMessageSize; a commit log segment holds at least two)")
     p.add_argument("--warm-mapped-file-enable", action=argparse.BooleanOptionalAction, default=True,
                    help="allocate the commit log's disk blocks ahead of its writer in a service thread "
                         "(faster appends; default on)")
@@ -103,6 +106,7 @@ async def _serve(args: argparse.Namespace) -> int:
         message_delay_level=args.message_delay_level,
         file_reserved_time=args.file_reserved_time,
         mapped_file_size_commit_log=args.mapped_file_size_commit_log,
+        max_message_size=args.max_message_size,
         warm_mapped_file_enable=args.warm_mapped_file_enable,
         clean_resource_interval=args.clean_resource_interval,
         disk_space_warning_level_ratio=args.disk_space_warning_level_ratio,

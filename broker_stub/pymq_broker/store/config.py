@@ -68,6 +68,8 @@ class MessageStoreConfig:
             raise ValueError(
                 f"flushDiskType must be one of {FLUSH_DISK_TYPES}, got {self.flush_disk_type!r}"
             )
+        if self.max_message_size < 1:
+            raise ValueError(f"maxMessageSize must be at least 1 byte, got {self.max_message_size}")
         if self.mapped_file_size_commit_log < 2 * self.max_message_size:
             raise ValueError(
                 f"mappedFileSizeCommitLog {self.mapped_file_size_commit_log} must be at least "

@@ -467,7 +467,7 @@ class DefaultMessageStore:
         if i is not None:
             return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, remark=where.format(i=i) + (
                 f"message body of {int(body_lens[i])} bytes is over maxMessageSize {max_size} "
-                f"(topic {topic!r})"))
+                f"(topic {topic!r}; the broker's --max-message-size)"))
         i = _first_over(plens, MAX_PROPERTIES_SIZE)
         if i is not None:
             return PutMessageResult(PutMessageStatus.PROPERTIES_SIZE_EXCEEDED, remark=where.format(i=i) + (

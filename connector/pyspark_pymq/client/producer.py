@@ -238,10 +238,8 @@ class Producer:
             raise PymqError("the producer is closed")
         for i, body in enumerate(bodies):
             if len(body) > self.max_message_size:
-                raise MessageIllegalError(
-                    f"message body of {len(body)} bytes is over maxMessageSize "
-                    f"{self.max_message_size} (topic {topic!r}, message {i})"
-                )
+                raise _over_max_size("message ", len(body), self.max_message_size,
+                                     f"topic {topic!r}, message {i}")
         if not bodies:
             return []
         props = [uniq_first(p, k) for p, k in zip(properties, uniq_keys, strict=True)]
@@ -385,9 +383,7 @@ class Producer:
             body = msg.body
             if len(body) > max_size:
                 which = f"message {i} of the batch: its " if len(messages) > 1 else "message "
-                raise MessageIllegalError(
-                    f"{which}body of {len(body)} bytes is over maxMessageSize {max_size} (topic {topic!r})"
-                )
+                raise _over_max_size(which, len(body), max_size, f"topic {topic!r}")
             props_list.append(props)
             bodies.append(body)
         if len(messages) > 1:
@@ -589,3 +585,11 @@ class Producer:
 
         attempt(retries, None)
         return outer
+
+
+def _over_max_size(which: str, size: int, max_size: int, where: str) -> MessageIllegalError:
+    """A body over ``max_size``, caught before it is sent, saying what would take it."""
+    return MessageIllegalError(
+        f"{which}body of {size} bytes is over maxMessageSize {max_size} ({where}); a larger message "
+        "needs a larger max_message_size here and on the broker (pymq-broker --max-message-size, "
+        "RocketMQ's maxMessageSize)")
