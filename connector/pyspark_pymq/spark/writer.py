@@ -267,11 +267,14 @@ class _SendTask:
         except Exception as err:
             # The driver hears nothing from a failed task: without this, "aborted after 0 row(s)"
             # read as if nothing was written, and a re-run wrote the rows sent here a second time.
-            if self.sent and not (self.opts.send_mode == "oneway" and self.producer.oneway_undelivered):
+            # (exactly-once: the rows sent are half messages, never delivered unless the batch commits)
+            if self.sent and not self.opts.exactly_once and not (
+                    self.opts.send_mode == "oneway" and self.producer.oneway_undelivered):
                 err.add_note(
                     f"pymq sink: {self.sent} row(s) of {self.where} had been sent before this failure "
-                    "and may be stored (those of sync sends are); running the write again sends them again, "
-                    "unless the topic has a de-duplication window and the write a writeId")
+                    "and may be stored (those of sync sends are); sent again, they are stored twice unless "
+                    "the topic has a de-duplication window (a stream's batch run again, or a write run "
+                    "again with the same writeId, sends the same msgIds)")
             raise
 
     def send_arrow_batch(self, batch: pa.RecordBatch) -> bool:
