@@ -179,6 +179,11 @@ def test_spark_over_tls_with_credentials(spark: Any, certs: Certificates, tmp_pa
             "topic", "other-topic").load()
         with pytest.raises(Exception, match=r"user 'sparky' may not .* on Topic:other-topic"):
             denied.collect()
+        # no consumerGroup: the pulls carry pymq's reader group, which sparky's ACL does not name
+        no_group = spark.read.format("pymq").options(**options("sparky-very-secret")).load()
+        with pytest.raises(Exception, match=r"may not Sub on Group:PYMQ_SPARK_READER.*\. Set option "
+                                            r"consumerGroup to a group this user may Sub on"):
+            no_group.collect()
         plaintext = {k: v for k, v in options("sparky-very-secret").items() if not k.startswith("tls")}
         with pytest.raises(Exception, match="enable TLS"):
             spark.read.format("pymq").options(**plaintext).load().collect()

@@ -32,7 +32,7 @@ from pyspark.sql.datasource import InputPartition
 
 from ..backend.base import PullBatch, cached_backend
 from ..client.message import MessageQueue, PullStatus
-from ..errors import PymqError, TopicNotExistError
+from ..errors import NoPermissionError, PymqError, TopicNotExistError
 from .data_loss import report_data_loss
 from .offset_range import PACK_MESSAGES, OffsetRange, pack_ranges
 from .options import SourceOptions
@@ -134,6 +134,10 @@ def _read_range(opts: SourceOptions, r: _Range) -> Iterator[pa.RecordBatch]:
                 )
             except PymqError as err:
                 left = deadline - time.monotonic()
+                if isinstance(err, NoPermissionError) and not opts.consumer_group and group in err.remark:
+                    # the pulls carry pymq's reader group, which an ACL may not name: say which option
+                    raise type(err)(f"{err.remark}. Set option consumerGroup to a group this user may "
+                                    f"Sub on (a read without it pulls as {group})", code=err.code) from err
                 if not err.retriable:
                     raise
                 if left <= 0:
