@@ -39,10 +39,13 @@ def test_create_topic_again_keeps_what_it_is_not_given(
     with pytest.raises(IllegalArgumentError, match=unread):
         admin.create_topic(full, 2)
     assert main(["-e", endpoint, "create-topic", full, "--queues", "2"]) == 1
-    assert "--allow-shrink" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--allow-shrink" in err and "pymq-admin create-topic --write-queues 2" in err, err
     assert admin.topic_config(full).read_queue_nums == 4
     # RocketMQ's scale-in: write queues cut first, then read queues once every group has read them
-    assert admin.create_topic(full, read_queues=4, write_queues=2).write_queue_nums == 2
+    assert main(["-e", endpoint, "create-topic", full, "--write-queues", "2"]) == 0
+    assert "4 read / 2 write queues" in capsys.readouterr().out
+    assert admin.topic_config(full).write_queue_nums == 2
     late, done = PullConsumer(endpoint, unique("late")), PullConsumer(endpoint, unique("done"))
     late.commit(MessageQueue(full, "broker-a", 3), 1)
     for mq in done.queues(full):

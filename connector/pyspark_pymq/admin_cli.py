@@ -138,8 +138,9 @@ def _cmd_groups(admin: Admin, a: argparse.Namespace) -> None:
 
 
 def _cmd_create(admin: Admin, a: argparse.Namespace) -> None:
-    cfg = admin.create_topic(a.topic, a.queues, dedup_window_ms=a.dedup_window_ms,
-                             message_type=a.message_type, allow_shrink=a.allow_shrink)
+    cfg = admin.create_topic(a.topic, a.queues, read_queues=a.read_queues, write_queues=a.write_queues,
+                             dedup_window_ms=a.dedup_window_ms, message_type=a.message_type,
+                             allow_shrink=a.allow_shrink)
     dedup = f", de-duplication window {cfg.dedup_window_ms} ms" if cfg.dedup_window_ms else ""
     print(f"topic {cfg.topic_name}: {cfg.read_queue_nums} read / {cfg.write_queue_nums} write queues, "
           f"{cfg.message_type} messages{dedup}")
@@ -329,7 +330,8 @@ def _explain(err: PymqError, a: argparse.Namespace) -> PymqError:
 # pymq-admin's user gave flags: each command's keywords as its flags, then the connection's.
 _COMMAND_FLAGS: dict[str, dict[str, str]] = {
     "reset-offset": {"timestamp": "--timestamp", "offset": "--offset", "queue_id": "--queue-id"},
-    "create-topic": {"queues": "--queues", "dedup_window_ms": "--dedup-window-ms",
+    "create-topic": {"queues": "--queues", "read_queues": "--read-queues", "write_queues": "--write-queues",
+                     "dedup_window_ms": "--dedup-window-ms",
                      "message_type": "--message-type"},  # the broker's allow_shrink= names the flag too
     "update-group": {"retry_max_times": "--retry-max-times", "retry_queue_nums": "--retry-queue-nums"},
     "query-message": {"max_num": "--max"},
@@ -479,6 +481,11 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("topic", help="the topic's name")
     sp.add_argument("--queues", type=_at_least_one,
                     help="read and write queues (default: 4 for a new topic, unchanged for an existing one)")
+    sp.add_argument("--read-queues", type=_at_least_one,
+                    help="read queues only (RocketMQ's readQueueNums; default: --queues)")
+    sp.add_argument("--write-queues", type=_at_least_one,
+                    help="write queues only (RocketMQ's writeQueueNums; default: --queues): cut these "
+                         "first to take queues away, once consumers have read what they hold")
     sp.add_argument("--dedup-window-ms", type=_at_least_zero,
                     help="drop a message whose msgId (UNIQ_KEY) the topic stored within this window "
                          "(default: 0, off, for a new topic; unchanged for an existing one)")

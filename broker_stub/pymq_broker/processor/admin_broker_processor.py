@@ -130,9 +130,10 @@ class AdminBrokerProcessor:
         raise BrokerException(
             pymq_pb2.ILLEGAL_ARGUMENT,
             f"topic {topic!r} has {old.read_queue_nums} read queues and queue(s) {sorted(unread)} "
-            f"hold messages {who}: {reads} read queues would leave them unread. Cut write_queues "
-            "first and let the consumers reach the end of those queues (RocketMQ's scale-in), or "
-            "pass allow_shrink=True (pymq-admin create-topic --allow-shrink)",
+            f"hold messages {who}: {reads} read queues would leave them unread. Cut the write "
+            f"queues to {reads} first (pymq-admin create-topic --write-queues {reads}, or "
+            "Admin.create_topic's write_queues) and let the consumers reach the end of those queues "
+            "(RocketMQ's scale-in), or pass allow_shrink=True (pymq-admin create-topic --allow-shrink)",
         )
 
     async def delete_topic(self, req: pymq_pb2.DeleteTopicRequest) -> pymq_pb2.DeleteTopicResponse:
