@@ -112,6 +112,29 @@ def slowed(gate: Gate, fn: Callable[..., Any], events: list[str], label: str) ->
     return slow
 
 
+def delete_while_another_client_is_served(
+    broker: Broker, gate: Gate, events: list[str], meanwhile: Callable[[], None] = lambda: None
+) -> None:
+    """DeleteTopic of "gone" while another client, once the gated step has begun, finds the topic out
+    of the table at once (``meanwhile`` checks more), is served a put to "other", then opens the gate."""
+
+    async def another_client() -> None:
+        await gate.reached()
+        with pytest.raises(Exception, match="does not exist"):  # no request after the DeleteTopic sees it
+            broker.admin.query_route(pymq_pb2.QueryRouteRequest(topic="gone"))
+        meanwhile()
+        broker.put("other", 0, b"served meanwhile")
+        events.append("another client served")
+        gate.open()
+
+    async def main() -> None:
+        await asyncio.gather(answer(broker.admin.delete_topic(pymq_pb2.DeleteTopicRequest(topic="gone"))),
+                             another_client())
+        events.append("answered")
+
+    asyncio.run(main())
+
+
 def test_create_topic_serves_others_while_its_write_runs_and_answers_after_it(broker: Broker) -> None:
     broker.topics.create_topic(TopicConfig("old", 1, 1), update_if_exists=False)
     gate, events = Gate(), []
@@ -187,22 +210,7 @@ def test_delete_topic_removes_its_files_off_the_loop_and_answers_after(
     broker.store.do_reput()
     gate, events = Gate(), []
     monkeypatch.setattr(shutil, "rmtree", slowed(gate, shutil.rmtree, events, "files removed"))
-
-    async def another_client() -> None:
-        await gate.reached()
-        # the topic left every table at once: no request after the DeleteTopic sees it
-        with pytest.raises(Exception, match="does not exist"):
-            broker.admin.query_route(pymq_pb2.QueryRouteRequest(topic="gone"))
-        broker.put("other", 0, b"served meanwhile")
-        events.append("another client served")
-        gate.open()
-
-    async def main() -> None:
-        await asyncio.gather(answer(broker.admin.delete_topic(pymq_pb2.DeleteTopicRequest(topic="gone"))),
-                             another_client())
-        events.append("answered")
-
-    asyncio.run(main())
+    delete_while_another_client_is_served(broker, gate, events)
     assert events[0] == "another client served" and events[-1] == "answered"
     assert "files removed" in events
     assert not any((broker.root / "consumequeue").glob("*gone*"))
@@ -223,21 +231,10 @@ def test_delete_topic_moves_the_checkpoint_off_the_loop_before_the_queues_go(
     monkeypatch.setattr(broker.store, "checkpoint_now",
                         slowed(gate, broker.store.checkpoint_now, events, "checkpoint"))
 
-    async def another_client() -> None:
-        await gate.reached()
-        with pytest.raises(Exception, match="does not exist"):  # out of the table at once
-            broker.admin.query_route(pymq_pb2.QueryRouteRequest(topic="gone"))
-        assert any((broker.root / "consumequeue").glob("gone"))  # its queues go after the checkpoint
-        broker.put("other", 0, b"served meanwhile")
-        events.append("another client served")
-        gate.open()
+    def queues_still_there() -> None:  # they go after the checkpoint
+        assert any((broker.root / "consumequeue").glob("gone"))
 
-    async def main() -> None:
-        await asyncio.gather(answer(broker.admin.delete_topic(pymq_pb2.DeleteTopicRequest(topic="gone"))),
-                             another_client())
-        events.append("answered")
-
-    asyncio.run(main())
+    delete_while_another_client_is_served(broker, gate, events, queues_still_there)
     assert events == ["another client served", "checkpoint", "answered"]
     assert broker.store.checkpoint.logics_msg_offset >= broker.store.dispatched_offset > 0
     assert not any((broker.root / "consumequeue").glob("*gone*"))

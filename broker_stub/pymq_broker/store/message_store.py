@@ -712,8 +712,11 @@ class DefaultMessageStore:
         return lo
 
     def delete_topic(self, topic: str) -> None:
-        """Drop the topic's consume queues (its records expire with the commit log)."""
-        self.detach_topic(topic).remove()
+        """Drop the topic's consume queues (its records expire with the commit log), here and now:
+        no config of the broker's to write in between, so no marker is kept."""
+        detached = self.detach_topic(topic)
+        detached.remove()
+        detached.release()
 
     def release_deletion_markers(self) -> None:
         """The deletions :attr:`unfinished_deletions` named are finished (their configs written)."""
