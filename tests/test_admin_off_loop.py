@@ -335,3 +335,29 @@ def test_update_group_and_reset_offset_write_off_the_loop(broker: Broker) -> Non
         asyncio.run(main())
         assert events == ["another client served", "written", "answered"], label
     assert broker.offsets.query_offset("g", "t", 0) == 1
+
+
+def test_the_periodic_offsets_write_runs_off_the_loop(tmp_path: Path) -> None:
+    """Consumer offsets reach the disk every flush interval (a second): written on the event loop,
+    80,000 of them (10,000 groups of 8 queues) held every client 134 ms each time."""
+    from pymq_broker import EmbeddedBroker
+    from pyspark_pymq import Admin, MessageQueue, PullConsumer
+
+    with EmbeddedBroker(tmp_path / "b", flush_consumer_offset_interval=20) as embedded:
+        offsets = embedded.controller.consumer_offset_manager
+        gate, events = Gate(), []
+        offsets.write = slowed(gate, offsets.write, events, "written")  # type: ignore[method-assign]
+        Admin(embedded.endpoint).create_topic("t", queues=1)
+        with PullConsumer(embedded.endpoint, "g") as consumer:
+            consumer.commit(MessageQueue("t", "broker-a", 0), 0)  # the next flush writes it
+            assert gate.entered.wait(GATE_S)
+            consumer.commit(MessageQueue("t", "broker-a", 0), 1)  # served while the write waits
+            events.append("another client served")
+            gate.open()
+            deadline = time.monotonic() + GATE_S
+            while "written" not in events and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert events[:2] == ["another client served", "written"]
+    on_disk = ConsumerOffsetManager(tmp_path / "b" / "config" / "consumerOffset.json")
+    on_disk.load()
+    assert on_disk.query_offset("g", "t", 0) == 1  # the newer commit, by a later flush or the shutdown

@@ -239,3 +239,21 @@ def test_a_topic_the_broker_could_not_save_is_an_error_and_the_saved_ones_surviv
     manager = TopicConfigManager(next(data.rglob("topics.json")))
     manager.load()
     assert {"kept", "unsaved", "after"} <= set(manager.topic_config_table)
+
+
+def test_offsets_are_written_a_group_a_line_and_reloaded_after_each_change(tmp_path: Path) -> None:
+    offsets = ConsumerOffsetManager(tmp_path / "consumerOffset.json")
+    for group in ("a", "b"):
+        for queue_id in (0, 2, 10):
+            offsets.commit_offset(group, "t", queue_id, 100 + queue_id)
+    offsets.persist()
+    offsets.commit_offset("b", "t", 2, 7)  # a line written before, changed since
+    offsets.commit_offset("c", "u", 1, 1)
+    offsets.persist()
+    text = (tmp_path / "consumerOffset.json").read_text()
+    assert '  "t@b": {"0": 100, "2": 7, "10": 110}' in [
+        line.rstrip(",") for line in text.splitlines()]  # queue ids in order
+    restarted = ConsumerOffsetManager(tmp_path / "consumerOffset.json")
+    restarted.load()
+    assert restarted.offset_table == offsets.offset_table
+    assert restarted.query_offset("b", "t", 2) == 7 and restarted.query_offset("c", "u", 1) == 1

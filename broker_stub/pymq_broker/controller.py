@@ -218,11 +218,9 @@ class BrokerController:
             asyncio.create_task(
                 self._every(min(1.0, bc.transaction_timeout / 2000), self._check_transactions)
             ),
-            asyncio.create_task(self._every(bc.flush_consumer_offset_interval / 1000,
-                                            self.consumer_offset_manager.persist_if_dirty)),
             asyncio.create_task(self._persist_every(
-                bc.flush_consumer_offset_interval / 1000, self.subscription_group_manager,
-                self.topic_config_manager)),
+                bc.flush_consumer_offset_interval / 1000, self.consumer_offset_manager,
+                self.subscription_group_manager, self.topic_config_manager)),
             asyncio.create_task(self._every(self.store_config.clean_resource_interval / 1000,
                                             store.clean_expired_files)),
         ]
@@ -364,8 +362,8 @@ class BrokerController:
 
     @staticmethod
     async def _persist_every(interval_s: float, *managers: ConfigManager) -> None:
-        """What changed of ``managers`` to disk every ``interval_s`` (groups created on first use,
-        the %RETRY% topics of consumers that registered, v2 delivery attempts): each snapshot is
+        """What changed of ``managers`` to disk every ``interval_s`` (consumer offsets, groups created
+        on first use, the %RETRY% topics of consumers that registered, v2 delivery attempts): each snapshot is
         taken on the event loop (the only writer of the tables), the write and fsync run on a thread
         (and the encoding, for a manager that encodes in ``render``: the topics)."""
         while True:
