@@ -407,6 +407,11 @@ def test_auto_create_topic_and_admin_tables(tmp_path) -> None:
         assert row["read_queues"] == 4 and row["messages"] == 1
         stats = admin.topic_stats("fresh")
         assert list(stats["queue_id"]) == [0, 1, 2, 3] and stats["messages"].sum() == 1
+        # the store time as a UTC time a notebook shows as one (not ms since the epoch); none where
+        # nothing is stored
+        stored = row["last_store_timestamp"]
+        assert str(stored.tz) == "UTC" and abs(time.time() - stored.timestamp()) < 120
+        assert list(stats["last_store_timestamp"].isna()) == list(stats["messages"] == 0)
         found = admin.view_message(r.offset_msg_id)
         assert found.body == b"x" and found.msg_id == r.msg_id
         assert admin.view_message(r.msg_id, topic="fresh").commit_log_offset == found.commit_log_offset

@@ -103,7 +103,7 @@ def _cell(value: Any) -> str:
 
 
 def render_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
-    """Rows as an aligned text table (timestamps in ms shown as UTC times)."""
+    """Rows as an aligned text table (times, and timestamps in ms, shown as UTC times)."""
     if not rows:
         return "(none)"
     cells = []
@@ -112,10 +112,9 @@ def render_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
         for c in columns:
             v = row.get(c)
             if c.endswith("timestamp") and isinstance(v, int):
-                v = (
-                    datetime.fromtimestamp(v / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-                    if v else "-"
-                )
+                v = datetime.fromtimestamp(v / 1000, tz=timezone.utc) if v else None
+            if isinstance(v, datetime) or (c.endswith("timestamp") and v is None):  # (NaT is one)
+                v = v.strftime("%Y-%m-%d %H:%M:%S") if v and v == v else "-"
             line.append(_cell(v))
         cells.append(line)
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]

@@ -140,9 +140,17 @@ def _epoch_ms(timestamp: int | datetime | None) -> int:
 
 
 def _frame(rows: list[dict[str, Any]], columns: list[str]) -> pd.DataFrame:
+    """``rows`` as a DataFrame; the broker's times (``*_timestamp``, ms since the epoch) as UTC
+    times, as the CLI and the Spark views show them (0, nothing stored: NaT)."""
     import pandas as pd
 
-    return pd.DataFrame(rows, columns=columns)
+    frame = pd.DataFrame(rows, columns=columns)
+    for column in columns:
+        if column.endswith("timestamp"):
+            ms = pd.to_numeric(frame[column])
+            times = pd.to_datetime(ms.where(ms > 0), unit="ms", utc=True)
+            frame[column] = times.astype("datetime64[ms, UTC]")
+    return frame
 
 
 class Admin(SharedConnections):

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceReader, InputPartition
@@ -99,8 +99,11 @@ def check_view_schema(view: str, schema: StructType) -> None:
         )
 
 
-def _ts(ms: Any) -> datetime | None:
-    return datetime.fromtimestamp(int(ms) / 1000, tz=timezone.utc) if ms else None
+def _ts(time: Any) -> datetime | None:
+    """Admin's time (a pandas Timestamp; NaT: none) as Spark takes it."""
+    if not isinstance(time, datetime) or time != time:
+        return None
+    return datetime.fromtimestamp(time.timestamp(), tz=time.tzinfo)  # pandas' as Python's
 
 
 def _rows(opts: ViewOptions) -> list[dict[str, Any]]:
