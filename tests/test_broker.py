@@ -381,7 +381,8 @@ def test_max_message_size_is_a_broker_flag_and_the_errors_say_where_to_raise_it(
             with pytest.raises(MessageIllegalError, match=refused):
                 producer.send(Message("sized", bytes(1025)))  # the broker refuses it
         before = (r"over maxMessageSize 512 \(topic 'sized'\); a larger message needs a larger "
-                  r"max_message_size here and on the broker \(pymq-broker --max-message-size")
+                  r"max_message_size here \(the Spark sink's option maxMessageSize\) and on the broker "
+                  r"\(pymq-broker --max-message-size")
         with Producer(broker.endpoint, max_message_size=512) as producer, pytest.raises(
                 MessageIllegalError, match=before):
             producer.send(Message("sized", bytes(1024)))  # refused before it is sent

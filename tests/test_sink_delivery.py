@@ -340,6 +340,27 @@ def test_max_batch_bytes_sizes_batches_not_rows(broker: BrokerProcess) -> None:
         write_partition(_options(broker.endpoint, topic, maxBatchBytes="1024"), iter([huge]))
 
 
+def test_max_message_size_lets_the_sink_send_what_the_broker_takes(tmp_path: Any) -> None:
+    """A broker raised to 8 MiB took a 5 MiB row from a Producer, but the sink had no way past its
+    producer's 4 MiB, and the error said to raise "max_message_size here"."""
+    row = pa.record_batch([pa.array([b"z" * (5 * 1024 * 1024)])], names=["body"])
+    with BrokerProcess(tmp_path / "b", ["--max-message-size", str(8 * 1024 * 1024)]) as big:
+        topic = unique("big-rows")
+        Admin(big.endpoint).create_topic(topic, queues=1)
+        with pytest.raises(PymqError, match=r"over maxMessageSize 4194304 .*the Spark sink's option "
+                                            r"maxMessageSize"):
+            write_partition(_options(big.endpoint, topic), iter([row]))
+        opts = _options(big.endpoint, topic, maxMessageSize=str(8 * 1024 * 1024))
+        assert opts.max_batch_bytes == 4 * 1024 * 1024  # batches stay at 4 MiB unless asked
+        assert write_partition(opts, iter([row])).rows == 1
+        [stored] = read_all(big.endpoint, topic)
+        assert stored.body == row.column(0)[0].as_py()
+    with pytest.raises(ValueError, match=r"maxBatchBytes=8388608 is not valid: at most maxMessageSize "
+                                         r"\(4194304\)"):
+        _options("127.0.0.1:1", "t", maxBatchBytes=str(8 * 1024 * 1024))
+    assert _options("127.0.0.1:1", "t", maxMessageSize="2048").max_batch_bytes == 2048
+
+
 def test_properties_over_rocketmqs_limit_are_named_before_they_are_sent(broker: BrokerProcess) -> None:
     """A tag of 40,000 characters: the Arrow path leaves the row to the per-row encoding, which
     names it (the broker would refuse the whole request with a message about its records)."""

@@ -591,5 +591,5 @@ def _over_max_size(which: str, size: int, max_size: int, where: str) -> MessageI
     """A body over ``max_size``, caught before it is sent, saying what would take it."""
     return MessageIllegalError(
         f"{which}body of {size} bytes is over maxMessageSize {max_size} ({where}); a larger message "
-        "needs a larger max_message_size here and on the broker (pymq-broker --max-message-size, "
-        "RocketMQ's maxMessageSize)")
+        "needs a larger max_message_size here (the Spark sink's option maxMessageSize) and on the "
+        "broker (pymq-broker --max-message-size, RocketMQ's maxMessageSize)")

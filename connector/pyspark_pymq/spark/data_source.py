@@ -502,8 +502,14 @@ class PymqDataSource(DataSource):
         ``maxBatchBytes``) per task.
 
     ``maxBatchBytes``
-        (integer 1024..4194304; default 4194304 (4 MiB)) rows go out as batches of up to this many
-        bytes.
+        (integer 1024..134217728; default 4194304 (4 MiB), or ``maxMessageSize`` when that is smaller)
+        rows go out as batches of up to this many bytes (at most ``maxMessageSize``: the broker refuses
+        a larger request whole).
+
+    ``maxMessageSize``
+        (integer 1024..134217728; default 4194304 (4 MiB)) the largest body a row may send, as
+        RocketMQ's producer ``maxMessageSize``: a larger one fails its task naming the row. Raise the
+        broker's with it (``pymq-broker --max-message-size``, RocketMQ's ``maxMessageSize``).
 
     ``consumerGroup``
         (string) ``reconsumeLater`` (required there): the group whose ``%RETRY%`` topic the rows go back

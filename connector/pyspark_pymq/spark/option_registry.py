@@ -87,6 +87,9 @@ DEFAULT_PRODUCER_GROUP = "PYMQ_SPARK_SINK"
 # few in flight keep the broker busy, while 64 (the client's default) held ~200 MB per task
 # and were ~30% slower (BENCHMARKS.md), with the last requests near sendMsgTimeoutMs.
 DEFAULT_MAX_IN_FLIGHT = 4
+# maxMessageSize's ceiling: a row's body is one Arrow value and one gRPC message, and the broker's
+# commit-log segment (256 MiB) holds at least two of them
+MAX_MESSAGE_SIZE_LIMIT = 128 * 1024 * 1024
 # RocketMQ's send back carries maxReconsumeTimes and the delay level as Java ints (int32 on the wire)
 JAVA_INT_MAX = 2**31 - 1
 
@@ -556,9 +559,18 @@ _SINK = (
     ),
     OptionSpec(
         "maxBatchBytes", "integer", section="limits", default=DEFAULT_MAX_MESSAGE_SIZE,
-        minimum=1024, maximum=DEFAULT_MAX_MESSAGE_SIZE,
+        minimum=1024, maximum=MAX_MESSAGE_SIZE_LIMIT,
+        default_doc=f"{DEFAULT_MAX_MESSAGE_SIZE} (4 MiB), or `maxMessageSize` when that is smaller",
+        doc="rows go out as batches of up to this many bytes (at most `maxMessageSize`: the broker "
+            "refuses a larger request whole).",
+    ),
+    OptionSpec(
+        "maxMessageSize", "integer", section="limits", default=DEFAULT_MAX_MESSAGE_SIZE,
+        minimum=1024, maximum=MAX_MESSAGE_SIZE_LIMIT,
         default_doc=f"{DEFAULT_MAX_MESSAGE_SIZE} (4 MiB)",
-        doc="rows go out as batches of up to this many bytes.",
+        doc="the largest body a row may send, as RocketMQ's producer `maxMessageSize`: a larger one "
+            "fails its task naming the row. Raise the broker's with it (`pymq-broker "
+            "--max-message-size`, RocketMQ's `maxMessageSize`).",
     ),
     OptionSpec(
         "consumerGroup", "string", section="send back",

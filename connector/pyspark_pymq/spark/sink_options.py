@@ -63,6 +63,7 @@ class SinkOptions:
     send_msg_timeout_ms: int
     max_in_flight: int
     max_batch_bytes: int
+    max_message_size: int
     consumer_group: str | None
     max_reconsume_times: int | None
     delay_level: int
@@ -279,6 +280,7 @@ def parse_sink_options(raw_options: Mapping[str, str], schema: StructType, *, st
     else:
         _check_send_back_input(schema, group)
     types = {f.name: _type_name(f.dataType) for f in schema.fields}
+    max_message_size, max_batch_bytes = _message_sizes(opts)
     return SinkOptions(
         backend=backend,
         topic=topic,
@@ -289,7 +291,8 @@ def parse_sink_options(raw_options: Mapping[str, str], schema: StructType, *, st
         retry_times_when_send_async_failed=opts.integer_or_default("retryTimesWhenSendAsyncFailed"),
         send_msg_timeout_ms=opts.integer_or_default("sendMsgTimeoutMs"),
         max_in_flight=opts.integer_or_default("maxInFlight"),
-        max_batch_bytes=opts.integer_or_default("maxBatchBytes"),
+        max_batch_bytes=max_batch_bytes,
+        max_message_size=max_message_size,
         consumer_group=group,
         max_reconsume_times=opts.integer("maxReconsumeTimes"),
         delay_level=opts.integer_or_default("delayLevel"),
@@ -302,6 +305,19 @@ def parse_sink_options(raw_options: Mapping[str, str], schema: StructType, *, st
         checkpoint_location=checkpoint,
         stream=stream,
     )
+
+
+def _message_sizes(opts: OptionValues) -> tuple[int, int]:
+    """maxMessageSize, and maxBatchBytes within it (by default 4 MiB, or maxMessageSize if smaller)."""
+    largest = opts.integer_or_default("maxMessageSize")
+    batch = opts.integer("maxBatchBytes")
+    if batch is None:
+        return largest, min(largest, opts.integer_or_default("maxBatchBytes"))
+    if batch > largest:
+        raise opts.bad("maxBatchBytes", batch, f"at most maxMessageSize ({largest}): the broker refuses "
+                       "a larger request whole. Lower maxBatchBytes, or raise maxMessageSize (and the "
+                       "broker's)")
+    return largest, batch
 
 
 def _check_exactly_once(action: str, send_mode: str, stream: bool, checkpoint: str | None) -> str:

@@ -221,6 +221,7 @@ def _open_producer(opts: SinkOptions, new_producer: Callable[..., Producer]) -> 
         retry_times_when_send_async_failed=opts.retry_times_when_send_async_failed,
         send_msg_timeout_ms=opts.send_msg_timeout_ms,
         max_batch_bytes=opts.max_batch_bytes,
+        max_message_size=opts.max_message_size,
         # a row stored but not yet durable is sent again to another broker before the task fails
         retry_another_broker_when_not_store_ok=True,
         max_in_flight=opts.max_in_flight,
