@@ -361,3 +361,38 @@ def test_the_periodic_offsets_write_runs_off_the_loop(tmp_path: Path) -> None:
     on_disk = ConsumerOffsetManager(tmp_path / "b" / "config" / "consumerOffset.json")
     on_disk.load()
     assert on_disk.query_offset("g", "t", 0) == 1  # the newer commit, by a later flush or the shutdown
+
+
+@pytest.mark.parametrize("service", ["schedule_message_service", "timer_message_store"])
+def test_delayed_deliveries_write_their_progress_off_the_loop(tmp_path: Path, service: str) -> None:
+    """A delay level's or a timer's progress is written (and fsynced) after every round that
+    delivered something: on the event loop, each round held every client of the broker for it."""
+    from pymq_broker import EmbeddedBroker
+    from pyspark_pymq import Admin, Message, Producer
+
+    with EmbeddedBroker(tmp_path / "b", message_delay_level="100ms 1s") as embedded:
+        progress = getattr(embedded.controller, service)
+        gate, events = Gate(), []
+        progress.write = slowed(gate, progress.write, events, "written")
+        Admin(embedded.endpoint).create_topic("t", queues=1)
+        with Producer(embedded.endpoint) as producer:
+            if service == "timer_message_store":
+                producer.send(Message("t", b"later", deliver_time_ms=int(time.time() * 1000) + 100))
+            else:
+                producer.send(Message("t", b"later", delay_level=1))
+            assert gate.entered.wait(GATE_S)  # delivered; its progress being written
+            producer.send(Message("t", b"served meanwhile"))
+            events.append("another client served")
+            gate.open()
+            deadline = time.monotonic() + GATE_S
+            while "written" not in events and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert events[:2] == ["another client served", "written"]
+    restarted = EmbeddedBroker(tmp_path / "b", message_delay_level="100ms 1s").start()
+    try:  # delivered once: the progress on disk covers it
+        from test_timer_messages import _bodies
+
+        time.sleep(0.5)
+        assert sorted(_bodies(restarted.endpoint, "t")) == [b"later", b"served meanwhile"]
+    finally:
+        restarted.stop()

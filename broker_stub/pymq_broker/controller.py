@@ -323,7 +323,9 @@ class BrokerController:
         """Delayed messages (ScheduleMessageService) and timers (TimerMessageStore) when due.
 
         Each is asked again within 50 ms (new messages are not announced), or after a second
-        when it failed; one that fails does not hold the other up.
+        when it failed; one that fails does not hold the other up. A round's progress is written
+        on a thread (the store flushed first under SYNC_FLUSH) before the service's next round:
+        an fsync after every round on the event loop held every client of the broker.
         """
         sms, timer = self.schedule_message_service, self.timer_message_store
         assert sms is not None and timer is not None
@@ -338,7 +340,7 @@ class BrokerController:
                     continue
                 name = type(service).__name__
                 try:
-                    wait = min(service.deliver_due(), 0.05)
+                    wait = min(service.deliver_due(write=False), 0.05)
                 except PutMessageError as err:  # a full disk: the messages wait, nothing is skipped
                     if not paused[i]:
                         log.warning("%s: messages wait until the store takes them: %s", name, err)
@@ -350,6 +352,14 @@ class BrokerController:
                     if paused[i]:
                         log.info("%s delivers again", name)
                     paused[i] = False
+                job = service.delivered_job()  # what it delivered, failed round or not
+                if job is not None:
+                    try:
+                        await asyncio.to_thread(job)
+                    except Exception:  # a full disk: written with the next round, or at shutdown
+                        service.dirty = True
+                        log.exception("%s: writing its progress failed", name)
+                        wait = 1.0
                 next_at[i] = now + wait
             await asyncio.sleep(max(min(next_at) - loop.time(), 0.005))
 

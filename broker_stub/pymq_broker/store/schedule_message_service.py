@@ -28,10 +28,9 @@ from pymq_proto.record import (
     split_tail,
 )
 
-from ..common.config_manager import ConfigManager
 from ..common.mix_all import SCHEDULE_TOPIC
 from .commit_log import MessageToStore
-from .config import SYNC_FLUSH
+from .delivery_progress import DeliveryProgress
 from .encoded_batch import EncodedRecords
 from .message_store import DefaultMessageStore
 from .results import PutMessageError, PutMessageStatus
@@ -44,12 +43,11 @@ _REAL_TOPIC = MessageConst.PROPERTY_REAL_TOPIC.encode()
 _REAL_QID = MessageConst.PROPERTY_REAL_QUEUE_ID.encode()
 
 
-class ScheduleMessageService(ConfigManager):
+class ScheduleMessageService(DeliveryProgress):
     """Call :meth:`deliver_due` periodically; it returns seconds until the next due message."""
 
     def __init__(self, store: DefaultMessageStore, path: Path) -> None:
-        super().__init__(path)
-        self.store = store
+        super().__init__(store, path)
         self.offset_table: dict[int, int] = {}  # delay level -> next schedule-queue offset
         self.delivered = 0
 
@@ -77,11 +75,12 @@ class ScheduleMessageService(ConfigManager):
                             level, offset, top, top)
                 self.offset_table[level] = top
 
-    def deliver_due(self, now_ms: int | None = None) -> float:
+    def deliver_due(self, now_ms: int | None = None, *, write: bool = True) -> float:
         """Deliver every due message of every level; seconds until the next one is due.
 
         Raises PutMessageError when the store refuses a delivery for now (its progress, up to
-        the last message written, is kept).
+        the last message written, is kept). ``write=False``: the progress is left for
+        :meth:`delivered_job` (the controller's, off the event loop).
         """
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         next_due: int | None = None
@@ -93,9 +92,7 @@ class ScheduleMessageService(ConfigManager):
                     next_due = due if next_due is None else min(next_due, due)
         finally:
             if self.delivered != before:
-                if self.store.config.flush_disk_type == SYNC_FLUSH:
-                    self.store.commit_log.flush()
-                self.persist()
+                self.round_delivered(write=write)
         if next_due is None:
             return 0.05
         return max(0.0, (next_due - now_ms) / 1000.0)

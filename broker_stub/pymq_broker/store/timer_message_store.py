@@ -12,7 +12,8 @@ message id (the id alone is the sender's choice: any topic may hold it).
 RocketMQ keeps a time wheel and a timer log on disk; pymq rebuilds the heap from
 the timer topic's consume queue at start. What is done is persisted in
 ``timerCheckpoint.json``: ``lowWater`` (every timer before it is delivered or
-recalled) and the offsets done after it. A recall is written before it is
+recalled) and the ranges of offsets done after it (:class:`DoneRanges`: as many as
+there are gaps of pending timers between them, whatever was delivered). A recall is written before it is
 answered, so a recalled message never comes back after a restart; a crash between
 a delivery and its checkpoint delivers that message again (at-least-once, as the
 ScheduleMessageService). A timer is never delivered early.
@@ -20,7 +21,9 @@ ScheduleMessageService). A timer is never delivered early.
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import json
 import logging
 import time
 from pathlib import Path
@@ -28,9 +31,8 @@ from typing import Any
 
 from pymq_proto.record import HEADER, MessageConst, find_property, split_tail
 
-from ..common.config_manager import ConfigManager
 from ..common.mix_all import TIMER_TOPIC
-from .config import SYNC_FLUSH
+from .delivery_progress import DeliveryProgress
 from .message_store import DefaultMessageStore
 from .schedule_message_service import message_timeup
 
@@ -41,14 +43,80 @@ _UNIQ = MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX.encode()
 _REAL_TOPIC = MessageConst.PROPERTY_REAL_TOPIC.encode()
 
 
-class TimerMessageStore(ConfigManager):
+class DoneRanges:
+    """Timer offsets delivered or recalled at or after the low-water mark, as sorted, disjoint and
+    non-adjacent ranges ``[start, end)``: their number is bounded by the gaps of pending timers
+    between them, not by what was delivered (a set of offsets grew by every delivery while an older
+    timer waited: one timer a day away and a flow of short ones made it grow all day)."""
+
+    __slots__ = ("ends", "starts")
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+
+    def __contains__(self, at: int) -> bool:
+        i = bisect.bisect_right(self.starts, at) - 1
+        return i >= 0 and at < self.ends[i]
+
+    def __len__(self) -> int:
+        """How many ranges (what a checkpoint holds)."""
+        return len(self.starts)
+
+    def add(self, at: int) -> None:
+        starts, ends = self.starts, self.ends
+        i = bisect.bisect_right(starts, at)  # the first range starting after ``at``
+        if i and at < ends[i - 1]:
+            return  # done already
+        joins_left = i > 0 and ends[i - 1] == at
+        joins_right = i < len(starts) and starts[i] == at + 1
+        if joins_left and joins_right:
+            ends[i - 1] = ends[i]
+            del starts[i], ends[i]
+        elif joins_left:
+            ends[i - 1] = at + 1
+        elif joins_right:
+            starts[i] = at
+        else:
+            starts.insert(i, at)
+            ends.insert(i, at + 1)
+
+    def take_from(self, low_water: int) -> int:
+        """The low-water mark past a range that starts at it (that range dropped), or as it is."""
+        if self.starts and self.starts[0] <= low_water:
+            low_water = max(low_water, self.ends[0])
+            del self.starts[0], self.ends[0]
+        return low_water
+
+    def pairs(self) -> list[list[int]]:
+        return [[s, e] for s, e in zip(self.starts, self.ends, strict=True)]
+
+    @classmethod
+    def of(cls, pairs: list[list[int]], offsets: list[int], low_water: int) -> DoneRanges:
+        """From a checkpoint's ranges (and offsets, as a checkpoint before ranges had them)."""
+        done = cls()
+        for start, end in sorted((int(s), int(e)) for s, e in pairs):
+            start = max(start, low_water)
+            if start >= end:
+                continue
+            if done.ends and start <= done.ends[-1]:
+                done.ends[-1] = max(done.ends[-1], end)
+            else:
+                done.starts.append(start)
+                done.ends.append(end)
+        for at in offsets:
+            if int(at) >= low_water:
+                done.add(int(at))
+        return done
+
+
+class TimerMessageStore(DeliveryProgress):
     """Call :meth:`deliver_due` periodically (it returns seconds until the next timer is due)."""
 
     def __init__(self, store: DefaultMessageStore, path: Path) -> None:
-        super().__init__(path)
-        self.store = store
+        super().__init__(store, path)
         self.low_water = 0  # every timer offset below it is delivered or recalled
-        self.done: set[int] = set()  # offsets at or after low_water delivered or recalled
+        self.done = DoneRanges()  # offsets at or after low_water delivered or recalled
         self._scanned = -1  # next consume-queue offset to read into the heap (-1: from low_water)
         self._heap: list[tuple[int, int]] = []  # (delivery time ms, offset)
         # (REAL_TOPIC, message id (UNIQ_KEY)) -> offset, while pending; and back
@@ -57,11 +125,21 @@ class TimerMessageStore(ConfigManager):
         self.delivered = 0
 
     def encode(self) -> dict[str, Any]:
-        return {"lowWater": self.low_water, "done": sorted(self.done)}
+        return {"lowWater": self.low_water, "doneRanges": self.done.pairs()}
+
+    def capture(self) -> tuple[int, list[int], list[int]]:
+        """Copies of the ranges (for a write on another thread: they change on the loop)."""
+        return self.low_water, list(self.done.starts), list(self.done.ends)
+
+    def render(self, state: tuple[int, list[int], list[int]]) -> bytes:
+        low_water, starts, ends = state
+        ranges = [[s, e] for s, e in zip(starts, ends, strict=True)]
+        return json.dumps({"lowWater": low_water, "doneRanges": ranges}, separators=(",", ":")).encode()
 
     def decode(self, data: dict[str, Any]) -> None:
         self.low_water = int(data.get("lowWater", 0))
-        self.done = {int(o) for o in data.get("done", []) if int(o) >= self.low_water}
+        # "done": the offsets one by one, as checkpoints written before the ranges hold them
+        self.done = DoneRanges.of(data.get("doneRanges", []), data.get("done", []), self.low_water)
 
     def pending(self) -> int:
         """How many timers wait (for stats and tests)."""
@@ -98,8 +176,11 @@ class TimerMessageStore(ConfigManager):
             offset += len(entries)
         self._scanned = offset
 
-    def deliver_due(self, now_ms: int | None = None) -> float:
-        """Deliver every timer that is due; seconds until the next one (0.05 when none waits)."""
+    def deliver_due(self, now_ms: int | None = None, *, write: bool = True) -> float:
+        """Deliver every timer that is due; seconds until the next one (0.05 when none waits).
+
+        ``write=False``: the progress is left for :meth:`delivered_job` (the controller's, off
+        the event loop)."""
         self._scan()
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         due: list[int] = []
@@ -126,9 +207,7 @@ class TimerMessageStore(ConfigManager):
             finally:
                 if finished:
                     self.delivered += finished
-                    if self.store.config.flush_disk_type == SYNC_FLUSH:
-                        self.store.commit_log.flush()
-                    self.persist()
+                    self.round_delivered(write=write)
         while self._heap and self._is_done(self._heap[0][1]):
             heapq.heappop(self._heap)
         if not self._heap:
@@ -160,6 +239,4 @@ class TimerMessageStore(ConfigManager):
         key = self._id_at.pop(at, None)
         if key is not None and self._by_id.get(key) == at:  # a later timer with the same key stays
             del self._by_id[key]
-        while self.low_water in self.done:
-            self.done.discard(self.low_water)
-            self.low_water += 1
+        self.low_water = self.done.take_from(self.low_water)

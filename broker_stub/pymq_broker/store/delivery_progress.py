@@ -1,0 +1,50 @@
+"""DeliveryProgress: the progress file of a service that delivers stored messages later.
+
+ScheduleMessageService (delay levels) and TimerMessageStore (exact times) write a message again
+to its real topic when it is due, then their progress. The progress reaches the disk only once
+what it covers is as durable as the store makes a send (under SYNC_FLUSH, the commit log flushed):
+a restart never skips a message; a crash in between delivers the last round again (at least once,
+as RocketMQ's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from ..common.config_manager import ConfigManager
+from .config import SYNC_FLUSH
+from .message_store import DefaultMessageStore
+
+
+class DeliveryProgress(ConfigManager):
+    def __init__(self, store: DefaultMessageStore, path: Path) -> None:
+        super().__init__(path)
+        self.store = store
+
+    def round_delivered(self, *, write: bool) -> None:
+        """A round delivered messages: its progress written now (``write``), or by the caller's
+        :meth:`delivered_job` off the event loop (a write and an fsync after every round held every
+        client of the broker)."""
+        if write:
+            self._flush_store()
+            self.persist()
+        else:
+            self.dirty = True
+
+    def delivered_job(self) -> Callable[[], None] | None:
+        """The progress as it is now (taken on the event loop), as a call for another thread that
+        flushes the store as needed and writes it; None when nothing was delivered since the last."""
+        write = self.snapshot_job_if_dirty()
+        if write is None:
+            return None
+
+        def job() -> None:
+            self._flush_store()
+            write()
+
+        return job
+
+    def _flush_store(self) -> None:
+        if self.store.config.flush_disk_type == SYNC_FLUSH:
+            self.store.commit_log.flush()
