@@ -68,6 +68,7 @@ from typing import Any  # noqa: E402
 from pyspark_pymq import Admin, MessageExt  # noqa: E402
 from pyspark_pymq.spark.listener import ConsumeConcurrentlyStatus, MessageListener  # noqa: E402
 from pyspark_pymq.spark.progress import commit_group_progress  # noqa: E402
+from pyspark_pymq.spark.stop import stoppable  # noqa: E402
 
 #: The Delta jars for Spark 4.2 (Scala 2.13). Maven Central has no 4.4.1 jars
 #: for the delta-spark 4.4.1 Python package (the newest, 4.4.0, is built for
@@ -325,7 +326,9 @@ def start_pipeline(
     query_id = QueryId()
     writer = exactly_once_writer(spark, listener, table, query_id, progress,
                                  hold_before_write_s, hold_after_write_s)
-    query = (reader.load().writeStream.foreachBatch(writer)
+    # stoppable: a stop in the middle of a batch's Spark job stops the query quietly (see
+    # pyspark_pymq.spark.stop: Spark's test for it overflows on a Py4J error's Java stack trace).
+    query = (reader.load().writeStream.foreachBatch(stoppable(writer))
              .option("checkpointLocation", checkpoint)
              .trigger(processingTime=trigger)
              .queryName(f"pymq-{topic}-to-delta")

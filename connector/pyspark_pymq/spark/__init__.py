@@ -17,6 +17,7 @@ One role per module, as in Spark's Kafka connector:
 - :mod:`.batch_reader`: the batch reader (``read``).
 - :mod:`.read_loop`: the executor loop that pulls a range.
 - :mod:`.rows`: Arrow rows <-> MessageExt (send back, listeners, reference decoding).
+- :mod:`.stop`: ``query.stop()`` in the middle of a ``foreachBatch`` function (``stoppable``).
 
 Record layouts and their decoding into Arrow belong to the backends
 (:mod:`pyspark_pymq.backend`).

@@ -59,6 +59,7 @@ from ..errors import PymqError, TopicNotExistError
 from .option_registry import SINK_OPTIONS
 from .rows import column, messages_from_batch, send_back_acknowledged
 from .schema import source_schema
+from .stop import interruptions_kept_short
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -382,14 +383,18 @@ class MessageListener:
 
         self._warn_if_no_consumer_of_the_group()
         marked = StructType([*df.schema.fields, StructField(_STATS_COLUMN, ArrayType(LongType()))])
-        # Earlier batches' results are written by now. Left to the JVM's garbage collection, their
-        # blocks stayed: a soak held 83 of them, 925 MB of storage memory. A cache (persist) in their
-        # place would run the listener again, silently, for a result read after its release.
-        self._release(keep=bid)
-        done = df.mapInArrow(run, marked).localCheckpoint(eager=True)  # the listener runs here, once
-        self._results.append((bid, done))
-        row = done.where(F.col(_STATS_COLUMN).isNotNull()).agg(
-            *[F.sum(F.col(_STATS_COLUMN)[i]).alias(n) for i, n in enumerate(names)]).first()
+        # A query.stop() that interrupts these jobs: a short error, which Spark takes for the stop
+        # (the Java stack trace in a Py4J error overflows Spark's regex for it: .stop).
+        with interruptions_kept_short():
+            # Earlier batches' results are written by now. Left to the JVM's garbage collection,
+            # their blocks stayed: a soak held 83 of them, 925 MB of storage memory. A cache
+            # (persist) in their place would run the listener again, silently, for a result read
+            # after its release.
+            self._release(keep=bid)
+            done = df.mapInArrow(run, marked).localCheckpoint(eager=True)  # the listener runs here, once
+            self._results.append((bid, done))
+            row = done.where(F.col(_STATS_COLUMN).isNotNull()).agg(
+                *[F.sum(F.col(_STATS_COLUMN)[i]).alias(n) for i, n in enumerate(names)]).first()
         self.last_stats = ConsumeStats(**{n: int(row[n] or 0) if row is not None else 0 for n in names})
         log.info("pymq listener batch %s: %s", bid, self.last_stats)
         return done.where(F.col(_STATS_COLUMN).isNull()).drop(_STATS_COLUMN)
