@@ -24,6 +24,7 @@ from .offset_range import plan_ranges, split_ranges
 from .offset_reader import OffsetReader
 from .options import SourceOptions, StartKind
 from .read_loop import make_partitions, read_partition
+from .spark_errors import spark_call, spark_iterator
 
 __all__ = ["PymqBatchReader"]
 
@@ -40,6 +41,7 @@ class PymqBatchReader(DataSourceReader):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.options = state["options"]
 
+    @spark_call
     def partitions(self) -> list[InputPartition]:
         opts = self.options
         reader = OffsetReader(opts)
@@ -58,5 +60,6 @@ class PymqBatchReader(DataSourceReader):
         )
         return list(make_partitions(ranges, opts))
 
+    @spark_iterator
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(self.options, partition)

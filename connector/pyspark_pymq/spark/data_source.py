@@ -10,6 +10,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 
 from .options import SourceOptions, parse_source_options
 from .schema import select_columns, source_schema
+from .spark_errors import spark_call, spark_iterator
 from .views import VIEWS, ViewReader, check_view_schema, parse_view_options, view_requested
 
 if TYPE_CHECKING:
@@ -547,6 +548,7 @@ class PymqDataSource(DataSource):
     def name(cls) -> str:
         return "pymq"
 
+    @spark_call
     def schema(self) -> StructType | str:
         # Spark calls schema() at load() for reads only (never for writes), before
         # it says stream or batch: check what does not depend on that, so most
@@ -561,6 +563,7 @@ class PymqDataSource(DataSource):
         options = parse_source_options(dict(self.options), stream=stream)
         return options if columns is None else dataclasses.replace(options, columns=columns)
 
+    @spark_call
     def reader(self, schema: StructType) -> PymqBatchReader | ViewReader:
         from .batch_reader import PymqBatchReader
 
@@ -571,6 +574,7 @@ class PymqDataSource(DataSource):
 
         return PymqBatchReader(self._source_options(schema, stream=False))
 
+    @spark_call
     def streamReader(self, schema: StructType) -> PymqMicroBatchStream | _RefusedStream:
         from .micro_batch_stream import PymqMicroBatchStream
 
@@ -587,6 +591,7 @@ class PymqDataSource(DataSource):
 
     # -- the sink -------------------------------------------------------------------
 
+    @spark_call
     def writer(self, schema: StructType, overwrite: bool) -> PymqSinkWriter:
         """``df.write.format("pymq")``: see :mod:`pyspark_pymq.spark.writer`."""
         from .sink_options import parse_sink_options
@@ -601,6 +606,7 @@ class PymqDataSource(DataSource):
         check_sink_topic(options)
         return PymqSinkWriter(options)
 
+    @spark_call
     def streamWriter(self, schema: StructType, overwrite: bool) -> PymqStreamSinkWriter:
         """``df.writeStream.format("pymq")``: see :mod:`pyspark_pymq.spark.writer`."""
         from .sink_options import parse_sink_options
@@ -621,15 +627,19 @@ class _RefusedStream(DataSourceStreamReader):
     def __init__(self, error: ValueError) -> None:
         self.error = error
 
+    @spark_call
     def initialOffset(self) -> dict[str, Any]:
         raise self.error
 
+    @spark_call
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         raise self.error
 
+    @spark_call
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         raise self.error
 
+    @spark_iterator
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         raise self.error
 

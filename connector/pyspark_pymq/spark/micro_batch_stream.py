@@ -58,6 +58,7 @@ from .source_offset import (
     with_start,
     with_topic_ids,
 )
+from .spark_errors import spark_call, spark_iterator
 
 __all__ = ["PymqMicroBatchStream"]
 
@@ -95,6 +96,7 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- offsets (driver) -------------------------------------------------------------
 
+    @spark_call
     def initialOffset(self) -> dict[str, Any]:
         """The INITIAL marker; the first ``latestOffset`` resolves startingOffsets.
 
@@ -104,6 +106,7 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.offset_reader.bounds(require_topics=True)
         return dict(INITIAL)
 
+    @spark_call
     def prepareForTriggerAvailableNow(self) -> None:
         """Trigger.AvailableNow: read up to what the queues hold now, then stop.
 
@@ -120,6 +123,7 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def reportLatestOffset(self) -> dict[str, Any] | None:
         return self._latest
 
+    @spark_call
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         """The end of the next batch: ``start`` plus what ``limit`` allows.
 
@@ -317,6 +321,7 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- planning (driver) ---------------------------------------------------------------
 
+    @spark_call
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         first = batch_start(start, end)
         if first is None:
@@ -342,6 +347,7 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
         )
         return make_partitions(ranges, self.options)
 
+    @spark_call
     def commit(self, end: dict[str, Any]) -> None:
         """CLUSTERING: write ``end`` as the group's progress (one batch late, see above)."""
         if not self.options.commits_progress or is_initial(end):
@@ -355,6 +361,7 @@ class PymqMicroBatchStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- reading (executors) -----------------------------------------------------------------
 
+    @spark_iterator
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(self.options, partition)
 

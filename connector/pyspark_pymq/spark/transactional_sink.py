@@ -60,6 +60,7 @@ from ..client.message import MessageExt, RowKeys
 from ..client.transaction import HalfMessageProducer, LocalTransactionState, TransactionProducer
 from ..errors import PymqError
 from .sink_options import SinkOptions
+from .spark_errors import spark_call
 from .writer import PymqStreamSinkWriter, SinkCommitMessage, _send_rows, _summary, _task_ids
 
 if TYPE_CHECKING:
@@ -235,6 +236,7 @@ class TransactionalStreamSinkWriter(PymqStreamSinkWriter):
         # resolves what a killed run left before its own first commit.
         check_listener(options)
 
+    @spark_call
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
         opts = self.options
         ids = _task_ids(opts)
@@ -252,6 +254,7 @@ class TransactionalStreamSinkWriter(PymqStreamSinkWriter):
         return replace(sent, transaction=transaction, query_id=ids.query_id,
                        first_sent_ms=first_sent[0] if first_sent else 0)
 
+    @spark_call
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         opts = self.options
         assert opts.checkpoint_location is not None
@@ -288,6 +291,7 @@ class TransactionalStreamSinkWriter(PymqStreamSinkWriter):
         commit_log.purge(batchId - MARKERS_TO_RETAIN)
         log.info("pymq exactly-once sink batch %d committed: %s", batchId, _summary(messages))
 
+    @spark_call
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         # Spark also aborts when commit() raised after writing the marker (an END_TRANSACTION
         # that timed out, say): the marker decided those transactions, so they stay pending

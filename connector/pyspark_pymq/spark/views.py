@@ -35,6 +35,7 @@ from pyspark.sql.types import StructType
 from ..backend.base import BackendConfig, parse_backend_options
 from .option_registry import VIEW_OPTIONS
 from .options import OptionValues, _parse_group
+from .spark_errors import spark_call, spark_iterator
 
 __all__ = ["VIEWS", "ViewOptions", "ViewReader", "parse_view_options", "view_requested"]
 
@@ -144,9 +145,11 @@ class ViewReader(DataSourceReader):
     def __init__(self, options: ViewOptions) -> None:
         self.options = options
 
+    @spark_call
     def partitions(self) -> list[InputPartition]:
         return [InputPartition(0)]
 
+    @spark_iterator
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         columns = [c.strip().split(" ")[0] for c in VIEWS[self.options.view].split(",")]
         for row in _rows(self.options):

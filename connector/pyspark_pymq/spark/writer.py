@@ -45,6 +45,7 @@ from ..errors import PymqError, TopicNotExistError
 from .option_registry import SINK_OPTIONS
 from .rows import column, epoch_ms, rows_as_messages, send_back_acknowledged, send_back_columns
 from .sink_options import SinkOptions
+from .spark_errors import spark_call
 
 __all__ = ["PymqSinkWriter", "PymqStreamSinkWriter", "SinkCommitMessage", "write_partition"]
 
@@ -626,12 +627,15 @@ class PymqSinkWriter(DataSourceArrowWriter):
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
 
+    @spark_call
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
         return write_partition(self.options, iterator)
 
+    @spark_call
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         log.info("pymq sink wrote %s", _summary(messages))
 
+    @spark_call
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         log.warning("pymq sink write aborted: %s", _aborted(messages))
 
@@ -642,11 +646,14 @@ class PymqStreamSinkWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
 
+    @spark_call
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
         return write_partition(self.options, iterator)
 
+    @spark_call
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         log.info("pymq sink batch %d: %s", batchId, _summary(messages))
 
+    @spark_call
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         log.warning("pymq sink batch %d aborted: %s", batchId, _aborted(messages))
