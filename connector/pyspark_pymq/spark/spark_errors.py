@@ -79,8 +79,9 @@ def _named(wrapper: Callable[P, R], method: Callable[..., object]) -> Callable[P
     """``wrapper`` whose frame reads as ``method``'s (``in partitions``, ``in write``): the one frame
     Spark's message shows says which call failed."""
     code = wrapper.__code__
-    wrapper.__code__ = code.replace(
-        co_name=method.__name__, co_qualname=getattr(method, "__qualname__", method.__name__))
+    if sys.version_info >= (3, 11):  # co_qualname: 3.11 on
+        code = code.replace(co_qualname=getattr(method, "__qualname__", method.__name__))
+    wrapper.__code__ = code.replace(co_name=method.__name__)
     return functools.wraps(method)(wrapper)
 
 
