@@ -64,3 +64,31 @@ def test_done_ranges_merge_and_read_a_checkpoint_of_single_offsets(tmp_path: Pat
     old = TimerMessageStore(None, tmp_path / "timerCheckpoint.json")  # type: ignore[arg-type]
     old.decode({"lowWater": 5, "done": [3, 7, 8, 10]})  # as checkpoints before the ranges were
     assert old.done.pairs() == [[7, 9], [10, 11]]
+
+
+def test_timers_due_at_one_time_are_delivered_in_bounded_rounds(tmp_path: Path) -> None:
+    """deliver_due runs on the event loop and delivered every due timer in one call: 100,000 timers
+    due at the same time (a 'deliver at midnight' campaign, or those that fell due while a broker was
+    down) held every client for seconds. Bounded rounds, each asking again at once, deliver every one
+    exactly once and in order."""
+    from pymq_broker.store import timer_message_store
+
+    store = make_store(tmp_path / "store")
+    timers = TimerMessageStore(store, tmp_path / "timerCheckpoint.json")
+    now = int(time.time() * 1000)
+    n = 3 * timer_message_store.DELIVER_BATCH + 5
+    try:
+        for i in range(n):
+            assert store.put_messages("real", 0, [_timer(b"t%d" % i, now + 1_000)]).ok
+        store.do_reput()
+        rounds = 0
+        while timers.pending():
+            before = len(_bodies(store))
+            wait = timers.deliver_due(now + 1_000)
+            rounds += 1
+            assert len(_bodies(store)) - before <= timer_message_store.DELIVER_BATCH
+            assert wait == 0.0 or timers.pending() == 0
+        assert rounds == 4
+        assert _bodies(store) == [b"t%d" % i for i in range(n)]
+    finally:
+        store.shutdown()

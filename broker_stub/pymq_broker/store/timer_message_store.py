@@ -39,6 +39,9 @@ from .schedule_message_service import message_timeup
 log = logging.getLogger(__name__)
 
 SCAN_BATCH = 4096
+# timers delivered per round at most (one put each, on the event loop): the rest of those due go on in
+# the next round, within milliseconds (100,000 timers due at one time held every client for seconds)
+DELIVER_BATCH = 1024
 _UNIQ = MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX.encode()
 _REAL_TOPIC = MessageConst.PROPERTY_REAL_TOPIC.encode()
 
@@ -177,14 +180,15 @@ class TimerMessageStore(DeliveryProgress):
         self._scanned = offset
 
     def deliver_due(self, now_ms: int | None = None, *, write: bool = True) -> float:
-        """Deliver every timer that is due; seconds until the next one (0.05 when none waits).
+        """Deliver the timers that are due, at most DELIVER_BATCH; seconds until the next one is due
+        (0 while some due wait, 0.05 when none waits).
 
         ``write=False``: the progress is left for :meth:`delivered_job` (the controller's, off
         the event loop)."""
         self._scan()
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         due: list[int] = []
-        while self._heap and self._heap[0][0] <= now_ms:
+        while self._heap and self._heap[0][0] <= now_ms and len(due) < DELIVER_BATCH:
             _, at = heapq.heappop(self._heap)
             if not self._is_done(at):
                 due.append(at)
