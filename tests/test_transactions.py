@@ -501,3 +501,36 @@ def test_a_committed_transactional_message_given_up_reaches_the_dead_letter_queu
     assert wait_for(lambda: [d.body for d in read_all(ep, "%DLQ%gave-up")] == [b"tx"])
     [dead] = read_all(ep, "%DLQ%gave-up")
     assert "TRAN_MSG" not in dead.properties and dead.reconsume_times == 2
+
+
+def test_a_check_back_round_of_many_transactions_writes_its_op_record_and_state_once(tmp_path: Path) -> None:
+    """check() runs on the event loop: it marked each re-put half message done by itself, an op
+    record and a write and fsync of transactionCheck.json per unresolved transaction (2,000 due at
+    once held every client ~10 s). One op record and one write for the round; a restart after it
+    still finds each transaction pending once, checked once."""
+    from pymq_broker.common.mix_all import TRANS_OP_HALF_TOPIC
+    from test_store import msg
+
+    store, tx = _tx_service(tmp_path)
+    n = 50
+    for i in range(n):
+        assert tx.prepare_messages("orders", 0, [msg(b"m%d" % i, TRAN_MSG="true", PGROUP="pg",
+                                                     UNIQ_KEY=f"tx-{i}")]).ok
+    writes: list[object] = []
+    real_write = tx.write
+    tx.write = lambda snapshot: (writes.append(snapshot), real_write(snapshot))[1]  # type: ignore[method-assign]
+    ops = store.consume_queue(TRANS_OP_HALF_TOPIC, 0)
+    ops_before = ops.max_offset_in_queue if ops is not None else 0
+    checks = tx.check(now_ms=int(time.time() * 1000) + 10_000)
+    assert sorted(c.msg_id for c in checks) == sorted(f"tx-{i}" for i in range(n))
+    assert all(c.check_times == 1 for c in checks)
+    assert len(writes) <= 1
+    assert store.consume_queue(TRANS_OP_HALF_TOPIC, 0).max_offset_in_queue - ops_before == 1
+    store.shutdown()
+    store, tx = _tx_service(tmp_path)
+    try:
+        assert set(tx.pending) == {f"tx-{i}" for i in range(n)}
+        again = tx.check(now_ms=int(time.time() * 1000) + 120_000)
+        assert sorted((c.msg_id, c.check_times) for c in again) == sorted((f"tx-{i}", 2) for i in range(n))
+    finally:
+        store.shutdown()
