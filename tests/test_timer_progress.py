@@ -92,3 +92,35 @@ def test_timers_due_at_one_time_are_delivered_in_bounded_rounds(tmp_path: Path) 
         assert _bodies(store) == [b"t%d" % i for i in range(n)]
     finally:
         store.shutdown()
+
+
+def test_progress_past_the_timer_queue_after_a_cut_tail_does_not_skip_new_timers(tmp_path: Path) -> None:
+    """A crash that cut the commit log's tail (a torn page, or what ASYNC_FLUSH had not flushed at a
+    power loss) cuts the timer queue, while timerCheckpoint.json, written and fsynced, counts the cut
+    offsets done. The next timers took those offsets again and were skipped as delivered: sent,
+    acknowledged, never delivered. The schedule service's correctDelayOffset handles this for delay
+    levels; timers now go back to the queue's end as well."""
+    path = tmp_path / "timerCheckpoint.json"
+    store = make_store(tmp_path / "store")
+    now = int(time.time() * 1000)
+    try:
+        timers = TimerMessageStore(store, path)
+        for i in range(5):
+            assert store.put_messages("real", 0, [_timer(b"old%d" % i, now + 1_000)]).ok
+        store.do_reput()
+        timers.deliver_due(now + 1_000)
+        assert json.loads(path.read_text())["lowWater"] == 5
+    finally:
+        store.shutdown()
+    # the store's tail lost (here: all of it), the checkpoint kept
+    store = make_store(tmp_path / "store-after-the-cut")
+    try:
+        timers = TimerMessageStore(store, path)
+        timers.load()
+        assert store.put_messages("real", 0, [_timer(b"new", now + 2_000)]).ok
+        store.do_reput()
+        assert timers.pending() == 1
+        timers.deliver_due(now + 2_000)
+        assert _bodies(store) == [b"new"]
+    finally:
+        store.shutdown()

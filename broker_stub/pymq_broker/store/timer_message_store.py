@@ -144,6 +144,32 @@ class TimerMessageStore(DeliveryProgress):
         # "done": the offsets one by one, as checkpoints written before the ranges hold them
         self.done = DoneRanges.of(data.get("doneRanges", []), data.get("done", []), self.low_water)
 
+    def load(self) -> None:
+        super().load()
+        self.correct_progress()
+
+    def correct_progress(self) -> None:
+        """As the schedule service's ``correctDelayOffset``: progress past the timer queue's end goes
+        back to it. A crash that cut the commit log's tail (a torn page; under ASYNC_FLUSH what was
+        not flushed) cuts the timer queue too, while the checkpoint on disk may count its cut offsets
+        done: the next timers took those offsets again and were skipped as delivered, never delivered.
+        """
+        cq = self.store.consume_queue(TIMER_TOPIC, 0)
+        top = cq.max_offset_in_queue if cq is not None else 0
+        if self.low_water <= top and (not self.done.ends or self.done.ends[-1] <= top):
+            return
+        log.warning("timers: progress (low water %d, done up to %d) is past the timer queue's end %d; "
+                    "going on from it", self.low_water, self.done.ends[-1] if self.done.ends else self.low_water,
+                    top)
+        self.low_water = min(self.low_water, top)
+        kept = DoneRanges()
+        for start, end in zip(self.done.starts, self.done.ends, strict=True):
+            if start < top:
+                kept.starts.append(start)
+                kept.ends.append(min(end, top))
+        self.done = kept
+        self.low_water = self.done.take_from(self.low_water)
+
     def pending(self) -> int:
         """How many timers wait (for stats and tests)."""
         self._scan()
