@@ -220,7 +220,7 @@ class BrokerController:
             ),
             asyncio.create_task(self._persist_every(
                 bc.flush_consumer_offset_interval / 1000, self.consumer_offset_manager,
-                self.subscription_group_manager, self.topic_config_manager)),
+                self.subscription_group_manager, self.topic_config_manager, self.transactions)),
             asyncio.create_task(self._every(self.store_config.clean_resource_interval / 1000,
                                             store.clean_expired_files)),
         ]
@@ -417,6 +417,8 @@ class BrokerController:
         if self.timer_message_store is not None:
             self.timer_message_store.persist()
         self.consumer_offset_manager.persist()
+        if getattr(self, "transactions", None) is not None:
+            self.transactions.persist_if_dirty()
         if self.messaging is not None:
             self.messaging.pop.attempts.flush()
         self.subscription_group_manager.persist()
