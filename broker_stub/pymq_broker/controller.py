@@ -373,7 +373,8 @@ class BrokerController:
     @staticmethod
     async def _persist_every(interval_s: float, *managers: ConfigManager) -> None:
         """What changed of ``managers`` to disk every ``interval_s`` (consumer offsets, groups created
-        on first use, the %RETRY% topics of consumers that registered, v2 delivery attempts): each snapshot is
+        on first use, the %RETRY% topics of consumers that registered, the transactions' check
+        offset, v2 delivery attempts): each snapshot is
         taken on the event loop (the only writer of the tables), the write and fsync run on a thread
         (and the encoding, for a manager that encodes in ``render``: the topics)."""
         while True:

@@ -158,9 +158,9 @@ class TimerMessageStore(DeliveryProgress):
         top = cq.max_offset_in_queue if cq is not None else 0
         if self.low_water <= top and (not self.done.ends or self.done.ends[-1] <= top):
             return
+        done_to = self.done.ends[-1] if self.done.ends else self.low_water
         log.warning("timers: progress (low water %d, done up to %d) is past the timer queue's end %d; "
-                    "going on from it", self.low_water, self.done.ends[-1] if self.done.ends else self.low_water,
-                    top)
+                    "going on from it", self.low_water, done_to, top)
         self.low_water = min(self.low_water, top)
         kept = DoneRanges()
         for start, end in zip(self.done.starts, self.done.ends, strict=True):
