@@ -42,7 +42,12 @@ def test_one_far_timer_does_not_make_the_progress_grow_with_every_delivery(tmp_p
         # far and s0..s1999 in one range of offsets each side of nothing: what is done is one range
         restarted = TimerMessageStore(store, path)
         restarted.load()
+        read: list[int] = []
+        real_read = store.read_records
+        store.read_records = lambda phy, size: (read.append(len(phy)), real_read(phy, size))[1]  # type: ignore[method-assign]
         assert restarted.pending() == 1  # the far one; none of the delivered comes back
+        assert sum(read) == 1  # the delivered ones' records are not read again to find them done
+        store.read_records = real_read  # type: ignore[method-assign]
         restarted.deliver_due(now + 1_000 + 3_000)
         assert len(_bodies(store)) == 2_000
         restarted.deliver_due(now + 86_400_000)
@@ -122,5 +127,31 @@ def test_progress_past_the_timer_queue_after_a_cut_tail_does_not_skip_new_timers
         assert timers.pending() == 1
         timers.deliver_due(now + 2_000)
         assert _bodies(store) == [b"new"]
+    finally:
+        store.shutdown()
+
+
+def test_a_restart_finds_every_waiting_timer_between_the_delivered_ones(tmp_path: Path) -> None:
+    """Timers far and near, interleaved: the scan at a start skips the delivered ranges and still
+    finds each waiting timer between them."""
+    store = make_store(tmp_path / "store")
+    path = tmp_path / "timerCheckpoint.json"
+    timers = TimerMessageStore(store, path)
+    now = int(time.time() * 1000)
+    try:
+        far = {i for i in range(300) if i % 7 in (0, 3)}
+        for i in range(300):
+            at = now + 86_400_000 + i if i in far else now + 1_000
+            assert store.put_messages("real", 0, [_timer(b"t%d" % i, at)]).ok
+        store.do_reput()
+        timers.deliver_due(now + 2_000)
+        assert timers.pending() == len(far)
+        restarted = TimerMessageStore(store, path)
+        restarted.load()
+        assert restarted.pending() == len(far)
+        restarted.deliver_due(now + 2_000)
+        assert len(_bodies(store)) == 300 - len(far)  # none delivered twice
+        restarted.deliver_due(now + 86_400_000 + 300)
+        assert sorted(_bodies(store)[300 - len(far):]) == sorted(b"t%d" % i for i in far)
     finally:
         store.shutdown()

@@ -84,6 +84,16 @@ class DoneRanges:
             starts.insert(i, at)
             ends.insert(i, at + 1)
 
+    def past(self, at: int) -> int:
+        """``at``, or the end of the range that holds it."""
+        i = bisect.bisect_right(self.starts, at) - 1
+        return self.ends[i] if i >= 0 and at < self.ends[i] else at
+
+    def next_start(self, at: int) -> int | float:
+        """Where the first range after ``at`` starts (infinity when none does)."""
+        i = bisect.bisect_right(self.starts, at)
+        return self.starts[i] if i < len(self.starts) else float("inf")
+
     def take_from(self, low_water: int) -> int:
         """The low-water mark past a range that starts at it (that range dropped), or as it is."""
         if self.starts and self.starts[0] <= low_water:
@@ -182,7 +192,12 @@ class TimerMessageStore(DeliveryProgress):
             return
         offset = max(self.low_water if self._scanned < 0 else self._scanned, cq.min_offset_in_queue)
         while offset < cq.max_offset_in_queue:
-            entries = cq.get_entries(offset, SCAN_BATCH)
+            # done ranges are not read (a start after one far timer and a million delivered since
+            # read every one of their records to find them done)
+            offset = self.done.past(offset)
+            if offset >= cq.max_offset_in_queue:
+                break
+            entries = cq.get_entries(offset, int(min(SCAN_BATCH, self.done.next_start(offset) - offset)))
             if not len(entries):
                 break
             records = self.store.read_records(entries["phy"], entries["size"])
