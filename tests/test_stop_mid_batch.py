@@ -95,3 +95,36 @@ def test_stop_during_the_listener_s_job_stops_the_query(
         _stop_and_check(query)
     assert raised and isinstance(raised[0], BatchInterrupted), raised
     assert len(str(raised[0])) < 1000 and "java.lang.InterruptedException" in str(raised[0])
+
+
+class _Java:
+    """A Java exception as Py4J shows one: its class name, toString and cause."""
+
+    def __init__(self, name: str, text: str, cause: _Java | None = None) -> None:
+        self.name, self.text, self.cause = name, text, cause
+
+    def getClass(self) -> Any:
+        return type("Class", (), {"getName": lambda _: self.name})()
+
+    def toString(self) -> str:
+        return self.text
+
+    def getCause(self) -> _Java | None:
+        return self.cause
+
+
+def test_the_short_message_stays_short_with_the_interruption_first() -> None:
+    """Spark's regex overflows a thread's stack past ~1,450 characters after "calling" (JDK 17): one
+    long first line of a Spark exception (a stage failure's text) would bring the overflow back."""
+    from py4j.protocol import Py4JJavaError
+
+    aborted = "org.apache.spark.SparkException: Job aborted " + "x" * 5000
+    chain = _Java("org.apache.spark.SparkException", aborted,
+                  _Java("java.lang.RuntimeException", "java.lang.RuntimeException: " + "y" * 5000,
+                        _Java("java.lang.InterruptedException", "java.lang.InterruptedException")))
+    error = Py4JJavaError.__new__(Py4JJavaError)
+    error.java_exception, error.errmsg = chain, "An error occurred while calling o42.save.\n" + "z" * 5000
+    message = short_interruption(error)
+    assert message is not None and len(message) <= 800
+    assert message.splitlines()[1] == ": java.lang.InterruptedException"
+    assert message.startswith("py4j.protocol.Py4JJavaError: An error occurred while calling o42.save.")

@@ -12,11 +12,12 @@ since SPARK-48717; Spark 4.2.0 has it)::
 
 (``java...``: ``java.lang.InterruptedException`` and two more)
 
-Java's regex engine recurses once per character of ``(.|...)*``: past ~2,000 characters after
-"An error occurred while calling" (a 1 MB thread stack; the stack trace of an interrupted Delta
-write is 10-25 KB) the stream thread dies with a ``java.lang.StackOverflowError``, ~1,000 lines of
-``java.util.regex.Pattern`` frames on the driver's stderr. The stop itself completes (the query is
-not active, ``exception()`` is None), but its status is not "Stopped" and the log looks like a crash.
+Java's regex engine recurses once per character of ``(.|...)*``: past ~1,450 characters after
+"An error occurred while calling" (JDK 17, a fresh thread's 1 MB stack; the stack trace of an
+interrupted Delta write is 10-25 KB) the stream thread dies with a ``java.lang.StackOverflowError``,
+~1,000 lines of ``java.util.regex.Pattern`` frames on the driver's stderr. The stop itself completes
+(the query is not active, ``exception()`` is None), but its status is not "Stopped" and the log looks
+like a crash.
 
 :func:`stoppable` wraps a ``foreachBatch`` function so that such an interruption is raised again as
 a :class:`BatchInterrupted` whose message is the Py4J error without its Java stack trace: short,
@@ -41,8 +42,11 @@ INTERRUPTIONS = ("java.lang.InterruptedException", "java.io.InterruptedIOExcepti
                  "java.nio.channels.ClosedByInterruptException")
 #: Spark's prefix of a Py4J error in Python (py4j.protocol.Py4JJavaError's), which its regex looks for.
 PY4J_ERROR = "py4j.protocol.Py4JJavaError"
-_MAX_LINE = 1000  # of each exception's first line: a cancelled job's names the query's runId
+_MAX_LINE = 200  # of each exception's first line
 _MAX_CAUSES = 4
+# the whole message: Spark's regex overflowed a fresh thread's default stack past ~1,450 characters
+# after "calling" (JDK 17), less on the stream thread's; the interruption's line comes first
+_MAX_MESSAGE = 800
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -82,16 +86,19 @@ def short_interruption(error: BaseException) -> str | None:
         while java is not None and len(lines) < _MAX_CAUSES:
             name = str(java.getClass().getName())
             line = _first_line(str(java.toString()))
-            interrupted = interrupted or name in INTERRUPTIONS or (
-                name.startswith("org.apache.spark.") and "cancelled" in line)
-            lines.append(line)
+            this = name in INTERRUPTIONS or (name.startswith("org.apache.spark.") and "cancelled" in line)
+            if this:  # first: what Spark's regex must find within the message's first characters
+                lines.insert(0 if not interrupted else 1, line)
+            else:
+                lines.append(line)
+            interrupted = interrupted or this
             java = java.getCause()
     except Exception:  # the JVM is going away: leave the error as it is
         return None
     if not interrupted:
         return None
     call = _first_line(getattr(error, "errmsg", "") or "An error occurred while calling a Spark action.")
-    return f"{PY4J_ERROR}: {call}\n" + "\n".join(f": {line}" for line in lines)
+    return (f"{PY4J_ERROR}: {call}\n" + "\n".join(f": {line}" for line in lines))[:_MAX_MESSAGE]
 
 
 @contextlib.contextmanager
