@@ -921,6 +921,10 @@ def test_delay_progress_past_a_cut_schedule_queue_goes_back_to_its_end(tmp_path:
         sms.load()
         assert sms.offset_table == {1: 0}
         r = store.put_messages("real", 0, [msg(b"later", DELAY="1")])
+        # a second crash before a round wrote the progress: the correction must be on disk
+        sms = ScheduleMessageService(store, path)
+        sms.load()
+        assert sms.offset_table == {1: 0}
         sms.deliver_due(r.store_timestamp + 1000)
         assert [rec[3] for rec in records(store.get_message("real", 0, 0, 10).records)] == [b"later"]
     finally:
@@ -1022,3 +1026,34 @@ def test_topic_configs_load_with_fields_a_later_version_wrote(tmp_path: Path) ->
     cfg = loaded.select_topic_config("orders")
     assert cfg is not None and cfg.read_queue_nums == 2
     assert cfg.topic_id == later.select_topic_config("orders").topic_id != 0  # type: ignore[union-attr]
+
+
+def test_an_append_while_a_flush_reads_its_target_is_flushed_by_the_next(tmp_path: Path) -> None:
+    """MappedFile.flush runs on a flushing thread (GroupCommitService, a delivery round's write)
+    while the loop appends: an append between reading the target and clearing the dirty flag lost
+    its flag, and every later flush stopped short of it (review helper-109)."""
+    from pymq_broker.store.mapped_file import MappedFile
+
+    class Racing(MappedFile):
+        append_while_read = False
+
+        @property  # type: ignore[override]
+        def wrote_position(self) -> int:
+            position: int = self.__dict__.get("_position", 0)
+            if self.append_while_read:
+                self.append_while_read = False
+                self.append(b"y" * 50)  # lands as the flush reads: the flush's target is the old end
+            return position
+
+        @wrote_position.setter
+        def wrote_position(self, value: int) -> None:
+            self.__dict__["_position"] = value
+
+    mf = Racing(tmp_path / "00000000000000000000", 0, MiB)
+    try:
+        mf.append(b"x" * 100)
+        mf.append_while_read = True
+        assert mf.flush() == 100
+        assert mf.flush() == 150  # the racing append is flushed next time, not never
+    finally:
+        mf.close()

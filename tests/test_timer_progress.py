@@ -125,7 +125,12 @@ def test_progress_past_the_timer_queue_after_a_cut_tail_does_not_skip_new_timers
         assert store.put_messages("real", 0, [_timer(b"new", now + 2_000)]).ok
         store.do_reput()
         assert timers.pending() == 1
-        timers.deliver_due(now + 2_000)
+        # a second crash before any round wrote the progress (review helper-109): the corrected
+        # progress was in memory only, and the restart skipped "new" as delivered
+        again = TimerMessageStore(store, path)
+        again.load()
+        assert again.pending() == 1
+        again.deliver_due(now + 2_000)
         assert _bodies(store) == [b"new"]
     finally:
         store.shutdown()
@@ -153,5 +158,27 @@ def test_a_restart_finds_every_waiting_timer_between_the_delivered_ones(tmp_path
         assert len(_bodies(store)) == 300 - len(far)  # none delivered twice
         restarted.deliver_due(now + 86_400_000 + 300)
         assert sorted(_bodies(store)[300 - len(far):]) == sorted(b"t%d" % i for i in far)
+    finally:
+        store.shutdown()
+
+
+def test_a_recall_under_sync_flush_writes_its_progress_after_the_store_is_flushed(tmp_path: Path) -> None:
+    """A recall's write also covers the last round's deliveries, whose own write (a flush of the
+    commit log, then the progress) may still run on its thread: written first, a power loss could
+    leave timers counted delivered that the commit log never kept (review helper-109)."""
+    store = make_store(tmp_path / "store", flush_disk_type="SYNC_FLUSH")
+    timers = TimerMessageStore(store, tmp_path / "timerCheckpoint.json")
+    now = int(time.time() * 1000)
+    events: list[str] = []
+    try:
+        for name in (b"a", b"b"):
+            assert store.put_messages("real", 0, [_timer(name, now + 60_000)]).ok
+        store.do_reput()
+        assert timers.pending() == 2
+        real_flush, real_write = store.commit_log.flush, timers.write
+        store.commit_log.flush = lambda: (events.append("flush"), real_flush())[1]  # type: ignore[method-assign]
+        timers.write = lambda snapshot: (events.append("write"), real_write(snapshot))[1]  # type: ignore[method-assign]
+        assert timers.recall("real", "a")
+        assert events == ["flush", "write"]
     finally:
         store.shutdown()

@@ -413,17 +413,19 @@ class BrokerController:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks = []
-        if self.schedule_message_service is not None:
-            self.schedule_message_service.persist()
-        if self.timer_message_store is not None:
-            self.timer_message_store.persist()
+        # every file written whether changed or not: a cancelled periodic write may still run on its
+        # thread, its snapshot taken (its manager clean); a newer one written now makes it a no-op
+        # (an older snapshot never replaces a newer one) before the data dir is let go
+        for progress in (self.schedule_message_service, self.timer_message_store):
+            if progress is not None:
+                progress.progress_made(write=True)  # the store flushed first under SYNC_FLUSH
         self.consumer_offset_manager.persist()
         if getattr(self, "transactions", None) is not None:
-            self.transactions.persist_if_dirty()
+            self.transactions.persist()
         if self.messaging is not None:
             self.messaging.pop.attempts.flush()
         self.subscription_group_manager.persist()
-        self.topic_config_manager.persist_if_dirty()
+        self.topic_config_manager.persist()
         if self.store is not None:
             self.store.shutdown()
             self.store = None

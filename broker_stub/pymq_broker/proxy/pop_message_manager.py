@@ -297,9 +297,10 @@ class DeliveryAttempts(ConfigManager):
             self.persist()
 
     def flush(self) -> None:
-        """Write what changed since the last write (at shutdown)."""
+        """Write the attempts at shutdown (whether changed or not: a cancelled periodic write may
+        still run on its thread; this newer one makes it a no-op)."""
         if self.enabled:
-            self.persist_if_dirty()
+            self.persist()
 
 
 def _key(inflight: InFlight) -> str:

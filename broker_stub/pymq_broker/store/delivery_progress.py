@@ -22,7 +22,20 @@ class DeliveryProgress(ConfigManager):
         super().__init__(path)
         self.store = store
 
-    def round_delivered(self, *, write: bool) -> None:
+    def load(self) -> None:
+        super().load()
+        if self.correct_progress():
+            # on disk before anything is served: a second crash before the next round's write would
+            # read the old progress again, past the new messages that took the cut offsets
+            self.persist()
+
+    def correct_progress(self) -> bool:
+        """Progress past the end of what is stored goes back to it (a crash that cut the commit
+        log's tail: a torn page, or under ASYNC_FLUSH what was not flushed, cuts the queues too, and
+        the next messages take the cut offsets again); True if it moved."""
+        return False
+
+    def progress_made(self, *, write: bool) -> None:
         """A round delivered messages: its progress written now (``write``), or by the caller's
         :meth:`delivered_job` off the event loop (a write and an fsync after every round held every
         client of the broker)."""

@@ -99,8 +99,12 @@ class MappedFile:
     def flush(self) -> int:
         """fdatasync if anything was written since the last flush; returns the flushed position."""
         if self._dirty:
-            target = self.wrote_position
+            # cleared before the position is read: an append in between (from the thread that writes,
+            # while this runs on a flushing one) stays dirty for the next flush, rather than its flag
+            # cleared with a target short of it (a SYNC_FLUSH put then waited for a flush that
+            # never came: review helper-109)
             self._dirty = False
+            target = self.wrote_position
             os.fdatasync(self.fd)
             self.flushed_position = max(self.flushed_position, target)
         return self.flushed_position

@@ -57,16 +57,13 @@ class ScheduleMessageService(DeliveryProgress):
     def decode(self, data: dict[str, Any]) -> None:
         self.offset_table = {int(k): int(v) for k, v in data.get("offsetTable", {}).items()}
 
-    def load(self) -> None:
-        super().load()
-        self.correct_delay_offset()
-
-    def correct_delay_offset(self) -> None:
+    def correct_progress(self) -> bool:
         """As RocketMQ's ``correctDelayOffset``: a level's progress past its queue's end goes back to it.
 
         A crash that cut the commit log's tail cuts the schedule queues too; the next delayed
         messages take the cut offsets again and would never be delivered.
         """
+        moved = False
         for level, offset in sorted(self.offset_table.items()):
             cq = self.store.consume_queue(SCHEDULE_TOPIC, level - 1)
             top = cq.max_offset_in_queue if cq is not None else 0
@@ -74,6 +71,8 @@ class ScheduleMessageService(DeliveryProgress):
                 log.warning("delay level %d: progress %d is past its queue's end %d; going on from %d",
                             level, offset, top, top)
                 self.offset_table[level] = top
+                moved = True
+        return moved
 
     def deliver_due(self, now_ms: int | None = None, *, write: bool = True) -> float:
         """Deliver every due message of every level; seconds until the next one is due.
@@ -92,7 +91,7 @@ class ScheduleMessageService(DeliveryProgress):
                     next_due = due if next_due is None else min(next_due, due)
         finally:
             if self.delivered != before:
-                self.round_delivered(write=write)
+                self.progress_made(write=write)
         if next_due is None:
             return 0.05
         return max(0.0, (next_due - now_ms) / 1000.0)

@@ -154,20 +154,15 @@ class TimerMessageStore(DeliveryProgress):
         # "done": the offsets one by one, as checkpoints written before the ranges hold them
         self.done = DoneRanges.of(data.get("doneRanges", []), data.get("done", []), self.low_water)
 
-    def load(self) -> None:
-        super().load()
-        self.correct_progress()
-
-    def correct_progress(self) -> None:
-        """As the schedule service's ``correctDelayOffset``: progress past the timer queue's end goes
-        back to it. A crash that cut the commit log's tail (a torn page; under ASYNC_FLUSH what was
-        not flushed) cuts the timer queue too, while the checkpoint on disk may count its cut offsets
-        done: the next timers took those offsets again and were skipped as delivered, never delivered.
-        """
+    def correct_progress(self) -> bool:
+        """As the schedule service's (RocketMQ's ``correctDelayOffset``): progress past the timer
+        queue's end goes back to it. A crash that cut the commit log's tail cuts the timer queue too,
+        while the checkpoint on disk may count its cut offsets done: the next timers took those
+        offsets again and were skipped as delivered, never delivered."""
         cq = self.store.consume_queue(TIMER_TOPIC, 0)
         top = cq.max_offset_in_queue if cq is not None else 0
         if self.low_water <= top and (not self.done.ends or self.done.ends[-1] <= top):
-            return
+            return False
         done_to = self.done.ends[-1] if self.done.ends else self.low_water
         log.warning("timers: progress (low water %d, done up to %d) is past the timer queue's end %d; "
                     "going on from it", self.low_water, done_to, top)
@@ -179,6 +174,7 @@ class TimerMessageStore(DeliveryProgress):
                 kept.ends.append(min(end, top))
         self.done = kept
         self.low_water = self.done.take_from(self.low_water)
+        return True
 
     def pending(self) -> int:
         """How many timers wait (for stats and tests)."""
@@ -252,7 +248,7 @@ class TimerMessageStore(DeliveryProgress):
             finally:
                 if finished:
                     self.delivered += finished
-                    self.round_delivered(write=write)
+                    self.progress_made(write=write)
         while self._heap and self._is_done(self._heap[0][1]):
             heapq.heappop(self._heap)
         if not self._heap:
@@ -268,7 +264,9 @@ class TimerMessageStore(DeliveryProgress):
         if at is None or self._is_done(at):
             return False
         self._finish(at)
-        self.persist()
+        # the store flushed first: this progress also covers the last round's deliveries, whose
+        # own write (and flush) may still be running on its thread
+        self.progress_made(write=True)
         return True
 
     def _is_done(self, at: int) -> bool:
