@@ -337,6 +337,18 @@ def test_update_group_and_reset_offset_write_off_the_loop(broker: Broker) -> Non
     assert broker.offsets.query_offset("g", "t", 0) == 1
 
 
+def served_while_written(gate: Gate, events: list[str], serve: Callable[[], object]) -> None:
+    """Once a broker's background write is held by ``gate``, another client's request (``serve``) is
+    answered; then the write goes on (an event "written" within the gate's time)."""
+    assert gate.entered.wait(GATE_S)
+    serve()
+    events.append("another client served")
+    gate.open()
+    deadline = time.monotonic() + GATE_S
+    while "written" not in events and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def test_the_periodic_offsets_write_runs_off_the_loop(tmp_path: Path) -> None:
     """Consumer offsets reach the disk every flush interval (a second): written on the event loop,
     80,000 of them (10,000 groups of 8 queues) held every client 134 ms each time."""
@@ -350,13 +362,7 @@ def test_the_periodic_offsets_write_runs_off_the_loop(tmp_path: Path) -> None:
         Admin(embedded.endpoint).create_topic("t", queues=1)
         with PullConsumer(embedded.endpoint, "g") as consumer:
             consumer.commit(MessageQueue("t", "broker-a", 0), 0)  # the next flush writes it
-            assert gate.entered.wait(GATE_S)
-            consumer.commit(MessageQueue("t", "broker-a", 0), 1)  # served while the write waits
-            events.append("another client served")
-            gate.open()
-            deadline = time.monotonic() + GATE_S
-            while "written" not in events and time.monotonic() < deadline:
-                time.sleep(0.01)
+            served_while_written(gate, events, lambda: consumer.commit(MessageQueue("t", "broker-a", 0), 1))
         assert events[:2] == ["another client served", "written"]
     on_disk = ConsumerOffsetManager(tmp_path / "b" / "config" / "consumerOffset.json")
     on_disk.load()
@@ -380,13 +386,8 @@ def test_delayed_deliveries_write_their_progress_off_the_loop(tmp_path: Path, se
                 producer.send(Message("t", b"later", deliver_time_ms=int(time.time() * 1000) + 100))
             else:
                 producer.send(Message("t", b"later", delay_level=1))
-            assert gate.entered.wait(GATE_S)  # delivered; its progress being written
-            producer.send(Message("t", b"served meanwhile"))
-            events.append("another client served")
-            gate.open()
-            deadline = time.monotonic() + GATE_S
-            while "written" not in events and time.monotonic() < deadline:
-                time.sleep(0.01)
+            # delivered; its progress being written
+            served_while_written(gate, events, lambda: producer.send(Message("t", b"served meanwhile")))
         assert events[:2] == ["another client served", "written"]
     restarted = EmbeddedBroker(tmp_path / "b", message_delay_level="100ms 1s").start()
     try:  # delivered once: the progress on disk covers it

@@ -503,22 +503,30 @@ def test_a_committed_transactional_message_given_up_reaches_the_dead_letter_queu
     assert "TRAN_MSG" not in dead.properties and dead.reconsume_times == 2
 
 
+def _prepared_counting_writes(tmp_path: Path, n: int) -> tuple[Any, Any, list[object]]:
+    """A transaction service with ``n`` half messages (tx-0 ...) prepared, and the snapshots it
+    writes from then on."""
+    from test_store import msg
+
+    store, tx = _tx_service(tmp_path)
+    for i in range(n):
+        assert tx.prepare_messages("orders", 0, [msg(b"m%d" % i, TRAN_MSG="true", PGROUP="pg",
+                                                     UNIQ_KEY=f"tx-{i}")]).ok
+    writes: list[object] = []
+    real_write = tx.write
+    tx.write = lambda snapshot: (writes.append(snapshot), real_write(snapshot))[1]
+    return store, tx, writes
+
+
 def test_a_check_back_round_of_many_transactions_writes_its_op_record_and_state_once(tmp_path: Path) -> None:
     """check() runs on the event loop: it marked each re-put half message done by itself, an op
     record and a write and fsync of transactionCheck.json per unresolved transaction (2,000 due at
     once held every client ~10 s). One op record and one write for the round; a restart after it
     still finds each transaction pending once, checked once."""
     from pymq_broker.common.mix_all import TRANS_OP_HALF_TOPIC
-    from test_store import msg
 
-    store, tx = _tx_service(tmp_path)
     n = 50
-    for i in range(n):
-        assert tx.prepare_messages("orders", 0, [msg(b"m%d" % i, TRAN_MSG="true", PGROUP="pg",
-                                                     UNIQ_KEY=f"tx-{i}")]).ok
-    writes: list[object] = []
-    real_write = tx.write
-    tx.write = lambda snapshot: (writes.append(snapshot), real_write(snapshot))[1]  # type: ignore[method-assign]
+    store, tx, writes = _prepared_counting_writes(tmp_path, n)
     ops = store.consume_queue(TRANS_OP_HALF_TOPIC, 0)
     ops_before = ops.max_offset_in_queue if ops is not None else 0
     checks = tx.check(now_ms=int(time.time() * 1000) + 10_000)
@@ -541,16 +549,10 @@ def test_ending_transactions_one_by_one_does_not_write_the_check_offset_each_tim
     fsynced transactionCheck.json there (~5 ms a transaction, every client waiting). The offset is
     left for the controller's periodic write; a restart that finds an older one (a kill -9 before
     that write) still knows every ended transaction from the op records."""
-    from test_store import _crash, msg
+    from test_store import _crash
 
-    store, tx = _tx_service(tmp_path)
     n = 40
-    for i in range(n):
-        assert tx.prepare_messages("orders", 0, [msg(b"m%d" % i, TRAN_MSG="true", PGROUP="pg",
-                                                     UNIQ_KEY=f"tx-{i}")]).ok
-    writes: list[object] = []
-    real_write = tx.write
-    tx.write = lambda snapshot: (writes.append(snapshot), real_write(snapshot))[1]  # type: ignore[method-assign]
+    store, tx, writes = _prepared_counting_writes(tmp_path, n)
     for i in range(n - 1):
         assert tx.end_transactions([f"tx-{i}"], commit=i % 2 == 0)[0] == 1
     assert writes == [] and tx.dirty

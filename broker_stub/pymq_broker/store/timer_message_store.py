@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import json
 import logging
 import time
 from pathlib import Path
@@ -61,10 +60,6 @@ class DoneRanges:
     def __contains__(self, at: int) -> bool:
         i = bisect.bisect_right(self.starts, at) - 1
         return i >= 0 and at < self.ends[i]
-
-    def __len__(self) -> int:
-        """How many ranges (what a checkpoint holds)."""
-        return len(self.starts)
 
     def add(self, at: int) -> None:
         starts, ends = self.starts, self.ends
@@ -126,6 +121,8 @@ class DoneRanges:
 class TimerMessageStore(DeliveryProgress):
     """Call :meth:`deliver_due` periodically (it returns seconds until the next timer is due)."""
 
+    COMPACT = True  # written after every delivery round: the C encoder
+
     def __init__(self, store: DefaultMessageStore, path: Path) -> None:
         super().__init__(store, path)
         self.low_water = 0  # every timer offset below it is delivered or recalled
@@ -138,16 +135,8 @@ class TimerMessageStore(DeliveryProgress):
         self.delivered = 0
 
     def encode(self) -> dict[str, Any]:
+        # new lists: the snapshot a write on another thread encodes while the ranges change on the loop
         return {"lowWater": self.low_water, "doneRanges": self.done.pairs()}
-
-    def capture(self) -> tuple[int, list[int], list[int]]:
-        """Copies of the ranges (for a write on another thread: they change on the loop)."""
-        return self.low_water, list(self.done.starts), list(self.done.ends)
-
-    def render(self, state: tuple[int, list[int], list[int]]) -> bytes:
-        low_water, starts, ends = state
-        ranges = [[s, e] for s, e in zip(starts, ends, strict=True)]
-        return json.dumps({"lowWater": low_water, "doneRanges": ranges}, separators=(",", ":")).encode()
 
     def decode(self, data: dict[str, Any]) -> None:
         self.low_water = int(data.get("lowWater", 0))
