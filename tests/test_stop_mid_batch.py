@@ -128,3 +128,10 @@ def test_the_short_message_stays_short_with_the_interruption_first() -> None:
     assert message is not None and len(message) <= 800
     assert message.splitlines()[1] == ": java.lang.InterruptedException"
     assert message.startswith("py4j.protocol.Py4JJavaError: An error occurred while calling o42.save.")
+
+
+def test_stoppable_refuses_what_is_not_a_function() -> None:
+    import pytest
+
+    with pytest.raises(TypeError, match=r"a foreachBatch function f\(df, batch_id\), got None"):
+        stoppable(None)  # type: ignore[type-var]

@@ -127,6 +127,9 @@ def stoppable(func: F) -> F:
         query = df.writeStream.foreachBatch(stoppable(each_batch)).start()
     """
 
+    if not callable(func):  # else the first micro-batch fails, far from the mistake
+        raise TypeError(f"stoppable wraps a foreachBatch function f(df, batch_id), got {func!r}")
+
     @functools.wraps(func)
     def each_batch(*args: Any, **kwargs: Any) -> Any:
         with interruptions_kept_short():
