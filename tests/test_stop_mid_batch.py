@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from helpers import unique
 from pyspark_pymq import Admin, Message, MessageExt, Producer
 from pyspark_pymq.spark.listener import ConsumeConcurrentlyStatus, MessageListener
@@ -131,7 +132,5 @@ def test_the_short_message_stays_short_with_the_interruption_first() -> None:
 
 
 def test_stoppable_refuses_what_is_not_a_function() -> None:
-    import pytest
-
     with pytest.raises(TypeError, match=r"a foreachBatch function f\(df, batch_id\), got None"):
         stoppable(None)  # type: ignore[type-var]
