@@ -9,6 +9,8 @@ or two for a stream's). The unit tests check the wrapping; the Spark ones what a
 
 from __future__ import annotations
 
+import io
+import os
 import re
 import sys
 import traceback
@@ -130,6 +132,36 @@ def test_data_source_methods_raise_option_errors_with_one_frame() -> None:
     assert [f.name for f in _frames(info.value)][-1:] == ["schema"]
     assert any(f.filename.endswith("options.py") for f in _frames(info.value.__cause__))  # type: ignore[arg-type]
     assert set(spark_errors.USER_ERRORS) == {PymqError, ValueError}
+
+
+def test_pyspark_simplifies_the_one_frame_when_pymq_is_installed_next_to_pyspark(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Installed, pymq is <site-packages>/pyspark_pymq beside <site-packages>/pyspark, and pyspark's
+    # simplifier drops the frames of files whose path starts with its directory: made so here by a
+    # pyspark directory next to this pyspark_pymq, and a worker frame of Spark's in it.
+    import pyspark
+    import pyspark.util
+
+    beside = Path(spark_errors.__file__).resolve().parents[2]
+    monkeypatch.setattr(pyspark, "__file__", str(beside / "pyspark" / "__init__.py"))
+    monkeypatch.setenv("SPARK_SIMPLIFIED_TRACEBACK", "1")
+    source = ("def worker_run(call, out):\n"
+              "    try:\n        call()\n    except Exception as e:\n        handle(e, out)\n")
+    spark_worker: dict[str, Any] = {"handle": pyspark.util.handle_worker_exception}
+    exec(compile(source, str(beside / "pyspark" / "sql" / "worker" / "utils.py"), "exec"), spark_worker)
+    out = io.BytesIO()
+    spark_worker["worker_run"](_Calls().partitions, out)
+    text = out.getvalue()[8:].decode()  # after Spark's marker and the length
+    assert text.splitlines()[1:] == [
+        f'  File "pyspark_pymq{os.sep}spark{os.sep}spark_errors.py", line {_raise_line()}, in partitions',
+        "    raise error from cause",
+        "pyspark_pymq.errors.TopicNotExistError: [TOPIC_NOT_EXIST] topic 'x' does not exist",
+    ], text
+
+
+def _raise_line() -> int:
+    lines = Path(spark_errors.__file__).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if line.strip() == "raise error from cause")
 
 
 # -- what a user sees in Spark -------------------------------------------------------------------------

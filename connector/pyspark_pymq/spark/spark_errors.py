@@ -75,13 +75,22 @@ def _shown(err: Exception) -> tuple[Exception, BaseException | None] | None:
     return shown, None if _in_unsimplified_runner() else original
 
 
+# This module's file as its frames name it: relative to its sys.path entry. pyspark's simplifier
+# (``try_simplify_traceback``) drops every frame whose file starts with pyspark's directory,
+# ``.../site-packages/pyspark``, which an installed ``.../site-packages/pyspark_pymq/...`` does too:
+# with every frame taken for pyspark's, it simplified nothing and Spark printed the whole chain, the
+# original's frames included (~45 lines, the message last). A relative name is not under it, and
+# ``linecache`` still finds the source through sys.path (the module's loader first).
+_FILENAME = __name__.replace(".", os.sep) + ".py"
+
+
 def _named(wrapper: Callable[P, R], method: Callable[..., object]) -> Callable[P, R]:
     """``wrapper`` whose frame reads as ``method``'s (``in partitions``, ``in write``): the one frame
     Spark's message shows says which call failed."""
     code = wrapper.__code__
     if sys.version_info >= (3, 11):  # co_qualname: 3.11 on
         code = code.replace(co_qualname=getattr(method, "__qualname__", method.__name__))
-    wrapper.__code__ = code.replace(co_name=method.__name__)
+    wrapper.__code__ = code.replace(co_name=method.__name__, co_filename=_FILENAME)
     return functools.wraps(method)(wrapper)
 
 
