@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -180,6 +182,36 @@ def test_admin_cli_progress_on_rocketmq_of_an_unknown_group_exits_1(
     assert captured.out == ""
     assert f"group {group!r} is unknown to every broker registered with the name servers at {ns}" in (
         captured.err)
+
+
+def test_connection_flags_after_the_command_as_mqadmin_takes_them(
+    endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    topic = unique("cli-after")
+    Admin(endpoint).create_topic(topic, queues=1)
+    assert main(["create-topic", topic, "-e", endpoint, "--queues", "2"]) == 0  # mqadmin updateTopic -n ...
+    assert main(["topic-stats", topic, "--endpoint", endpoint]) == 0
+    assert capsys.readouterr().out.count(topic) == 2 + 1  # the two queues' rows, and create-topic's line
+    assert main(["user", "list", "-e", endpoint]) == 0  # a command's command too
+    # one given on both sides: the one after the command, nearest to it, counts
+    assert main(["-e", "127.0.0.1:1", "topics", "-e", endpoint]) == 0 and topic in capsys.readouterr().out
+    assert main(["topics"]) == 2 and "give --endpoint" in capsys.readouterr().err
+    assert parser().parse_args(["tail", "t", "-n", "h:9876"]).namesrv_addr == "h:9876"
+
+
+def test_a_reader_that_goes_away_ends_the_output_quietly(endpoint: str) -> None:
+    topic = unique("cli-pipe")
+    Admin(endpoint).create_topic(topic, queues=1)
+    Producer(endpoint).send_batch([Message(topic, b"x" * 100) for _ in range(3000)])
+    # `pymq-admin tail t --last 3000 | head -1`: ~500 KB for a pipe of 64 KB, closed after one line
+    cli = subprocess.Popen([sys.executable, "-m", "pyspark_pymq.admin_cli", "-e", endpoint, "tail", topic,
+                            "--last", "3000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert cli.stdout is not None and cli.stderr is not None
+    first = cli.stdout.readline().decode()
+    cli.stdout.close()
+    assert cli.wait(timeout=60) == 0
+    assert cli.stderr.read() == b""  # no BrokenPipeError traceback
+    assert first.startswith(f"{topic}@broker-a#0 @0 tags= keys= body=xxx")
 
 
 def test_a_flag_wins_over_the_other_targets_environment_variable(

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import contextlib
 import os
 import re
 import sys
@@ -287,7 +288,7 @@ def _cmd_tail(admin: Admin, a: argparse.Namespace) -> None:
         start = max(consumer.min_offset(mq), end - a.last)
         # pulled until the end: an Apache RocketMQ broker answers at most 32 messages a pull
         for m in pull_messages(consumer, mq, start, end - start):
-            print(f"{mq} @{m.queue_offset} tags={_cell(m.tags)} keys={_cell(' '.join(m.keys))} "
+            print(f"{mq} @{m.queue_offset} tags={_cell(m.tags or '')} keys={_cell(' '.join(m.keys))} "
                   f"body={_cell(m.body)}")
 
 
@@ -448,20 +449,39 @@ def _add_user_and_acl(sub: Any) -> None:
     ls.add_argument("--decision", choices=["Allow", "Deny"], help="only Allow or only Deny entries")
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="pymq-admin", description="Administer a pymq broker.")
-    p.add_argument("-e", "--endpoint", help="broker host:port (default: $PYMQ_ENDPOINT)")
-    p.add_argument("-n", "--namesrv-addr",
+def _connection_flags(p: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """Where to connect and as whom; without ``defaults`` a flag not given leaves the value alone."""
+    def default(value: str | None) -> str | None:
+        return value if defaults else argparse.SUPPRESS
+
+    p.add_argument("-e", "--endpoint", default=default(None),
+                   help="broker host:port (default: $PYMQ_ENDPOINT)")
+    p.add_argument("-n", "--namesrv-addr", default=default(None),
                    help="an Apache RocketMQ cluster's name servers, host:9876[;host2:9876]: the commands "
                         "that read it, send and tail (default: $PYMQ_NAMESRV_ADDR)")
-    p.add_argument("--access-key", default=os.environ.get("PYMQ_ACCESS_KEY"),
+    p.add_argument("--access-key", default=default(os.environ.get("PYMQ_ACCESS_KEY")),
                    help="user of a broker with authentication (default: $PYMQ_ACCESS_KEY)")
-    p.add_argument("--secret-key", default=os.environ.get("PYMQ_SECRET_KEY"),
+    p.add_argument("--secret-key", default=default(os.environ.get("PYMQ_SECRET_KEY")),
                    help="its secret key (default: $PYMQ_SECRET_KEY, which keeps it out of the process list)")
-    p.add_argument("--tls-ca-file", help="connect with TLS, trusting this CA (PEM)")
-    p.add_argument("--tls-cert-file", help="client certificate for mutual TLS (PEM, with --tls-key-file)")
-    p.add_argument("--tls-key-file", help="its private key (PEM)")
-    sub = p.add_subparsers(dest="command", required=True)
+    p.add_argument("--tls-ca-file", default=default(None), help="connect with TLS, trusting this CA (PEM)")
+    p.add_argument("--tls-cert-file", default=default(None),
+                   help="client certificate for mutual TLS (PEM, with --tls-key-file)")
+    p.add_argument("--tls-key-file", default=default(None), help="its private key (PEM)")
+
+
+class _Command(argparse.ArgumentParser):
+    """A command's parser (and its commands', ``user create``): it takes the connection flags too,
+    after the command's name, as mqadmin's commands take ``-n`` (``pymq-admin topics -n host:9876``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _connection_flags(self, defaults=False)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pymq-admin", description="Administer a pymq broker.")
+    _connection_flags(p, defaults=True)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Command)
     _add_user_and_acl(sub)
 
     def add(name: str, fn: Callable[[Admin, argparse.Namespace], None], help: str) -> argparse.ArgumentParser:
@@ -595,6 +615,12 @@ def main(argv: list[str] | None = None) -> int:
             args.target = {"endpoint": args.endpoint}
             args.security["tls"] = client_tls(None, args.tls_ca_file, args.tls_cert_file, args.tls_key_file)
         args.fn(Admin(**args.target, **args.security), args)
+    except BrokenPipeError:
+        # the reader went away (`pymq-admin tail orders | head`): stop quietly, as other tools do;
+        # stdout to /dev/null so that the interpreter's final flush does not fail once more
+        with contextlib.suppress(OSError, ValueError):  # a stdout without a file (io.UnsupportedOperation)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except PymqError as err:
         print(f"pymq-admin: {_cli_wording(str(_explain(err, args)), args.command)}", file=sys.stderr)
         return 1
