@@ -134,3 +134,27 @@ def test_a_recall_of_the_oldest_pending_timer_holds(tmp_path: Path) -> None:
         while _now_ms() < deliver_ms + 1_700:
             time.sleep(0.1)
         assert _bodies(broker.endpoint, "oldest") == [b"kept"]
+
+
+def test_a_recall_cancels_every_copy_of_a_retried_send_even_after_kill_9(tmp_path: Path) -> None:
+    """A producer that retries a send (its answer lost) stores the message twice with one message id:
+    the recall answered OK and cancelled the later copy only; the first was delivered."""
+    with BrokerProcess(tmp_path / "b") as broker:
+        Admin(broker.endpoint).create_topic("retried", 1, message_type="DELAY")
+        stub = _stub(broker.endpoint)
+        deliver_ms = _now_ms() + 3_000
+        msg = v2.Message(topic=v2.Resource(name="retried"), body=b"sent twice")
+        sp = msg.system_properties
+        sp.message_id, sp.body_encoding, sp.message_type = uuid.uuid4().hex.upper(), v2.IDENTITY, v2.DELAY
+        sp.delivery_timestamp.FromMilliseconds(deliver_ms)
+        first, retried = (stub.SendMessage(sv.SendMessageRequest(messages=[msg]), timeout=10).entries[0]
+                          for _ in range(2))
+        assert first.status.code == retried.status.code == v2.OK and first.message_id == retried.message_id
+        _send_at(stub, "retried", b"another", deliver_ms)
+        assert _recall(stub, "retried", retried.recall_handle).status.code == v2.OK
+        broker.restart(crash=True)  # kill -9: the recall of both copies was on disk when answered
+        stub = _stub(broker.endpoint)
+        assert _recall(stub, "retried", first.recall_handle).status.code == v2.MESSAGE_NOT_FOUND
+        while _now_ms() < deliver_ms + 1_500:
+            time.sleep(0.1)
+        assert _bodies(broker.endpoint, "retried") == [b"another"]

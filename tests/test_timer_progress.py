@@ -13,6 +13,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 from pymq_broker.store.timer_message_store import TimerMessageStore
 from test_store import make_store, msg, records
 
@@ -180,5 +181,55 @@ def test_a_recall_under_sync_flush_writes_its_progress_after_the_store_is_flushe
         timers.write = lambda snapshot: (events.append("write"), real_write(snapshot))[1]  # type: ignore[method-assign]
         assert timers.recall("real", "a")
         assert events == ["flush", "write"]
+    finally:
+        store.shutdown()
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["running", "after-a-restart"])
+def test_a_recall_cancels_every_copy_of_a_message_id(tmp_path: Path, restart: bool) -> None:
+    """A producer's retried send stores one timer message twice (the same UNIQ_KEY): the recall
+    answered success and cancelled the later copy only, the earlier one was delivered. The copies
+    read as they arrive and those read from the queue by a start's scan are all recalled."""
+    store = make_store(tmp_path / "store")
+    path = tmp_path / "timerCheckpoint.json"
+    now = int(time.time() * 1000)
+    try:
+        for body, at in ((b"first send", now + 60_000), (b"kept", now + 60_000),
+                         (b"retried send", now + 60_500), (b"third send", now + 61_000)):
+            uniq = "kept" if body == b"kept" else "retried"
+            m = msg(body, TIMER_DELIVER_MS=str(at), UNIQ_KEY=uniq, REAL_TOPIC="real", REAL_QID="0")
+            assert store.put_messages("real", 0, [m]).ok
+        store.do_reput()
+        timers = TimerMessageStore(store, path)
+        timers.pending()  # the copies read as they arrive
+        if restart:
+            timers = TimerMessageStore(store, path)
+            timers.load()
+        assert timers.recall("real", "retried")
+        assert not timers.recall("real", "retried")  # every copy gone: nothing left to recall
+        on_disk = TimerMessageStore(store, path)  # the checkpoint holds every copy recalled
+        on_disk.load()
+        timers.deliver_due(now + 61_000)
+        assert _bodies(store) == [b"kept"]
+        assert on_disk.pending() == 1 and not on_disk.recall("real", "retried")
+    finally:
+        store.shutdown()
+
+
+def test_a_recall_after_one_copy_was_delivered_cancels_the_one_still_waiting(tmp_path: Path) -> None:
+    store = make_store(tmp_path / "store")
+    timers = TimerMessageStore(store, tmp_path / "timerCheckpoint.json")
+    now = int(time.time() * 1000)
+    try:
+        for body, at in ((b"early copy", now + 1_000), (b"late copy", now + 60_000)):
+            m = msg(body, TIMER_DELIVER_MS=str(at), UNIQ_KEY="id", REAL_TOPIC="real", REAL_QID="0")
+            assert store.put_messages("real", 0, [m]).ok
+        store.do_reput()
+        timers.deliver_due(now + 1_000)
+        assert _bodies(store) == [b"early copy"] and timers.pending() == 1
+        assert timers.recall("real", "id")
+        assert timers.pending() == 0 and not timers.recall("real", "id")
+        timers.deliver_due(now + 60_000)
+        assert _bodies(store) == [b"early copy"]
     finally:
         store.shutdown()

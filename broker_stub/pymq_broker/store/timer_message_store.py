@@ -6,8 +6,9 @@ tag code being its delivery time (:meth:`DefaultMessageStore.resolve_delay`).
 This service keeps the timers not yet delivered in a heap by time, delivers each
 when it is due to its real queue through the schedule service's writer
 (:func:`~.schedule_message_service.message_timeup`, its properties kept, so a v2
-client reads back its delivery timestamp), and recalls one by its real topic and
-message id (the id alone is the sender's choice: any topic may hold it).
+client reads back its delivery timestamp), and recalls by its real topic and
+message id (the id alone is the sender's choice: any topic may hold it) every timer of them not
+delivered yet (a producer's retried send stores one message twice).
 
 RocketMQ keeps a time wheel and a timer log on disk; pymq rebuilds the heap from
 the timer topic's consume queue at start. What is done is persisted in
@@ -129,8 +130,10 @@ class TimerMessageStore(DeliveryProgress):
         self.done = DoneRanges()  # offsets at or after low_water delivered or recalled
         self._scanned = -1  # next consume-queue offset to read into the heap (-1: from low_water)
         self._heap: list[tuple[int, int]] = []  # (delivery time ms, offset)
-        # (REAL_TOPIC, message id (UNIQ_KEY)) -> offset, while pending; and back
-        self._by_id: dict[tuple[str, str], int] = {}
+        # (REAL_TOPIC, message id (UNIQ_KEY)) -> its pending offset, or offsets when several timers
+        # carry that id (a producer's retried send stores one message twice: a recall cancels every
+        # copy); and back. A list only for a repeated id: one int per timer otherwise
+        self._by_id: dict[tuple[str, str], int | list[int]] = {}
         self._id_at: dict[int, tuple[str, str]] = {}
         self.delivered = 0
 
@@ -166,9 +169,9 @@ class TimerMessageStore(DeliveryProgress):
         return True
 
     def pending(self) -> int:
-        """How many timers wait (for stats and tests)."""
+        """How many timers with a message id wait (for stats and tests)."""
         self._scan()
-        return len(self._by_id)
+        return len(self._id_at)
 
     def _scan(self) -> None:
         """Read timers written since the last scan into the heap."""
@@ -199,8 +202,7 @@ class TimerMessageStore(DeliveryProgress):
                     if uniq:
                         real_topic = find_property(props, _REAL_TOPIC) or b""
                         key = (real_topic.decode("utf-8", "replace"), uniq.decode("utf-8", "replace"))
-                        self._by_id[key] = at
-                        self._id_at[at] = key
+                        self._index(key, at)
                 pos += total
             offset += len(entries)
         self._scanned = offset
@@ -249,10 +251,12 @@ class TimerMessageStore(DeliveryProgress):
         there is none. A timer of another topic with that message id is none: a caller allowed
         on one topic must not cancel another's (RocketMQ's recall is checked on its topic)."""
         self._scan()
-        at = self._by_id.get((topic, message_id))
-        if at is None or self._is_done(at):
+        found = self._by_id.get((topic, message_id))
+        if found is None:
             return False
-        self._finish(at)
+        # every copy (list() first: _finish changes it), in the order they were stored
+        for at in [found] if isinstance(found, int) else list(found):
+            self._finish(at)
         # the store flushed first: this progress also covers the last round's deliveries, whose
         # own write (and flush) may still be running on its thread
         self.progress_made(write=True)
@@ -266,9 +270,26 @@ class TimerMessageStore(DeliveryProgress):
         """
         return at < self.low_water or at in self.done
 
+    def _index(self, key: tuple[str, str], at: int) -> None:
+        """A pending timer ``at`` with message id ``key``: its recall finds it, with any other copy."""
+        self._id_at[at] = key
+        found = self._by_id.get(key)
+        if found is None:
+            self._by_id[key] = at
+        elif isinstance(found, int):
+            self._by_id[key] = [found, at]
+        else:
+            found.append(at)
+
     def _finish(self, at: int) -> None:
         self.done.add(at)
         key = self._id_at.pop(at, None)
-        if key is not None and self._by_id.get(key) == at:  # a later timer with the same key stays
-            del self._by_id[key]
+        if key is not None:  # another timer with the same key stays, for a recall
+            found = self._by_id[key]
+            if isinstance(found, int):
+                del self._by_id[key]
+            else:
+                found.remove(at)
+                if len(found) == 1:
+                    self._by_id[key] = found[0]
         self.low_water = self.done.take_from(self.low_water)
