@@ -1057,3 +1057,45 @@ def test_an_append_while_a_flush_reads_its_target_is_flushed_by_the_next(tmp_pat
         assert mf.flush() == 150  # the racing append is flushed next time, not never
     finally:
         mf.close()
+
+
+def test_a_flush_waits_for_one_in_progress_on_another_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Several threads flush the commit log (the group commit, a delivery round's progress write, a
+    recall's) before writing what it covers. One that found the dirty flag cleared by another still
+    in its fdatasync returned at once: its caller's progress reached the disk before the records."""
+    import threading
+
+    from pymq_broker.store import mapped_file
+    from pymq_broker.store.mapped_file import MappedFile
+
+    in_sync, release = threading.Event(), threading.Event()
+    events: list[object] = []
+    real_sync = os.fdatasync
+
+    def slow_sync(fd: int) -> None:
+        if not in_sync.is_set():
+            in_sync.set()
+            release.wait(5)
+        real_sync(fd)
+        events.append("synced")
+
+    mf = MappedFile(tmp_path / "00000000000000000000", 0, MiB)
+    try:
+        mf.append(b"x" * 100)
+        monkeypatch.setattr(mapped_file.os, "fdatasync", slow_sync)
+        first = threading.Thread(target=mf.flush)
+        first.start()
+        assert in_sync.wait(5)
+        second = threading.Thread(target=lambda: events.append(("second flush returned", mf.flush())))
+        second.start()
+        second.join(0.5)
+        assert second.is_alive()  # waits for the fdatasync in progress
+        release.set()
+        first.join(5)
+        second.join(5)
+        assert events == ["synced", ("second flush returned", 100)]
+    finally:
+        release.set()
+        mf.close()

@@ -18,8 +18,8 @@ from pathlib import Path
 class MappedFile:
     """One fixed-size segment. ``wrote_position`` is how far it has been written."""
 
-    __slots__ = ("_dirty", "fd", "file_from_offset", "file_name", "file_size", "flushed_position",
-                 "wrote_position")
+    __slots__ = ("_dirty", "_flush_lock", "fd", "file_from_offset", "file_name", "file_size",
+                 "flushed_position", "wrote_position")
 
     def __init__(self, path: Path, file_from_offset: int, file_size: int) -> None:
         self.file_name = path
@@ -32,6 +32,7 @@ class MappedFile:
         self.wrote_position = 0
         self.flushed_position = 0
         self._dirty = False
+        self._flush_lock = threading.Lock()
 
     @property
     def end_offset(self) -> int:
@@ -97,17 +98,23 @@ class MappedFile:
         return False
 
     def flush(self) -> int:
-        """fdatasync if anything was written since the last flush; returns the flushed position."""
-        if self._dirty:
-            # cleared before the position is read: an append in between (from the thread that writes,
-            # while this runs on a flushing one) stays dirty for the next flush, rather than its flag
-            # cleared with a target short of it (a SYNC_FLUSH put then waited for a flush that
-            # never came: review helper-109)
-            self._dirty = False
-            target = self.wrote_position
-            os.fdatasync(self.fd)
-            self.flushed_position = max(self.flushed_position, target)
-        return self.flushed_position
+        """fdatasync if anything was written since the last flush; returns the flushed position.
+
+        Once it returns, what was written before it was called is durable, whichever thread flushes:
+        a second flush that found the flag cleared by one still in its fdatasync (the group commit,
+        a delivery round's progress write, a recall's) waits for it, rather than returning at once
+        and letting its caller write a progress that covers records not yet on disk."""
+        with self._flush_lock:
+            if self._dirty:
+                # cleared before the position is read: an append in between (from the thread that
+                # writes, while this runs on a flushing one) stays dirty for the next flush, rather
+                # than its flag cleared with a target short of it (a SYNC_FLUSH put then waited for a
+                # flush that never came: review helper-109)
+                self._dirty = False
+                target = self.wrote_position
+                os.fdatasync(self.fd)
+                self.flushed_position = max(self.flushed_position, target)
+            return self.flushed_position
 
     def is_full(self) -> bool:
         return self.wrote_position >= self.file_size
