@@ -397,3 +397,37 @@ def test_delayed_deliveries_write_their_progress_off_the_loop(tmp_path: Path, se
         assert sorted(_bodies(restarted.endpoint, "t")) == [b"later", b"served meanwhile"]
     finally:
         restarted.stop()
+
+
+def test_a_recall_writes_its_cancellation_off_the_loop_before_it_is_answered(tmp_path: Path) -> None:
+    """A recall is answered once its cancellation is on disk (the commit log flushed, then the timer
+    checkpoint fsynced): on the event loop, that write held every client of the broker."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pymq_broker import EmbeddedBroker
+    from pymq_proto.rocketmq_v2 import definition_pb2 as v2
+    from pyspark_pymq import Admin, Message, Producer
+    from test_timer_messages import _bodies, _now_ms, _recall, _send_at, _stub
+
+    with EmbeddedBroker(tmp_path / "b", flush_disk_type="SYNC_FLUSH") as embedded:
+        timers = embedded.controller.timer_message_store
+        Admin(embedded.endpoint).create_topic("t", 1, message_type="DELAY")
+        stub = _stub(embedded.endpoint)
+        deliver_ms = _now_ms() + 2_000
+        sent = _send_at(stub, "t", b"recalled", deliver_ms)
+        gate, events = Gate(), []
+        timers.write = slowed(gate, timers.write, events, "written")
+        commit_log = embedded.controller.store.commit_log
+        flush = commit_log.flush
+        commit_log.flush = lambda: (events.append("flushed"), flush())[1]  # type: ignore[method-assign]
+        with ThreadPoolExecutor(1) as pool, Producer(embedded.endpoint) as producer:
+            recall = pool.submit(_recall, stub, "t", sent.recall_handle)
+            served_while_written(gate, events, lambda: producer.send(Message("t", b"served meanwhile")))
+            answer = recall.result(GATE_S)
+            events.append("answered")
+        assert answer.status.code == v2.OK, answer.status.message
+        assert [e for e in events if e != "flushed"] == ["another client served", "written", "answered"]
+        assert "flushed" in events[:events.index("written")]  # the commit log before the checkpoint
+        while _now_ms() < deliver_ms + 500:
+            time.sleep(0.05)
+        assert _bodies(embedded.endpoint, "t") == [b"served meanwhile"]

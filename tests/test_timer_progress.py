@@ -9,6 +9,7 @@ written, sorted and indented, after each delivery round on the event loop: 30 ms
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
@@ -179,7 +180,7 @@ def test_a_recall_under_sync_flush_writes_its_progress_after_the_store_is_flushe
         real_flush, real_write = store.commit_log.flush, timers.write
         store.commit_log.flush = lambda: (events.append("flush"), real_flush())[1]  # type: ignore[method-assign]
         timers.write = lambda snapshot: (events.append("write"), real_write(snapshot))[1]  # type: ignore[method-assign]
-        assert timers.recall("real", "a")
+        assert asyncio.run(timers.recall("real", "a"))
         assert events == ["flush", "write"]
     finally:
         store.shutdown()
@@ -205,13 +206,13 @@ def test_a_recall_cancels_every_copy_of_a_message_id(tmp_path: Path, restart: bo
         if restart:
             timers = TimerMessageStore(store, path)
             timers.load()
-        assert timers.recall("real", "retried")
-        assert not timers.recall("real", "retried")  # every copy gone: nothing left to recall
+        assert asyncio.run(timers.recall("real", "retried"))
+        assert not asyncio.run(timers.recall("real", "retried"))  # every copy gone: nothing left to recall
         on_disk = TimerMessageStore(store, path)  # the checkpoint holds every copy recalled
         on_disk.load()
         timers.deliver_due(now + 61_000)
         assert _bodies(store) == [b"kept"]
-        assert on_disk.pending() == 1 and not on_disk.recall("real", "retried")
+        assert on_disk.pending() == 1 and not asyncio.run(on_disk.recall("real", "retried"))
     finally:
         store.shutdown()
 
@@ -227,8 +228,8 @@ def test_a_recall_after_one_copy_was_delivered_cancels_the_one_still_waiting(tmp
         store.do_reput()
         timers.deliver_due(now + 1_000)
         assert _bodies(store) == [b"early copy"] and timers.pending() == 1
-        assert timers.recall("real", "id")
-        assert timers.pending() == 0 and not timers.recall("real", "id")
+        assert asyncio.run(timers.recall("real", "id"))
+        assert timers.pending() == 0 and not asyncio.run(timers.recall("real", "id"))
         timers.deliver_due(now + 60_000)
         assert _bodies(store) == [b"early copy"]
     finally:

@@ -253,7 +253,7 @@ class MessagingProcessor:
             return sv.SendResultEntry(status=status(err.code, err.message),
                                       message_id=msg.system_properties.message_id)
 
-    def recall_message(self, req: sv.RecallMessageRequest) -> sv.RecallMessageResponse:
+    async def recall_message(self, req: sv.RecallMessageRequest) -> sv.RecallMessageResponse:
         """RocketMQ 5.3's recall: a timer message not delivered yet is never delivered."""
         cfg = self.topic_config(req.topic)
         topic, broker_name, message_id = parse_recall_handle(req.recall_handle)
@@ -265,7 +265,7 @@ class MessagingProcessor:
             )
         # the stored message's REAL_TOPIC must be the topic too (TimerMessageStore.recall): the
         # handle and the request's topic are both the caller's, so they alone prove nothing
-        if self.timer is None or not self.timer.recall(cfg.topic_name, message_id):
+        if self.timer is None or not await self.timer.recall(cfg.topic_name, message_id):
             raise ProxyException(
                 v2.MESSAGE_NOT_FOUND,
                 f"message {message_id!r} of {topic!r} is not waiting for its delivery time: delivered or "

@@ -9,6 +9,7 @@ as RocketMQ's).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,10 +49,25 @@ class DeliveryProgress(ConfigManager):
     def delivered_job(self) -> Callable[[], None] | None:
         """The progress as it is now (taken on the event loop), as a call for another thread that
         flushes the store as needed and writes it; None when nothing was delivered since the last."""
-        write = self.snapshot_job_if_dirty()
-        if write is None:
-            return None
+        return self._flushed_then_written(self.snapshot_job()) if self.dirty else None
 
+    async def progress_written(self) -> None:
+        """The progress as it is now on disk when this returns, the store flushed first as needed: a
+        change answered only once durable (a recall), while the broker serves everyone else.
+
+        The snapshot is taken at the call, on the event loop; the flush and the write (an fsync)
+        run on a thread. A delivery round's write racing it is safe: the commit log's flush waits
+        for one in progress, and an older snapshot never replaces a newer one (which holds both).
+        A write that fails, or a caller cancelled meanwhile, leaves the progress dirty for the next
+        round's write."""
+        job = self._flushed_then_written(self.snapshot_job())
+        try:
+            await asyncio.to_thread(job)
+        except BaseException:
+            self.dirty = True
+            raise
+
+    def _flushed_then_written(self, write: Callable[[], None]) -> Callable[[], None]:
         def job() -> None:
             self._flush_store()
             write()

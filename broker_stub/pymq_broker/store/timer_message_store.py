@@ -14,8 +14,8 @@ RocketMQ keeps a time wheel and a timer log on disk; pymq rebuilds the heap from
 the timer topic's consume queue at start. What is done is persisted in
 ``timerCheckpoint.json``: ``lowWater`` (every timer before it is delivered or
 recalled) and the ranges of offsets done after it (:class:`DoneRanges`: as many as
-there are gaps of pending timers between them, whatever was delivered). A recall is written before it is
-answered, so a recalled message never comes back after a restart; a crash between
+there are gaps of pending timers between them, whatever was delivered). A recall is written (on a
+thread) before it is answered, so a recalled message never comes back after a restart; a crash between
 a delivery and its checkpoint delivers that message again (at-least-once, as the
 ScheduleMessageService). A timer is never delivered early.
 """
@@ -246,10 +246,11 @@ class TimerMessageStore(DeliveryProgress):
             return 0.05
         return max(0.0, (self._heap[0][0] - now_ms) / 1000.0)
 
-    def recall(self, topic: str, message_id: str) -> bool:
-        """Cancel a timer of ``topic`` not delivered yet (durably, before returning); False if
-        there is none. A timer of another topic with that message id is none: a caller allowed
-        on one topic must not cancel another's (RocketMQ's recall is checked on its topic)."""
+    async def recall(self, topic: str, message_id: str) -> bool:
+        """Cancel the timers of ``topic`` with ``message_id`` not delivered yet (durably, before
+        returning; the write off the event loop); False if there is none. A timer of another topic
+        with that message id is none: a caller allowed on one topic must not cancel another's
+        (RocketMQ's recall is checked on its topic)."""
         self._scan()
         found = self._by_id.get((topic, message_id))
         if found is None:
@@ -258,8 +259,9 @@ class TimerMessageStore(DeliveryProgress):
         for at in [found] if isinstance(found, int) else list(found):
             self._finish(at)
         # the store flushed first: this progress also covers the last round's deliveries, whose
-        # own write (and flush) may still be running on its thread
-        self.progress_made(write=True)
+        # own write (and flush) may still be running on its thread. On a thread: a flush and an
+        # fsync on the event loop held every client of the broker meanwhile
+        await self.progress_written()
         return True
 
     def _is_done(self, at: int) -> bool:
