@@ -234,3 +234,40 @@ def test_a_recall_after_one_copy_was_delivered_cancels_the_one_still_waiting(tmp
         assert _bodies(store) == [b"early copy"]
     finally:
         store.shutdown()
+
+
+def test_a_delivery_round_reads_a_bounded_number_of_waiting_timers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start read every waiting timer's record in its first delivery round, on the event loop
+    (~1.3 s per million, every client held): each round reads SCAN_ROUND of them now, and asks
+    again at once while some are left. A due timer not read yet is delivered a round later, never
+    early; a recall reads what it needs."""
+    from pymq_broker.store import timer_message_store
+
+    monkeypatch.setattr(timer_message_store, "SCAN_BATCH", 10)
+    monkeypatch.setattr(timer_message_store, "SCAN_ROUND", 20, raising=False)
+    store = make_store(tmp_path / "store")
+    now = int(time.time() * 1000)
+    try:
+        for i in range(95):
+            assert store.put_messages("real", 0, [_timer(b"far%d" % i, now + 86_400_000)]).ok
+        assert store.put_messages("real", 0, [_timer(b"due", now + 1_000)]).ok
+        assert store.put_messages("real", 0, [_timer(b"later", now + 5_000)]).ok
+        store.do_reput()
+        timers = TimerMessageStore(store, tmp_path / "timerCheckpoint.json")
+        read: list[int] = []
+        real_read = store.read_records
+        store.read_records = lambda phy, size: (read.append(len(phy)), real_read(phy, size))[1]  # type: ignore[method-assign]
+        for _ in range(4):  # 97 timers, 20 a round
+            before = sum(read)
+            assert timers.deliver_due(now + 1_000) == 0.0  # more to read: asked again at once
+            assert sum(read) - before <= 20
+            assert _bodies(store) == []  # "due" not read yet
+        before = sum(read)
+        assert timers.deliver_due(now + 1_000) == 4.0  # all read: "later" is next, in 4 s
+        assert sum(read) - before <= 17 + 1  # the last timers' records, and "due"'s to deliver it
+        assert _bodies(store) == [b"due"]
+        assert asyncio.run(timers.recall("real", "far3")) and timers.pending() == 95
+    finally:
+        store.shutdown()
