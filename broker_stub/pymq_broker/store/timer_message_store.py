@@ -22,6 +22,7 @@ ScheduleMessageService). A timer is never delivered early.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import heapq
 import logging
@@ -139,6 +140,9 @@ class TimerMessageStore(DeliveryProgress):
         # copy); and back. A list only for a repeated id: one int per timer otherwise
         self._by_id: dict[tuple[str, str], int | list[int]] = {}
         self._id_at: dict[int, tuple[str, str]] = {}
+        # (REAL_TOPIC, message id) -> the write of its recall while it runs on its thread: another
+        # recall of it is answered only once that cancellation is on disk
+        self._recalling: dict[tuple[str, str], asyncio.Future[None]] = {}
         self.delivered = 0
 
     def encode(self) -> dict[str, Any]:
@@ -261,17 +265,37 @@ class TimerMessageStore(DeliveryProgress):
         returning; the write off the event loop); False if there is none. A timer of another topic
         with that message id is none: a caller allowed on one topic must not cancel another's
         (RocketMQ's recall is checked on its topic)."""
-        self._scan()
-        found = self._by_id.get((topic, message_id))
+        # every waiting timer read (its copies may be anywhere), SCAN_ROUND at a time: the first
+        # recall after a start read every one at once on the event loop (~1.3 s per million)
+        while not self._scan(SCAN_ROUND):
+            await asyncio.sleep(0)
+        key = (topic, message_id)
+        found = self._by_id.get(key)
         if found is None:
+            # a recall of it still writing: answered (not found, as once it is written) only once
+            # that cancellation is durable, else a crash meanwhile delivered what this said is gone
+            writing = self._recalling.get(key)
+            if writing is not None:
+                await asyncio.shield(writing)
             return False
         # every copy (list() first: _finish changes it), in the order they were stored
         for at in [found] if isinstance(found, int) else list(found):
             self._finish(at)
         # the store flushed first: this progress also covers the last round's deliveries, whose
         # own write (and flush) may still be running on its thread. On a thread: a flush and an
-        # fsync on the event loop held every client of the broker meanwhile
-        await self.progress_written()
+        # fsync on the event loop held every client of the broker meanwhile. Shielded: a caller
+        # cancelled (a client gone) leaves it to end for the recalls that wait for it
+        writing = asyncio.ensure_future(self.progress_written())
+        self._recalling[key] = writing
+
+        def done(ended: asyncio.Future[None]) -> None:
+            if self._recalling.get(key) is writing:
+                del self._recalling[key]
+            if not ended.cancelled():
+                ended.exception()  # its callers were told (or are gone): not "never retrieved"
+
+        writing.add_done_callback(done)
+        await asyncio.shield(writing)
         return True
 
     def _is_done(self, at: int) -> bool:
