@@ -214,6 +214,24 @@ def test_a_reader_that_goes_away_ends_the_output_quietly(endpoint: str) -> None:
     assert first.startswith(f"{topic}@broker-a#0 @0 tags= keys= body=xxx")
 
 
+def test_a_short_output_to_a_reader_gone_ends_quietly_too(endpoint: str) -> None:
+    # a few lines stay in stdout's buffer (block-buffered on a pipe) until the interpreter's exit,
+    # where a reader gone (`| true`) made it print "Exception ignored ... BrokenPipeError", exit 120
+    import os
+
+    topic = unique("cli-short")
+    Admin(endpoint).create_topic(topic, queues=1)
+    read, write = os.pipe()
+    os.close(read)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    try:
+        cli = subprocess.run([sys.executable, "-m", "pyspark_pymq.admin_cli", "-e", endpoint, "topic-stats",
+                              topic], stdout=write, stderr=subprocess.PIPE, env=env, timeout=60)
+    finally:
+        os.close(write)
+    assert (cli.returncode, cli.stderr) == (0, b"")
+
+
 def test_a_flag_wins_over_the_other_targets_environment_variable(
     endpoint: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -615,6 +615,9 @@ def main(argv: list[str] | None = None) -> int:
             args.target = {"endpoint": args.endpoint}
             args.security["tls"] = client_tls(None, args.tls_ca_file, args.tls_cert_file, args.tls_key_file)
         args.fn(Admin(**args.target, **args.security), args)
+        # here, not at the interpreter's exit: an output shorter than stdout's buffer (a pipe's is
+        # block-buffered) meets a reader gone only then ("Exception ignored ... BrokenPipeError", 120)
+        sys.stdout.flush()
     except BrokenPipeError:
         # the reader went away (`pymq-admin tail orders | head`): stop quietly, as other tools do;
         # stdout to /dev/null so that the interpreter's final flush does not fail once more
