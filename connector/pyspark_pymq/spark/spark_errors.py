@@ -32,6 +32,7 @@ import functools
 import os
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 from ..errors import PymqError
@@ -75,13 +76,15 @@ def _shown(err: Exception) -> tuple[Exception, BaseException | None] | None:
     return shown, None if _in_unsimplified_runner() else original
 
 
-# This module's file as its frames name it: relative to its sys.path entry. pyspark's simplifier
+# This module's file as its frames name it: its path with a "." after the sys.path entry it was
+# imported from (``.../site-packages/./pyspark_pymq/spark/spark_errors.py``). pyspark's simplifier
 # (``try_simplify_traceback``) drops every frame whose file starts with pyspark's directory,
 # ``.../site-packages/pyspark``, which an installed ``.../site-packages/pyspark_pymq/...`` does too:
 # with every frame taken for pyspark's, it simplified nothing and Spark printed the whole chain, the
-# original's frames included (~45 lines, the message last). A relative name is not under it, and
-# ``linecache`` still finds the source through sys.path (the module's loader first).
-_FILENAME = __name__.replace(".", os.sep) + ".py"
+# original's frames included (~45 lines, the message last). The same file, named so, is not under it
+# (a relative name would be, but a directory holding another pyspark_pymq/ would then be read for it).
+_FILENAME = os.path.join(str(Path(os.path.abspath(__file__)).parents[2]), ".", *__name__.split(".")[:-1],
+                         Path(__file__).name)
 
 
 def _named(wrapper: Callable[P, R], method: Callable[..., object]) -> Callable[P, R]:
