@@ -230,3 +230,32 @@ def test_a_topic_deleted_and_created_again_at_once_keeps_its_new_messages(
         assert not list((tmp_path / "b" / "consumequeue").glob(".deleted-*"))
     finally:
         broker.stop()
+
+
+def test_topics_a_send_makes_keep_its_messages_after_a_kill9(tmp_path: Path) -> None:
+    """A send's auto-create (autoCreateTopicEnable) and a group's first dead letter (%DLQ%<group>)
+    write topics.json off the event loop, but the message is stored, and SEND_OK answered, only once
+    the topic is written: a kill -9 right after leaves every acknowledged message in a topic the
+    restarted broker lists, with the same topic id (a stream's checkpoint keeps it)."""
+    broker = BrokerProcess(tmp_path / "b", ["--auto-create-topic-enable"]).start()
+    try:
+        ep = broker.endpoint
+        with Producer(ep) as producer, PullConsumer(ep, "g") as consumer:
+            mq = producer.send(Message("auto-0", b"hopeless")).message_queue
+            dead = consumer.send_back(consumer.pull(mq, 0).messages[0], delay_level=-1)
+            assert dead.dead_letter
+            sent = {f"auto-{i}": producer.send(Message(f"auto-{i}", b"m%d" % i)) for i in range(1, 30)}
+        admin = Admin(ep)
+        ids = {name: admin.topic_config(name).topic_id for name in sent}
+        broker.kill()
+        broker.start()
+        ep = broker.endpoint
+        admin = Admin(ep)
+        with PullConsumer(ep, "reader") as reader:
+            for name, result in sent.items():
+                assert admin.topic_config(name).topic_id == ids[name]
+                got = reader.pull(result.message_queue, result.queue_offset, 1).messages
+                assert [m.body for m in got] == [b"m%s" % name[5:].encode()]
+        assert [m.body for m in admin.dead_letter_messages("g")] == [b"hopeless"]
+    finally:
+        broker.kill()

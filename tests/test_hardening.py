@@ -365,11 +365,14 @@ def test_registering_consumers_do_not_rewrite_the_topic_file_each(tmp_path: Path
 
     topics.write = counting  # type: ignore[method-assign]
     for i in range(300):  # HeartBeat: %RETRY%<group>, nothing stored in it yet
-        topics.create_topic_of_retry(f"group-{i}", 1, persist=False)
-    assert written == []
+        topics.create_topic_of_retry(f"group-{i}", 1)
+    assert written == [] and not topics.on_disk("%RETRY%group-299")
     topics.persist_if_dirty()
-    topics.create_topic_of_retry("sent-back", 1)  # a send back's: written at once
-    assert len(written) == 2
+    assert len(written) == 1 and topics.on_disk("%RETRY%group-299")
+    topics.create_topic_of_retry("sent-back", 1)  # a send back's: it waits for the write (off the loop)
+    assert not topics.on_disk("%RETRY%sent-back")
+    topics.persist()
+    assert len(written) == 2 and topics.on_disk("%RETRY%sent-back")
     again = TopicConfigManager(tmp_path / "topics.json")
     again.load()
     assert {"%RETRY%group-299", "%RETRY%sent-back"} <= set(again.topic_config_table)

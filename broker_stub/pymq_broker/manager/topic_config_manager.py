@@ -74,6 +74,11 @@ class TopicConfigManager(ConfigManager):
         # topic listed, never its offsets without it (a topic of the name made later would take them)
         self.deleting: dict[str, TopicConfig] = {}
         self._lines: dict[str, tuple[TopicConfig, str]] = {}  # render's encoded topics
+        # topics created with their write left to the caller or the periodic write: the number of
+        # the first snapshot that holds each (it is on disk once a snapshot that new is written).
+        # A message is stored in one only once it is (BrokerContext.topic_on_disk): a kill -9 must
+        # not leave a SEND_OK message in a topic the next start does not list
+        self.unwritten: dict[str, int] = {}
         self.topic_config_table[SCHEDULE_TOPIC] = TopicConfig(
             SCHEDULE_TOPIC, max_delay_level, max_delay_level, PERM_READ | PERM_WRITE
         )
@@ -164,30 +169,48 @@ class TopicConfigManager(ConfigManager):
         # an update keeps the topic's id; only a new topic (or one deleted before) gets a new one
         config = replace(config, topic_id=old.topic_id if old is not None else new_topic_id())
         self.topic_config_table[config.topic_name] = config
-        self.changed(persist=persist)
+        self._changed(config.topic_name, persist=persist)
         return config, old is None
 
+    def _changed(self, topic: str, *, persist: bool) -> None:
+        if not persist:
+            self.unwritten[topic] = self._snapshots + 1
+        self.changed(persist=persist)
+
+    def on_disk(self, topic: str) -> bool:
+        """Whether a write since ``topic`` was created or changed without one holds it (a topic
+        loaded, or written when made, is)."""
+        needed = self.unwritten.get(topic)
+        if needed is None:
+            return True
+        if self._written < needed:
+            return False
+        del self.unwritten[topic]
+        return True
+
     def create_topic_in_send_message_method(self, topic: str) -> TopicConfig | None:
-        """autoCreateTopicEnable: a send to an unknown topic creates it (4 queues)."""
+        """autoCreateTopicEnable: a send to an unknown topic creates it (4 queues). Not written here:
+        the send waits for the write, off the event loop, before it stores its messages
+        (BrokerContext.topic_on_disk)."""
         if not self.auto_create_topic_enable:
             return None
         cfg = TopicConfig(topic, self.default_topic_queue_nums, self.default_topic_queue_nums)
-        return self.create_topic(cfg, update_if_exists=False)[0]
+        return self.create_topic(cfg, update_if_exists=False, persist=False)[0]
 
-    def create_topic_of_retry(
-        self, group: str, retry_queue_nums: int, *, persist: bool = True
-    ) -> TopicConfig:
+    def create_topic_of_retry(self, group: str, retry_queue_nums: int) -> TopicConfig:
         """%RETRY%<group>: created on first use, readable and writable.
 
-        ``persist=False`` (a consumer registering: nothing is stored in it yet) leaves the
-        write to the controller's periodic task, off the event loop: one whole-file write
-        and fsync per new group name made registrations cost O(topics) each (issue 17).
+        Not written here: a consumer registering (nothing is stored in it yet) leaves the write to
+        the controller's periodic task, off the event loop (one whole-file write and fsync per new
+        group name made registrations cost O(topics) each, issue 17); a send or send back waits
+        for it, off the event loop too, before it stores (BrokerContext.topic_on_disk).
         """
-        return self._system_topic(get_retry_topic(group), retry_queue_nums, persist=persist)
+        return self._system_topic(get_retry_topic(group), retry_queue_nums, persist=False)
 
     def create_topic_of_dlq(self, group: str) -> TopicConfig:
-        """%DLQ%<group>: one queue, readable (people inspect and re-send from it)."""
-        return self._system_topic(get_dlq_topic(group), 1)
+        """%DLQ%<group>: one queue, readable (people inspect and re-send from it). Not written here:
+        the dead letters wait for the write, off the event loop (BrokerContext.topic_on_disk)."""
+        return self._system_topic(get_dlq_topic(group), 1, persist=False)
 
     def create_system_topic(self, topic: str, queues: int) -> TopicConfig:
         """A broker-owned topic (transactions...), created on first use, readable for admins."""
@@ -197,11 +220,11 @@ class TopicConfigManager(ConfigManager):
         cfg = self.topic_config_table.get(topic)
         if cfg is None:
             # no topic id (0): the broker makes these again by itself, e.g. %RETRY%<group> at a
-            # registration after a crash that came before its config was written (persist=False),
+            # registration after a crash that came before its config was written,
             # while its stored messages are all there: a new id would read as a new topic
             cfg = TopicConfig(topic, queues, queues, PERM_READ | PERM_WRITE)
             self.topic_config_table[topic] = cfg
-            self.changed(persist=persist)
+            self._changed(topic, persist=persist)
         return cfg
 
     def delete_topic(self, topic: str, *, persist: bool = True) -> None:

@@ -69,9 +69,9 @@ class ConsumerManageProcessor:
         on first use) gets its %RETRY%<group> topic now, not at its first send back."""
         group = self._group(req.consumer_group)
         sub = self.ctx.subscription_group_manager.find_subscription_group_config(group)
-        # nothing is stored in it yet: its config is written by the periodic task, a send back
-        # that creates it writes at once
-        self.ctx.topic_config_manager.create_topic_of_retry(group, sub.retry_queue_nums, persist=False)
+        # nothing is stored in it yet: its config is written by the periodic task (or by the first
+        # send back, before it stores)
+        self.ctx.topic_config_manager.create_topic_of_retry(group, sub.retry_queue_nums)
         return pymq_pb2.HeartbeatResponse()
 
     def check_client_config(

@@ -34,6 +34,8 @@ class BrokerContext:
     reset_offset_hooks: list[Callable[[str, str, dict[int, int]], None]] = field(default_factory=list)
     # DeleteTopics still writing their removal (AdminBrokerProcessor.delete_topic), by topic
     deleting_topics: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    # the topics.json write that topic_on_disk's callers wait for, while it runs
+    _topics_write: asyncio.Future[None] | None = None
 
     async def deletion_done(self, topic: str) -> None:
         """Wait for a DeleteTopic of ``topic`` still writing its removal. A topic of the name made
@@ -48,6 +50,25 @@ class BrokerContext:
                 f"topic {topic!r} was deleted but its removal could not be written (see the broker's "
                 "log); restart the broker to finish it, then create the topic again",
             )
+
+    async def topic_on_disk(self, topic: str) -> None:
+        """Before a message is stored in a topic the broker made on first use (a send's auto-create,
+        a group's %DLQ% or %RETRY% topic), wait until topics.json holds it: written on a thread, not
+        on the event loop (with 3,000 topics each such write held every client 50-85 ms), and
+        before the put, as when it was written on the loop: a kill -9 must not leave a SEND_OK
+        message in a topic the next start does not list (with a new topic id, if made again).
+
+        The senders to topics made meanwhile share one write, and a send to a topic another send
+        is making waits for it too. A write that fails raises (the send fails, nothing stored);
+        the table stays dirty, and the next send or the periodic write tries it again.
+        """
+        tcm = self.topic_config_manager
+        while not tcm.on_disk(topic):
+            pending = self._topics_write
+            if pending is None or pending.done():
+                pending = self._topics_write = asyncio.ensure_future(tcm.persist_async())
+            # shielded: a sender that gives up must not cancel the others' write
+            await asyncio.shield(pending)
 
     @property
     def broker_name(self) -> str:

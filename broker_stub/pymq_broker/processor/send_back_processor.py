@@ -115,6 +115,9 @@ class SendBackProcessor:
         writes = self._resend_messages(req, cols, answers, deliveries)
         if any(answers.dead_letters):
             self.ctx.topic_config_manager.create_topic_of_dlq(req.group)
+            await self.ctx.topic_on_disk(get_dlq_topic(req.group))
+        # the retry topic its delayed copies go to, if this made it (they wait in SCHEDULE_TOPIC_XXXX)
+        await self.ctx.topic_on_disk(get_retry_topic(req.group))
         await self._store(writes, answers)
         return pymq_pb2.ConsumerSendMsgBackBatchResponse(
             commit_log_offsets=answers.phys, dead_letters=answers.dead_letters, errors=answers.errors,

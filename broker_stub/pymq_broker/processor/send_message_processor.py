@@ -151,6 +151,7 @@ class SendMessageProcessor:
         if topic in self.ctx.deleting_topics:  # an auto-create of the name waits for the deletion
             await self.ctx.deletion_done(topic)
         cfg, queue_id = self._msg_check(topic, req.queue_id)
+        await self.ctx.topic_on_disk(topic)  # an auto-created topic: written off the loop first
         items: _Messages = req.messages
         if records is not None:
             sent = await self._send_encoded(req, queue_id, cfg, records, half_batch)
@@ -184,6 +185,7 @@ class SendMessageProcessor:
             topic, queue_id, messages = self._handle_retry_and_dlq(
                 topic, queue_id, req.reconsume_times, messages
             )
+            await self.ctx.topic_on_disk(topic)  # the group's %DLQ% topic, if this made it
         if not messages:
             return self._response(queue_id, pymq_pb2.SEND_OK, None, dropped)
         result = self.ctx.store.put_messages(topic, queue_id, messages)
