@@ -498,3 +498,38 @@ def test_a_first_dead_letter_writes_the_dlq_topic_off_the_loop(tmp_path: Path) -
             dead.join(GATE_S)
         assert events == ["another client served", "written", "answered"]
         assert [d.body for d in Admin(ep).dead_letter_messages("g")] == [b"hopeless"]
+
+
+@pytest.mark.parametrize("change", ["create_user", "update_user", "delete_user", "create_acl", "delete_acl"])
+def test_user_and_acl_changes_write_off_the_loop(tmp_path: Path, change: str) -> None:
+    """CreateUser ... DeleteAcl wrote users.json / acls.json (write, two fsyncs) on the event loop;
+    written on a thread now, answered after."""
+    from pymq_broker import EmbeddedBroker
+    from pyspark_pymq import Admin, Message, Producer
+
+    with EmbeddedBroker(tmp_path / "b") as embedded:
+        ep = embedded.endpoint
+        admin = Admin(ep)
+        admin.create_topic("t", queues=1)
+        admin.create_user("alice", "pw")
+        admin.create_acl("User:alice", ["Topic:t"], ["Pub"])
+        calls: dict[str, Callable[[], object]] = {
+            "create_user": lambda: admin.create_user("bob", "pw"),
+            "update_user": lambda: admin.update_user("alice", password="new"),
+            "delete_user": lambda: admin.delete_user("alice"),
+            "create_acl": lambda: admin.create_acl("User:alice", ["Topic:u"], ["Sub"]),
+            "delete_acl": lambda: admin.delete_acl("User:alice"),
+        }
+        controller = embedded.controller
+        manager = controller.acls if change.endswith("_acl") else controller.users
+        gate, events = Gate(), []
+        manager.write = slowed(gate, manager.write, events, "written")  # type: ignore[method-assign]
+        with Producer(ep) as producer:
+            changing = _answered_in_background(events, "answered", calls[change])
+            served_while_written(gate, events, lambda: producer.send(Message("t", b"served meanwhile")))
+            changing.join(GATE_S)
+        assert events[:2] == ["another client served", "written"] and events[-1] == "answered"
+        users, acls = set(admin.list_users()["username"]), admin.list_acls()
+    assert ("bob" in users) == (change == "create_user")
+    assert ("alice" in users) == (change != "delete_user")
+    assert ("User:alice" in set(acls["subject"])) == (change not in ("delete_user", "delete_acl"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 import subprocess
@@ -791,16 +792,17 @@ def test_a_crash_while_deleting_a_user_never_leaves_its_acl_behind(
 
     users, acls = providers()
     processor = AuthAdminProcessor(users, acls, DefaultAuthenticationProvider(users, 900_000))
-    processor.create_user(pymq_pb2.CreateUserRequest(user=pymq_pb2.UserInfo(username="eve", password="pw")))
-    processor.create_acl(pymq_pb2.CreateAclRequest(acl=pymq_pb2.AclInfo(
-        subject="User:eve", entries=[pymq_pb2.PolicyEntry(resource="Topic:t", actions=["Pub"])])))
+    asyncio.run(processor.create_user(pymq_pb2.CreateUserRequest(
+        user=pymq_pb2.UserInfo(username="eve", password="pw"))))
+    asyncio.run(processor.create_acl(pymq_pb2.CreateAclRequest(acl=pymq_pb2.AclInfo(
+        subject="User:eve", entries=[pymq_pb2.PolicyEntry(resource="Topic:t", actions=["Pub"])]))))
 
-    def crash() -> None:
+    def crash(snapshot: tuple[int, bytes]) -> None:
         raise OSError("killed")
 
-    monkeypatch.setattr({"users": users, "acls": acls}[crash_at], "persist", crash)
+    monkeypatch.setattr({"users": users, "acls": acls}[crash_at], "write", crash)
     with pytest.raises(OSError, match="killed"):
-        processor.delete_user(pymq_pb2.DeleteUserRequest(username="eve"))
+        asyncio.run(processor.delete_user(pymq_pb2.DeleteUserRequest(username="eve")))
     on_disk_users, on_disk_acls = providers()
     assert "User:eve" not in on_disk_acls.acls or "eve" in on_disk_users.users
 

@@ -7,6 +7,8 @@ never leaves the broker.
 
 from __future__ import annotations
 
+import asyncio
+
 from pymq_proto.v1 import pymq_pb2
 
 from ..common.broker_exception import BrokerException
@@ -38,10 +40,19 @@ class AuthAdminProcessor:
         self.users = users
         self.acls = acls
         self.authentication = authentication
+        # held by a change from its checks until its files are written (on threads, off the event
+        # loop: see ConfigManager.persist_async): changes of users and ACLs come one at a time, as
+        # when they were written on the loop, so that what reaches the disk keeps its order (a
+        # user's ACL gone before the user, none made for a user being deleted)
+        self._changing = asyncio.Lock()
 
     # -- users --------------------------------------------------------------------------
 
-    def create_user(self, req: pymq_pb2.CreateUserRequest) -> pymq_pb2.UserResponse:
+    async def create_user(self, req: pymq_pb2.CreateUserRequest) -> pymq_pb2.UserResponse:
+        async with self._changing:
+            return await self._create_user(req)
+
+    async def _create_user(self, req: pymq_pb2.CreateUserRequest) -> pymq_pb2.UserResponse:
         u = req.user
         try:
             user = User(check_username(u.username), u.password, parse_user_type(u.user_type or "Normal"),
@@ -53,14 +64,20 @@ class AuthAdminProcessor:
         if user.username in self.users.users:
             raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT,
                                   f"user {user.username!r} exists already: use update_user to change it")
-        self.add_user(user)
+        self.users.users[user.username] = user
+        await self.users.persist_async()
         return pymq_pb2.UserResponse()
 
     def add_user(self, user: User) -> None:
+        """The start's initial user (--init-authentication-user), before the broker serves."""
         self.users.users[user.username] = user
         self.users.persist()
 
-    def update_user(self, req: pymq_pb2.UpdateUserRequest) -> pymq_pb2.UserResponse:
+    async def update_user(self, req: pymq_pb2.UpdateUserRequest) -> pymq_pb2.UserResponse:
+        async with self._changing:
+            return await self._update_user(req)
+
+    async def _update_user(self, req: pymq_pb2.UpdateUserRequest) -> pymq_pb2.UserResponse:
         u = req.user
         user = self.users.users.get(u.username)
         if user is None:
@@ -72,20 +89,26 @@ class AuthAdminProcessor:
         except ValueError as err:
             raise _illegal(err) from None
         self.users.users[user.username] = updated
-        self.users.persist()
-        self.authentication.forget(user.username)
+        self.authentication.forget(user.username)  # in effect now, as the table
+        await self.users.persist_async()
         return pymq_pb2.UserResponse()
 
-    def delete_user(self, req: pymq_pb2.DeleteUserRequest) -> pymq_pb2.UserResponse:
+    async def delete_user(self, req: pymq_pb2.DeleteUserRequest) -> pymq_pb2.UserResponse:
+        async with self._changing:
+            return await self._delete_user(req)
+
+    async def _delete_user(self, req: pymq_pb2.DeleteUserRequest) -> pymq_pb2.UserResponse:
         if req.username not in self.users.users:
             raise BrokerException(pymq_pb2.ILLEGAL_ARGUMENT, f"user {req.username!r} does not exist")
         # The ACL goes to disk first: a crash between the two writes leaves a user without rights,
         # never rights without their user (which a user created again by that name would inherit).
-        if self.acls.acls.pop(f"User:{req.username}", None) is not None:
-            self.acls.persist()
+        # Both leave the tables at once (refused from this request on), the files written after.
+        had_acl = self.acls.acls.pop(f"User:{req.username}", None) is not None
         del self.users.users[req.username]
-        self.users.persist()
         self.authentication.forget(req.username)
+        if had_acl:
+            await self.acls.persist_async()
+        await self.users.persist_async()
         return pymq_pb2.UserResponse()
 
     def list_users(self, req: pymq_pb2.ListUsersRequest) -> pymq_pb2.ListUsersResponse:
@@ -100,7 +123,11 @@ class AuthAdminProcessor:
 
     # -- ACLs ---------------------------------------------------------------------------
 
-    def create_acl(self, req: pymq_pb2.CreateAclRequest) -> pymq_pb2.AclResponse:
+    async def create_acl(self, req: pymq_pb2.CreateAclRequest) -> pymq_pb2.AclResponse:
+        async with self._changing:
+            return await self._create_acl(req)
+
+    async def _create_acl(self, req: pymq_pb2.CreateAclRequest) -> pymq_pb2.AclResponse:
         try:
             subject = Subject.parse(req.acl.subject)
             entries = [PolicyEntry.build(e.resource, e.actions, e.decision or "Allow", e.source_ips)
@@ -117,10 +144,14 @@ class AuthAdminProcessor:
         acl = self.acls.acls.setdefault(str(subject), Acl(subject))
         for entry in entries:
             acl.entries[str(entry.resource)] = entry
-        self.acls.persist()
+        await self.acls.persist_async()
         return pymq_pb2.AclResponse()
 
-    def delete_acl(self, req: pymq_pb2.DeleteAclRequest) -> pymq_pb2.AclResponse:
+    async def delete_acl(self, req: pymq_pb2.DeleteAclRequest) -> pymq_pb2.AclResponse:
+        async with self._changing:
+            return await self._delete_acl(req)
+
+    async def _delete_acl(self, req: pymq_pb2.DeleteAclRequest) -> pymq_pb2.AclResponse:
         try:
             subject = Subject.parse(req.subject)
             resources = [str(Resource.parse(r)) for r in req.resources]
@@ -138,7 +169,7 @@ class AuthAdminProcessor:
                 del acl.entries[r]
         if not resources or not acl.entries:
             del self.acls.acls[str(subject)]
-        self.acls.persist()
+        await self.acls.persist_async()
         return pymq_pb2.AclResponse()
 
     def list_acls(self, req: pymq_pb2.ListAclsRequest) -> pymq_pb2.ListAclsResponse:

@@ -1,7 +1,7 @@
 """Users and ACLs stored with the broker's other configs (RocketMQ's Local*MetadataProvider).
 
 ``config/users.json`` and ``config/acls.json``, each persisted atomically on every
-change (changes are rare: an administrator's). The files hold the passwords (the
+change, on a thread (changes are rare: an administrator's). The files hold the passwords (the
 broker needs them to check HMAC signatures, as RocketMQ's do), so they are made
 readable by the broker's user only.
 """
@@ -29,13 +29,14 @@ class AuthenticationMetadataProvider(ConfigManager):
     def decode(self, data: dict[str, Any]) -> None:
         self.users = {u.username: u for u in (User.from_json(d) for d in data.get("users", []))}
 
-    def persist(self) -> None:
-        # the temporary file exists before the write, owner-only: the base class's O_CREAT mode
-        # applies to new files only, so the passwords are never readable by others on the way
+    def write(self, snapshot: tuple[int, bytes]) -> None:
+        # (every write, on whichever thread) the temporary file exists before the write, owner-only:
+        # the base class's O_CREAT mode applies to new files only, so the passwords are never
+        # readable by others on the way
         self.path.parent.mkdir(parents=True, exist_ok=True)
         os.close(os.open(self.path.with_name(self.path.name + ".tmp"), os.O_WRONLY | os.O_CREAT, 0o600))
         _owner_only(self.path.with_name(self.path.name + ".tmp"))
-        super().persist()
+        super().write(snapshot)
         _owner_only(self.path)
 
 
@@ -54,9 +55,11 @@ class AuthorizationMetadataProvider(ConfigManager):
         self.acls = {str(a.subject): a for a in (Acl.from_json(d) for d in data.get("acls", []))}
         self.version += 1
 
-    def persist(self) -> None:
+    def capture(self) -> Any:
+        # taken on the event loop at each change, before its write (on a thread): decisions cached
+        # before it are stale from now on
         self.version += 1
-        super().persist()
+        return super().capture()
 
 
 def _owner_only(path: Path) -> None:
