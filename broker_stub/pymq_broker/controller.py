@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import ipaddress
 import logging
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -222,7 +225,7 @@ class BrokerController:
                 bc.flush_consumer_offset_interval / 1000, self.consumer_offset_manager,
                 self.subscription_group_manager, self.topic_config_manager, self.transactions)),
             asyncio.create_task(self._every(self.store_config.clean_resource_interval / 1000,
-                                            store.clean_expired_files)),
+                                            partial(self._clean_expired_files, store))),
         ]
         if self.messaging is not None and self.messaging.pop.attempts.enabled:
             # v2 delivery attempts within a second of a change: a kill -9 forgets at most that second
@@ -390,11 +393,25 @@ class BrokerController:
                     log.exception("persisting %s failed", manager.path)
 
     @staticmethod
-    async def _every(interval_s: float, fn: object) -> None:
+    async def _clean_expired_files(store: DefaultMessageStore) -> None:
+        """Retention (RocketMQ's CleanCommitLogService): the expired segments taken out of the store on
+        the event loop, their files deleted on a thread (ExpiredFiles). A shutdown waits for the
+        deletion: the files are the data dir's, which the broker then lets go."""
+        removal = asyncio.ensure_future(asyncio.to_thread(store.take_expired_files().remove))
+        try:
+            await asyncio.shield(removal)
+        except asyncio.CancelledError:
+            await asyncio.wait([removal])
+            raise
+
+    @staticmethod
+    async def _every(interval_s: float, fn: Callable[[], object]) -> None:
         while True:
             await asyncio.sleep(interval_s)
             try:
-                fn()  # type: ignore[operator]
+                result = fn()
+                if inspect.isawaitable(result):
+                    await result
             except Exception:
                 log.exception("periodic task %r failed", fn)
 

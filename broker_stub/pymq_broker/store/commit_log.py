@@ -279,16 +279,15 @@ class CommitLog:
         self.mapped_file_queue.flush()
         return target
 
-    def delete_expired_files(self, expired_time_s: float, now: float | None = None) -> int:
-        """Delete segments (never the last) not written for ``expired_time_s``."""
+    def take_expired_files(self, expired_time_s: float, now: float | None = None) -> list[MappedFile]:
+        """The segments (never the last) not written for ``expired_time_s``, taken out of the log
+        for the caller to destroy."""
         now = time.time() if now is None else now
-        deleted = 0
+        taken = []
         mfq = self.mapped_file_queue
         while len(mfq.files) > 1 and now - mfq.files[0].mtime() >= expired_time_s:
-            mf = mfq.delete_first()
-            log.info("retention deleted commit log segment %s", mf.file_name.name)
-            deleted += 1
-        return deleted
+            taken.append(mfq.take_first())
+        return taken
 
     def shutdown(self) -> None:
         self.mapped_file_queue.shutdown()

@@ -284,21 +284,21 @@ class ConsumeQueue:
                 hi = mid
         self.min_logic_offset = max(self.min_logic_offset, lo * CQ_STORE_UNIT_SIZE)
 
-    def delete_expired_files(self, phy_min: int) -> int:
-        """Delete whole segments whose last entry is below ``phy_min``."""
-        deleted = 0
+    def take_expired_files(self, phy_min: int) -> list[MappedFile]:
+        """The whole segments whose last entry is below ``phy_min``, taken out of the queue (its min
+        offset moved past them) for the caller to destroy."""
+        taken = []
         while len(self.queue.files) > 1:
             first = self.queue.files[0]
             last_entry = self.get_entries(
                 (first.file_from_offset + first.file_size) // CQ_STORE_UNIT_SIZE - 1, 1
             )
             if len(last_entry) and int(last_entry[0]["phy"]) + int(last_entry[0]["size"]) <= phy_min:
-                self.queue.delete_first()
-                deleted += 1
+                taken.append(self.queue.take_first())
             else:
                 break
         self.correct_min_offset(phy_min)
-        return deleted
+        return taken
 
     def flush(self) -> None:
         if self.dirty:

@@ -266,9 +266,13 @@ class IndexService:
             self.dirty = False
             self.files[-1].flush()
 
-    def delete_expired_files(self, phy_min: int) -> None:
+    def take_expired_files(self, phy_min: int) -> list[IndexFile]:
+        """The files (never the last) that index only records below ``phy_min``, taken out for the
+        caller to destroy."""
+        taken = []
         while len(self.files) > 1 and self.files[0].end_phy < phy_min:
-            self.files.pop(0).destroy()
+            taken.append(self.files.pop(0))
+        return taken
 
     def shutdown(self) -> None:
         self.flush()

@@ -209,11 +209,10 @@ class MappedFileQueue:
             with contextlib.suppress(OSError):  # destroyed by retention meanwhile
                 mf.flush()
 
-    def delete_first(self) -> MappedFile:
+    def take_first(self) -> MappedFile:
+        """The first segment, out of the queue: the caller destroys it (maybe on another thread)."""
         with self.lock:
-            mf = self.files.pop(0)
-        mf.destroy()
-        return mf
+            return self.files.pop(0)
 
     def shutdown(self) -> None:
         for mf in self.files:
