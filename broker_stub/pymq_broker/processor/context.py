@@ -54,7 +54,7 @@ class BrokerContext:
     async def topic_on_disk(self, topic: str) -> None:
         """Before a message is stored in a topic the broker made on first use (a send's auto-create,
         a group's %DLQ% or %RETRY% topic), wait until topics.json holds it: written on a thread, not
-        on the event loop (with 3,000 topics each such write held every client 50-85 ms), and
+        on the event loop (at 3,000 topics, 200 such sends held every client 2.1-2.6 s in all), and
         before the put, as when it was written on the loop: a kill -9 must not leave a SEND_OK
         message in a topic the next start does not list (with a new topic id, if made again).
 
