@@ -20,6 +20,7 @@ from pyspark_pymq import Admin, Message, MessageQueue, Producer, PullConsumer, P
 from pyspark_pymq.errors import NoPermissionError, PymqError, TopicNotExistError
 from pyspark_pymq.rocketmq.api import MQClientAPI
 from pyspark_pymq.rocketmq.remoting import AclClientRPCHook, RemotingClient, SessionCredentials
+from pyspark_pymq.rocketmq.route import NameServerClient
 from rocketmq_cluster import JavaMessage, RocketMQCluster
 from test_spark_source import output, run_available_now, run_expecting_failure
 
@@ -549,3 +550,58 @@ def test_a_group_the_brokers_do_not_have_fails_the_query_at_start(
             consumer.pull(MessageQueue(topic, "broker-a", 0), 0)
     finally:
         c.mqadmin("updateBrokerConfig", "-b", addr, "-k", "autoCreateSubscriptionGroup", "-v", "true")
+
+
+def test_batch_read_naming_queues_of_a_broker_gone_from_the_route_names_the_broker(
+    spark: Any, rocketmq_cluster: RocketMQCluster
+) -> None:
+    """broker-a is killed: the name server drops it and its routes at once. A batch read whose
+    startingOffsets, endingOffsets (or ...ByTimestamp) or assign names broker-a's queues fails
+    naming broker-a as down, not as a broker that "does not have" those queues (which told the
+    user to leave them out: a read of the topic without broker-a's messages)."""
+    c = rocketmq_cluster
+    topic = unique("rgone")
+    c.create_topic(topic, 2)
+    c.produce(topic, [JavaMessage(f"{b}-{i}", broker=b, queue_id=i % 2)
+                      for b in ("broker-a", "broker-b") for i in range(4)])
+    _read_topic(c.namesrv_addr, topic, at_least=8)
+
+    def read(**options: str) -> list[Any]:
+        reader = spark.read.format("pymq").option("namesrvAddr", c.namesrv_addr)
+        if "assign" not in options:
+            reader = reader.option("topic", topic)
+        for k, v in options.items():
+            reader = reader.option(k, v)
+        return reader.load().collect()
+
+    now = int(time.time() * 1000)
+    named = {
+        "startingOffsets": f'{{"{topic}": {{"broker-a:0": 1, "broker-b:0": 0}}}}',
+        "endingOffsets": f'{{"{topic}": {{"broker-a:1": 2}}}}',
+        "startingOffsetsByTimestamp": f'{{"{topic}": {{"broker-a:1": {now - 600_000}}}}}',
+        "endingOffsetsByTimestamp": f'{{"{topic}": {{"broker-a:0": {now}}}}}',
+        "assign": f'{{"{topic}": ["broker-a:0", "broker-b:1"]}}',
+    }
+    assert len(read(**{"assign": named["assign"]})) == 4  # both brokers up: both named queues read
+    c.kill_broker("broker-a")
+    try:
+        ns = NameServerClient(c.namesrv_addr)
+        deadline = time.monotonic() + 30
+        while ns.get_route_info(topic).broker("broker-a") is not None:
+            assert time.monotonic() < deadline, "the name server still routes to broker-a"
+            time.sleep(0.2)
+        for option, value in named.items():
+            with pytest.raises(Exception) as info:
+                read(**{option: value})
+            text = str(info.value)
+            queue = "broker-a:0" if option in ("startingOffsets", "endingOffsetsByTimestamp", "assign") \
+                else "broker-a:1"
+            assert (f"pymq option {option} names queue(s) {queue} of topic {topic!r} on broker "
+                    "'broker-a', which is down or not registered") in text, (option, text[:3000])
+            assert "does not have" not in text, (option, text[:3000])
+        # a queue the live broker does not have is still named as such
+        with pytest.raises(Exception, match=f"names queue broker-b:7 of topic {topic!r}, which the broker "
+                                            "does not have"):
+            read(startingOffsets=f'{{"{topic}": {{"broker-b:7": 0}}}}')
+    finally:
+        c.start_broker("broker-a")

@@ -522,6 +522,9 @@ class TopicsBackend:
     def register_consumer(self, group: str, topics: Any) -> None:
         self.registered = list(topics)
 
+    def unavailable_brokers(self, queues: Any) -> set[str]:
+        return set()  # as a pymq broker's: a queue its route does not have is not held elsewhere
+
 
 class QueuesBackend(TopicsBackend):
     """Topics of several queues on broker "b", each holding 10 messages."""

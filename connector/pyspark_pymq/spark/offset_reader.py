@@ -40,7 +40,7 @@ from ..errors import (
 )
 from .data_loss import report_data_loss
 from .options import ConsumeFromWhere, SourceOptions, StartingPosition, StartKind, TimestampStrategy
-from .source_offset import EARLIEST, LATEST, TopicIds, lookup, recreated_topics, topic_ids
+from .source_offset import EARLIEST, LATEST, QueueKey, TopicIds, lookup, recreated_topics, topic_ids
 
 __all__ = ["OffsetReader", "QueueBounds"]
 
@@ -206,6 +206,8 @@ class OffsetReader:
             # a stream restarted from its checkpoint gets no strict look (Spark calls no
             # initialOffset): a queue named there that is not (a typo, a queue cut since) is said once
             self._assign_checked.add(topic)
+            if strict:
+                self._check_named_brokers("assign", (k for k in opts.assigned if k[0] == topic), found)
             for _, broker, qid in sorted(key for key in opts.assigned if key[0] == topic):
                 if not any(mq.queue_id == qid and broker in ("", mq.broker_name) for mq in found):
                     has = ", ".join(f"{mq.broker_name}:{mq.queue_id}" for mq in sorted(
@@ -495,9 +497,39 @@ class OffsetReader:
         self, start: StartingPosition, bounds: Mapping[MessageQueue, QueueBounds]
     ) -> None:
         if start.kind is StartKind.OFFSETS:
-            _check_queue_keys("startingOffsets", start.offsets, bounds)
+            self._check_queue_keys("startingOffsets", start.offsets, bounds)
         if start.kind is StartKind.TIMESTAMPS:
-            _check_queue_keys("startingOffsetsByTimestamp", start.timestamps, bounds)
+            self._check_queue_keys("startingOffsetsByTimestamp", start.timestamps, bounds)
+
+    def _check_queue_keys(
+        self, option: str, offsets: Mapping[QueueKey, int], bounds: Iterable[MessageQueue]
+    ) -> None:
+        bounds = list(bounds)
+        self._check_named_brokers(option, offsets, bounds)
+        _check_queue_keys(option, offsets, bounds)
+
+    def _check_named_brokers(
+        self, option: str, keys: Iterable[QueueKey], bounds: Iterable[MessageQueue]
+    ) -> None:
+        """Queues ``option`` names on a broker that the route of their topic does not list now,
+        but that still holds them: down, or not registered again yet after a restart (RocketMQ's
+        name servers drop a broker that stopped, with its routes). Such a queue is not "one the
+        broker does not have": the read fails naming the broker, rather than telling the user to
+        leave its queues out, which would read the topic without its messages."""
+        listed = {(mq.topic, mq.broker_name) for mq in bounds}
+        unlisted = sorted({key for key in keys if key[1] and (key[0], key[1]) not in listed})
+        if not unlisted:
+            return
+        down = self.unavailable_brokers(MessageQueue(t, b, q) for t, b, q in unlisted)
+        for topic, broker in sorted({(t, b) for t, b, _ in unlisted if b in down}):
+            queues = ", ".join(f"{b}:{q}" for t, b, q in unlisted if (t, b) == (topic, broker))
+            raise BrokerUnavailableError(
+                f"pymq option {option} names queue(s) {queues} of topic {topic!r} on broker {broker!r}, "
+                f"which is down or not registered with the name servers now ({self.opts.backend.option}: "
+                "the topic's route does not list it): the read would miss the messages it holds. Read "
+                "again once the broker is back (it registers within 30 s of its start); "
+                f"to read without its messages, leave its queues out of {option}"
+            )
 
     # -- where a batch read ends ------------------------------------------------------------
 
@@ -505,9 +537,9 @@ class OffsetReader:
         """Exclusive end per queue of a batch read (``endingOffsets`` / ``endingTimestamp``)."""
         ending = self.opts.ending
         if ending.kind is StartKind.OFFSETS:
-            _check_queue_keys("endingOffsets", ending.offsets, bounds)
+            self._check_queue_keys("endingOffsets", ending.offsets, bounds)
         if ending.kind is StartKind.TIMESTAMPS:
-            _check_queue_keys("endingOffsetsByTimestamp", ending.timestamps, bounds)
+            self._check_queue_keys("endingOffsetsByTimestamp", ending.timestamps, bounds)
         out: dict[MessageQueue, int] = {}
         for mq in sorted(bounds):
             b = bounds[mq]
