@@ -525,6 +525,9 @@ class TopicsBackend:
     def unavailable_brokers(self, queues: Any) -> set[str]:
         return set()  # as a pymq broker's: a queue its route does not have is not held elsewhere
 
+    def unlisted_queues(self, topics: Any) -> dict[str, dict[str, list[MessageQueue]]]:
+        return {}
+
 
 class QueuesBackend(TopicsBackend):
     """Topics of several queues on broker "b", each holding 10 messages."""

@@ -304,6 +304,15 @@ class Backend(ABC):
         """
         return set()
 
+    def unlisted_queues(self, topics: Sequence[str]) -> dict[str, dict[str, list[MessageQueue]]]:
+        """Queues of ``topics`` held by brokers that their routes do not list now (topic -> broker
+        -> its queues): a broker that registered again but whose routes the name servers have not
+        taken (yet). A read planned from the routes alone would leave their messages out.
+
+        Where a topic's route is the only place its queues are known, none.
+        """
+        return {}
+
     @abstractmethod
     def min_offset(self, mq: MessageQueue) -> int: ...
 

@@ -262,6 +262,39 @@ class RocketMQBackend(Backend):
                     break
         return out
 
+    def unlisted_queues(self, topics: Sequence[str]) -> dict[str, dict[str, list[MessageQueue]]]:
+        # The brokers registered now in the clusters of each topic's route, that the route does not
+        # list, are asked for the topic's stats: the name servers take a broker's routes from its
+        # registrations, and drop them when its channel closes, which may come after a restarted
+        # broker registered again (its routes are back only with its next topic change or a new
+        # registration), or after a route deleted on the name servers alone. Without this a batch
+        # read of such a topic had the listed brokers' rows only, and said nothing.
+        # One GET_BROKER_CLUSTER_INFO, and a stats request per such broker (none where every
+        # broker of the cluster has the topic, as `mqadmin updateTopic -c` makes it).
+        out: dict[str, dict[str, list[MessageQueue]]] = {}
+        if not topics:
+            return out
+        info = self.namesrv.get_cluster_info()
+        for topic in topics:
+            try:
+                route = self._routes.route_data(topic)
+            except TopicNotExistError:
+                continue
+            listed = {q.broker_name for q in route.queue_datas} | {b.broker_name for b in route.broker_datas}
+            clusters = {b.cluster for b in route.broker_datas}
+            others = set[str]().union(*(info.clusters.get(c, ()) for c in clusters)) - listed
+            for broker in sorted(others):
+                addr = info.broker_addrs.get(broker)
+                if addr is None:
+                    continue
+                try:
+                    held = self.api.get_topic_stats_info(addr, topic)
+                except (TopicNotExistError, BrokerUnavailableError, RequestTimeoutError):
+                    continue  # not there; or a broker that does not answer, which cannot tell
+                if held:
+                    out.setdefault(topic, {})[broker] = sorted(held)
+        return out
+
     def topic_names(self) -> list[str]:
         # the name servers list every topic, RocketMQ's own and those named after its brokers and
         # clusters too (as RocketMQAdmin.topic_names leaves them out)

@@ -171,7 +171,8 @@ class OffsetReader:
         retry = self.opts.retry_topic
         unreachable: set[str] | None = None if require_topics else set()
         topics = self.opts.all_topics()
-        for topic, found in zip(topics, self._topics_bounds(topics, unreachable), strict=True):
+        bounds_of = self._topics_bounds(topics, unreachable)
+        for topic, found in zip(topics, bounds_of, strict=True):
             if found is None:
                 if topic == retry and topic not in self.opts.topics:
                     continue
@@ -184,6 +185,8 @@ class OffsetReader:
             if self.opts.assigned is not None:
                 found = self._assigned(topic, found, strict=require_topics)
             out.update(found)
+        if require_topics and not self.opts.stream:
+            self._check_unlisted([t for t, found in zip(topics, bounds_of, strict=True) if found])
         self._unreachable = unreachable or set()
         self._readable = set(out)
         self._topic_ids = topic_ids(out)
@@ -195,6 +198,30 @@ class OffsetReader:
             logger.warning("pymq source: broker(s) %s do not answer or serve no reads; their queues wait",
                            ", ".join(sorted(self._unreachable)))
         return out, missing
+
+    def _check_unlisted(self, topics: Sequence[str]) -> None:
+        """A batch read plans from the routes once: queues of a broker that a route does not list
+        but that holds them (:meth:`Backend.unlisted_queues`) would be left out, silently. A
+        stream needs no such look: they join it once the route lists them."""
+        try:
+            unlisted = self.backend.unlisted_queues(topics)
+        except PymqError as err:
+            raise self._explain(err) from None
+        for topic, brokers in sorted(unlisted.items()):
+            for broker, queues in sorted(brokers.items()):
+                wanted = [mq for mq in queues if self.opts.assigns(mq)]
+                if not wanted:
+                    continue
+                names = ", ".join(f"{mq.broker_name}:{mq.queue_id}" for mq in wanted)
+                raise BrokerUnavailableError(
+                    f"pymq source: broker {broker!r} holds queue(s) {names} of topic {topic!r}, but the "
+                    f"topic's route on the name servers ({self.opts.backend.option}) does not list it, "
+                    "so the read would leave its messages out. The name servers take a broker's routes "
+                    "when it registers (every 30 s, and at a topic change: a broker restarted a moment "
+                    f"ago, or a route deleted on the name servers alone, `mqadmin updateTopic -b <its "
+                    f"address> -t {topic}` brings it back): read again once the route lists it. To read "
+                    "the other brokers' queues without it, name them with option assign"
+                )
 
     def _assigned(self, topic: str, found: dict[MessageQueue, QueueBounds], *,
                   strict: bool) -> dict[MessageQueue, QueueBounds]:
