@@ -211,3 +211,53 @@ def test_stream_waits_for_a_broker_whose_slave_serves_no_reads(
     assert Counter(bytes(r["body"]) for r in read) == Counter(first + second)  # all, each exactly once
     offsets = Counter((r["queue_id"], r["queue_offset"]) for r in read)
     assert max(offsets.values()) == 1 and len(offsets) == len(first) + len(second)
+
+
+def test_a_new_stream_starts_while_a_broker_serves_no_reads_and_reads_it_once_back(
+    spark: Any, cluster: RocketMQCluster, master_back: None, tmp_path: Path
+) -> None:
+    """A new stream (no checkpoint) started while broker-a's master was down failed at its start,
+    naming the slave, where RocketMQ's consumers go on with the brokers that serve. It starts now
+    without broker-a's queues, which join once the master is back, from their first message
+    (startingOffsets=earliest): every message exactly once, none skipped."""
+    c = cluster
+    topic, group = unique("slave-new"), unique("g")
+    c.create_topic(topic, 2)
+    sent = _send(c, topic, "m", 20)
+    _replicated(c, topic, len(sent))
+    _kill_master(c, topic)
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    poll_timeout_ms = 4000
+
+    def rows() -> list[dict[str, Any]]:
+        log = out / "_spark_metadata"  # the files of committed batches only
+        if not log.exists() or not any(f.name.isdigit() for f in log.iterdir()):
+            return []
+        return [r.asDict() for r in spark.read.parquet(str(out)).collect()]
+
+    query = (spark.readStream.format("pymq").option("namesrvAddr", c.namesrv_addr).option("topic", topic)
+             .option("consumerGroup", group).option("startingOffsets", "earliest")
+             .option("pollTimeoutMs", poll_timeout_ms).load()
+             .select("body", "queue_id", "queue_offset").writeStream.format("parquet")
+             .option("checkpointLocation", str(ckpt)).trigger(processingTime="500 milliseconds")
+             .start(str(out)))
+    try:
+        # several triggers and twice pollTimeoutMs: a range planned from the slave fails by then
+        deadline = time.monotonic() + 2 * poll_timeout_ms / 1000 + 4
+        while time.monotonic() < deadline:
+            assert query.isActive, f"the query stopped while broker-a's master was down: {query.exception()}"
+            time.sleep(0.5)
+        assert rows() == []  # broker-a's queues are not read from its slave
+        c.start_broker(BROKER)
+        deadline = time.monotonic() + 120
+        while len(rows()) < len(sent) and time.monotonic() < deadline:
+            assert query.isActive, f"the query stopped: {query.exception()}"
+            time.sleep(0.5)
+        time.sleep(1.5)  # a few more triggers: nothing read twice
+        assert query.isActive, f"the query stopped: {query.exception()}"
+    finally:
+        query.stop()
+    read = rows()
+    assert Counter(bytes(r["body"]) for r in read) == Counter(sent)  # all, each exactly once
+    offsets = Counter((r["queue_id"], r["queue_offset"]) for r in read)
+    assert max(offsets.values()) == 1 and len(offsets) == len(sent)

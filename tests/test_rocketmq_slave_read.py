@@ -202,3 +202,24 @@ def test_a_readable_slave_without_the_message_yet_sends_the_pull_to_its_master(
         assert master.asked[RequestCode.PULL_MESSAGE] == 1
     finally:
         master.close()
+
+
+def test_a_new_stream_starts_without_a_broker_that_serves_no_reads_a_batch_read_fails(
+    fake: FakeCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stream's start left out nothing: the broker's refusal failed it. Its queues are left out
+    now (they join once it serves); a batch read, which cannot wait for them, still fails."""
+    from pyspark_pymq.spark.offset_reader import OffsetReader
+    from pyspark_pymq.spark.options import parse_source_options
+
+    def reader(stream: bool) -> OffsetReader:
+        opts = parse_source_options({"namesrvAddr": fake.addr, "topic": TOPIC, "consumerGroup": "g",
+                                     "includeRetry": "false"}, stream=stream)
+        return OffsetReader(opts, backend=_backend(fake))
+
+    with caplog.at_level("WARNING", logger="pyspark_pymq.spark"):
+        assert reader(stream=True).bounds(require_topics=True) == ({}, [])
+    assert any("broker(s) b do not answer or serve no reads; their queues wait" in r.getMessage()
+               for r in caplog.records)
+    with pytest.raises(BrokerUnavailableError, match="broker 'b' serves no reads"):
+        reader(stream=False).bounds(require_topics=True)

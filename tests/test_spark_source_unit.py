@@ -506,7 +506,8 @@ class TopicsBackend:
             raise self.listing_fails
         return sorted(self.topics)
 
-    def queue_bounds(self, topic: str, *, unreachable: Any = None) -> dict[MessageQueue, QueueBounds] | None:
+    def queue_bounds(self, topic: str, *, unreachable: Any = None,
+                     unreadable: Any = None) -> dict[MessageQueue, QueueBounds] | None:
         if topic not in self.topics or topic in self.write_only:
             return None
         return {MessageQueue(topic, "b", 0): QueueBounds(0, self.topics[topic])}
@@ -532,7 +533,8 @@ class TopicsBackend:
 class QueuesBackend(TopicsBackend):
     """Topics of several queues on broker "b", each holding 10 messages."""
 
-    def queue_bounds(self, topic: str, *, unreachable: Any = None) -> dict[MessageQueue, QueueBounds] | None:
+    def queue_bounds(self, topic: str, *, unreachable: Any = None,
+                     unreadable: Any = None) -> dict[MessageQueue, QueueBounds] | None:
         if topic not in self.topics:
             return None
         return {MessageQueue(topic, "b", q): QueueBounds(0, 10) for q in range(self.topics[topic])}
@@ -592,7 +594,8 @@ class SlowBackend(TopicsBackend):
         self.asking = self.most_at_once = 0
         self.lock = threading.Lock()
 
-    def queue_bounds(self, topic: str, *, unreachable: Any = None) -> dict[MessageQueue, QueueBounds] | None:
+    def queue_bounds(self, topic: str, *, unreachable: Any = None,
+                     unreadable: Any = None) -> dict[MessageQueue, QueueBounds] | None:
         with self.lock:
             self.asking += 1
             self.most_at_once = max(self.most_at_once, self.asking)

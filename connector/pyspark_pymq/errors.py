@@ -38,6 +38,7 @@ from typing import ClassVar
 __all__ = [
     "AccessDeniedError",
     "AuthenticationError",
+    "BrokerNotReadableError",
     "BrokerUnavailableError",
     "IllegalArgumentError",
     "MessageIllegalError",
@@ -152,6 +153,11 @@ class BrokerUnavailableError(PymqError):
 
     code = "SERVICE_NOT_AVAILABLE"
     retriable = True
+
+
+class BrokerNotReadableError(BrokerUnavailableError):
+    """The broker answers but serves no reads now: a RocketMQ broker whose master is down and whose
+    slave refuses every pull (slaveReadEnable=false). Its queues are read on once it serves again."""
 
 
 class RequestTimeoutError(PymqError):

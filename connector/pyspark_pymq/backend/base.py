@@ -243,7 +243,7 @@ class Backend(ABC):
     # -- offsets -----------------------------------------------------------------------
 
     def queue_bounds(
-        self, topic: str, *, unreachable: set[str] | None = None
+        self, topic: str, *, unreachable: set[str] | None = None, unreadable: set[str] | None = None
     ) -> dict[MessageQueue, QueueBounds] | None:
         """Bounds of every readable queue of ``topic``; None if the topic does not exist.
 
@@ -252,8 +252,16 @@ class Backend(ABC):
         restarting, before the name servers notice) or serves no reads (a RocketMQ
         broker whose master is down and whose slave has slaveReadEnable=false) is
         added to it and its queues are left out; without it, its error is raised.
+        With ``unreadable`` (and without ``unreachable``), a broker that serves no reads
+        (:class:`~pyspark_pymq.errors.BrokerNotReadableError`) is added to it and its
+        queues are left out; the error of one that does not answer is raised.
         """
-        from ..errors import BrokerUnavailableError, RequestTimeoutError, TopicNotExistError
+        from ..errors import (
+            BrokerNotReadableError,
+            BrokerUnavailableError,
+            RequestTimeoutError,
+            TopicNotExistError,
+        )
 
         try:
             route = self.route(topic, refresh=True)
@@ -266,10 +274,13 @@ class Backend(ABC):
         for broker in sorted({mq.broker_name for mq in route.subscribe_queues}):
             try:
                 found = self._broker_bounds(topic, broker)
-            except (BrokerUnavailableError, RequestTimeoutError):
-                if unreachable is None:
+            except (BrokerUnavailableError, RequestTimeoutError) as err:
+                if unreachable is not None:
+                    unreachable.add(broker)
+                elif unreadable is not None and isinstance(err, BrokerNotReadableError):
+                    unreadable.add(broker)
+                else:
                     raise
-                unreachable.add(broker)
                 skipped.add(broker)
                 continue
             if found is None:

@@ -41,6 +41,7 @@ from ..client.message import MessageExt, MessageQueue, PullStatus, SendBackColum
 from ..client.route import TopicRoute
 from ..errors import (
     GROUP_NOT_EXIST,
+    BrokerNotReadableError,
     BrokerUnavailableError,
     PymqError,
     RequestTimeoutError,
@@ -180,7 +181,7 @@ class RocketMQBackend(Backend):
         return {mq: QueueBounds(o.min_offset, o.max_offset) for mq, o in found.items()}
 
     def _check_reads(self, topic: str, broker_name: str, addr: str) -> None:
-        """BrokerUnavailableError when ``addr``, where the route of ``topic`` sends the reads of
+        """BrokerNotReadableError when ``addr``, where the route of ``topic`` sends the reads of
         ``broker_name``, is a slave that refuses pulls: the master is not registered (down, or
         restarting) and the slave runs with RocketMQ's default slaveReadEnable=false. Its queues
         then wait, as a broker's that does not answer (see :meth:`Backend.queue_bounds`)."""
@@ -195,7 +196,7 @@ class RocketMQBackend(Backend):
         if addr not in self._told_unreadable:  # once per outage: the driver asks at every trigger
             self._told_unreadable.add(addr)
             log.warning("%s", why)
-        raise BrokerUnavailableError(why)
+        raise BrokerNotReadableError(why)
 
     def _slave_serves_reads(self, addr: str) -> bool:
         """Whether the slave at ``addr`` serves pulls: what PullMessageProcessor.rejectRequest

@@ -110,16 +110,17 @@ class OffsetReader:
     # -- what the broker has -----------------------------------------------------------
 
     def topic_bounds(
-        self, topic: str, *, unreachable: set[str] | None = None
+        self, topic: str, *, unreachable: set[str] | None = None, unreadable: set[str] | None = None
     ) -> dict[MessageQueue, QueueBounds] | None:
-        """Bounds of every readable queue of ``topic``; None if the topic does not exist."""
+        """Bounds of every readable queue of ``topic``; None if the topic does not exist
+        (``unreachable``, ``unreadable``: see :meth:`Backend.queue_bounds`)."""
         try:
-            return self.backend.queue_bounds(topic, unreachable=unreachable)
+            return self.backend.queue_bounds(topic, unreachable=unreachable, unreadable=unreadable)
         except PymqError as err:
             raise self._explain(err, topic) from None
 
     def _topics_bounds(
-        self, topics: Sequence[str], unreachable: set[str] | None
+        self, topics: Sequence[str], unreachable: set[str] | None, unreadable: set[str] | None = None
     ) -> list[dict[MessageQueue, QueueBounds] | None]:
         """:meth:`topic_bounds` of each of ``topics``, in their order, several asked at once.
 
@@ -127,21 +128,25 @@ class OffsetReader:
         the topics not asked yet then are not.
         """
         if len(topics) <= 2:  # a topic and its group's retry topic: no thread is worth it
-            return [self.topic_bounds(t, unreachable=unreachable) for t in topics]
+            return [self.topic_bounds(t, unreachable=unreachable, unreadable=unreadable) for t in topics]
 
-        def one(topic: str) -> tuple[dict[MessageQueue, QueueBounds] | None, set[str] | None]:
+        Found = tuple[dict[MessageQueue, QueueBounds] | None, set[str] | None, set[str] | None]
+
+        def one(topic: str) -> Found:
             mine = None if unreachable is None else set[str]()
-            return self.topic_bounds(topic, unreachable=mine), mine
+            not_read = None if unreadable is None else set[str]()
+            return self.topic_bounds(topic, unreachable=mine, unreadable=not_read), mine, not_read
 
         pool = ThreadPoolExecutor(min(BOUNDS_THREADS, len(topics)), thread_name_prefix="pymq-bounds")
         try:
-            futures: list[Future[tuple[dict[MessageQueue, QueueBounds] | None, set[str] | None]]] = [
-                pool.submit(one, t) for t in topics]
+            futures: list[Future[Found]] = [pool.submit(one, t) for t in topics]
             out = []
             for future in futures:
-                found, skipped = future.result()
+                found, skipped, not_read = future.result()
                 if skipped and unreachable is not None:
                     unreachable.update(skipped)
+                if not_read and unreadable is not None:
+                    unreadable.update(not_read)
                 out.append(found)
             return out
         finally:
@@ -170,8 +175,14 @@ class OffsetReader:
         missing: list[str] = []
         retry = self.opts.retry_topic
         unreachable: set[str] | None = None if require_topics else set()
+        # A new stream starts without the queues of a broker that answers but serves no reads now
+        # (RocketMQ: its master down, its slave with slaveReadEnable=false), as RocketMQ's consumers
+        # go on with the brokers that serve: they join it once it serves again, from the group's
+        # progress or their first message, as a broker's that was down at the start. A batch read,
+        # which cannot wait for them, fails naming the broker.
+        unreadable: set[str] | None = set() if require_topics and self.opts.stream else None
         topics = self.opts.all_topics()
-        bounds_of = self._topics_bounds(topics, unreachable)
+        bounds_of = self._topics_bounds(topics, unreachable, unreadable)
         for topic, found in zip(topics, bounds_of, strict=True):
             if found is None:
                 if topic == retry and topic not in self.opts.topics:
@@ -187,7 +198,7 @@ class OffsetReader:
             out.update(found)
         if require_topics and not self.opts.stream:
             self._check_unlisted([t for t, found in zip(topics, bounds_of, strict=True) if found])
-        self._unreachable = unreachable or set()
+        self._unreachable = (unreachable or set()) | (unreadable or set())
         self._readable = set(out)
         self._topic_ids = topic_ids(out)
         if out and not self._group_checked:
