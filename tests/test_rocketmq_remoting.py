@@ -1460,6 +1460,79 @@ def test_a_name_server_that_knows_no_broker_yet_is_not_taken_for_a_missing_topic
     t.join(5)
 
 
+def test_a_missing_topic_costs_one_round_trip_on_a_name_server_just_seen_with_brokers(
+    server: FakeServer, client: RemotingClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every TOPIC_NOT_EXIST was followed by a GET_BROKER_CLUSTER_INFO, to tell a missing topic from a
+    name server that just restarted and knows no broker yet: a stream asking, at every trigger, a
+    route that is there and one that is not (a deleted topic, a %RETRY% topic without retries yet)
+    paid two round trips for the second. A name server that showed a broker over the connection
+    open now, a moment ago, has not restarted: its answer stands. Over a new connection (a restart
+    closes them), or after BROKERS_SEEN_TTL_S, it is asked again."""
+    ns = NameServerClient(server.addr, remoting=client, timeout_s=2.0)
+    asked: list[tuple[int, int]] = []  # (connection, request code)
+    conns: list[socket.socket] = []
+    route = {"queueDatas": [{"brokerName": "broker-a", "readQueueNums": 1, "writeQueueNums": 1,
+                             "perm": 6, "topicSysFlag": 0}],
+             "brokerDatas": [{"cluster": "c", "brokerName": "broker-a",
+                              "brokerAddrs": {"0": "127.0.0.1:10911"}}]}
+    cluster = {"brokerAddrTable": {"broker-a": {"brokerAddrs": {"0": "127.0.0.1:10911"}}},
+               "clusterAddrTable": {"c": ["broker-a"]}}
+
+    def serve() -> None:
+        while True:
+            try:
+                conn = server.accept(timeout=30)
+            except queue.Empty:
+                return
+            conns.append(conn)
+            threading.Thread(target=answer, args=(conn, len(conns)), daemon=True).start()
+
+    def answer(conn: socket.socket, number: int) -> None:
+        with contextlib.suppress(Exception):  # until the connection closes
+            while True:
+                req = server.read_frame(conn)
+                asked.append((number, req.code))
+                if req.code == RequestCode.GET_BROKER_CLUSTER_INFO:
+                    reply = RemotingCommand.response(0, req.opaque, body=json.dumps(cluster).encode())
+                elif req.ext_fields.get("topic") == "orders":
+                    reply = RemotingCommand.response(0, req.opaque, body=json.dumps(route).encode())
+                else:
+                    reply = RemotingCommand.response(ResponseCode.TOPIC_NOT_EXIST, req.opaque)
+                conn.sendall(reply.encode())
+
+    threading.Thread(target=serve, daemon=True).start()
+    route_code, cluster_code = RequestCode.GET_ROUTEINFO_BY_TOPIC, RequestCode.GET_BROKER_CLUSTER_INFO
+    assert [q.broker_name for q in ns.get_route_info("orders").subscribe_queues()] == ["broker-a"]
+    for _ in range(2):  # two triggers
+        with pytest.raises(TopicNotExistError, match="topic 'gone' does not exist"):
+            ns.get_route_info("gone")
+        ns.get_route_info("orders")
+    assert asked == [(1, route_code)] * 5  # no GET_BROKER_CLUSTER_INFO
+
+    # the name server restarts: the connection it showed brokers over is gone
+    conns[0].shutdown(socket.SHUT_RDWR)
+    deadline = time.monotonic() + 5
+    while client.connection_id(server.addr) is not None:
+        assert time.monotonic() < deadline, "the client did not see its connection close"
+        time.sleep(0.02)
+    asked.clear()
+    with pytest.raises(TopicNotExistError, match="topic 'gone' does not exist"):
+        ns.get_route_info("gone")
+    assert asked == [(2, route_code), (2, cluster_code)]  # asked whether it knows a broker
+    asked.clear()
+    with pytest.raises(TopicNotExistError):  # its cluster info showed one, over this connection
+        ns.get_route_info("gone")
+    assert asked == [(2, route_code)]
+
+    # a while later it is asked again (all brokers may have gone meanwhile)
+    monkeypatch.setattr("pyspark_pymq.rocketmq.route.BROKERS_SEEN_TTL_S", 0.0)
+    asked.clear()
+    with pytest.raises(TopicNotExistError):
+        ns.get_route_info("gone")
+    assert asked == [(2, route_code), (2, cluster_code)]
+
+
 def test_the_next_request_asks_another_name_server_than_one_that_knows_no_broker(
     server: FakeServer, client: RemotingClient
 ) -> None:

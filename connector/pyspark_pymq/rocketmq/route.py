@@ -46,6 +46,7 @@ from .protocol import RemotingCommand, RequestCode, ResponseCode, loads_fastjson
 from .remoting import RemotingClient, parse_address
 
 __all__ = [
+    "BROKERS_SEEN_TTL_S",
     "MASTER_ID",
     "ROUTE_RETRY_AFTER_S",
     "ROUTE_TTL_S",
@@ -64,6 +65,10 @@ ROUTE_TTL_S = 30.0  # RocketMQ's pollNameServerInterval
 # server that does not answer costs one time-out per interval, not one per call.
 ROUTE_RETRY_AFTER_S = 2.0
 DEFAULT_TIMEOUT_S = 3.0
+# A name server that showed a broker registered (a route, or its cluster info) over the connection
+# open now, less than this ago, has not restarted since: its TOPIC_NOT_EXIST is a missing topic,
+# without asking it whether it knows any broker (see NameServerClient._registered).
+BROKERS_SEEN_TTL_S = ROUTE_RETRY_AFTER_S
 
 
 def parse_namesrv_addr(value: object) -> tuple[str, ...]:
@@ -253,13 +258,31 @@ class NameServerClient:
         self.remoting = remoting if remoting is not None else RemotingClient.shared()
         self.timeout_s = timeout_s
         self._index = random.randrange(len(self.addrs))
+        # name server -> (connection id, monotonic s): where and when it last showed a broker registered
+        self._brokers_seen: dict[str, tuple[int, float]] = {}
 
     @property
     def namesrv_addr(self) -> str:
         return ";".join(self.addrs)
 
-    def _registered(self, timeout_s: float | None) -> bool:
-        """Whether the name servers know any broker now (False when none answers either)."""
+    def _saw_brokers(self, addr: str) -> None:
+        """``addr`` answered with a broker registered, over the connection open now."""
+        conn = self.remoting.connection_id(addr)
+        if conn is not None:
+            self._brokers_seen[addr] = (conn, time.monotonic())
+
+    def _registered(self, addr: str, timeout_s: float | None) -> bool:
+        """Whether the name servers know any broker now (False when none answers either).
+
+        A name server that restarted closed its connections: one that showed a broker over the
+        connection open now, a moment ago (BROKERS_SEEN_TTL_S), is taken at its word without
+        another round trip, as a stream asks a route that is there and one that is not (a
+        deleted topic, a %RETRY% topic without retries yet) at every trigger.
+        """
+        seen = self._brokers_seen.get(addr)
+        if (seen is not None and seen[0] == self.remoting.connection_id(addr)
+                and time.monotonic() - seen[1] < BROKERS_SEEN_TTL_S):
+            return True
         try:
             return bool(self.get_broker_names(timeout_s=timeout_s))
         except (BrokerUnavailableError, RequestTimeoutError):
@@ -279,7 +302,7 @@ class NameServerClient:
             timeout_s,
         )
         if response.code == ResponseCode.TOPIC_NOT_EXIST:
-            if not self._registered(timeout_s):
+            if not self._registered(addr, timeout_s):
                 # a name server that just restarted knows no broker until their next heartbeat
                 # (30 s): a transient answer, as RocketMQ's clients keep their route meanwhile;
                 # the next request (a retry) goes to the next name server, which may know them
@@ -305,6 +328,8 @@ class NameServerClient:
             raise PymqError(
                 f"name server {addr} sent a route of topic {topic!r} that pymq cannot read: {err}"
             ) from None
+        if route.broker_datas:
+            self._saw_brokers(addr)
         if route.static:
             # Its queue ids are logical ones across brokers, its offsets logical ones moved by
             # offsetDelta: read as plain queues, rows would be read twice or not at all.
@@ -334,6 +359,8 @@ class NameServerClient:
                 out[str(name)] = master
         clusters = {str(name): frozenset(str(b) for b in brokers or ())
                     for name, brokers in (doc.get("clusterAddrTable") or {}).items()}
+        if out:
+            self._saw_brokers(addr)
         return ClusterInfo(out, clusters)
 
     def get_broker_addrs(self, *, timeout_s: float | None = None) -> dict[str, str]:
