@@ -33,6 +33,7 @@ from pyspark_pymq.client.transport import BrokerClient, ResponseStream, StreamRp
 from pyspark_pymq.errors import (
     AccessDeniedError,
     AuthenticationError,
+    BrokerNotReadableError,
     BrokerUnavailableError,
     IllegalArgumentError,
     MessageIllegalError,
@@ -69,6 +70,7 @@ RETRIABLE = {
     IllegalArgumentError: False,
     OffsetIllegalError: False,
     BrokerUnavailableError: True,
+    BrokerNotReadableError: True,  # a RocketMQ slave refusing pulls: read on once the master is back
     RequestTimeoutError: True,
     AccessDeniedError: False,
     AuthenticationError: False,
