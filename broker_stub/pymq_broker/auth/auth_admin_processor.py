@@ -8,6 +8,9 @@ never leaves the broker.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import TypeVar
 
 from pymq_proto.v1 import pymq_pb2
 
@@ -34,6 +37,8 @@ def _illegal(err: ValueError) -> BrokerException:
     return BrokerException(pymq_pb2.ILLEGAL_ARGUMENT, str(err))
 
 
+_R = TypeVar("_R")
+
 class AuthAdminProcessor:
     def __init__(self, users: AuthenticationMetadataProvider, acls: AuthorizationMetadataProvider,
                  authentication: DefaultAuthenticationProvider) -> None:
@@ -46,11 +51,22 @@ class AuthAdminProcessor:
         # user's ACL gone before the user, none made for a user being deleted)
         self._changing = asyncio.Lock()
 
+    async def _one_at_a_time(self, change: Callable[[], Awaitable[_R]]) -> _R:
+        """``change`` under :attr:`_changing`, in a task of its own: a client that gives up (its
+        deadline, a shutdown's grace) must not cut a change short between its table and its files
+        (a DeleteUser's ACL written, its user never: back at the next start, and not deletable
+        before it, gone from the table), nor let the next change in while its write still runs."""
+
+        async def locked() -> _R:
+            async with self._changing:
+                return await change()
+
+        return await asyncio.shield(asyncio.ensure_future(locked()))
+
     # -- users --------------------------------------------------------------------------
 
     async def create_user(self, req: pymq_pb2.CreateUserRequest) -> pymq_pb2.UserResponse:
-        async with self._changing:
-            return await self._create_user(req)
+        return await self._one_at_a_time(partial(self._create_user, req))
 
     async def _create_user(self, req: pymq_pb2.CreateUserRequest) -> pymq_pb2.UserResponse:
         u = req.user
@@ -74,8 +90,7 @@ class AuthAdminProcessor:
         self.users.persist()
 
     async def update_user(self, req: pymq_pb2.UpdateUserRequest) -> pymq_pb2.UserResponse:
-        async with self._changing:
-            return await self._update_user(req)
+        return await self._one_at_a_time(partial(self._update_user, req))
 
     async def _update_user(self, req: pymq_pb2.UpdateUserRequest) -> pymq_pb2.UserResponse:
         u = req.user
@@ -94,8 +109,7 @@ class AuthAdminProcessor:
         return pymq_pb2.UserResponse()
 
     async def delete_user(self, req: pymq_pb2.DeleteUserRequest) -> pymq_pb2.UserResponse:
-        async with self._changing:
-            return await self._delete_user(req)
+        return await self._one_at_a_time(partial(self._delete_user, req))
 
     async def _delete_user(self, req: pymq_pb2.DeleteUserRequest) -> pymq_pb2.UserResponse:
         if req.username not in self.users.users:
@@ -103,12 +117,24 @@ class AuthAdminProcessor:
         # The ACL goes to disk first: a crash between the two writes leaves a user without rights,
         # never rights without their user (which a user created again by that name would inherit).
         # Both leave the tables at once (refused from this request on), the files written after.
-        had_acl = self.acls.acls.pop(f"User:{req.username}", None) is not None
-        del self.users.users[req.username]
+        subject = f"User:{req.username}"
+        acl = self.acls.acls.pop(subject, None)
+        user = self.users.users.pop(req.username)
         self.authentication.forget(req.username)
-        if had_acl:
-            await self.acls.persist_async()
-        await self.users.persist_async()
+        try:
+            if acl is not None:
+                try:
+                    await self.acls.persist_async()
+                except BaseException:  # neither file written: the user keeps its rights, as on disk
+                    self.acls.acls.setdefault(subject, acl)
+                    self.acls.version += 1
+                    raise
+            await self.users.persist_async()
+        except BaseException:
+            # users.json still holds the user (no write of it follows by itself): kept in the table
+            # too, so that the DeleteUser asked again writes its deletion (not "does not exist")
+            self.users.users.setdefault(req.username, user)
+            raise
         return pymq_pb2.UserResponse()
 
     def list_users(self, req: pymq_pb2.ListUsersRequest) -> pymq_pb2.ListUsersResponse:
@@ -124,8 +150,7 @@ class AuthAdminProcessor:
     # -- ACLs ---------------------------------------------------------------------------
 
     async def create_acl(self, req: pymq_pb2.CreateAclRequest) -> pymq_pb2.AclResponse:
-        async with self._changing:
-            return await self._create_acl(req)
+        return await self._one_at_a_time(partial(self._create_acl, req))
 
     async def _create_acl(self, req: pymq_pb2.CreateAclRequest) -> pymq_pb2.AclResponse:
         try:
@@ -148,8 +173,7 @@ class AuthAdminProcessor:
         return pymq_pb2.AclResponse()
 
     async def delete_acl(self, req: pymq_pb2.DeleteAclRequest) -> pymq_pb2.AclResponse:
-        async with self._changing:
-            return await self._delete_acl(req)
+        return await self._one_at_a_time(partial(self._delete_acl, req))
 
     async def _delete_acl(self, req: pymq_pb2.DeleteAclRequest) -> pymq_pb2.AclResponse:
         try:

@@ -70,6 +70,18 @@ class BrokerContext:
             # shielded: a sender that gives up must not cancel the others' write
             await asyncio.shield(pending)
 
+    async def made_topic_on_disk(self, topic: str, make: Callable[[], object]) -> None:
+        """:meth:`topic_on_disk` for a topic the broker makes on first use (``make`` makes it): a
+        DeleteTopic that took it out of the table while its write ran (the wait is the only await
+        between making it and storing) is waited for and the topic made again, so that nothing is
+        stored in a topic that is gone (and that topics.json soon does not list)."""
+        while True:
+            await self.topic_on_disk(topic)
+            if self.topic_config_manager.select_topic_config(topic) is not None:
+                return
+            await self.deletion_done(topic)
+            make()
+
     @property
     def broker_name(self) -> str:
         return self.broker_config.broker_name

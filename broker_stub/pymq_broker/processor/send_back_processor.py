@@ -22,6 +22,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from pymq_proto.record import (
     HEADER,
@@ -114,8 +115,9 @@ class SendBackProcessor:
         answers = _Answers.of(cols.n)
         writes = self._resend_messages(req, cols, answers, deliveries)
         if any(answers.dead_letters):
-            self.ctx.topic_config_manager.create_topic_of_dlq(req.group)
-            await self.ctx.topic_on_disk(get_dlq_topic(req.group))
+            make = partial(self.ctx.topic_config_manager.create_topic_of_dlq, req.group)
+            make()
+            await self.ctx.made_topic_on_disk(get_dlq_topic(req.group), make)
         # the retry topic its delayed copies go to, if this made it (they wait in SCHEDULE_TOPIC_XXXX)
         await self.ctx.topic_on_disk(get_retry_topic(req.group))
         await self._store(writes, answers)

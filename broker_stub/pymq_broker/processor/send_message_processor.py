@@ -148,10 +148,15 @@ class SendMessageProcessor:
         records = self._parse_request(req)
         _check_utf8(records, req.messages)
         topic = req.topic
-        if topic in self.ctx.deleting_topics:  # an auto-create of the name waits for the deletion
-            await self.ctx.deletion_done(topic)
-        cfg, queue_id = self._msg_check(topic, req.queue_id)
-        await self.ctx.topic_on_disk(topic)  # an auto-created topic: written off the loop first
+        while True:
+            if topic in self.ctx.deleting_topics:  # an auto-create of the name waits for the deletion
+                await self.ctx.deletion_done(topic)
+            cfg, queue_id = self._msg_check(topic, req.queue_id)
+            await self.ctx.topic_on_disk(topic)  # an auto-created topic: written off the loop first
+            # the topic as checked, still: a DeleteTopic (or an update) while its write ran is
+            # checked again, rather than stored in a topic gone from the table (and from the disk)
+            if self.ctx.topic_config_manager.select_topic_config(topic) is cfg:
+                break
         items: _Messages = req.messages
         if records is not None:
             sent = await self._send_encoded(req, queue_id, cfg, records, half_batch)
@@ -185,7 +190,10 @@ class SendMessageProcessor:
             topic, queue_id, messages = self._handle_retry_and_dlq(
                 topic, queue_id, req.reconsume_times, messages
             )
-            await self.ctx.topic_on_disk(topic)  # the group's %DLQ% topic, if this made it
+            if topic != req.topic:  # the group's %DLQ% topic, which this may have made
+                group = req.topic[len(RETRY_GROUP_TOPIC_PREFIX):]
+                await self.ctx.made_topic_on_disk(
+                    topic, lambda: self.ctx.topic_config_manager.create_topic_of_dlq(group))
         if not messages:
             return self._response(queue_id, pymq_pb2.SEND_OK, None, dropped)
         result = self.ctx.store.put_messages(topic, queue_id, messages)

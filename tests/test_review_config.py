@@ -1,0 +1,142 @@
+"""Review of the night's off-loop config writes (review-config): races the awaits they added opened."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pymq_broker.auth.auth_admin_processor import AuthAdminProcessor
+from pymq_broker.auth.authentication import DefaultAuthenticationProvider
+from pymq_broker.auth.metadata_provider import AuthenticationMetadataProvider, AuthorizationMetadataProvider
+from pymq_broker.manager.topic_config_manager import TopicConfig, TopicConfigManager
+from pymq_broker.processor.send_back_processor import SendBackProcessor
+from pymq_broker.processor.send_message_processor import SendMessageProcessor
+from pymq_broker.store.commit_log import MessageToStore
+from pymq_proto.record import encode_properties
+from pymq_proto.v1 import pymq_pb2
+from test_admin_off_loop import Broker, Gate, answer, slowed
+
+
+def _send(topic: str) -> pymq_pb2.SendMessageRequest:
+    return pymq_pb2.SendMessageRequest(
+        producer_group="p", topic=topic, queue_id=0, born_timestamp=int(time.time() * 1000),
+        messages=[pymq_pb2.MessageData(body=b"acked", properties=encode_properties({}))])
+
+
+def _on_disk(root: Path) -> set[str]:
+    topics = TopicConfigManager(root / "config" / "topics.json")
+    topics.load()
+    return set(topics.topic_config_table)
+
+
+def _deleted_while_written(b: Broker, topic: str, sending: Any) -> Any:
+    """``sending`` (a coroutine that makes ``topic`` and waits for its write) while a DeleteTopic of
+    ``topic`` runs whole during that write."""
+    gate, events = Gate(), []
+    b.topics.write = slowed(gate, b.topics.write, events, "written")  # type: ignore[method-assign]
+
+    async def main() -> Any:
+        task = asyncio.ensure_future(sending)
+        await gate.reached()  # the sender's topics.json write has begun, held
+        await answer(b.admin.delete_topic(pymq_pb2.DeleteTopicRequest(topic=topic)))
+        gate.open()
+        return await task
+
+    return asyncio.run(main())
+
+
+def test_a_send_whose_auto_created_topic_is_deleted_while_written_stores_in_a_listed_topic(
+    tmp_path: Path,
+) -> None:
+    """The send awaited topics.json between its topic check and its put: a DeleteTopic meanwhile left
+    it storing (SEND_OK) in a topic gone from the table and from topics.json."""
+    b = Broker(tmp_path / "b")
+    try:
+        b.topics.auto_create_topic_enable = True
+        send = SendMessageProcessor(b.ctx, None)  # type: ignore[arg-type]
+        resp = _deleted_while_written(b, "auto", send.send_message(_send("auto")))
+        assert resp.status == pymq_pb2.SEND_OK
+        assert "auto" in b.topics.topic_config_table  # made again, after the deletion
+        assert b.bodies("auto", 0) == [b"acked"]
+    finally:
+        b.store.shutdown()
+    assert "auto" in _on_disk(tmp_path / "b")
+
+
+def test_a_dead_letter_whose_dlq_is_deleted_while_written_stores_in_a_listed_topic(tmp_path: Path) -> None:
+    b = Broker(tmp_path / "b")
+    try:
+        b.topics.create_topic(TopicConfig("t", 1, 1), update_if_exists=False)
+        hopeless = MessageToStore(b"hopeless", 0, encode_properties({}), 1)
+        phy = b.store.put_messages("t", 0, [hopeless]).physical_offsets[0]
+        req = pymq_pb2.ConsumerSendMsgBackBatchRequest(group="g", commit_log_offsets=[phy], delay_levels=[-1])
+        resp = _deleted_while_written(b, "%DLQ%g", SendBackProcessor(b.ctx).consumer_send_msg_back_batch(req))
+        assert list(resp.dead_letters) == [True] and not resp.errors[0]
+        assert "%DLQ%g" in b.topics.topic_config_table
+    finally:
+        b.store.shutdown()
+    assert "%DLQ%g" in _on_disk(tmp_path / "b")
+
+
+def _auth(tmp_path: Path) -> tuple[AuthenticationMetadataProvider, AuthorizationMetadataProvider, AuthAdminProcessor]:
+    users = AuthenticationMetadataProvider(tmp_path / "users.json")
+    acls = AuthorizationMetadataProvider(tmp_path / "acls.json")
+    users.load()
+    acls.load()
+    return users, acls, AuthAdminProcessor(users, acls, DefaultAuthenticationProvider(users, 900_000))
+
+
+def _user_with_acl(processor: AuthAdminProcessor) -> None:
+    async def setup() -> None:
+        await processor.create_user(pymq_pb2.CreateUserRequest(
+            user=pymq_pb2.UserInfo(username="eve", password="pw", user_type="Super")))
+        await processor.create_acl(pymq_pb2.CreateAclRequest(acl=pymq_pb2.AclInfo(
+            subject="User:eve", entries=[pymq_pb2.PolicyEntry(resource="Topic:t", actions=["Pub"])])))
+    asyncio.run(setup())
+
+
+def test_a_delete_user_whose_client_gives_up_during_the_acl_write_still_deletes_the_user(tmp_path: Path) -> None:
+    """gRPC cancels a handler whose client gives up (a deadline; a shutdown's grace): the DeleteUser
+    cancelled while its ACL was written never wrote users.json (not even marked dirty, and no periodic
+    write of it), and the user was gone from the table: "does not exist" asked again, back at restart."""
+    users, acls, processor = _auth(tmp_path)
+    _user_with_acl(processor)
+    gate, events = Gate(), []
+    acls.write = slowed(gate, acls.write, events, "acl written")  # type: ignore[method-assign]
+
+    async def main() -> None:
+        deleting = asyncio.ensure_future(processor.delete_user(pymq_pb2.DeleteUserRequest(username="eve")))
+        await gate.reached()
+        deleting.cancel()
+        await asyncio.sleep(0.05)
+        gate.open()
+        for _ in range(200):
+            if not processor._changing.locked():
+                break
+            await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    on_disk_users, on_disk_acls, _ = _auth(tmp_path)
+    assert "eve" not in on_disk_users.users and "User:eve" not in on_disk_acls.acls
+
+
+def test_a_delete_user_whose_acl_write_fails_can_be_asked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    users, acls, processor = _auth(tmp_path)
+    _user_with_acl(processor)
+    write = acls.write
+
+    def full(snapshot: tuple[int, bytes]) -> None:
+        raise OSError(28, "No space left on device", str(acls.path))
+
+    monkeypatch.setattr(acls, "write", full)
+    with pytest.raises(OSError):
+        asyncio.run(processor.delete_user(pymq_pb2.DeleteUserRequest(username="eve")))
+    monkeypatch.setattr(acls, "write", write)
+    asyncio.run(processor.delete_user(pymq_pb2.DeleteUserRequest(username="eve")))  # not "does not exist"
+    on_disk_users, on_disk_acls, _ = _auth(tmp_path)
+    assert "eve" not in on_disk_users.users and "User:eve" not in on_disk_acls.acls
