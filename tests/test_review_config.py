@@ -81,7 +81,9 @@ def test_a_dead_letter_whose_dlq_is_deleted_while_written_stores_in_a_listed_top
     assert "%DLQ%g" in _on_disk(tmp_path / "b")
 
 
-def _auth(tmp_path: Path) -> tuple[AuthenticationMetadataProvider, AuthorizationMetadataProvider, AuthAdminProcessor]:
+def _auth(
+    tmp_path: Path,
+) -> tuple[AuthenticationMetadataProvider, AuthorizationMetadataProvider, AuthAdminProcessor]:
     users = AuthenticationMetadataProvider(tmp_path / "users.json")
     acls = AuthorizationMetadataProvider(tmp_path / "acls.json")
     users.load()
@@ -98,11 +100,13 @@ def _user_with_acl(processor: AuthAdminProcessor) -> None:
     asyncio.run(setup())
 
 
-def test_a_delete_user_whose_client_gives_up_during_the_acl_write_still_deletes_the_user(tmp_path: Path) -> None:
+def test_a_delete_user_whose_client_gives_up_during_the_acl_write_still_deletes_the_user(
+    tmp_path: Path,
+) -> None:
     """gRPC cancels a handler whose client gives up (a deadline; a shutdown's grace): the DeleteUser
     cancelled while its ACL was written never wrote users.json (not even marked dirty, and no periodic
     write of it), and the user was gone from the table: "does not exist" asked again, back at restart."""
-    users, acls, processor = _auth(tmp_path)
+    _users, acls, processor = _auth(tmp_path)
     _user_with_acl(processor)
     gate, events = Gate(), []
     acls.write = slowed(gate, acls.write, events, "acl written")  # type: ignore[method-assign]
@@ -126,7 +130,7 @@ def test_a_delete_user_whose_client_gives_up_during_the_acl_write_still_deletes_
 def test_a_delete_user_whose_acl_write_fails_can_be_asked_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    users, acls, processor = _auth(tmp_path)
+    _users, acls, processor = _auth(tmp_path)
     _user_with_acl(processor)
     write = acls.write
 
