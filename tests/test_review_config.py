@@ -5,17 +5,26 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from pymq_broker.auth.auth_admin_processor import AuthAdminProcessor
 from pymq_broker.auth.authentication import DefaultAuthenticationProvider
 from pymq_broker.auth.metadata_provider import AuthenticationMetadataProvider, AuthorizationMetadataProvider
+from pymq_broker.broker_config import BrokerConfig
+from pymq_broker.manager.consumer_offset_manager import ConsumerOffsetManager
+from pymq_broker.manager.subscription_group_manager import SubscriptionGroupManager
 from pymq_broker.manager.topic_config_manager import TopicConfig, TopicConfigManager
+from pymq_broker.processor.admin_broker_processor import AdminBrokerProcessor
+from pymq_broker.processor.context import BrokerContext
+from pymq_broker.processor.dedup import DedupWindow
 from pymq_broker.processor.send_back_processor import SendBackProcessor
 from pymq_broker.processor.send_message_processor import SendMessageProcessor
 from pymq_broker.store.commit_log import MessageToStore
-from pymq_proto.record import encode_properties
+from pymq_broker.store.config import MessageStoreConfig
+from pymq_broker.store.mapped_file import MappedFile
+from pymq_broker.store.message_store import DefaultMessageStore
+from pymq_proto.record import encode_properties, store_host_bytes
 from pymq_proto.v1 import pymq_pb2
 from test_admin_off_loop import Broker, Gate, answer, slowed
 
@@ -144,3 +153,54 @@ def test_a_delete_user_whose_acl_write_fails_can_be_asked_again(
     asyncio.run(processor.delete_user(pymq_pb2.DeleteUserRequest(username="eve")))  # not "does not exist"
     on_disk_users, on_disk_acls, _ = _auth(tmp_path)
     assert "eve" not in on_disk_users.users and "User:eve" not in on_disk_acls.acls
+
+
+def test_a_retention_removal_leaves_the_queue_files_of_a_topic_deleted_and_made_again_meanwhile(
+    tmp_path: Path,
+) -> None:
+    """ExpiredFiles.remove runs on a thread (commit-log segments first: 70-360 ms each) and unlinked
+    the consume-queue files it took by path: a DeleteTopic and the topic made again meanwhile (a DLQ
+    purged, then the next dead letter) has a queue file of the same path, which went."""
+    root = tmp_path / "b"
+    store = DefaultMessageStore(MessageStoreConfig(store_path_root_dir=root, max_message_size=1024,
+                                                   mapped_file_size_commit_log=4096,
+                                                   mapped_file_size_consume_queue=200),
+                                store_host_bytes("127.0.0.1", 1))
+    store.load()
+    store.start()
+    cfg = root / "config"
+    topics = TopicConfigManager(cfg / "topics.json")
+    offsets = ConsumerOffsetManager(cfg / "consumerOffset.json")
+    groups = SubscriptionGroupManager(cfg / "subscriptionGroup.json")
+    ctx = BrokerContext(BrokerConfig(), store, topics, offsets, groups)
+    admin = AdminBrokerProcessor(ctx, DedupWindow(), cast(Any, None))
+    topics.create_topic(TopicConfig("T", 1, 1), update_if_exists=False)
+
+    def put(body: bytes) -> None:
+        assert store.put_messages("T", 0, [MessageToStore(body, 0, encode_properties({}),
+                                                          int(time.time() * 1000))]).ok
+
+    for i in range(60):
+        put(b"%03d" % i + bytes(200))
+    store.do_reput()
+    cq_file = root / "consumequeue" / "T" / "0" / ("0" * 20)
+    assert cq_file.exists()
+
+    async def main() -> None:
+        expired = store.take_expired_files(now=time.time() + 10 * 3600 * 72)  # on the loop
+        taken = {f.file_name for f in expired.others if isinstance(f, MappedFile)}
+        assert expired.segments and cq_file in taken
+        # (its removal is on a thread, unlinking 256 MiB-1 GiB segments first: slow) meanwhile
+        # the topic is deleted (a DLQ purge, say) and made again, and a message stored in it
+        await answer(admin.delete_topic(pymq_pb2.DeleteTopicRequest(topic="T")))
+        topics.create_topic(TopicConfig("T", 1, 1), update_if_exists=False)
+        put(b"new topic's message")
+        store.do_reput()
+        assert cq_file.exists()
+        await asyncio.to_thread(expired.remove)
+        assert cq_file.exists()
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.shutdown()

@@ -167,15 +167,42 @@ class ExpiredFiles:
     def __init__(self, segments: list[MappedFile], others: list[MappedFile | IndexFile]) -> None:
         self.segments = segments  # the commit log's
         self.others = others  # consume queues' and index files
+        # Each consume queue's directory, held open from here (on the event loop, before a DeleteTopic
+        # can rename it aside): its files are unlinked by name in that directory, not by path. A
+        # topic deleted and made again while the removal runs (a DLQ purged, then the next dead
+        # letter) has a new directory of the same path, its first file of the same name (offset 0):
+        # unlinked by path, the new topic's open queue file went, its entries with it at a restart.
+        self._dirs: dict[Path, int] = {}
+        try:
+            for f in others:
+                if isinstance(f, MappedFile) and f.file_name.parent not in self._dirs:
+                    self._dirs[f.file_name.parent] = os.open(f.file_name.parent, os.O_RDONLY)
+        except BaseException:
+            self._close_dirs()
+            raise
 
     def remove(self) -> int:
         """Delete the files; returns how many commit-log segments went."""
-        for mf in self.segments:
-            mf.destroy()
-            log.info("retention deleted commit log segment %s", mf.file_name.name)
-        for f in self.others:
-            f.destroy()
+        try:
+            for mf in self.segments:
+                mf.destroy()
+                log.info("retention deleted commit log segment %s", mf.file_name.name)
+            for f in self.others:
+                dir_fd = self._dirs.get(f.file_name.parent) if isinstance(f, MappedFile) else None
+                if dir_fd is None or isinstance(f, IndexFile):
+                    f.destroy()
+                    continue
+                f.close()
+                with contextlib.suppress(FileNotFoundError):  # its directory removed meanwhile
+                    os.unlink(f.file_name.name, dir_fd=dir_fd)
+        finally:
+            self._close_dirs()
         return len(self.segments)
+
+    def _close_dirs(self) -> None:
+        for fd in self._dirs.values():
+            os.close(fd)
+        self._dirs.clear()
 
 
 class DefaultMessageStore:
