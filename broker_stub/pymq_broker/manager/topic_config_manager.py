@@ -169,7 +169,10 @@ class TopicConfigManager(ConfigManager):
         # an update keeps the topic's id; only a new topic (or one deleted before) gets a new one
         config = replace(config, topic_id=old.topic_id if old is not None else new_topic_id())
         self.topic_config_table[config.topic_name] = config
-        self._changed(config.topic_name, persist=persist)
+        if old is None:
+            self._changed(config.topic_name, persist=persist)
+        else:  # on disk already: its sends need not wait for this write (nor fail with it)
+            self.changed(persist=persist)
         return config, old is None
 
     def _changed(self, topic: str, *, persist: bool) -> None:
@@ -178,8 +181,8 @@ class TopicConfigManager(ConfigManager):
         self.changed(persist=persist)
 
     def on_disk(self, topic: str) -> bool:
-        """Whether a write since ``topic`` was created or changed without one holds it (a topic
-        loaded, or written when made, is)."""
+        """Whether a write since ``topic`` was created without one holds it (a topic loaded, or
+        written when made, is; an update of one is not waited for)."""
         needed = self.unwritten.get(topic)
         if needed is None:
             return True

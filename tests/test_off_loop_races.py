@@ -1,4 +1,5 @@
-"""Review of the night's off-loop config writes (review-config): races the awaits they added opened."""
+"""Races of the writes taken off the event loop: what a request finds changed when its write on a thread ends
+(a topic deleted, a client gone, files of a name made again)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from pymq_broker.store.mapped_file import MappedFile
 from pymq_broker.store.message_store import DefaultMessageStore
 from pymq_proto.record import encode_properties, store_host_bytes
 from pymq_proto.v1 import pymq_pb2
-from test_admin_off_loop import Broker, Gate, answer, slowed
+from test_admin_off_loop import Broker, Gate, answer, create, slowed
 
 
 def _send(topic: str) -> pymq_pb2.SendMessageRequest:
@@ -73,6 +74,30 @@ def test_a_send_whose_auto_created_topic_is_deleted_while_written_stores_in_a_li
     finally:
         b.store.shutdown()
     assert "auto" in _on_disk(tmp_path / "b")
+
+
+def test_sends_to_a_topic_on_disk_do_not_wait_for_an_update_s_write_nor_fail_with_it(tmp_path: Path) -> None:
+    """An admin update of a topic marked it not on disk until its write: with that write failing (a
+    config directory gone read-only), every send to the topic, written long before, failed with it."""
+    b = Broker(tmp_path / "b")
+    try:
+        asyncio.run(answer(b.admin.create_topic(create("kept", 1))))
+
+        def broken(snapshot: Any) -> None:
+            raise OSError(5, "Input/output error")
+
+        b.topics.write = broken  # type: ignore[method-assign]
+
+        async def main() -> Any:
+            update = b.admin.create_topic(create("kept", 2))  # one queue more
+            with pytest.raises(OSError):
+                await answer(update)
+            return await SendMessageProcessor(b.ctx, None).send_message(_send("kept"))  # type: ignore[arg-type]
+
+        assert asyncio.run(main()).status == pymq_pb2.SEND_OK
+        assert b.bodies("kept", 0) == [b"acked"]
+    finally:
+        b.store.shutdown()
 
 
 def test_a_dead_letter_whose_dlq_is_deleted_while_written_stores_in_a_listed_topic(tmp_path: Path) -> None:
