@@ -221,5 +221,27 @@ def test_a_new_stream_starts_without_a_broker_that_serves_no_reads_a_batch_read_
         assert reader(stream=True).bounds(require_topics=True) == ({}, [])
     assert any("broker(s) b do not answer or serve no reads; their queues wait" in r.getMessage()
                for r in caplog.records)
-    with pytest.raises(BrokerUnavailableError, match="broker 'b' serves no reads"):
+    with pytest.raises(BrokerUnavailableError, match="broker 'b' serves no reads") as info:
         reader(stream=False).bounds(require_topics=True)
+    # it answers: not told as a broker the source "cannot reach" (with the hint to check its address)
+    assert info.value.remark.startswith("pymq source: broker 'b' serves no reads")
+    assert "cannot reach" not in info.value.remark
+
+
+def test_a_new_stream_whose_starting_offsets_name_a_broker_serving_no_reads_says_so(
+    fake: FakeCluster,
+) -> None:
+    """Left out at the start, the broker's queues would join later from the group's progress, not
+    from the offsets given: the start fails, saying the broker serves no reads (not that it is down)."""
+    from pyspark_pymq.errors import BrokerNotReadableError
+    from pyspark_pymq.spark.offset_reader import OffsetReader
+    from pyspark_pymq.spark.options import parse_source_options
+
+    opts = parse_source_options({"namesrvAddr": fake.addr, "topic": TOPIC, "consumerGroup": "g",
+                                 "includeRetry": "false", "startingOffsets": f'{{"{TOPIC}": {{"b:0": 0}}}}'},
+                                stream=True)
+    reader = OffsetReader(opts, backend=_backend(fake))
+    bounds, _ = reader.bounds(require_topics=True)
+    with pytest.raises(BrokerNotReadableError, match="on broker 'b', which serves no reads now") as info:
+        reader.starting_offsets(bounds)
+    assert "down or not registered" not in info.value.remark

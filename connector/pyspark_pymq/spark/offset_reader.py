@@ -32,6 +32,7 @@ from ..errors import (
     GROUP_NOT_EXIST,
     NAMESRV_HINT,
     UNREACHABLE_HINT,
+    BrokerNotReadableError,
     BrokerUnavailableError,
     NoPermissionError,
     PymqError,
@@ -63,6 +64,7 @@ class OffsetReader:
         self._registered_at: float | None = None
         # Brokers that did not answer the last mid-stream bounds(): their queues wait.
         self._unreachable: set[str] = set()
+        self._unreadable: set[str] = set()  # of those, the brokers that answer but serve no reads
         self._skipped = 0  # messages the last starting_offsets left behind (it starts at their end)
         # The queues the last bounds() found readable: the only ones commit() writes.
         self._readable: set[MessageQueue] | None = None
@@ -82,6 +84,8 @@ class OffsetReader:
         """``err`` with the option that fixes it named (same error type)."""
         opts = self.opts
         cfg = opts.backend
+        if isinstance(err, BrokerNotReadableError):  # it answers: its remark says why and what to do
+            return type(err)(f"pymq source: {err.remark}")
         if isinstance(err, (BrokerUnavailableError, RequestTimeoutError)):
             check = NAMESRV_HINT if cfg.namesrv_addr else UNREACHABLE_HINT
             remark = err.remark.replace(f" {CONNECT_HINT}.", "").rstrip(".")  # one hint, the last
@@ -198,7 +202,8 @@ class OffsetReader:
             out.update(found)
         if require_topics and not self.opts.stream:
             self._check_unlisted([t for t, found in zip(topics, bounds_of, strict=True) if found])
-        self._unreachable = (unreachable or set()) | (unreadable or set())
+        self._unreadable = unreadable or set()
+        self._unreachable = (unreachable or set()) | self._unreadable
         self._readable = set(out)
         self._topic_ids = topic_ids(out)
         if out and not self._group_checked:
@@ -558,11 +563,22 @@ class OffsetReader:
         unlisted = sorted({key for key in keys if key[1] and (key[0], key[1]) not in listed})
         if not unlisted:
             return
+        def named(topic: str, broker: str) -> str:
+            return ", ".join(f"{b}:{q}" for t, b, q in unlisted if (t, b) == (topic, broker))
+
+        for topic, broker in sorted({(t, b) for t, b, _ in unlisted if b in self._unreadable}):
+            # a new stream's: left out, its queues would join later without these offsets
+            raise BrokerNotReadableError(
+                f"pymq option {option} names queue(s) {named(topic, broker)} of topic {topic!r} on broker "
+                f"{broker!r}, which serves no reads now (its master down, its slave refusing pulls: "
+                "see the warning above), so the stream cannot start them where the option says. "
+                f"Start the query again once the broker serves, or leave its queues out of {option}"
+            )
         down = self.unavailable_brokers(MessageQueue(t, b, q) for t, b, q in unlisted)
         for topic, broker in sorted({(t, b) for t, b, _ in unlisted if b in down}):
-            queues = ", ".join(f"{b}:{q}" for t, b, q in unlisted if (t, b) == (topic, broker))
             raise BrokerUnavailableError(
-                f"pymq option {option} names queue(s) {queues} of topic {topic!r} on broker {broker!r}, "
+                f"pymq option {option} names queue(s) {named(topic, broker)} of topic {topic!r} on broker "
+                f"{broker!r}, "
                 f"which is down or not registered with the name servers now ({self.opts.backend.option}: "
                 "the topic's route does not list it): the read would miss the messages it holds. Read "
                 "again once the broker is back (it registers within 30 s of its start); "
