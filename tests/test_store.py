@@ -614,6 +614,75 @@ def test_a_file_system_that_cannot_allocate_ahead_only_loses_the_speed_up(tmp_pa
         mf.close()
 
 
+def test_a_closed_segment_flushes_and_allocates_in_no_other_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retention (on a thread) or a DeleteTopic closes a segment that the allocate-ahead service or
+    a flush thread still holds. close() kept the old fd number: their fallocate / fdatasync then
+    acted on whichever file the system opened next under that number."""
+    import threading
+
+    from pymq_broker.store import mapped_file
+    from pymq_broker.store.allocate_mapped_file_service import AllocateMappedFileService
+    from pymq_broker.store.mapped_file import MappedFile
+
+    allocated: list[int] = []
+    synced: list[int] = []
+    real_sync = os.fdatasync
+
+    def recording_sync(fd: int) -> None:  # os's, for every thread: record, then sync as asked
+        synced.append(fd)
+        real_sync(fd)
+
+    mf = MappedFile(tmp_path / "00000000000000000000", 0, 8 * MiB)
+    service = AllocateMappedFileService(fallocate=lambda fd, offset, length: allocated.append(fd))
+    mf.append(b"x" * 1000)  # dirty, and an allocation asked for: both threads will act on it
+    service.appended(mf, 1000)
+    old = mf.fd
+    mf.close()
+    assert mf.fd == -1
+    reused = os.open(tmp_path / "another", os.O_RDWR | os.O_CREAT, 0o644)
+    if reused != old:  # the next open takes the lowest free number; make sure it is this one
+        os.dup2(reused, old)
+        os.close(reused)
+        reused = old
+    try:
+        monkeypatch.setattr(mapped_file.os, "fdatasync", recording_sync)
+        service.run_once()  # raises nothing: the service thread goes on
+        assert mf.flush() == 0
+        assert old not in allocated and old not in synced
+        assert service.warmed_bytes == 0
+    finally:
+        monkeypatch.undo()
+        os.close(reused)
+
+    # close() waits for an allocation in progress, rather than giving its number back under it
+    mf = MappedFile(tmp_path / "00000000000000000001", 0, 8 * MiB)
+    in_call, release = threading.Event(), threading.Event()
+
+    def held(fd: int, offset: int, length: int) -> None:
+        in_call.set()
+        release.wait(5)
+        os.fstat(fd)  # still this segment's file: the number was not closed under the call
+
+    service = AllocateMappedFileService(fallocate=held)
+    mf.append(b"x" * 1000)
+    service.appended(mf, 1000)
+    allocating = threading.Thread(target=service.run_once)
+    allocating.start()
+    try:
+        assert in_call.wait(5)
+        closing = threading.Thread(target=mf.close)
+        closing.start()
+        closing.join(0.3)
+        assert closing.is_alive()
+    finally:
+        release.set()
+        allocating.join(5)
+    closing.join(5)
+    assert mf.fd == -1 and service.warmed_bytes == 1 * MiB
+
+
 def test_a_put_left_for_the_reput_is_seen_by_every_reader_and_survives_a_crash(tmp_path: Path) -> None:
     """put_records(reput_later=True) answers before the consume queue and index are written
     (RocketMQ's ReputMessageService): every read dispatches what is queued first, the

@@ -104,13 +104,14 @@ class AllocateMappedFileService(ServiceThread):
         if pos >= want:
             return
         try:
-            self._fallocate(mf.fd, pos, want - pos)
+            if not mf.allocate(self._fallocate, pos, want - pos):
+                return  # closed meanwhile (shutdown, retention, DeleteTopic)
         except OSError as err:
             if err.errno in (errno.EOPNOTSUPP, errno.ENOSYS):
                 log.info("the file system of %s cannot allocate ahead (%s); appends go on without it",
                          mf.file_name.parent, err.strerror)
                 self._fallocate = None
-            else:  # a full disk, or a segment closed meanwhile (shutdown, retention)
+            else:  # a full disk
                 log.debug("allocating ahead in %s stopped: %s", mf.file_name.name, err)
             return
         self.warmed_bytes += want - pos

@@ -12,14 +12,15 @@ import contextlib
 import errno
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 
 class MappedFile:
     """One fixed-size segment. ``wrote_position`` is how far it has been written."""
 
-    __slots__ = ("_dirty", "_flush_lock", "fd", "file_from_offset", "file_name", "file_size",
-                 "flushed_position", "wrote_position")
+    __slots__ = ("_allocate_lock", "_dirty", "_flush_lock", "fd", "file_from_offset", "file_name",
+                 "file_size", "flushed_position", "wrote_position")
 
     def __init__(self, path: Path, file_from_offset: int, file_size: int) -> None:
         self.file_name = path
@@ -33,6 +34,9 @@ class MappedFile:
         self.flushed_position = 0
         self._dirty = False
         self._flush_lock = threading.Lock()
+        # held around the allocate-ahead service's fallocate, as ``_flush_lock`` is around an
+        # fdatasync: close() takes both, so neither call runs on a number close() gave back
+        self._allocate_lock = threading.Lock()
 
     @property
     def end_offset(self) -> int:
@@ -105,7 +109,7 @@ class MappedFile:
         a delivery round's progress write, a recall's) waits for it, rather than returning at once
         and letting its caller write a progress that covers records not yet on disk."""
         with self._flush_lock:
-            if self._dirty:
+            if self._dirty and self.fd >= 0:  # closed (retention, DeleteTopic): nothing left to sync
                 # cleared before the position is read: an append in between (from the thread that
                 # writes, while this runs on a flushing one) stays dirty for the next flush, rather
                 # than its flag cleared with a target short of it (a SYNC_FLUSH put then waited for a
@@ -116,12 +120,32 @@ class MappedFile:
                 self.flushed_position = max(self.flushed_position, target)
             return self.flushed_position
 
+    def allocate(self, fallocate: Callable[[int, int, int], None], position: int, length: int) -> bool:
+        """``fallocate(fd, position, length)`` unless the file is closed; whether it ran.
+
+        For the allocate-ahead service's thread, which may still hold a segment that retention or
+        a DeleteTopic closed meanwhile: it must not allocate in the file that got the number."""
+        with self._allocate_lock:
+            if self.fd < 0:
+                return False
+            fallocate(self.fd, position, length)
+            return True
+
     def is_full(self) -> bool:
         return self.wrote_position >= self.file_size
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
+        """Close the file; its ``fd`` becomes -1.
+
+        Keeping the old number let a thread still holding the segment (a flush's fdatasync, the
+        allocate-ahead service's fallocate) act on whatever file the system opened next under it.
+        Waits for such a call in progress; later ones are no-ops (:meth:`flush`, :meth:`allocate`),
+        other calls fail with EBADF."""
+        with self._flush_lock, self._allocate_lock:
+            fd, self.fd = self.fd, -1
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
     def destroy(self) -> None:
         self.close()
