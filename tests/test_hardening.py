@@ -378,6 +378,35 @@ def test_registering_consumers_do_not_rewrite_the_topic_file_each(tmp_path: Path
     assert {"%RETRY%group-299", "%RETRY%sent-back"} <= set(again.topic_config_table)
 
 
+def test_a_transaction_topic_whose_write_failed_is_written_before_it_is_used(tmp_path: Path) -> None:
+    """The transaction system topics are written on the loop when made (create_system_topic). A
+    write that failed left the topic in the table, not in ``unwritten``: the next half message
+    found it made and was stored in a topic no file listed."""
+    topics = TopicConfigManager(tmp_path / "topics.json")
+    written: list[int] = []
+    original = topics.write
+
+    def failing_once(snapshot: tuple[int, bytes]) -> None:
+        if not written:
+            written.append(-snapshot[0])
+            raise OSError(28, "No space left on device")
+        written.append(snapshot[0])
+        original(snapshot)
+
+    topics.write = failing_once  # type: ignore[method-assign]
+    half = "RMQ_SYS_TRANS_HALF_TOPIC"
+    with pytest.raises(OSError):
+        topics.create_system_topic(half, 1)
+    assert topics.select_topic_config(half) is not None and not topics.on_disk(half)
+    topics.create_system_topic(half, 1)  # the next half message: the write is tried again first
+    assert len(written) == 2 and written[1] > 0 and topics.on_disk(half)
+    topics.create_system_topic(half, 1)  # on disk: not written again
+    assert len(written) == 2
+    again = TopicConfigManager(tmp_path / "topics.json")
+    again.load()
+    assert half in again.topic_config_table
+
+
 def test_new_groups_reach_the_group_file(tmp_path: Path) -> None:
     with BrokerProcess(tmp_path / "b") as broker:
         Admin(broker.endpoint).create_topic("h-groups", queues=1)

@@ -178,7 +178,15 @@ class TopicConfigManager(ConfigManager):
     def _changed(self, topic: str, *, persist: bool) -> None:
         if not persist:
             self.unwritten[topic] = self._snapshots + 1
-        self.changed(persist=persist)
+            self.changed(persist=False)
+            return
+        try:
+            self.persist()
+        except BaseException:
+            # as persist() marks the document dirty: the topic stays in the table, but no file lists
+            # it, so what waits for it on disk (on_disk) waits for a later write that holds it
+            self.unwritten[topic] = self._snapshots + 1
+            raise
 
     def on_disk(self, topic: str) -> bool:
         """Whether a write since ``topic`` was created without one holds it (a topic loaded, or
@@ -228,6 +236,10 @@ class TopicConfigManager(ConfigManager):
             cfg = TopicConfig(topic, queues, queues, PERM_READ | PERM_WRITE)
             self.topic_config_table[topic] = cfg
             self._changed(topic, persist=persist)
+        elif persist and not self.on_disk(topic):
+            # its write when made failed: written now, as then, before the caller stores in it
+            # (the transaction topics' puts do not go through BrokerContext.topic_on_disk)
+            self._changed(topic, persist=True)
         return cfg
 
     def delete_topic(self, topic: str, *, persist: bool = True) -> None:
