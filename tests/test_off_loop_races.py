@@ -229,3 +229,44 @@ def test_a_retention_removal_leaves_the_queue_files_of_a_topic_deleted_and_made_
         asyncio.run(main())
     finally:
         store.shutdown()
+
+
+def test_a_shutdown_waits_for_a_user_change_still_writing_before_it_lets_the_data_dir_go(
+    tmp_path: Path,
+) -> None:
+    """A CreateUser runs to its end in a task of its own (AuthAdminProcessor._one_at_a_time), its
+    users.json written on a thread: the shutdown wrote every other manager, released the data dir's
+    lock (another broker may take the dir) and returned while that write still ran."""
+    from pymq_broker.controller import BrokerController
+
+    controller = BrokerController(BrokerConfig(), MessageStoreConfig(store_path_root_dir=tmp_path / "b"))
+    gate, events = Gate(), []
+
+    async def main() -> None:
+        await controller.start()
+        assert controller.auth_admin is not None
+        controller.users.write = slowed(  # type: ignore[method-assign]
+            gate, controller.users.write, events, "users.json written")
+        release = controller.store_lock.release
+
+        def released() -> None:
+            events.append("data dir let go")
+            release()
+
+        controller.store_lock.release = released  # type: ignore[method-assign]
+        creating = asyncio.ensure_future(controller.auth_admin.create_user(pymq_pb2.CreateUserRequest(
+            user=pymq_pb2.UserInfo(username="eve", password="pw", user_type="Super"))))
+        await gate.reached()
+        stopping = asyncio.ensure_future(controller.shutdown(0))
+        try:
+            await asyncio.sleep(0.3)  # the shutdown, unless it waits, is done by now
+        finally:
+            gate.open()
+        await stopping
+        await creating
+
+    asyncio.run(main())
+    assert events == ["users.json written", "data dir let go"]
+    users = AuthenticationMetadataProvider(tmp_path / "b" / "config" / "users.json")
+    users.load()
+    assert "eve" in users.users

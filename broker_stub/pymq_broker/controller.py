@@ -119,6 +119,7 @@ class BrokerController:
         self.schedule_message_service: ScheduleMessageService | None = None
         self.timer_message_store: TimerMessageStore | None = None
         self.messaging: MessagingProcessor | None = None  # apache.rocketmq.v2, once served
+        self.auth_admin: AuthAdminProcessor | None = None  # the user/ACL RPCs, once served
 
     async def start(self) -> str:
         """Load and recover the store, then serve; returns the bound ``host:port``.
@@ -164,6 +165,7 @@ class BrokerController:
         self.users.load()
         self.acls.load()
         auth = self._auth()  # before the store opens: a refused setting leaves nothing running
+        self.auth_admin = auth["auth_admin"]
         self.auth_service: AuthService | None = auth["auth"]  # for every gRPC service this broker serves
         self._warn_if_open()
         server = grpc.aio.server(options=grpc_options(self.store_config.max_message_size))
@@ -430,6 +432,10 @@ class BrokerController:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks = []
+        if self.auth_admin is not None:
+            # a user/ACL change runs to its end in a task of its own, whatever its client (gone with
+            # the server's grace) does: its users.json / acls.json write, on a thread, ends first
+            await self.auth_admin.changes_done()
         # every file written whether changed or not: a cancelled periodic write may still run on its
         # thread, its snapshot taken (its manager clean); a newer one written now makes it a no-op
         # (an older snapshot never replaces a newer one) before the data dir is let go

@@ -63,6 +63,13 @@ class AuthAdminProcessor:
 
         return await asyncio.shield(asyncio.ensure_future(locked()))
 
+    async def changes_done(self) -> None:
+        """Wait for the change in progress and those waiting for it (:attr:`_changing` is handed on
+        in order): a shutdown, before the data dir is let go, as it waits for the other managers'
+        writes by writing them (their write lock); users and ACLs are written only by these."""
+        async with self._changing:
+            pass
+
     # -- users --------------------------------------------------------------------------
 
     async def create_user(self, req: pymq_pb2.CreateUserRequest) -> pymq_pb2.UserResponse:
