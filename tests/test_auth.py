@@ -18,7 +18,7 @@ from broker_process import BrokerProcess
 from pymq_broker.auth.auth_admin_processor import AuthAdminProcessor
 from pymq_broker.auth.authentication import AuthenticationHeader, DefaultAuthenticationProvider
 from pymq_broker.auth.metadata_provider import AuthenticationMetadataProvider, AuthorizationMetadataProvider
-from pymq_broker.auth.model import User
+from pymq_broker.auth.model import User, UserType
 from pymq_broker.common.broker_exception import BrokerException
 from pymq_proto.topics import get_dlq_topic, get_retry_topic
 from pymq_proto.v1 import pymq_pb2, pymq_pb2_grpc
@@ -999,3 +999,53 @@ def test_an_open_transaction_stream_ends_when_its_rights_are_revoked(tmp_path: P
         assert len(checks) == count
         consumer = PullConsumer(ep, "tx-reader", access_key=ROOT, secret_key=ROOT_PW)
         assert consumer.max_offset(MessageQueue("tx-w", "broker-a", 0)) == 0  # still pending, not lost
+
+
+def test_users_json_tmp_is_owner_only_whichever_writes_race(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """users.json's temporary file was made owner-only outside the write lock: a write that made it
+    while another write held the lock found it renamed away by that one, and its own write made it
+    anew 0644 (the base class's mode) with the passwords in it."""
+    import threading
+
+    users = AuthenticationMetadataProvider(tmp_path / "config" / "users.json")
+    tmp = users.path.with_name("users.json.tmp")
+    users.users["root"] = User("root", "secret", UserType.SUPER)
+    first, second = users.snapshot(), users.snapshot()
+    second_started = threading.Event()
+    modes: list[int] = []
+    real_fsync = os.fsync
+
+    def watching_fsync(fd: int) -> None:  # os's, for every thread: only the tmp file's are watched
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and tmp.exists() and os.stat(tmp).st_ino == st.st_ino:
+            modes.append(stat.S_IMODE(st.st_mode))
+            if len(modes) == 1:  # the first write, its lock held: the second begins meanwhile
+                assert second_started.wait(5)
+                time.sleep(0.3)
+        real_fsync(fd)
+
+    def write_second() -> None:
+        second_started.set()
+        users.write(second)
+
+    old_umask = os.umask(0o022)  # the usual: files made 0644 unless asked otherwise
+    monkeypatch.setattr(os, "fsync", watching_fsync)
+    try:
+        writing = threading.Thread(target=users.write, args=(first,))
+        writing.start()
+        while not modes and writing.is_alive():
+            time.sleep(0.001)
+        other = threading.Thread(target=write_second)
+        other.start()
+        writing.join(10)
+        other.join(10)
+    finally:
+        monkeypatch.undo()
+        os.umask(old_umask)
+    assert modes == [0o600, 0o600]
+    assert stat.S_IMODE(os.stat(users.path).st_mode) == 0o600
+    again = AuthenticationMetadataProvider(users.path)
+    again.load()
+    assert "root" in again.users

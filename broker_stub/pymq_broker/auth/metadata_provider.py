@@ -29,15 +29,14 @@ class AuthenticationMetadataProvider(ConfigManager):
     def decode(self, data: dict[str, Any]) -> None:
         self.users = {u.username: u for u in (User.from_json(d) for d in data.get("users", []))}
 
+    # the passwords are never readable by others on the way: the base class makes the temporary file
+    # owner-only under its write lock. (Made so before that lock, one write's could be renamed away by
+    # another's meanwhile, and the base class made it anew 0644.)
+    FILE_MODE = 0o600
+
     def write(self, snapshot: tuple[int, bytes]) -> None:
-        # (every write, on whichever thread) the temporary file exists before the write, owner-only:
-        # the base class's O_CREAT mode applies to new files only, so the passwords are never
-        # readable by others on the way
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        os.close(os.open(self.path.with_name(self.path.name + ".tmp"), os.O_WRONLY | os.O_CREAT, 0o600))
-        _owner_only(self.path.with_name(self.path.name + ".tmp"))
         super().write(snapshot)
-        _owner_only(self.path)
+        _owner_only(self.path)  # the backup, when it is a users.json an earlier version made 0644
 
 
 class AuthorizationMetadataProvider(ConfigManager):

@@ -25,6 +25,9 @@ class ConfigManager:
     # written as compact JSON (Python's C encoder) rather than indented for people to read: for
     # a large document written every second on the event loop (the v2 in-flight messages)
     COMPACT: ClassVar[bool] = False
+    # the mode of the file (and of its temporary file, from its first byte), for a document that
+    # must not be readable by others (the users' passwords); None: 0644 less the umask
+    FILE_MODE: ClassVar[int | None] = None
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -181,8 +184,11 @@ class ConfigManager:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_name(self.path.name + ".tmp")
             try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                mode = self.FILE_MODE
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644 if mode is None else mode)
                 try:
+                    if mode is not None:  # the mode given applies to a new file only (a crash's is not)
+                        os.fchmod(fd, mode)
                     view = memoryview(text)
                     while view:  # os.write may take part of it (then the next one raises ENOSPC)
                         view = view[os.write(fd, view):]
