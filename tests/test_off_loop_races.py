@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 from typing import Any, cast
@@ -270,3 +271,55 @@ def test_a_shutdown_waits_for_a_user_change_still_writing_before_it_lets_the_dat
     users = AuthenticationMetadataProvider(tmp_path / "b" / "config" / "users.json")
     users.load()
     assert "eve" in users.users
+
+
+def test_a_shutdown_waits_for_a_delete_topic_still_writing_before_it_lets_the_data_dir_go(
+    tmp_path: Path,
+) -> None:
+    """A DeleteTopic runs to its end in a task of its own (its client gone with the server's grace):
+    the shutdown shut the store and released the data dir's lock while it still had its topics.json
+    write (and the marker's removal) to do, done after, in a dir another broker may have taken."""
+    import threading
+
+    from pymq_broker.controller import BrokerController
+    from pyspark_pymq import Admin
+
+    root = tmp_path / "b"
+    controller = BrokerController(BrokerConfig(), MessageStoreConfig(store_path_root_dir=root))
+    gate, events = Gate(), []
+
+    async def main() -> None:
+        endpoint = await controller.start()
+        admin = Admin(endpoint)
+        await asyncio.to_thread(admin.create_topic, "gone", 1)
+        offsets, topics = controller.consumer_offset_manager, controller.topic_config_manager
+        offsets.write = slowed(gate, offsets.write, events, "offsets written")  # type: ignore[method-assign]
+        write_topics = topics.write
+
+        def recording(snapshot: tuple[int, bytes]) -> None:
+            write_topics(snapshot)
+            events.append("topics.json with 'gone'" if b'"gone"' in snapshot[1] else "topics.json without it")
+
+        topics.write = recording  # type: ignore[method-assign]
+        release = controller.store_lock.release
+
+        def released() -> None:
+            events.append("data dir let go")
+            release()
+
+        controller.store_lock.release = released  # type: ignore[method-assign]
+        deleting = asyncio.ensure_future(asyncio.to_thread(admin.delete_topic, "gone"))
+        await gate.reached()  # the deletion's consumerOffset.json write has begun, held
+        # opened from a thread: the shutdown's own offsets write waits for the held one, on the loop
+        threading.Timer(0.3, gate.open).start()
+        await controller.shutdown(0)
+        with contextlib.suppress(Exception):  # its client may be told CANCELLED: the server stopped
+            await deleting
+        admin.close()
+        await asyncio.sleep(0.3)  # what was left of the deletion runs now, unless waited for
+
+    asyncio.run(main())
+    assert "topics.json without it" in events
+    assert events.index("topics.json without it") < events.index("data dir let go"), events
+    assert events[-1] == "data dir let go", events
+    assert "gone" not in _on_disk(root)

@@ -120,6 +120,7 @@ class BrokerController:
         self.timer_message_store: TimerMessageStore | None = None
         self.messaging: MessagingProcessor | None = None  # apache.rocketmq.v2, once served
         self.auth_admin: AuthAdminProcessor | None = None  # the user/ACL RPCs, once served
+        self._deleting_topics: dict[str, asyncio.Task[None]] = {}  # BrokerContext's, once served
 
     async def start(self) -> str:
         """Load and recover the store, then serve; returns the bound ``host:port``.
@@ -187,6 +188,7 @@ class BrokerController:
             bc, store, self.topic_config_manager, self.consumer_offset_manager,
             self.subscription_group_manager, self.endpoint,
         )
+        self._deleting_topics = ctx.deleting_topics
         self.transactions = TransactionalMessageService(
             store, self.topic_config_manager, self.store_config.store_path_root_dir / "config" /
             "transactionCheck.json",
@@ -432,6 +434,12 @@ class BrokerController:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks = []
+        deletions = [t for t in self._deleting_topics.values() if not t.done()]
+        if deletions:
+            # a DeleteTopic runs to its end in a task of its own, whatever its client (gone with the
+            # server's grace) does, its steps on threads (the checkpoint, the queue files, the
+            # offsets' and topics' writes): all of them before the store shuts and the dir is let go
+            await asyncio.wait(deletions)
         if self.auth_admin is not None:
             # a user/ACL change runs to its end in a task of its own, whatever its client (gone with
             # the server's grace) does: its users.json / acls.json write, on a thread, ends first
