@@ -245,3 +245,71 @@ def test_a_new_stream_whose_starting_offsets_name_a_broker_serving_no_reads_says
     with pytest.raises(BrokerNotReadableError, match="on broker 'b', which serves no reads now") as info:
         reader.starting_offsets(bounds)
     assert "down or not registered" not in info.value.remark
+
+
+def _slave_with_cluster_info(c: FakeCluster, request: RemotingCommand) -> RemotingCommand:
+    """:func:`_slave`, and the name server's cluster info: broker b registered by its slave alone."""
+    if request.code == RequestCode.GET_BROKER_CLUSTER_INFO:
+        return RemotingCommand.response(ResponseCode.SUCCESS, 0, body=json.dumps({
+            "brokerAddrTable": {"b": {"cluster": "c", "brokerName": "b", "brokerAddrs": {"1": c.addr}}},
+            "clusterAddrTable": {"c": ["b"]},
+        }).encode())
+    return _slave(c, request)
+
+
+def test_a_new_stream_assigned_queues_of_a_broker_serving_no_reads_starts() -> None:
+    """assign gives no offsets: a new stream naming queues of a broker that serves no reads starts
+    without them, and they join once it serves, as its topic's queues do without assign. The check
+    of assign ran before the bounds' unreadable brokers were known: the start failed saying the
+    broker was 'down or not registered' and its route did not list it (it does)."""
+    from pyspark_pymq.spark.offset_reader import OffsetReader
+    from pyspark_pymq.spark.options import parse_source_options
+
+    c = FakeCluster(_slave_with_cluster_info)
+    try:
+        opts = parse_source_options({"namesrvAddr": c.addr, "assign": f'{{"{TOPIC}": ["b:0"]}}',
+                                     "consumerGroup": "g"}, stream=True)
+        reader = OffsetReader(opts, backend=_backend(c))
+        assert reader.bounds(require_topics=True) == ({}, [])  # initialOffset
+        assert reader.bounds(require_topics=True) == ({}, [])  # the first latestOffset
+        assert reader.starting_offsets({}) == {}  # it starts; b:0 joins once b serves
+    finally:
+        c.close()
+
+
+def test_unlisted_queues_asks_a_broker_that_does_not_answer_once_not_once_per_topic() -> None:
+    """A registered broker of the route's cluster that the routes leave out and that does not
+    answer cost one time-out per topic of the read (subscribePattern: 100 topics, 100 time-outs)."""
+    import time
+
+    hung = socket.create_server(("127.0.0.1", 0))  # connects (the backlog), never answers
+    hung_addr = f"127.0.0.1:{hung.getsockname()[1]}"
+
+    def answer(c: FakeCluster, request: RemotingCommand) -> RemotingCommand:
+        ok = ResponseCode.SUCCESS
+        if request.code == RequestCode.GET_ROUTEINFO_BY_TOPIC:
+            return RemotingCommand.response(ok, 0, body=json.dumps({
+                "brokerDatas": [{"brokerAddrs": {"0": c.addr}, "brokerName": "a", "cluster": "c"}],
+                "queueDatas": [{"brokerName": "a", "perm": 6, "readQueueNums": 1, "writeQueueNums": 1,
+                                "topicSysFlag": 0}]}).encode())
+        if request.code == RequestCode.GET_BROKER_CLUSTER_INFO:
+            return RemotingCommand.response(ok, 0, body=json.dumps({
+                "brokerAddrTable": {
+                    "a": {"cluster": "c", "brokerName": "a", "brokerAddrs": {"0": c.addr}},
+                    "x": {"cluster": "c", "brokerName": "x", "brokerAddrs": {"0": hung_addr}}},
+                "clusterAddrTable": {"c": ["a", "x"]}}).encode())
+        return RemotingCommand.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, 0, remark="not here")
+
+    c = FakeCluster(answer)
+    try:
+        backend = RocketMQBackend(BackendConfig(namesrv_addr=c.addr), timeout_s=0.3)
+        topics = [f"t{i}" for i in range(8)]
+        for topic in topics:
+            backend.route(topic, refresh=True)
+        started = time.monotonic()
+        assert backend.unlisted_queues(topics) == {}
+        assert time.monotonic() - started < 3 * 0.3  # one time-out, not 8
+        assert c.asked[RequestCode.GET_BROKER_CLUSTER_INFO] == 1
+    finally:
+        c.close()
+        hung.close()

@@ -276,6 +276,9 @@ class RocketMQBackend(Backend):
         if not topics:
             return out
         info = self.namesrv.get_cluster_info()
+        # a registered broker that does not answer is asked once per call, not once per topic: a
+        # subscribePattern of 100 topics paid 100 time-outs for it, one after the other
+        silent: set[str] = set()
         for topic in topics:
             try:
                 route = self._routes.route_data(topic)
@@ -284,14 +287,17 @@ class RocketMQBackend(Backend):
             listed = {q.broker_name for q in route.queue_datas} | {b.broker_name for b in route.broker_datas}
             clusters = {b.cluster for b in route.broker_datas}
             others = set[str]().union(*(info.clusters.get(c, ()) for c in clusters)) - listed
-            for broker in sorted(others):
+            for broker in sorted(others - silent):
                 addr = info.broker_addrs.get(broker)
                 if addr is None:
                     continue
                 try:
                     held = self.api.get_topic_stats_info(addr, topic)
-                except (TopicNotExistError, BrokerUnavailableError, RequestTimeoutError):
-                    continue  # not there; or a broker that does not answer, which cannot tell
+                except TopicNotExistError:
+                    continue  # not there
+                except (BrokerUnavailableError, RequestTimeoutError):
+                    silent.add(broker)  # a broker that does not answer, which cannot tell
+                    continue
                 if held:
                     out.setdefault(topic, {})[broker] = sorted(held)
         return out

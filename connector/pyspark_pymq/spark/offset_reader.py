@@ -187,6 +187,8 @@ class OffsetReader:
         unreadable: set[str] | None = set() if require_topics and self.opts.stream else None
         topics = self.opts.all_topics()
         bounds_of = self._topics_bounds(topics, unreachable, unreadable)
+        # known before assign is checked (_assigned): a broker serving no reads is not one "down"
+        self._unreadable = unreadable or set()
         for topic, found in zip(topics, bounds_of, strict=True):
             if found is None:
                 if topic == retry and topic not in self.opts.topics:
@@ -249,9 +251,12 @@ class OffsetReader:
             # a stream restarted from its checkpoint gets no strict look (Spark calls no
             # initialOffset): a queue named there that is not (a typo, a queue cut since) is said once
             self._assign_checked.add(topic)
+            # a new stream's queues of a broker serving no reads join once it serves (assign gives
+            # no offsets to miss), as the other queues of that broker do (see bounds)
+            named = sorted(key for key in opts.assigned if key[0] == topic and key[1] not in self._unreadable)
             if strict:
-                self._check_named_brokers("assign", (k for k in opts.assigned if k[0] == topic), found)
-            for _, broker, qid in sorted(key for key in opts.assigned if key[0] == topic):
+                self._check_named_brokers("assign", named, found)
+            for _, broker, qid in named:
                 if not any(mq.queue_id == qid and broker in ("", mq.broker_name) for mq in found):
                     has = ", ".join(f"{mq.broker_name}:{mq.queue_id}" for mq in sorted(
                         found, key=lambda mq: (mq.broker_name, mq.queue_id)))
