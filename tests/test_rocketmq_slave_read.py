@@ -313,3 +313,34 @@ def test_unlisted_queues_asks_a_broker_that_does_not_answer_once_not_once_per_to
     finally:
         c.close()
         hung.close()
+
+
+def test_unlisted_queues_of_a_broker_that_refuses_the_user_do_not_fail_the_read() -> None:
+    """A broker of the route's cluster that the route does not list, and whose ACLs do not know the
+    user (RocketMQ 5: users made per broker), failed a batch read of a topic its route serves whole."""
+
+    def answer(c: FakeCluster, request: RemotingCommand) -> RemotingCommand:
+        ok = ResponseCode.SUCCESS
+        if request.code == RequestCode.GET_ROUTEINFO_BY_TOPIC:
+            return RemotingCommand.response(ok, 0, body=json.dumps({
+                "brokerDatas": [{"brokerAddrs": {"0": "127.0.0.1:1"}, "brokerName": "a", "cluster": "c"}],
+                "queueDatas": [{"brokerName": "a", "perm": 6, "readQueueNums": 1, "writeQueueNums": 1,
+                                "topicSysFlag": 0}]}).encode())
+        if request.code == RequestCode.GET_BROKER_CLUSTER_INFO:
+            return RemotingCommand.response(ok, 0, body=json.dumps({
+                "brokerAddrTable": {
+                    "a": {"cluster": "c", "brokerName": "a", "brokerAddrs": {"0": "127.0.0.1:1"}},
+                    "x": {"cluster": "c", "brokerName": "x", "brokerAddrs": {"0": c.addr}}},
+                "clusterAddrTable": {"c": ["a", "x"]}}).encode())
+        if request.code == RequestCode.GET_TOPIC_STATS_INFO:  # broker x
+            return RemotingCommand.response(ResponseCode.NO_PERMISSION, 0, remark="User:u is not found")
+        return RemotingCommand.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, 0, remark="not here")
+
+    c = FakeCluster(answer)
+    try:
+        backend = RocketMQBackend(BackendConfig(namesrv_addr=c.addr), timeout_s=1.0)
+        backend.route(TOPIC, refresh=True)
+        assert backend.unlisted_queues([TOPIC, TOPIC]) == {}
+        assert c.asked[RequestCode.GET_TOPIC_STATS_INFO] == 1  # asked once
+    finally:
+        c.close()

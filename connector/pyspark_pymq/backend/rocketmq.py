@@ -298,6 +298,15 @@ class RocketMQBackend(Backend):
                 except (BrokerUnavailableError, RequestTimeoutError):
                     silent.add(broker)  # a broker that does not answer, which cannot tell
                     continue
+                except PymqError as err:
+                    # one that refuses (a user its ACLs do not know: RocketMQ 5's users and ACLs are
+                    # made per broker with -b) cannot tell either: this look is the read's own, it
+                    # must not fail a read of brokers that serve it
+                    log.warning("pymq: broker %s (%s), which the route of topic %r does not list, could "
+                                "not be asked whether it holds queues of it: %s", broker, addr, topic,
+                                err.remark)
+                    silent.add(broker)
+                    continue
                 if held:
                     out.setdefault(topic, {})[broker] = sorted(held)
         return out
