@@ -323,3 +323,31 @@ def test_a_shutdown_waits_for_a_delete_topic_still_writing_before_it_lets_the_da
     assert events.index("topics.json without it") < events.index("data dir let go"), events
     assert events[-1] == "data dir let go", events
     assert "gone" not in _on_disk(root)
+
+
+
+def test_a_users_write_that_reached_the_disk_does_not_fail_on_a_concurrent_write_s_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """users.json's files were made owner-only after the base write, outside its lock: another
+    thread's write renamed its temporary file between exists() and chmod, and a write that was on
+    disk raised FileNotFoundError (its change then reported failed, the document marked dirty)."""
+    import os
+
+    users = AuthenticationMetadataProvider(tmp_path / "users.json")
+    users.write((2, b'{"users": []}'))
+    tmp = tmp_path / "users.json.tmp"
+    tmp.write_bytes(b'{"users": []}')  # another thread's write, under way
+    chmod = os.chmod
+
+    def other_write_renames_meanwhile(path: Any, mode: int) -> None:
+        # the other write renames its temporary file now, if it can take the write lock
+        if str(path).endswith(".tmp") and users._persist_lock.acquire(blocking=False):
+            try:
+                os.replace(path, tmp_path / "users.json")
+            finally:
+                users._persist_lock.release()
+        chmod(path, mode)
+
+    monkeypatch.setattr(os, "chmod", other_write_renames_meanwhile)
+    users.write((1, b'{"users": []}'))  # older than the one on disk: written already, the modes set

@@ -36,7 +36,11 @@ class AuthenticationMetadataProvider(ConfigManager):
 
     def write(self, snapshot: tuple[int, bytes]) -> None:
         super().write(snapshot)
-        _owner_only(self.path)  # the backup, when it is a users.json an earlier version made 0644
+        # the backup, when it is a users.json an earlier version made 0644; under the write lock: a
+        # concurrent write (a periodic retry, a change) renames the files between exists() and chmod
+        # otherwise, and a write that reached the disk raised FileNotFoundError
+        with self._persist_lock:
+            _owner_only(self.path)
 
 
 class AuthorizationMetadataProvider(ConfigManager):
