@@ -344,3 +344,51 @@ def test_unlisted_queues_of_a_broker_that_refuses_the_user_do_not_fail_the_read(
         assert c.asked[RequestCode.GET_TOPIC_STATS_INFO] == 1  # asked once
     finally:
         c.close()
+
+
+def test_a_batch_read_of_a_topic_a_registered_broker_holds_unlisted_gives_safe_advice() -> None:
+    """The advice to bring the route back named `mqadmin updateTopic -b <addr> -t T` alone, which
+    sets the topic's queues on that broker to 8 read and 8 write: a topic of 16 queues has 8-15
+    read no more."""
+    from pyspark_pymq.spark.offset_reader import OffsetReader
+    from pyspark_pymq.spark.options import parse_source_options
+
+    def stats(broker: str, queues: int) -> RemotingCommand:
+        table = ",".join(json.dumps({"brokerName": broker, "queueId": q, "topic": TOPIC})
+                         + ':{"maxOffset":5,"minOffset":0}' for q in range(queues))
+        body = f'{{"offsetTable":{{{table}}}}}'.encode()
+        return RemotingCommand.response(ResponseCode.SUCCESS, 0, body=body)
+
+    x = FakeCluster(lambda c, r: stats("x", 16) if r.code == RequestCode.GET_TOPIC_STATS_INFO
+                    else RemotingCommand.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, 0, remark="no"))
+
+    def answer(c: FakeCluster, request: RemotingCommand) -> RemotingCommand:
+        ok = ResponseCode.SUCCESS
+        if request.code == RequestCode.GET_ROUTEINFO_BY_TOPIC:
+            return RemotingCommand.response(ok, 0, body=json.dumps({
+                "brokerDatas": [{"brokerAddrs": {"0": c.addr}, "brokerName": "a", "cluster": "c"}],
+                "queueDatas": [{"brokerName": "a", "perm": 6, "readQueueNums": 1, "writeQueueNums": 1,
+                                "topicSysFlag": 0}]}).encode())
+        if request.code == RequestCode.GET_BROKER_CLUSTER_INFO:
+            return RemotingCommand.response(ok, 0, body=json.dumps({
+                "brokerAddrTable": {
+                    "a": {"cluster": "c", "brokerName": "a", "brokerAddrs": {"0": c.addr}},
+                    "x": {"cluster": "c", "brokerName": "x", "brokerAddrs": {"0": x.addr}}},
+                "clusterAddrTable": {"c": ["a", "x"]}}).encode())
+        if request.code == RequestCode.GET_TOPIC_STATS_INFO:
+            return stats("a", 1)
+        return RemotingCommand.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, 0, remark="not here")
+
+    ns = FakeCluster(answer)
+    try:
+        opts = parse_source_options({"namesrvAddr": ns.addr, "topic": TOPIC, "consumerGroup": "g",
+                                     "includeRetry": "false"}, stream=False)
+        reader = OffsetReader(opts, backend=_backend(ns))
+        with pytest.raises(BrokerUnavailableError, match="broker 'x' holds queue") as info:
+            reader.bounds(require_topics=True)
+        assert "every 30 s" in info.value.remark
+        assert f"not -t {TOPIC} without -r and -w, which would set its queue counts there to 8" in (
+            info.value.remark)
+    finally:
+        ns.close()
+        x.close()

@@ -667,7 +667,7 @@ def test_batch_read_fails_naming_a_registered_broker_its_topic_route_does_not_li
     assert failure is not None, "broker-a was back in the route before each read"
     assert (f"broker 'broker-a' holds queue(s) broker-a:0, broker-a:1 of topic {topic!r}, but the topic's "
             "route on the name servers") in failure, failure[:3000]
-    assert f"mqadmin updateTopic -b <its address> -t {topic}" in failure and "option assign" in failure
+    assert "mqadmin updateTopic -b <its address>" in failure and "option assign" in failure
     only_b = read(assign=f'{{"{topic}": ["broker-b:0", "broker-b:1"]}}')
     assert sorted(r.body for r in only_b) == sorted(f"broker-b-{i}".encode() for i in range(4))
     # the route lists broker-a again (its topic change registers it): the read has every row

@@ -235,10 +235,12 @@ class OffsetReader:
                     f"pymq source: broker {broker!r} holds queue(s) {names} of topic {topic!r}, but the "
                     f"topic's route on the name servers ({self.opts.backend.option}) does not list it, "
                     "so the read would leave its messages out. The name servers take a broker's routes "
-                    "when it registers (every 30 s, and at a topic change: a broker restarted a moment "
-                    f"ago, or a route deleted on the name servers alone, `mqadmin updateTopic -b <its "
-                    f"address> -t {topic}` brings it back): read again once the route lists it. To read "
-                    "the other brokers' queues without it, name them with option assign"
+                    "when it registers: a broker restarted a moment ago, or a route deleted on the name "
+                    "servers alone, is listed again by its next registration (every 30 s; RocketMQ 4.x "
+                    "takes the routes again only at a topic change on that broker, e.g. a new topic "
+                    f"made with `mqadmin updateTopic -b <its address>`; not -t {topic} without -r and -w, "
+                    "which would set its queue counts there to 8): read again once the route lists it. "
+                    "To read the other brokers' queues without it, name them with option assign"
                 )
 
     def _assigned(self, topic: str, found: dict[MessageQueue, QueueBounds], *,
