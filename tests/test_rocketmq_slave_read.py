@@ -273,6 +273,10 @@ def test_a_new_stream_assigned_queues_of_a_broker_serving_no_reads_starts() -> N
         assert reader.bounds(require_topics=True) == ({}, [])  # initialOffset
         assert reader.bounds(require_topics=True) == ({}, [])  # the first latestOffset
         assert reader.starting_offsets({}) == {}  # it starts; b:0 joins once b serves
+        # so does a queue named by its id alone, which may be the broker's
+        opts = parse_source_options({"namesrvAddr": c.addr, "assign": f'{{"{TOPIC}": [1]}}',
+                                     "consumerGroup": "g"}, stream=True)
+        assert OffsetReader(opts, backend=_backend(c)).bounds(require_topics=True) == ({}, [])
     finally:
         c.close()
 

@@ -265,8 +265,11 @@ class OffsetReader:
                     problem = (f"pymq option {opts.topic_option}: topic {topic!r} has no readable queue "
                                f"{f'{broker}:{qid}' if broker else qid} on {opts.backend.where}; its "
                                f"queues are {has or 'none'}")
-                    if strict:
+                    if strict and not (not broker and self._unreadable):
                         raise ValueError(f"{problem}. Name those it has")
+                    if not broker and self._unreadable:  # a queue id alone: it may be theirs
+                        problem += (f" (broker(s) {', '.join(sorted(self._unreadable))} serve no reads "
+                                    "now: it may be one of theirs)")
                     logger.warning("%s: nothing is read for it until the topic has it", problem)
         return {mq: b for mq, b in found.items() if opts.assigns(mq)}
 
