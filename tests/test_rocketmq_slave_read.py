@@ -228,23 +228,26 @@ def test_a_new_stream_starts_without_a_broker_that_serves_no_reads_a_batch_read_
     assert "cannot reach" not in info.value.remark
 
 
-def test_a_new_stream_whose_starting_offsets_name_a_broker_serving_no_reads_says_so(
+def test_a_new_stream_starting_elsewhere_than_group_or_earliest_fails_on_a_broker_serving_no_reads(
     fake: FakeCluster,
 ) -> None:
-    """Left out at the start, the broker's queues would join later from the group's progress, not
-    from the offsets given: the start fails, saying the broker serves no reads (not that it is down)."""
+    """Left out at the start, the broker's queues would join later from the group's progress or their
+    first message, not where these options start them (latest: its whole history read once it
+    served): such a stream's start fails, saying the broker serves no reads (not that it is down)."""
     from pyspark_pymq.errors import BrokerNotReadableError
     from pyspark_pymq.spark.offset_reader import OffsetReader
     from pyspark_pymq.spark.options import parse_source_options
 
-    opts = parse_source_options({"namesrvAddr": fake.addr, "topic": TOPIC, "consumerGroup": "g",
-                                 "includeRetry": "false", "startingOffsets": f'{{"{TOPIC}": {{"b:0": 0}}}}'},
-                                stream=True)
-    reader = OffsetReader(opts, backend=_backend(fake))
-    bounds, _ = reader.bounds(require_topics=True)
-    with pytest.raises(BrokerNotReadableError, match="on broker 'b', which serves no reads now") as info:
-        reader.starting_offsets(bounds)
-    assert "down or not registered" not in info.value.remark
+    for start in ({"startingOffsets": "latest"}, {"startingOffsets": f'{{"{TOPIC}": {{"b:0": 0}}}}'},
+                  {"startingTimestamp": "1700000000000"}):
+        opts = parse_source_options({"namesrvAddr": fake.addr, "topic": TOPIC, "consumerGroup": "g",
+                                     "includeRetry": "false", **start}, stream=True)
+        with pytest.raises(BrokerNotReadableError, match="broker 'b' serves no reads") as info:
+            OffsetReader(opts, backend=_backend(fake)).bounds(require_topics=True)
+        assert "down or not registered" not in info.value.remark and "cannot reach" not in info.value.remark
+    earliest = parse_source_options({"namesrvAddr": fake.addr, "topic": TOPIC, "consumerGroup": "g",
+                                     "includeRetry": "false", "startingOffsets": "earliest"}, stream=True)
+    assert OffsetReader(earliest, backend=_backend(fake)).bounds(require_topics=True) == ({}, [])
 
 
 def _slave_with_cluster_info(c: FakeCluster, request: RemotingCommand) -> RemotingCommand:

@@ -182,9 +182,13 @@ class OffsetReader:
         # A new stream starts without the queues of a broker that answers but serves no reads now
         # (RocketMQ: its master down, its slave with slaveReadEnable=false), as RocketMQ's consumers
         # go on with the brokers that serve: they join it once it serves again, from the group's
-        # progress or their first message, as a broker's that was down at the start. A batch read,
-        # which cannot wait for them, fails naming the broker.
-        unreadable: set[str] | None = set() if require_topics and self.opts.stream else None
+        # progress or their first message, as a broker's that was down at the start. Only where that
+        # is where they would start now (startingOffsets group or earliest): a stream started at
+        # latest or at a time read such a broker's whole history once it served. A batch read,
+        # which cannot wait for them, fails naming the broker, as such a stream does.
+        joins_as_it_starts = self.opts.starting.kind in (StartKind.GROUP, StartKind.EARLIEST)
+        unreadable: set[str] | None = (
+            set() if require_topics and self.opts.stream and joins_as_it_starts else None)
         topics = self.opts.all_topics()
         bounds_of = self._topics_bounds(topics, unreachable, unreadable)
         # known before assign is checked (_assigned): a broker serving no reads is not one "down"
@@ -573,17 +577,10 @@ class OffsetReader:
         unlisted = sorted({key for key in keys if key[1] and (key[0], key[1]) not in listed})
         if not unlisted:
             return
+
         def named(topic: str, broker: str) -> str:
             return ", ".join(f"{b}:{q}" for t, b, q in unlisted if (t, b) == (topic, broker))
 
-        for topic, broker in sorted({(t, b) for t, b, _ in unlisted if b in self._unreadable}):
-            # a new stream's: left out, its queues would join later without these offsets
-            raise BrokerNotReadableError(
-                f"pymq option {option} names queue(s) {named(topic, broker)} of topic {topic!r} on broker "
-                f"{broker!r}, which serves no reads now (its master down, its slave refusing pulls: "
-                "see the warning above), so the stream cannot start them where the option says. "
-                f"Start the query again once the broker serves, or leave its queues out of {option}"
-            )
         down = self.unavailable_brokers(MessageQueue(t, b, q) for t, b, q in unlisted)
         for topic, broker in sorted({(t, b) for t, b, _ in unlisted if b in down}):
             raise BrokerUnavailableError(
