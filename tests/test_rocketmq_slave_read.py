@@ -284,6 +284,35 @@ def test_a_new_stream_assigned_queues_of_a_broker_serving_no_reads_starts() -> N
         c.close()
 
 
+def _route_of_a_in_a_cluster_with_x(
+    a_addr: str | None = None, x_addr: str | None = None,
+    topic_stats: Callable[[], RemotingCommand] | None = None,
+) -> Callable[[FakeCluster, RemotingCommand], RemotingCommand]:
+    """A name server whose route of the topic lists broker ``a`` alone while its cluster ``c`` has
+    brokers ``a`` and ``x`` (at the fake's own address where None); ``topic_stats`` answers
+    GET_TOPIC_STATS_INFO (sent to the fake)."""
+
+    def answer(c: FakeCluster, request: RemotingCommand) -> RemotingCommand:
+        ok = ResponseCode.SUCCESS
+        a, x = a_addr or c.addr, x_addr or c.addr
+        if request.code == RequestCode.GET_ROUTEINFO_BY_TOPIC:
+            return RemotingCommand.response(ok, 0, body=json.dumps({
+                "brokerDatas": [{"brokerAddrs": {"0": a}, "brokerName": "a", "cluster": "c"}],
+                "queueDatas": [{"brokerName": "a", "perm": 6, "readQueueNums": 1, "writeQueueNums": 1,
+                                "topicSysFlag": 0}]}).encode())
+        if request.code == RequestCode.GET_BROKER_CLUSTER_INFO:
+            return RemotingCommand.response(ok, 0, body=json.dumps({
+                "brokerAddrTable": {
+                    "a": {"cluster": "c", "brokerName": "a", "brokerAddrs": {"0": a}},
+                    "x": {"cluster": "c", "brokerName": "x", "brokerAddrs": {"0": x}}},
+                "clusterAddrTable": {"c": ["a", "x"]}}).encode())
+        if request.code == RequestCode.GET_TOPIC_STATS_INFO and topic_stats is not None:
+            return topic_stats()
+        return RemotingCommand.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, 0, remark="not here")
+
+    return answer
+
+
 def test_unlisted_queues_asks_a_broker_that_does_not_answer_once_not_once_per_topic() -> None:
     """A registered broker of the route's cluster that the routes leave out and that does not
     answer cost one time-out per topic of the read (subscribePattern: 100 topics, 100 time-outs)."""
@@ -292,22 +321,7 @@ def test_unlisted_queues_asks_a_broker_that_does_not_answer_once_not_once_per_to
     hung = socket.create_server(("127.0.0.1", 0))  # connects (the backlog), never answers
     hung_addr = f"127.0.0.1:{hung.getsockname()[1]}"
 
-    def answer(c: FakeCluster, request: RemotingCommand) -> RemotingCommand:
-        ok = ResponseCode.SUCCESS
-        if request.code == RequestCode.GET_ROUTEINFO_BY_TOPIC:
-            return RemotingCommand.response(ok, 0, body=json.dumps({
-                "brokerDatas": [{"brokerAddrs": {"0": c.addr}, "brokerName": "a", "cluster": "c"}],
-                "queueDatas": [{"brokerName": "a", "perm": 6, "readQueueNums": 1, "writeQueueNums": 1,
-                                "topicSysFlag": 0}]}).encode())
-        if request.code == RequestCode.GET_BROKER_CLUSTER_INFO:
-            return RemotingCommand.response(ok, 0, body=json.dumps({
-                "brokerAddrTable": {
-                    "a": {"cluster": "c", "brokerName": "a", "brokerAddrs": {"0": c.addr}},
-                    "x": {"cluster": "c", "brokerName": "x", "brokerAddrs": {"0": hung_addr}}},
-                "clusterAddrTable": {"c": ["a", "x"]}}).encode())
-        return RemotingCommand.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, 0, remark="not here")
-
-    c = FakeCluster(answer)
+    c = FakeCluster(_route_of_a_in_a_cluster_with_x(x_addr=hung_addr))
     try:
         backend = RocketMQBackend(BackendConfig(namesrv_addr=c.addr), timeout_s=0.3)
         topics = [f"t{i}" for i in range(8)]
@@ -326,24 +340,10 @@ def test_unlisted_queues_of_a_broker_that_refuses_the_user_do_not_fail_the_read(
     """A broker of the route's cluster that the route does not list, and whose ACLs do not know the
     user (RocketMQ 5: users made per broker), failed a batch read of a topic its route serves whole."""
 
-    def answer(c: FakeCluster, request: RemotingCommand) -> RemotingCommand:
-        ok = ResponseCode.SUCCESS
-        if request.code == RequestCode.GET_ROUTEINFO_BY_TOPIC:
-            return RemotingCommand.response(ok, 0, body=json.dumps({
-                "brokerDatas": [{"brokerAddrs": {"0": "127.0.0.1:1"}, "brokerName": "a", "cluster": "c"}],
-                "queueDatas": [{"brokerName": "a", "perm": 6, "readQueueNums": 1, "writeQueueNums": 1,
-                                "topicSysFlag": 0}]}).encode())
-        if request.code == RequestCode.GET_BROKER_CLUSTER_INFO:
-            return RemotingCommand.response(ok, 0, body=json.dumps({
-                "brokerAddrTable": {
-                    "a": {"cluster": "c", "brokerName": "a", "brokerAddrs": {"0": "127.0.0.1:1"}},
-                    "x": {"cluster": "c", "brokerName": "x", "brokerAddrs": {"0": c.addr}}},
-                "clusterAddrTable": {"c": ["a", "x"]}}).encode())
-        if request.code == RequestCode.GET_TOPIC_STATS_INFO:  # broker x
-            return RemotingCommand.response(ResponseCode.NO_PERMISSION, 0, remark="User:u is not found")
-        return RemotingCommand.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, 0, remark="not here")
+    def refused() -> RemotingCommand:  # broker x
+        return RemotingCommand.response(ResponseCode.NO_PERMISSION, 0, remark="User:u is not found")
 
-    c = FakeCluster(answer)
+    c = FakeCluster(_route_of_a_in_a_cluster_with_x(a_addr="127.0.0.1:1", topic_stats=refused))
     try:
         backend = RocketMQBackend(BackendConfig(namesrv_addr=c.addr), timeout_s=1.0)
         backend.route(TOPIC, refresh=True)
@@ -369,24 +369,7 @@ def test_a_batch_read_of_a_topic_a_registered_broker_holds_unlisted_gives_safe_a
     x = FakeCluster(lambda c, r: stats("x", 16) if r.code == RequestCode.GET_TOPIC_STATS_INFO
                     else RemotingCommand.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, 0, remark="no"))
 
-    def answer(c: FakeCluster, request: RemotingCommand) -> RemotingCommand:
-        ok = ResponseCode.SUCCESS
-        if request.code == RequestCode.GET_ROUTEINFO_BY_TOPIC:
-            return RemotingCommand.response(ok, 0, body=json.dumps({
-                "brokerDatas": [{"brokerAddrs": {"0": c.addr}, "brokerName": "a", "cluster": "c"}],
-                "queueDatas": [{"brokerName": "a", "perm": 6, "readQueueNums": 1, "writeQueueNums": 1,
-                                "topicSysFlag": 0}]}).encode())
-        if request.code == RequestCode.GET_BROKER_CLUSTER_INFO:
-            return RemotingCommand.response(ok, 0, body=json.dumps({
-                "brokerAddrTable": {
-                    "a": {"cluster": "c", "brokerName": "a", "brokerAddrs": {"0": c.addr}},
-                    "x": {"cluster": "c", "brokerName": "x", "brokerAddrs": {"0": x.addr}}},
-                "clusterAddrTable": {"c": ["a", "x"]}}).encode())
-        if request.code == RequestCode.GET_TOPIC_STATS_INFO:
-            return stats("a", 1)
-        return RemotingCommand.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, 0, remark="not here")
-
-    ns = FakeCluster(answer)
+    ns = FakeCluster(_route_of_a_in_a_cluster_with_x(x_addr=x.addr, topic_stats=lambda: stats("a", 1)))
     try:
         opts = parse_source_options({"namesrvAddr": ns.addr, "topic": TOPIC, "consumerGroup": "g",
                                      "includeRetry": "false"}, stream=False)

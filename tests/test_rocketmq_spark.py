@@ -553,6 +553,16 @@ def test_a_group_the_brokers_do_not_have_fails_the_query_at_start(
         c.mqadmin("updateBrokerConfig", "-b", addr, "-k", "autoCreateSubscriptionGroup", "-v", "true")
 
 
+def _batch_read(spark: Any, namesrv_addr: str, topic: str, **options: str) -> list[Any]:
+    """``spark.read`` of ``topic`` with ``options`` (of its queues named by ``assign`` alone, if given)."""
+    reader = spark.read.format("pymq").option("namesrvAddr", namesrv_addr)
+    if "assign" not in options:
+        reader = reader.option("topic", topic)
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    return reader.load().collect()
+
+
 def test_batch_read_naming_queues_of_a_broker_gone_from_the_route_names_the_broker(
     spark: Any, rocketmq_cluster: RocketMQCluster
 ) -> None:
@@ -568,12 +578,7 @@ def test_batch_read_naming_queues_of_a_broker_gone_from_the_route_names_the_brok
     _read_topic(c.namesrv_addr, topic, at_least=8)
 
     def read(**options: str) -> list[Any]:
-        reader = spark.read.format("pymq").option("namesrvAddr", c.namesrv_addr)
-        if "assign" not in options:
-            reader = reader.option("topic", topic)
-        for k, v in options.items():
-            reader = reader.option(k, v)
-        return reader.load().collect()
+        return _batch_read(spark, c.namesrv_addr, topic, **options)
 
     now = int(time.time() * 1000)
     named = {
@@ -632,12 +637,7 @@ def test_batch_read_fails_naming_a_registered_broker_its_topic_route_does_not_li
             return set()
 
     def read(**options: str) -> list[Any]:
-        reader = spark.read.format("pymq").option("namesrvAddr", c.namesrv_addr)
-        if "assign" not in options:
-            reader = reader.option("topic", topic)
-        for k, v in options.items():
-            reader = reader.option(k, v)
-        return reader.load().collect()
+        return _batch_read(spark, c.namesrv_addr, topic, **options)
 
     failure = None
     for attempt in range(4):

@@ -220,7 +220,7 @@ class TopicConfigManager(ConfigManager):
 
     def create_topic_of_dlq(self, group: str) -> TopicConfig:
         """%DLQ%<group>: one queue, readable (people inspect and re-send from it). Not written here:
-        the dead letters wait for the write, off the event loop (BrokerContext.topic_on_disk)."""
+        the dead letters wait for the write, off the event loop (BrokerContext.dlq_on_disk)."""
         return self._system_topic(get_dlq_topic(group), 1, persist=False)
 
     def create_system_topic(self, topic: str, queues: int) -> TopicConfig:

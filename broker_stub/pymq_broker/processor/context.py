@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pymq_proto.topics import not_created_yet
+from pymq_proto.topics import get_dlq_topic, not_created_yet
 from pymq_proto.v1 import pymq_pb2
 
 from ..broker_config import BrokerConfig
@@ -70,17 +70,18 @@ class BrokerContext:
             # shielded: a sender that gives up must not cancel the others' write
             await asyncio.shield(pending)
 
-    async def made_topic_on_disk(self, topic: str, make: Callable[[], object]) -> None:
-        """:meth:`topic_on_disk` for a topic the broker makes on first use (``make`` makes it): a
-        DeleteTopic that took it out of the table while its write ran (the wait is the only await
-        between making it and storing) is waited for and the topic made again, so that nothing is
-        stored in a topic that is gone (and that topics.json soon does not list)."""
+    async def dlq_on_disk(self, group: str) -> str:
+        """``%DLQ%<group>``, made if it is not there, once topics.json holds it (:meth:`topic_on_disk`).
+        A DeleteTopic (a DLQ purge) that took it out of the table while its write ran (the wait is
+        the only await between making it and storing) is waited for and the topic made again, so
+        that nothing is stored in a topic that is gone (and that topics.json soon does not list)."""
+        topic = get_dlq_topic(group)
         while True:
+            self.topic_config_manager.create_topic_of_dlq(group)  # a topic already there is kept
             await self.topic_on_disk(topic)
             if self.topic_config_manager.select_topic_config(topic) is not None:
-                return
+                return topic
             await self.deletion_done(topic)
-            make()
 
     @property
     def broker_name(self) -> str:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 
 from pymq_proto.record import (
     HEADER,
@@ -115,9 +114,7 @@ class SendBackProcessor:
         answers = _Answers.of(cols.n)
         writes = self._resend_messages(req, cols, answers, deliveries)
         if any(answers.dead_letters):
-            make = partial(self.ctx.topic_config_manager.create_topic_of_dlq, req.group)
-            make()
-            await self.ctx.made_topic_on_disk(get_dlq_topic(req.group), make)
+            await self.ctx.dlq_on_disk(req.group)
         # the retry topic its delayed copies go to, if this made it (they wait in SCHEDULE_TOPIC_XXXX)
         await self.ctx.topic_on_disk(get_retry_topic(req.group))
         await self._store(writes, answers)

@@ -190,10 +190,8 @@ class SendMessageProcessor:
             topic, queue_id, messages = self._handle_retry_and_dlq(
                 topic, queue_id, req.reconsume_times, messages
             )
-            if topic != req.topic:  # the group's %DLQ% topic, which this may have made
-                group = req.topic[len(RETRY_GROUP_TOPIC_PREFIX):]
-                await self.ctx.made_topic_on_disk(
-                    topic, lambda: self.ctx.topic_config_manager.create_topic_of_dlq(group))
+            if topic != req.topic:  # over maxReconsumeTimes: to the group's %DLQ% topic, made if need be
+                await self.ctx.dlq_on_disk(req.topic[len(RETRY_GROUP_TOPIC_PREFIX):])
         if not messages:
             return self._response(queue_id, pymq_pb2.SEND_OK, None, dropped)
         result = self.ctx.store.put_messages(topic, queue_id, messages)
@@ -420,7 +418,6 @@ class SendMessageProcessor:
         # the request's reconsumeTimes is already the failed message's + 1: over, not at, the max
         if reconsume_times <= max_times:
             return topic, queue_id, messages
-        self.ctx.topic_config_manager.create_topic_of_dlq(group)
         dead = []
         for m in messages:
             props = decode_properties(m.properties)
