@@ -7,6 +7,7 @@ answered once it resumes), SIGKILL takes it away. The sink's executor loop
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import signal
@@ -220,10 +221,63 @@ def test_send_backs_are_retried_until_acknowledged_then_fail_the_task(
 
     calls.clear()
     with pytest.raises(BrokerUnavailableError) as info:
-        send_back_acknowledged(down, 3, rows)
+        send_back_acknowledged(down, 3, rows, wait_s=0)
     assert len(calls) == SEND_BACK_ATTEMPTS
     assert "could not send rows [0, 2] of partition 1 back" in str(info.value)
     assert "Spark runs it again" in str(info.value) and info.value.code == "SERVICE_NOT_AVAILABLE"
+
+
+class _Clock:
+    """time for rows_module: sleep moves monotonic on, nothing waits."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+def test_a_send_back_waits_out_a_broker_restart_not_just_four_attempts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A broker restarting (down ~10 s) outlasted the four attempts (3.5 s of backoff): the task, and
+    under local[N] the streaming query, failed where the source's pulls wait pollTimeoutMs for it.
+    A retriable error is retried for SEND_BACK_WAIT_S; any other still stops after four attempts."""
+    clock = _Clock()
+    monkeypatch.setattr(rows_module, "time", clock)
+    calls: list[float] = []
+
+    def restarting(done: list[Any]) -> list[Any]:
+        calls.append(clock.now)
+        if clock.now < 10:
+            raise BrokerUnavailableError("broker at x is unavailable")
+        done[:] = ["acknowledged"] * len(done)
+        return done
+
+    assert send_back_acknowledged(restarting, 2, lambda items: "rows") == ["acknowledged"] * 2
+    assert len(calls) > SEND_BACK_ATTEMPTS and max(b - a for a, b in itertools.pairwise(calls)) <= 2
+
+    def gone(done: list[Any]) -> list[Any]:
+        calls.append(clock.now)
+        raise BrokerUnavailableError("broker at x is unavailable")
+
+    calls.clear()
+    clock.now = 0.0
+    with pytest.raises(BrokerUnavailableError, match="Spark runs it again"):
+        send_back_acknowledged(gone, 1, lambda items: "rows")
+    assert rows_module.SEND_BACK_WAIT_S - 2 <= calls[-1] <= rows_module.SEND_BACK_WAIT_S
+
+    def refused(done: list[Any]) -> list[Any]:
+        calls.append(clock.now)
+        raise PymqError("the message has no room for the properties of a send back")
+
+    calls.clear()
+    with pytest.raises(PymqError, match="no room"):
+        send_back_acknowledged(refused, 1, lambda items: "rows")
+    assert len(calls) == SEND_BACK_ATTEMPTS
 
 
 def _source_rows(endpoint: str, topic: str, group: str) -> pa.RecordBatch:

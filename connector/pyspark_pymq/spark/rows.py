@@ -16,11 +16,16 @@ from ..errors import PymqError
 from .schema import arrow_schema
 
 __all__ = [
-    "SEND_BACK_ATTEMPTS", "column", "empty_batch", "epoch_ms", "messages_from_batch", "messages_to_batch",
-    "rows_as_messages", "send_back_acknowledged", "send_back_columns",
+    "SEND_BACK_ATTEMPTS", "SEND_BACK_WAIT_S", "column", "empty_batch", "epoch_ms", "messages_from_batch",
+    "messages_to_batch", "rows_as_messages", "send_back_acknowledged", "send_back_columns",
 ]
 
 SEND_BACK_ATTEMPTS = 4
+# How long a send back waits for a broker that does not answer (restarting, or crashed and coming
+# back): as long as the source's pulls wait for it (pollTimeoutMs's default), so a broker restart
+# that a stream's reads ride through does not fail the micro-batch whose failures are being sent back.
+SEND_BACK_WAIT_S = 60.0
+_SEND_BACK_BACKOFF_MAX_S = 2.0
 _RETRY_TOPIC = MessageConst.PROPERTY_RETRY_TOPIC
 
 _FIELDS = ("topic", "queue_id", "broker_name", "queue_offset", "msg_id", "offset_msg_id",
@@ -168,32 +173,38 @@ def _strings(batch: pa.RecordBatch, name: str, *, clean: bool = False) -> list[s
 
 def send_back_acknowledged(
     send: Callable[[list[SendBackResult | None]], list[SendBackResult]], items: int,
-    what: Callable[[list[int]], str],
+    what: Callable[[list[int]], str], *, wait_s: float | None = None,
 ) -> list[SendBackResult]:
     """Run ``send`` (the send back of ``items`` items), retrying with backoff until all are acknowledged.
 
-    A micro-batch must not complete before its send backs are acknowledged:
-    after SEND_BACK_ATTEMPTS the error is raised, so the task fails and Spark
-    runs it again (at-least-once). ``send(done)`` keeps each item's result in
+    A micro-batch must not complete before its send backs are acknowledged. An error a retry
+    may mend (``PymqError.retriable``: the broker unreachable, restarting, busy, slow) is retried
+    for ``wait_s`` (:data:`SEND_BACK_WAIT_S`), as the source's pulls wait for a restarting broker;
+    any other after SEND_BACK_ATTEMPTS attempts. Then the error is raised, so the task fails and
+    Spark runs it again (at-least-once). ``send(done)`` keeps each item's result in
     ``done`` and skips the items that have one (``done`` of
     :meth:`PullConsumer.send_back_columns`): an attempt after an error sends
     only what the broker has not taken, not the whole request again.
     ``what(items)`` names the items still without a result, for the message.
     """
     done: list[SendBackResult | None] = [None] * items
-    for attempt in range(SEND_BACK_ATTEMPTS):
+    deadline = time.monotonic() + (SEND_BACK_WAIT_S if wait_s is None else wait_s)
+    attempt = 0
+    while True:
         try:
             return send(done)
         except PymqError as err:
-            if attempt + 1 == SEND_BACK_ATTEMPTS:
+            attempt += 1
+            pause = min(0.5 * 2 ** (attempt - 1), _SEND_BACK_BACKOFF_MAX_S)
+            waiting = err.retriable and time.monotonic() + pause < deadline
+            if attempt >= SEND_BACK_ATTEMPTS and not waiting:
                 pending = [i for i, r in enumerate(done) if r is None] or list(range(items))
                 raise type(err)(
                     f"could not send {what(pending)} back: {err.remark}; the task fails so that Spark "
                     "runs it again",
                     code=err.code,
                 ) from err
-            time.sleep(0.5 * 2**attempt)
-    raise AssertionError("unreachable")
+            time.sleep(pause)
 
 
 def empty_batch() -> pa.RecordBatch:
