@@ -217,6 +217,24 @@ def test_resent_dead_letters_are_consumed_again_from_their_topic(retry_broker) -
     assert again[0].user_properties == {"a": "1"}
 
 
+def test_dead_letters_resent_before_a_broker_crash_are_not_resent_after_it(retry_broker: Any) -> None:
+    """The resend's progress was a commit the broker keeps in memory up to 5 s: a kill -9 right after
+    the resend forgot it, and the next resend sent every letter again (with new msgIds)."""
+    admin = Admin(retry_broker.endpoint)
+    admin.create_topic("resend-crash", queues=1)
+    Producer(retry_broker.endpoint).send_batch([Message("resend-crash", b"m%d" % i) for i in range(3)])
+    consumer = PullConsumer(retry_broker.endpoint, "g-crash")
+    (mq,) = consumer.queues("resend-crash")
+    for m in consumer.pull(mq, 0, 10).messages:
+        consumer.send_back(m, delay_level=-1, reason="bad schema")
+    assert admin.resend_dead_letters("g-crash") == 3
+    retry_broker.restart(crash=True)
+    admin = Admin(retry_broker.endpoint)
+    assert admin.resend_dead_letters("g-crash") == 0  # already re-sent: not twice
+    again = PullConsumer(retry_broker.endpoint, "g-crash").pull(mq, 0, 10).messages
+    assert sorted(m.body for m in again) == [b"m0", b"m0", b"m1", b"m1", b"m2", b"m2"]
+
+
 def test_a_failing_send_back_to_the_dlq_still_goes_to_the_dlq(retry_broker: Any) -> None:
     # delay_level -1 (the DLQ at once) when the send back RPC fails: the direct copy must not
     # become an ordinary retry that comes back in 10 s

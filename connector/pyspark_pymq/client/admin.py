@@ -6,7 +6,8 @@ Tables come back as pandas DataFrames, ready for a notebook.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -603,9 +604,10 @@ class Admin(SharedConnections):
         """Send dead letters of ``group`` again to their original topic, retry count reset.
 
         Without ``msg_ids`` every dead letter not re-sent yet is re-sent (progress
-        is kept as the offset of an internal group, so running it again after it
-        finished does not send twice; two runs at once, from any process, both send what
-        neither has recorded yet: run one at a time). ``msg_ids`` picks dead letters by their msgId, their own
+        is kept as the offset of an internal group, on the broker's disk when the call returns, so
+        running it again after it finished does not send twice, a broker crash in between too;
+        two runs at once, from any process, both send what neither has recorded yet: run one
+        at a time). ``msg_ids`` picks dead letters by their msgId, their own
         offsetMsgId or their ``origin_msg_id`` (the original's offsetMsgId: the
         columns of :meth:`dead_letters`). A re-sent message carries the original's
         offsetMsgId in ORIGIN_MESSAGE_ID. Returns how many were sent.
@@ -630,13 +632,17 @@ class Admin(SharedConnections):
                 (m.msg_id, m.offset_msg_id, _origin_msg_id(m)))]
         from .producer import Producer
 
+        recorded: dict[MessageQueue, int] = {}
+
         def handled(m: MessageExt) -> None:
             """Record ``m`` as done (sent or left in the DLQ for good): later calls start after it."""
             if wanted is None:
-                consumer.commit(MessageQueue(m.topic, m.broker_name, m.queue_id), m.queue_offset + 1)
+                mq = MessageQueue(m.topic, m.broker_name, m.queue_id)
+                consumer.commit(mq, m.queue_offset + 1)
+                recorded[mq] = m.queue_offset + 1
 
         sent = skipped = 0
-        with Producer(self.endpoint, **self._security) as producer:
+        with Producer(self.endpoint, **self._security) as producer, _on_disk(self, recorded):
             for m in letters:
                 origin = m.properties.get(MessageConst.PROPERTY_DLQ_ORIGIN_TOPIC) or m.retry_topic
                 if not origin:
@@ -753,3 +759,22 @@ class Admin(SharedConnections):
              for a in resp.acls for e in a.entries],
             ["subject", "resource", "actions", "source_ips", "decision"],
         )
+
+
+@contextmanager
+def _on_disk(admin: Admin, recorded: dict[MessageQueue, int]) -> Iterator[None]:
+    """On leaving (done, or stopped by an error), the resend's progress in ``recorded`` written to the
+    broker's disk. A commit (UpdateOffset) is kept in memory until the broker's next periodic write
+    (flushConsumerOffsetInterval, 5 s, as RocketMQ's): a broker crashed within it forgot the progress,
+    and the next call sent every letter again, with new msgIds. A reset (ResetOffset) to the same
+    offsets answers once they are on disk."""
+    try:
+        yield
+    finally:
+        for mq, offset in recorded.items():
+            try:
+                admin.reset_offset(DLQ_RESEND_GROUP, mq.topic, offset=offset, queue_id=mq.queue_id)
+            except PymqError as err:  # e.g. no Update on the group: the commits stand, in memory
+                log.warning("the progress of the dead letters re-sent from %s is committed but not yet "
+                            "on the broker's disk (%s): a broker crash within 5 s would send them "
+                            "again at the next call", mq.topic, err)
