@@ -79,6 +79,7 @@ __all__ = [
     "PullResultExt",
     "PulledRange",
     "SubscriptionData",
+    "TopicConfig",
     "TopicOffset",
     "build_pull_sys_flag",
     "default_client_id",
@@ -324,6 +325,21 @@ class TopicOffset:
     min_offset: int
     max_offset: int
     last_update_timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    """A topic's configuration on one broker (``TopicConfig``)."""
+
+    topic_name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+
+    def queue_ids(self) -> range:
+        """The queue ids the broker answers stats for (``AdminBrokerProcessor.getTopicStatsInfo``:
+        the larger of the read and write queue counts)."""
+        return range(max(self.read_queue_nums, self.write_queue_nums))
 
 
 @dataclass(frozen=True, slots=True)
@@ -1035,6 +1051,18 @@ class MQClientAPI:
         """Min and max offset of every queue of ``topic`` on this broker (GET_TOPIC_STATS_INFO)."""
         request = RemotingCommand(RequestCode.GET_TOPIC_STATS_INFO, ext_fields={"topic": topic})
         response = self.remoting.invoke_sync(addr, request, self._timeout(timeout_s))
+        return self._topic_stats(addr, topic, response)
+
+    def get_topic_stats_info_async(
+        self, addr: str, topic: str, *, timeout_s: float | None = None
+    ) -> Future[dict[MessageQueue, TopicOffset]]:
+        """:meth:`get_topic_stats_info` without waiting: many topics' go out at once."""
+        request = RemotingCommand(RequestCode.GET_TOPIC_STATS_INFO, ext_fields={"topic": topic})
+        fut = self.remoting.invoke_async(addr, request, self._timeout(timeout_s))
+        return _then(fut, lambda response: self._topic_stats(addr, topic, response))
+
+    @staticmethod
+    def _topic_stats(addr: str, topic: str, response: RemotingCommand) -> dict[MessageQueue, TopicOffset]:
         if response.code != ResponseCode.SUCCESS:
             raise response_error(response, addr, f"GET_TOPIC_STATS_INFO of topic {topic!r}")
         # offsetTable is a Map<MessageQueue, TopicOffset>: fastjson writes object keys
@@ -1048,6 +1076,25 @@ class MQClientAPI:
                 int(value.get("lastUpdateTimestamp", 0)),
             )
         return dict(sorted(out.items()))
+
+    def get_all_topic_config_async(
+        self, addr: str, *, timeout_s: float | None = None
+    ) -> Future[dict[str, TopicConfig]]:
+        """Every topic's configuration on this broker, by name (GET_ALL_TOPIC_CONFIG, as
+        ``mqadmin`` asks it: ``TopicConfigSerializeWrapper.topicConfigTable``), without waiting."""
+        request = RemotingCommand(RequestCode.GET_ALL_TOPIC_CONFIG)
+
+        def parse(response: RemotingCommand) -> dict[str, TopicConfig]:
+            if response.code != ResponseCode.SUCCESS:
+                raise response_error(response, addr, "GET_ALL_TOPIC_CONFIG")
+            doc: Any = loads_fastjson(response.body) if response.body else {}
+            return {
+                str(name): TopicConfig(str(name), int(c.get("readQueueNums", 0)),
+                                       int(c.get("writeQueueNums", 0)), int(c.get("perm", 0)))
+                for name, c in (doc.get("topicConfigTable") or {}).items()
+            }
+
+        return _then(self.remoting.invoke_async(addr, request, self._timeout(timeout_s)), parse)
 
     def _mq_table(
         self, addr: str, request: RemotingCommand, what: str, field_name: str
