@@ -130,6 +130,34 @@ def test_oneway_sends_that_reached_no_broker_fail_the_task_at_its_end(broker: Br
     broker.start()
 
 
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_keyed_rows_a_dead_broker_refused_fail_naming_their_queue_and_why_not_sent_elsewhere(
+    broker: BrokerProcess, mode: str
+) -> None:
+    """A sharding_key pins its rows to one queue: when its broker is gone they are not sent to another
+    one, and the task failed saying only "cannot connect to <address>" (after 3 attempts), where a
+    plain row goes to another broker: which broker, which queue and why stayed unsaid."""
+    from pyspark.sql.types import StringType, StructField, StructType
+    from pyspark_pymq.backend.base import cached_backend
+
+    topic = unique("keyed-dead")
+    Admin(broker.endpoint).create_topic(topic, queues=2)
+    schema = StructType([StructField("body", StringType()), StructField("sharding_key", StringType())])
+    opts = parse_sink_options({"endpoint": broker.endpoint, "topic": topic, "sendMode": mode,
+                               "sendMsgTimeoutMs": "500", "retryTimesWhenSendFailed": "0"},
+                              schema, stream=False)
+    route = cached_backend(opts.backend, 0.5).route(topic, refresh=True)  # the task finds it cached
+    queue = Producer(backend=cached_backend(opts.backend, 0.5)).message_queue_for_key(topic, "k")
+    broker.kill()
+    rows = pa.record_batch([pa.array(["a", "b"]), pa.array(["k", "k"])], names=["body", "sharding_key"])
+    with pytest.raises(BrokerUnavailableError) as info:
+        write_partition(opts, iter([rows]))
+    broker.start()
+    assert route.publish_queues and "rows 0..1 of partition 0" in str(info.value)
+    assert (f"Their sharding_key maps these rows to queue {queue.queue_id} of broker {queue.broker_name!r}, "
+            "and a keyed row is not sent to another broker") in str(info.value), str(info.value)
+
+
 def test_a_failed_task_says_how_many_of_its_rows_it_had_sent(
     broker: BrokerProcess, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -256,7 +256,8 @@ class _SendTask:
         self.where = f"partition {ids.partition_id} of batch {ids.batch_id}"
         # (topic, queue id, broker): a sharding key's queue is a broker's; a queue_id column's any
         self.open_batches: dict[tuple[str, int | None, str | None], _MessageBatch] = {}
-        self.in_flight: list[tuple[str, Future[Any]]] = []  # async: (its rows, as errors name them, answer)
+        # async: (its rows, as errors name them, the queue id and broker they pin or None, answer)
+        self.in_flight: list[tuple[str, int | None, str | None, Future[Any]]] = []
         self.rows = 0  # rows taken: the index of the next one
         self.sent = 0  # rows handed to the producer (the failed task's error says how many)
 
@@ -374,19 +375,20 @@ class _SendTask:
             results = self.producer.send_encoded(topic, bodies, props, keys, queue_id=queue_id,
                                                  broker_name=broker)
         except PymqError as err:
-            raise self._send_failed(err, topic, what) from err
+            raise _pinned(self._send_failed(err, topic, what), err, queue_id, broker) from err
         self.sent += len(rows)
-        self._keep_answers(results, what)
+        self._keep_answers(results, what, queue_id, broker)
 
     def _send_failed(self, err: PymqError, topic: str, what: str) -> PymqError:
         return _naming(err, f"sending {what} of {self.where} to {topic!r}")
 
-    def _keep_answers(self, results: list[Any], what: str) -> None:
-        """The answers to the sends of ``what`` (rows, as errors name them): sync ones checked
-        now, async ones kept for :meth:`close`."""
+    def _keep_answers(self, results: list[Any], what: str, queue_id: int | None = None,
+                      broker: str | None = None) -> None:
+        """The answers to the sends of ``what`` (rows, as errors name them) to ``queue_id`` of
+        ``broker`` where rows pin theirs: sync ones checked now, async ones kept for :meth:`close`."""
         for r in results:
             if isinstance(r, Future):
-                self.in_flight.append((what, r))
+                self.in_flight.append((what, queue_id, broker, r))
             else:
                 _check_stored(r, f"sending {what} of {self.where}")
 
@@ -408,12 +410,12 @@ class _SendTask:
 
     def _check_for_errors(self) -> None:
         """sendMode=async: waits for every answer; the first failed send fails the task, naming its rows."""
-        for rows, answer in self.in_flight:
+        for rows, queue_id, broker, answer in self.in_flight:
             what = f"async send of {rows} of {self.where}"
             try:
                 result = answer.result()
             except PymqError as err:
-                raise _naming(err, what) from err
+                raise _pinned(_naming(err, what), err, queue_id, broker) from err
             _check_stored(result, what)
 
 
@@ -456,6 +458,24 @@ def _send_rows(
     """Send every row; ``prefix`` + row index is its UNIQ_KEY, ``extra_properties`` go on each."""
     producer = _open_producer(opts, new_producer)
     return _SendTask(opts, ids, producer, prefix or ids.key_prefix(), extra_properties).execute(batches)
+
+
+def _pinned(failed: PymqError, err: PymqError, queue_id: int | None, broker: str | None) -> PymqError:
+    """``failed`` (``err`` named), saying which queue the rows pin and why they were not sent to another
+    broker, where a broker failed (``err.retriable``: down, busy, no answer) a send of rows that pin
+    their queue: a ``sharding_key``'s (its broker known) or a ``queue_id`` column's."""
+    if queue_id is None or not err.retriable:
+        return failed
+    if broker is not None:
+        failed.remark += (
+            f". Their sharding_key maps these rows to queue {queue_id} of broker {broker!r}, and a keyed "
+            "row is not sent to another broker (as with RocketMQ's MessageQueueSelector: a key's rows "
+            "keep one queue, in order); once the name servers drop a broker that is down from the "
+            "topic's route, a run of the task again maps the keys onto the queues the route lists then")
+    else:
+        failed.remark += (f". Their queue_id column names queue {queue_id}: they are not sent to another "
+                          "queue or broker")
+    return failed
 
 
 def _naming(err: PymqError, what: str) -> PymqError:
