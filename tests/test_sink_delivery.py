@@ -158,6 +158,32 @@ def test_keyed_rows_a_dead_broker_refused_fail_naming_their_queue_and_why_not_se
             "and a keyed row is not sent to another broker") in str(info.value), str(info.value)
 
 
+def test_a_oneway_task_failing_on_a_broker_gone_mid_write_says_the_rows_it_had_stored(
+    broker: BrokerProcess,
+) -> None:
+    """sendMode=oneway, the broker gone after a first batch was acknowledged: the task failed saying
+    the second batch's rows were not sent, and nothing of the first one's, which are stored (and
+    stored twice when Spark runs the task again): the note of the rows sent was left out whenever a
+    oneway send had reached no broker."""
+    topic = unique("oneway-mid")
+    Admin(broker.endpoint).create_topic(topic, queues=1)
+    opts = _options(broker.endpoint, topic, sendMode="oneway", sendMsgTimeoutMs="500")
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        yield pa.record_batch([pa.array([f"r{i}" for i in range(50)])], names=["body"])
+        time.sleep(0.5)  # the first batch's answers are in
+        broker.kill()
+        yield pa.record_batch([pa.array([f"r{i}" for i in range(50, 80)])], names=["body"])
+
+    with pytest.raises(BrokerUnavailableError, match=r"sendMode=oneway: 30 of 80 row\(s\)") as info:
+        write_partition(opts, batches())
+    broker.start()
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "50 row(s) of partition 0 of batch" in notes, notes
+    assert "had been sent before this failure" in notes, notes
+    assert len(read_all(broker.endpoint, topic)) == 50
+
+
 def test_a_failed_task_says_how_many_of_its_rows_it_had_sent(
     broker: BrokerProcess, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -271,10 +271,12 @@ class _SendTask:
             # The driver hears nothing from a failed task: without this, "aborted after 0 row(s)"
             # read as if nothing was written, and a re-run wrote the rows sent here a second time.
             # (exactly-once: the rows sent are half messages, never delivered unless the batch commits)
-            if self.sent and not self.opts.exactly_once and not (
-                    self.opts.send_mode == "oneway" and self.producer.oneway_undelivered):
+            # oneway: the rows whose sends failed (none of them reached a broker where the task
+            # fails for that) are not among them; those acknowledged before are stored
+            sent = self.sent - (self.producer.oneway_unacknowledged if self.opts.send_mode == "oneway" else 0)
+            if sent > 0 and not self.opts.exactly_once:
                 err.add_note(
-                    f"pymq sink: {self.sent} row(s) of {self.where} had been sent before this failure "
+                    f"pymq sink: {sent} row(s) of {self.where} had been sent before this failure "
                     "and may be stored (those of sync sends are); sent again, they are stored twice unless "
                     "the topic has a de-duplication window (a stream's batch run again, or a write run "
                     "again with the same writeId, sends the same msgIds)")
