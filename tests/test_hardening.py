@@ -197,6 +197,21 @@ def test_system_topics_cannot_be_deleted_or_written(hostile: BrokerProcess) -> N
     assert "SCHEDULE_TOPIC_XXXX" in set(admin.topics(include_system=True)["topic"])
 
 
+def test_send_to_a_broker_topic_not_made_yet_does_not_advise_auto_create(tmp_path: Path) -> None:
+    # TBW102 (never made here) or RMQ_SYS_<x>: no create_topic and no --auto-create-topic-enable
+    # makes one, so the error must not advise them; the README lists them among the refused sends
+    from pyspark_pymq.errors import TopicNotExistError
+
+    with (EmbeddedBroker(data_dir=tmp_path / "b", auto_create_topic_enable=True) as broker,
+          Producer(broker.endpoint) as producer):
+        for topic in ("TBW102", "RMQ_SYS_ANY"):
+            with pytest.raises(TopicNotExistError) as info:
+                producer.send(Message(topic, b"x"))
+            assert "auto-create-topic-enable" not in str(info.value), topic
+            assert "only the broker creates" in str(info.value), topic
+        assert producer.send(Message("h-auto", b"x")).status is SendStatus.SEND_OK
+
+
 def stub_delete(stub: pymq_pb2_grpc.BrokerStub, topic: str) -> None:
     from pyspark_pymq.errors import error_for_code
 

@@ -11,7 +11,7 @@ from pymq_proto.v1 import pymq_pb2
 
 from ..broker_config import BrokerConfig
 from ..common.broker_exception import BrokerException
-from ..common.mix_all import topic_name_problem
+from ..common.mix_all import is_broker_topic, topic_name_problem
 from ..common.perm import is_readable, is_writeable
 from ..manager.consumer_offset_manager import ConsumerOffsetManager
 from ..manager.subscription_group_manager import SubscriptionGroupManager
@@ -95,6 +95,11 @@ class BrokerContext:
         cfg = self.topic_config_manager.select_topic_config(topic)
         if cfg is None:
             why = not_created_yet(topic)
+            if why is None and is_broker_topic(topic):
+                # neither Admin.create_topic nor --auto-create-topic-enable makes one of these
+                why = ("it is a name of the broker's own topics (SCHEDULE_TOPIC_XXXX, RMQ_SYS_*, "
+                       "TBW102...), which only the broker creates, when it needs one: a client can "
+                       "neither create nor send to it")
             raise BrokerException(
                 pymq_pb2.TOPIC_NOT_EXIST,
                 f"topic {topic!r} does not exist on broker {self.broker_name}; "
