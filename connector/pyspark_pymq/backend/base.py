@@ -186,17 +186,18 @@ def filter_by_tags(messages: Sequence[MessageExt], tags: Iterable[str]) -> list[
 
 def filter_batch_by_tags(batch: pa.RecordBatch, tags: Iterable[str]) -> pa.RecordBatch:
     """:func:`filter_by_tags` of Arrow rows (a null tag never matches)."""
-    import pyarrow as pa
     import pyarrow.compute as pc
+
+    from ..arrow_arrays import strings
 
     wanted = sorted(set(tags))
     if not wanted:
         return batch
     column = batch.column(batch.schema.get_field_index("tags"))
-    keep = pc.fill_null(pc.is_in(column, value_set=pa.array(wanted, pa.string())), False)
-    if pc.all(keep).as_py():
+    keep = pc.is_in(column, value_set=strings(wanted))
+    if keep.null_count == 0 and pc.all(keep).as_py():
         return batch
-    return batch.filter(keep)
+    return batch.filter(keep)  # a null (no tag) is left out
 
 
 @dataclass(frozen=True, slots=True)

@@ -275,9 +275,9 @@ class PymqBackend(Backend):
         self, topic: str, bodies: pa.Array, body_lens: npt.NDArray[np.int64],
         property_parts: Sequence[pa.Array | pa.Scalar], property_lens: npt.NDArray[np.int64],
     ) -> tuple[bytes | memoryview, npt.NDArray[np.int32]] | None:
-        import pyarrow as pa
         import pyarrow.compute as pc
 
+        from ..arrow_arrays import binary_scalar
         from ..client.codec import fixed_width
 
         n = len(body_lens)
@@ -298,7 +298,7 @@ class PymqBackend(Backend):
         mid[:, -1] = property_lens >> 8
         joined = pc.binary_join_element_wise(
             fixed_width(head.view(np.uint8).reshape(n, HEADER_SIZE)), bodies, fixed_width(mid),
-            *property_parts, pa.scalar(b""),
+            *property_parts, binary_scalar(b""),
         )
         offsets = np.frombuffer(joined.buffers()[1], dtype=np.int32)[joined.offset : joined.offset + n + 1]
         # a view of Arrow's buffer, not a copy: the request is joined from it (pymq_proto.wire)

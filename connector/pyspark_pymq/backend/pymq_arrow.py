@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pymq_proto.record import HEADER_DTYPE, HEADER_SIZE, MessageConst
 
+from ..arrow_arrays import from_numpy, indices_of, null_scalar, string_scalar, to_numpy
 from ..spark.rows import empty_batch, messages_to_batch
 from ..spark.schema import arrow_schema, needs_properties, wants
 
@@ -55,6 +56,7 @@ _SIZE_BYTES = np.arange(4, dtype=np.int64)
 
 _TAGS = MessageConst.PROPERTY_TAGS
 _KEYS = MessageConst.PROPERTY_KEYS
+_ZERO = from_numpy(np.zeros(1), pa.int32())[0]
 _UNIQ_KEY = MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
 _RETRY_TOPIC = MessageConst.PROPERTY_RETRY_TOPIC
 
@@ -145,22 +147,20 @@ def _spans(data: pa.Buffer, bounds: np.ndarray, count: int, stride: int, pick: S
     out = []
     for k in pick:
         idx = np.arange(k, count * stride, stride, dtype=np.int64)
-        out.append(cut.take(pa.array(idx)))
+        out.append(cut.take(from_numpy(idx)))
     return out
 
 
 def _lookup(entry_keys: pa.Array, entry_values: pa.Array, entry_record: np.ndarray,
             n: int, name: str) -> tuple[pa.Array, np.ndarray]:
     """Per record, the value of property ``name`` (null if absent), and a presence mask."""
-    hits = np.flatnonzero(
-        pc.equal(entry_keys, pa.scalar(name, pa.string())).to_numpy(zero_copy_only=False)
-    )
+    hits = indices_of(pc.equal(entry_keys, string_scalar(name)))
     index = np.full(n, -1, dtype=np.int64)
     index[entry_record[hits]] = hits
     present = index >= 0
     if present.all():
-        return entry_values.take(pa.array(index)), present
-    return entry_values.take(pa.array(index, mask=~present)), present
+        return entry_values.take(from_numpy(index)), present
+    return entry_values.take(from_numpy(index, mask=~present)), present
 
 
 def decode_to_arrow(
@@ -277,19 +277,19 @@ def decode_to_arrow(
     ts_type = schema.field("born_timestamp").type
     out: list[Any] = [
         topic_col,
-        pa.array(np.ascontiguousarray(fields["queue_id"]), pa.int32()),
+        from_numpy(fields["queue_id"], pa.int32()),
         _constant_strings(broker_name, n),
-        pa.array(queue_offset, pa.int64()),
+        from_numpy(queue_offset),
         msg_id,
         offset_msg_id,
-        pa.array(np.ascontiguousarray(fields["phy"]), pa.int64()),
+        from_numpy(fields["phy"]),
         tags,
         keys,
         body,
         properties,
-        pa.array(fields["born"] * 1000, ts_type),
-        pa.array(fields["store_ts"] * 1000, ts_type),
-        pa.array(np.ascontiguousarray(fields["reconsume"]), pa.int32()),
+        from_numpy(fields["born"] * 1000, ts_type),
+        from_numpy(fields["store_ts"] * 1000, ts_type),
+        from_numpy(fields["reconsume"], pa.int32()),
         retry_col,
     ]
     return pa.RecordBatch.from_arrays(out, schema=schema)
@@ -355,10 +355,9 @@ def _properties(
             # column must be UTF-8, so these rows take the decoder that replaces them (U+FFFD)
             return None
     else:
-        keys_arr = pa.array([], pa.string())
-        values_arr = pa.array([], pa.string())
+        keys_arr = values_arr = pa.nulls(0, pa.string())
     properties = pa.MapArray.from_arrays(
-        pa.array(map_offsets, pa.int32()), keys_arr, values_arr, type=map_type
+        from_numpy(map_offsets, pa.int32()), keys_arr, values_arr, type=map_type
     )
     return properties, keys_arr, values_arr, entry_record
 
@@ -396,23 +395,21 @@ def _utf8(*arrays: pa.Array) -> bool:
 def _keys_column(entry_keys: pa.Array, entry_values: pa.Array, entry_record: np.ndarray, n: int,
                  list_type: pa.DataType) -> pa.Array:
     """KEYS ("k1 k2") split into a list per record; an empty list where absent."""
-    hits = np.flatnonzero(
-        pc.equal(entry_keys, pa.scalar(_KEYS, pa.string())).to_numpy(zero_copy_only=False)
-    )
+    hits = indices_of(pc.equal(entry_keys, string_scalar(_KEYS)))
     if not len(hits):
         return pa.ListArray.from_arrays(
-            pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.string()), type=list_type
+            from_numpy(np.zeros(n + 1), pa.int32()), pa.nulls(0, pa.string()), type=list_type
         )
     records = entry_record[hits]  # one KEYS a record: _properties sent repeated names elsewhere
-    values = entry_values.take(pa.array(hits))
+    values = entry_values.take(from_numpy(hits))
     # an empty KEYS is no key (the per-message decoder's ()), not one empty key
-    values = pc.if_else(pc.equal(pc.binary_length(values), 0), pa.scalar(None, pa.string()), values)
-    split = pc.split_pattern(values, " ")
+    values = pc.if_else(pc.equal(pc.binary_length(values), _ZERO), null_scalar(pa.string()), values)
+    split = pc.split_pattern(values, pattern=" ")
     lengths = np.zeros(n, dtype=np.int32)
-    lengths[records] = pc.list_value_length(split).fill_null(0).to_numpy(zero_copy_only=False)
+    lengths[records] = to_numpy(pc.list_value_length(split).fill_null(_ZERO))
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
-    return pa.ListArray.from_arrays(pa.array(offsets), split.flatten(), type=list_type)
+    return pa.ListArray.from_arrays(from_numpy(offsets, pa.int32()), split.flatten(), type=list_type)
 
 
 def _fallback(

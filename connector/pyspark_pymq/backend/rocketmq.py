@@ -618,9 +618,11 @@ class RocketMQBackend(Backend):
         import pyarrow as pa
         import pyarrow.compute as pc
 
+        from ..arrow_arrays import binary_scalar
+
         if int(property_lens.max(initial=0)) > 32767:  # RocketMQ keeps the length in a short
             return None
-        props = pc.binary_join_element_wise(*property_parts, pa.scalar(b"", pa.binary()))
+        props = pc.binary_join_element_wise(*property_parts, binary_scalar(b""))
         if isinstance(props, pa.Scalar):  # every part was shared by all rows
             props = pa.array([props.as_py()] * len(body_lens), pa.binary())
         records = codec.encode_batch_columns(bodies, props)

@@ -76,6 +76,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..arrow_arrays import binary_scalar, from_numpy, to_numpy
 from ..backend.base import filter_batch_by_tags, filter_by_tags
 from ..client.message import MessageExt
 from ..spark.rows import empty_batch, messages_to_batch
@@ -564,19 +565,19 @@ def encode_batch_columns(
     if body.null_count:
         i = int(pc.index(pc.is_null(body), True).as_py())
         raise ValueError(f"row {i} has a null body")
-    body_lens = pc.binary_length(body).to_numpy(zero_copy_only=False).astype(np.int64)
+    body_lens = to_numpy(pc.binary_length(body)).astype(np.int64)
     props: pa.Array | pa.Scalar
     if isinstance(properties, (bytes, str)):
         raw = properties.encode() if isinstance(properties, str) else properties
-        props = pa.scalar(raw, pa.binary())
+        props = binary_scalar(raw)
         props_lens = np.full(n, len(raw), dtype=np.int64)
     else:
         props = _as_binary(properties, "properties")
         if len(props) != n:
             raise ValueError(f"{len(props)} properties for {n} bodies")
         if props.null_count:
-            props = props.fill_null(b"")
-        props_lens = pc.binary_length(props).to_numpy(zero_copy_only=False).astype(np.int64)
+            props = props.fill_null(binary_scalar(b""))
+        props_lens = to_numpy(pc.binary_length(props)).astype(np.int64)
     if int(props_lens.max()) > _MAX_PROPERTIES:
         i = int(np.argmax(props_lens > _MAX_PROPERTIES))
         raise ValueError(
@@ -597,7 +598,7 @@ def encode_batch_columns(
     props_len_be = props_lens.astype(">i2").view(np.uint8).reshape(n, 2)
     joined = pc.binary_join_element_wise(
         _fixed_width(head.view(np.uint8).reshape(n, _BATCH_HEAD.size)), body,
-        _fixed_width(props_len_be), props, pa.scalar(b"", pa.binary()),
+        _fixed_width(props_len_be), props, binary_scalar(b""),
     )
     offsets = np.frombuffer(joined.buffers()[1], dtype=np.int32)[joined.offset : joined.offset + n + 1]
     values = joined.buffers()[2]
@@ -688,7 +689,7 @@ def _spans(data: pa.Buffer, bounds: npt.NDArray[np.int64], count: int, stride: i
     cut = pa.Array.from_buffers(
         as_type, len(bounds) - 1, [None, pa.py_buffer(bounds.astype(np.int32)), data]
     )
-    return [cut.take(pa.array(np.arange(k, count * stride, stride, dtype=np.int64))) for k in pick]
+    return [cut.take(from_numpy(np.arange(k, count * stride, stride))) for k in pick]
 
 
 def _gather(data: pa.Buffer, starts: npt.NDArray[np.int64], width: int) -> npt.NDArray[np.uint8]:
@@ -902,7 +903,7 @@ def _fast(data: bytes, topic: str, broker_name: str, retry: bool,
             index = np.full(n, -1, dtype=np.int64)
             index[entry_record[hits]] = hits
             present = index >= 0
-            taken = entry_values.take(pa.array(index, mask=None if present.all() else ~present))
+            taken = entry_values.take(from_numpy(index, mask=None if present.all() else ~present))
             return taken, present
 
         if wants(columns, "tags"):
@@ -926,19 +927,19 @@ def _fast(data: bytes, topic: str, broker_name: str, retry: bool,
     ts_type = schema.field("born_timestamp").type
     out: list[Any] = [
         topic_col,
-        pa.array(prefix["queue_id"].astype(np.int32), pa.int32()),
+        from_numpy(prefix["queue_id"], pa.int32()),
         _constant_strings(broker_name, n),
-        pa.array(queue_offset, pa.int64()),
+        from_numpy(queue_offset),
         msg_id,
         offset_msg_id,
-        pa.array(prefix["phy"].astype(np.int64), pa.int64()),
+        from_numpy(prefix["phy"]),
         tags,
         keys,
         body,
         properties,
-        pa.array(prefix["born"].astype(np.int64) * 1000, ts_type),
-        pa.array(stored * 1000, ts_type),
-        pa.array(reconsume, pa.int32()),
+        from_numpy(prefix["born"].astype(np.int64) * 1000, ts_type),
+        from_numpy(stored * 1000, ts_type),
+        from_numpy(reconsume, pa.int32()),
         retry_col,
     ]
     return pa.RecordBatch.from_arrays(out, schema=schema)
@@ -946,7 +947,7 @@ def _fast(data: bytes, topic: str, broker_name: str, retry: bool,
 
 def _topic_column(topics: pa.Array, topic: str, n: int) -> pa.Array:
     """The records' own topics: one constant column when all are ``topic`` (a pull's usual case)."""
-    if pc.all(pc.equal(topics, pa.scalar(topic.encode(), pa.binary()))).as_py():
+    if pc.all(pc.equal(topics, binary_scalar(topic.encode()))).as_py():
         return _constant_strings(topic, n)
     offsets = np.frombuffer(topics.buffers()[1], dtype=np.int32, count=n + 1)
     if not _is_utf8(topics.buffers()[2], int(offsets[-1])):
@@ -1003,9 +1004,9 @@ def _properties(
     np.cumsum(per_map, out=map_offsets[1:])
     map_type = schema.field("properties").type
     if entries == 0:
-        empty = pa.array([], pa.string())
+        empty = pa.nulls(0, pa.string())
         return (
-            pa.MapArray.from_arrays(pa.array(map_offsets, pa.int32()), empty, empty, type=map_type),
+            pa.MapArray.from_arrays(from_numpy(map_offsets, pa.int32()), empty, empty, type=map_type),
             np.zeros(0, dtype=np.int32), empty, entry_record, {},
         )
     cuts = np.empty(4 * entries + 1, dtype=np.int64)
@@ -1017,12 +1018,12 @@ def _properties(
     assert values is not None
     entry_names, entry_values = _spans(values, cuts, entries, 4, (0, 2), pa.string())
     encoded = pc.dictionary_encode(entry_names)
-    codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int32)
+    codes = to_numpy(encoded.indices).astype(np.int32)
     names = encoded.dictionary.to_pylist()
     if _has_repeats(entry_record, codes, len(names), n):
         raise _Fallback
     properties = pa.MapArray.from_arrays(
-        pa.array(map_offsets, pa.int32()), entry_names, entry_values, type=map_type
+        from_numpy(map_offsets, pa.int32()), entry_names, entry_values, type=map_type
     )
     return properties, codes, entry_values, entry_record, {name: i for i, name in enumerate(names)}
 
@@ -1073,7 +1074,7 @@ def _has_repeats(entry_record: npt.NDArray[np.int64], codes: npt.NDArray[np.int3
     pairs = entry_record * distinct + codes
     if n * distinct <= 4 * len(pairs) + (1 << 20):
         return bool(np.bincount(pairs, minlength=1).max() > 1)
-    return len(pc.unique(pa.array(pairs))) != len(pairs)
+    return len(pc.unique(from_numpy(pairs))) != len(pairs)
 
 
 def _offset_msg_ids(store_host: npt.NDArray[np.uint8], hosts: npt.NDArray[np.int64],
@@ -1112,11 +1113,11 @@ def _keys_column(values: pa.Array, present: npt.NDArray[np.bool_], n: int,
     hits = np.flatnonzero(present)
     if not len(hits):
         return pa.ListArray.from_arrays(
-            pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.string()), type=list_type
+            from_numpy(np.zeros(n + 1), pa.int32()), pa.nulls(0, pa.string()), type=list_type
         )
-    split = pc.split_pattern(values.take(pa.array(hits)), _KEY_SEPARATOR)
+    split = pc.split_pattern(values.take(from_numpy(hits)), pattern=_KEY_SEPARATOR)
     lengths = np.zeros(n, dtype=np.int32)
-    lengths[hits] = pc.list_value_length(split).to_numpy(zero_copy_only=False)
+    lengths[hits] = to_numpy(pc.list_value_length(split))
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
-    return pa.ListArray.from_arrays(pa.array(offsets), split.flatten(), type=list_type)
+    return pa.ListArray.from_arrays(from_numpy(offsets, pa.int32()), split.flatten(), type=list_type)

@@ -36,6 +36,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
+from ..arrow_arrays import binary_scalar, from_numpy, to_numpy
 from ..backend.base import Backend, cached_backend
 from ..client.codec import fixed_width, uniq_property_matrix
 from ..client.consumer import PullConsumer
@@ -485,8 +486,10 @@ def _naming(err: PymqError, what: str) -> PymqError:
     return type(err)(f"{what} failed: {err.remark}", code=err.code)
 
 
-_TAGS_KEY = pa.scalar(property_key(MC.PROPERTY_TAGS))
-_END_BYTES = pa.scalar(_END.encode())
+_TAGS_KEY = binary_scalar(property_key(MC.PROPERTY_TAGS))
+_END_BYTES = binary_scalar(_END.encode())
+_NO_BYTES = binary_scalar(b"")
+_ZERO = from_numpy(np.zeros(1), pa.int32())[0]
 _PER_ROW_COLUMNS = ("keys", "properties", "delay_level", "sharding_key", "queue_id", "deliver_time_ms")
 
 
@@ -521,7 +524,7 @@ def encode_plain_batch(
         return None
     if body.null_count:
         raise _null_body(first_row + int(pc.index(pc.is_null(body), True).as_py()), where)
-    body_lens = pc.binary_length(body).to_numpy(zero_copy_only=False).astype(np.int64)
+    body_lens = to_numpy(pc.binary_length(body)).astype(np.int64)
     if int(body_lens.max()) > max_body:  # the per-row path names the row that is too big
         return None
     # UNIQ_KEY = the task's prefix + the row index as 16 hex digits, as the per-row path
@@ -534,13 +537,13 @@ def encode_plain_batch(
         bad = pc.or_(pc.match_substring(tags, "\x01"), pc.match_substring(tags, "\x02"))
         if pc.any(bad).as_py():
             raise ValueError(f"row {first_row + int(pc.index(bad, True).as_py())} of {where}: {_RESERVED}")
-        tagged = pc.binary_join_element_wise(_TAGS_KEY, tags, _END_BYTES, pa.scalar(b""))
-        tagged = pc.if_else(pc.equal(pc.binary_length(tags), 0), pa.scalar(b""), tagged).fill_null(b"")
-        plens += pc.binary_length(tagged).to_numpy(zero_copy_only=False)
+        tagged = pc.binary_join_element_wise(_TAGS_KEY, tags, _END_BYTES, _NO_BYTES)
+        tagged = pc.if_else(pc.equal(pc.binary_length(tags), _ZERO), _NO_BYTES, tagged).fill_null(_NO_BYTES)
+        plens += to_numpy(pc.binary_length(tagged))
         parts.append(tagged)
     if extra_properties:  # the same on every row (the exactly-once sink's transaction tags)
         plens += len(extra_properties)
-        parts.append(pa.scalar(extra_properties, pa.binary()))
+        parts.append(binary_scalar(extra_properties))
     framed = backend.frame_columns(topic, body, body_lens, parts, plens)
     if framed is None:
         return None
