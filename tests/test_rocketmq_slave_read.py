@@ -374,6 +374,34 @@ def test_unlisted_queues_of_many_topics_cost_one_request_per_broker() -> None:
         c.close()
 
 
+def test_unlisted_queues_are_those_a_read_would_read_once_the_route_lists_the_broker() -> None:
+    """A batch read fails on a broker of the cluster that holds queues of the topic the route does
+    not list. GET_ALL_TOPIC_CONFIG's queues were the stats' (max of read and write queues, whatever the
+    perm): a write-only topic there, or write queues beyond its read queues, failed the read naming
+    queues it would not read even once the route listed the broker (subscribe queues: readQueueNums
+    with PERM_READ)."""
+
+    def config() -> RemotingCommand:
+        table = {"wo": {"topicName": "wo", "readQueueNums": 4, "writeQueueNums": 4, "perm": 2},
+                 "more-w": {"topicName": "more-w", "readQueueNums": 2, "writeQueueNums": 4, "perm": 6},
+                 "ro": {"topicName": "ro", "readQueueNums": 3, "writeQueueNums": 1, "perm": 4}}
+        return RemotingCommand.response(ResponseCode.SUCCESS, 0, body=json.dumps(
+            {"dataVersion": {"counter": 1}, "topicConfigTable": table}).encode())
+
+    c = FakeCluster(_route_of_a_in_a_cluster_with_x(a_addr="127.0.0.1:1", topic_config=config))
+    try:
+        backend = RocketMQBackend(BackendConfig(namesrv_addr=c.addr), timeout_s=3.0)
+        topics = ["wo", "more-w", "ro"]
+        for topic in topics:
+            backend.route(topic, refresh=True)
+        assert backend.unlisted_queues(topics) == {
+            "more-w": {"x": [MessageQueue("more-w", "x", q) for q in range(2)]},
+            "ro": {"x": [MessageQueue("ro", "x", q) for q in range(3)]},
+        }
+    finally:
+        c.close()
+
+
 def test_unlisted_queues_of_a_broker_refusing_the_listing_are_asked_per_topic() -> None:
     """A broker that refuses GET_ALL_TOPIC_CONFIG (its ACLs grant the user Get on topics, not List)
     is asked per topic, as before (the first topic alone: a broker refusing the user is asked once)."""

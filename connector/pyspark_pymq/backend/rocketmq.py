@@ -305,10 +305,13 @@ class RocketMQBackend(Backend):
                 by_stats[broker] = asked[broker]
                 continue
             for topic in asked[broker]:
+                # the queues a read of the topic would read there once a route lists the broker (its
+                # subscribe queues): readQueueNums, with PERM_READ. A write-only topic, or write
+                # queues beyond the read ones, are not read even then: naming them failed the read
                 config = table.get(topic)
-                if config is not None and config.queue_ids():
+                if config is not None and config.read_queue_ids():
                     out.setdefault(topic, {})[broker] = [MessageQueue(topic, broker, q)
-                                                         for q in config.queue_ids()]
+                                                         for q in config.read_queue_ids()]
         for broker, held in self._held_by_stats(by_stats, info.broker_addrs).items():
             for topic, queues in held.items():
                 out.setdefault(topic, {})[broker] = queues

@@ -52,6 +52,7 @@ from pymq_proto.subscription import SUB_ALL, split_tags
 from pymq_proto.topics import get_retry_topic
 
 from ..client.message import MessageQueue, PullStatus, SendResult, SendStatus, frozen_msg_ids, new_uniq_key
+from ..client.route import PERM_READ
 from ..errors import PymqError, RequestTimeoutError
 from .codec import message_properties_to_string
 from .protocol import (
@@ -337,9 +338,14 @@ class TopicConfig:
     perm: int
 
     def queue_ids(self) -> range:
-        """The queue ids the broker answers stats for (``AdminBrokerProcessor.getTopicStatsInfo``:
-        the larger of the read and write queue counts)."""
+        """The queue ids RocketMQ 5's broker answers stats for (``AdminBrokerProcessor.getTopicStatsInfo``:
+        the larger of the read and write queue counts; 4.x's, the write queues')."""
         return range(max(self.read_queue_nums, self.write_queue_nums))
+
+    def read_queue_ids(self) -> range:
+        """The queue ids a consumer reads (a route's subscribe queues): ``readQueueNums``, none
+        without PERM_READ (a write-only topic)."""
+        return range(self.read_queue_nums if self.perm & PERM_READ else 0)
 
 
 @dataclass(frozen=True, slots=True)
