@@ -306,8 +306,8 @@ class RocketMQBackend(Backend):
             except (BrokerUnavailableError, RequestTimeoutError):
                 continue  # a broker that does not answer cannot tell; asked once, not once per topic
             except PymqError as err:
-                # one that refuses the listing (its ACLs grant the user its topics, not List) is
-                # asked per topic, as mqadmin topicStatus does
+                # one that refuses the listing (RocketMQ 5.3.3 checks no permission for it; another
+                # version or ACL plug-in may) is asked per topic, as mqadmin topicStatus does
                 log.debug("pymq: broker %s refused GET_ALL_TOPIC_CONFIG (%s); asking per topic",
                           broker, err.remark)
                 by_stats[broker] = asked[broker]
