@@ -617,6 +617,10 @@ class Admin(SharedConnections):
         again by later calls without ``msg_ids``. Progress is committed letter by letter, so an
         error that stops the call (no permission to send to the topic, a timeout, a busy broker:
         a later call may succeed) is raised with every letter sent before it recorded as sent.
+        With users and ACLs on, the internal group is ``PYMQ_DLQ_RESEND``: the call pulls as it
+        (``Sub``) and writes its progress to disk as an offset reset of it (``Update`` on
+        ``Group:PYMQ_DLQ_RESEND`` and on ``group``); without ``Update`` the progress stays committed
+        in the broker's memory (on disk within 5 s) and a warning says so.
         """
         wanted = None if msg_ids is None else set(msg_ids) - {""}
         letters = self.dead_letter_messages(group, max_num=10**9)
