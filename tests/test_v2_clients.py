@@ -191,6 +191,19 @@ def test_send_receive_ack_with_official_client(v2_broker: BrokerProcess, clients
     assert int(progress["consumer_offset"].sum()) == 5
 
 
+def test_sends_are_spread_over_the_topics_queues(v2_broker: BrokerProcess, clients: _Clients) -> None:
+    """rocketmq-python-client never sets a message's queue id, and the proxy does not read it: it
+    picks the next writable queue (SendMessageQueueSelector). Its default 0 put every message in
+    queue 0, so a topic's other queues, and the Spark source's partitions of them, stayed empty."""
+    endpoint = v2_broker.endpoint
+    topic = _topic(endpoint, 4)
+    producer = clients.producer(endpoint, topic)
+    for i in range(8):
+        producer.send(_message(topic, f"s{i}".encode()))
+    stored = _pymq_read(endpoint, topic, 8)
+    assert {m.queue_id for m in stored} == {0, 1, 2, 3}  # round robin (the broker's, shared by topics)
+
+
 def test_tag_filter(v2_broker: BrokerProcess, clients: _Clients) -> None:
     endpoint = v2_broker.endpoint
     topic, group = _topic(endpoint), _name("v2G")

@@ -222,11 +222,7 @@ class MessagingProcessor:
                 producer_group=cfg.topic_name, remote_address=remote_address,
             )
             self._check_message_type(cfg, m.properties)
-            queue_id = msg.system_properties.queue_id
-            if not 0 <= queue_id < cfg.write_queue_nums:
-                queue_id = -1
-            if m.message_group:  # FIFO: one message group, one queue
-                queue_id = tag_hash(m.message_group.encode()) % cfg.write_queue_nums
+            queue_id = self._send_queue_id(m.message_group, cfg)
             req = pymq_pb2.SendMessageRequest(
                 producer_group=cfg.topic_name, topic=cfg.topic_name, queue_id=queue_id,
                 born_timestamp=m.born_timestamp,
@@ -252,6 +248,16 @@ class MessagingProcessor:
         except ProxyException as err:
             return sv.SendResultEntry(status=status(err.code, err.message),
                                       message_id=msg.system_properties.message_id)
+
+    @staticmethod
+    def _send_queue_id(message_group: str, cfg: TopicConfig) -> int:
+        """The proxy's SendMessageQueueSelector: a message group (FIFO) always goes to one queue;
+        any other message to the broker's next queue, round robin (-1). The request's
+        ``queue_id`` is not read, as the proxy does not: rocketmq-python-client never sets it,
+        and its 0 sent every message to queue 0."""
+        if message_group:
+            return tag_hash(message_group.encode()) % cfg.write_queue_nums
+        return -1
 
     async def recall_message(self, req: sv.RecallMessageRequest) -> sv.RecallMessageResponse:
         """RocketMQ 5.3's recall: a timer message not delivered yet is never delivered."""
