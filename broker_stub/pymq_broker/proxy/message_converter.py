@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import base64
 import gzip
+import hashlib
 import time
 import zlib
 from dataclasses import dataclass
 
 from google.protobuf.timestamp_pb2 import Timestamp
-from pymq_proto.crc32 import crc32
 from pymq_proto.record import (
     HEADER,
     HEADER_SIZE,
@@ -327,8 +327,11 @@ def to_v2_message(
     if props.get(MC.PROPERTY_KEYS):
         sp.keys.extend(k for k in props[MC.PROPERTY_KEYS].split(MC.KEY_SEPARATOR) if k)
     sp.message_id = m.message_id
-    sp.body_digest.type = v2.CRC32
-    sp.body_digest.checksum = format(crc32(m.body), "08X")
+    # GrpcConverter.buildSystemProperties: MD5, uppercase hex (BinaryUtil.generateMd5). Not CRC32:
+    # the Java client writes a CRC32 without leading zeros, the Python client with them, so one of
+    # the two took every 16th message for corrupted (a push consumer dead-letters those unread)
+    sp.body_digest.type = v2.MD5
+    sp.body_digest.checksum = hashlib.md5(m.body).hexdigest().upper()
     sp.body_encoding = v2.IDENTITY
     sp.message_type = message_type_of(props)
     sp.born_timestamp.FromMilliseconds(m.born_timestamp)
