@@ -14,7 +14,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from pyspark_pymq.arrow_arrays import (
+    binaries,
     binary_scalar,
+    booleans,
     from_numpy,
     indices_of,
     null_scalar,
@@ -57,6 +59,9 @@ def test_scalars_and_strings_are_pyarrows() -> None:
     assert null_scalar(pa.string()).equals(pa.scalar(None, pa.string()))
     assert strings(["é", "", "TagA"]).equals(pa.array(["é", "", "TagA"], pa.string()))
     assert strings([]).equals(pa.array([], pa.string()))
+    assert binaries([b"\x00z", b"", b"\xff"]).equals(pa.array([b"\x00z", b"", b"\xff"], pa.binary()))
+    flags = np.array([i % 3 == 0 for i in range(19)])
+    assert booleans(flags).equals(pa.array(flags)) and booleans(flags[:0]).equals(pa.array([], pa.bool_()))
 
 
 _WORKER = r"""
@@ -70,7 +75,7 @@ from pyspark_pymq.backend.pymq_arrow import decode_to_arrow
 from pyspark_pymq.rocketmq import codec
 from pyspark_pymq.spark.schema import project
 from pyspark_pymq.spark.writer import encode_plain_batch
-from test_rocketmq_codec import Rec, encode_stored
+from test_rocketmq_codec import COMPRESSED, Rec, deflate, encode_stored
 
 def record(offset, props):
     return encode_record(topic=b"%RETRY%g", queue_id=1, flag=0, body=b"body", properties=props,
@@ -89,6 +94,14 @@ stored = b"".join(encode_stored(Rec(topic="t", queue_offset=i, properties={"TAGS
                                                                            "UNIQ_KEY": "U%d" % i}))
                   for i in range(10))
 assert codec.decode_to_arrow(stored, topic="t", broker_name="broker-a", retry=False).num_rows == 10
+# a body RocketMQ's producers compressed (over 4 KiB), a store host with an IPv6 address, an empty pull
+big = b"x" * 5000
+odd = [Rec(topic="t", queue_offset=0, body=big, sys_flag=COMPRESSED, stored_body=deflate(big)),
+       Rec(topic="t", queue_offset=1, store_host=("::1", 10911)), Rec(topic="t", queue_offset=2)]
+got = codec.decode_to_arrow(b"".join(encode_stored(r) for r in odd), topic="t", broker_name="b", retry=False)
+assert got.column("body").to_pylist() == [big, b"body", b"body"]
+assert [len(i) for i in got.column("offset_msg_id").to_pylist()] == [32, 56, 32]
+assert codec.decode_to_arrow(b"", topic="t", broker_name="b", retry=False).num_rows == 0
 # the sink's bulk path: a batch as Spark hands it over (Arrow IPC), with tags
 with pa.ipc.open_stream(sys.stdin.buffer.read()) as reader:
     rows = reader.read_next_batch()

@@ -16,7 +16,10 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["binary_scalar", "from_numpy", "indices_of", "null_scalar", "string_scalar", "strings", "to_numpy"]
+__all__ = [
+    "binaries", "binary_scalar", "booleans", "from_numpy", "indices_of", "null_scalar", "string_scalar",
+    "strings", "to_numpy",
+]
 
 
 def _dtype(type_: pa.DataType) -> np.dtype[np.generic]:
@@ -41,6 +44,13 @@ def from_numpy(values: np.ndarray, type_: pa.DataType | None = None,
         if nulls:
             validity = pa.py_buffer(np.packbits(~np.asarray(mask, dtype=bool), bitorder="little"))
     return pa.Array.from_buffers(type_, n, [validity, pa.py_buffer(data)], null_count=nulls)
+
+
+def booleans(values: np.ndarray) -> pa.Array:
+    """A numpy boolean array as an Arrow one, none null (as ``pa.array(values)``)."""
+    flags = np.asarray(values, dtype=bool)
+    return pa.Array.from_buffers(pa.bool_(), len(flags),
+                                 [None, pa.py_buffer(np.packbits(flags, bitorder="little"))])
 
 
 def to_numpy(arr: pa.Array) -> np.ndarray:
@@ -68,9 +78,12 @@ def indices_of(mask: pa.Array) -> np.ndarray:
     return to_numpy(pc.indices_nonzero(mask)).astype(np.int64)
 
 
-def _values(type_: pa.DataType, raws: list[bytes]) -> pa.Array:
+def _values(type_: pa.DataType, raws: Sequence[bytes]) -> pa.Array:
+    ends = np.cumsum(np.fromiter((len(r) for r in raws), dtype=np.int64, count=len(raws)))
+    if len(ends) and int(ends[-1]) > np.iinfo(np.int32).max:
+        raise ValueError(f"arrow_arrays: {int(ends[-1])} bytes do not fit a {type_} array (2 GiB at most)")
     offsets = np.zeros(len(raws) + 1, dtype=np.int32)
-    np.cumsum([len(r) for r in raws], out=offsets[1:])
+    offsets[1:] = ends
     data = pa.py_buffer(b"".join(raws))
     return pa.Array.from_buffers(type_, len(raws), [None, pa.py_buffer(offsets), data])
 
@@ -78,6 +91,11 @@ def _values(type_: pa.DataType, raws: list[bytes]) -> pa.Array:
 def strings(values: Sequence[str]) -> pa.Array:
     """``pa.array(values, pa.string())`` of a few strings (none null)."""
     return _values(pa.string(), [v.encode() for v in values])
+
+
+def binaries(values: Sequence[bytes]) -> pa.Array:
+    """``pa.array(values, pa.binary())`` (none null)."""
+    return _values(pa.binary(), values)
 
 
 def _one(type_: pa.DataType, raw: bytes) -> pa.Scalar:

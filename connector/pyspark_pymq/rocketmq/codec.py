@@ -76,7 +76,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..arrow_arrays import binary_scalar, from_numpy, to_numpy
+from ..arrow_arrays import binaries, binary_scalar, booleans, from_numpy, to_numpy
 from ..backend.base import filter_batch_by_tags, filter_by_tags
 from ..client.message import MessageExt
 from ..spark.rows import empty_batch, messages_to_batch
@@ -875,14 +875,14 @@ def _fast(data: bytes, topic: str, broker_name: str, retry: bool,
     body = spans.get(0, pa.nulls(n, pa.binary()))
     compressed = np.flatnonzero((sys_flag & _COMPRESSED != 0) & (body_len > 0) & want_body)
     if len(compressed):
-        raw_bodies = body.take(pa.array(compressed)).to_pylist()
+        raw_bodies = body.take(from_numpy(compressed)).to_pylist()
         inflated = [
             _decompress(raw, int(sys_flag[i]), f"record at byte {int(starts[i])} of the pull")
             for raw, i in zip(raw_bodies, compressed.tolist(), strict=True)
         ]
         mask = np.zeros(n, dtype=bool)
         mask[compressed] = True
-        body = pc.replace_with_mask(body, pa.array(mask), pa.array(inflated, pa.binary()))
+        body = pc.replace_with_mask(body, booleans(mask), binaries(inflated))
 
     topic_col = _topic_column(spans[2], topic, n) if want_topic else pa.nulls(n, string)
     properties: pa.Array = pa.nulls(n, schema.field("properties").type)
@@ -1103,7 +1103,7 @@ def _offset_msg_ids(store_host: npt.NDArray[np.uint8], hosts: npt.NDArray[np.int
         pa.py_buffer(binascii.hexlify(np.ascontiguousarray(raw).data).upper()),
     )
     if width == 56 and not bool(np.all(v6)):
-        ids = pc.if_else(pa.array(~v6), pc.utf8_slice_codeunits(ids, 0, 32), ids)
+        ids = pc.if_else(booleans(~v6), pc.utf8_slice_codeunits(ids, 0, 32), ids)
     return ids
 
 

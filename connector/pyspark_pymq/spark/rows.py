@@ -209,7 +209,7 @@ def send_back_acknowledged(
 
 def empty_batch() -> pa.RecordBatch:
     schema = arrow_schema()
-    return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema)
+    return pa.RecordBatch.from_arrays([pa.nulls(0, f.type) for f in schema], schema=schema)
 
 
 def messages_to_batch(
