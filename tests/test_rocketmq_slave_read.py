@@ -497,3 +497,43 @@ def test_a_batch_read_of_a_topic_a_registered_broker_holds_unlisted_gives_safe_a
     finally:
         ns.close()
         x.close()
+
+
+def test_unlisted_queues_of_a_few_topics_are_those_a_read_would_read_too() -> None:
+    """A read of fewer than LISTING_FROM_TOPICS topics asks per topic; the stats name the queues of the
+    topic config whatever its perm (max of read and write queues), so a write-only topic on a broker the
+    route leaves out, or its write queues beyond the read ones, failed a one-topic read again, naming
+    queues it would not read even once the route lists the broker: the topic's config (GET_TOPIC_CONFIG)
+    narrows them to readQueueNums with PERM_READ, as the listing does."""
+    table = {"wo": {"topicName": "wo", "readQueueNums": 4, "writeQueueNums": 4, "perm": 2},
+             "more-w": {"topicName": "more-w", "readQueueNums": 2, "writeQueueNums": 4, "perm": 6},
+             "ro": {"topicName": "ro", "readQueueNums": 3, "writeQueueNums": 1, "perm": 4}}
+    route = _route_of_a_in_a_cluster_with_x(a_addr="127.0.0.1:1")
+
+    def answer(c: FakeCluster, request: RemotingCommand) -> RemotingCommand:
+        topic = (request.ext_fields or {}).get("topic", "")
+        if request.code == RequestCode.GET_TOPIC_STATS_INFO:  # AdminBrokerProcessor: max(read, write)
+            conf = table[topic]
+            stats = ",".join(json.dumps({"brokerName": "x", "queueId": q, "topic": topic})
+                             + ':{"maxOffset":5,"minOffset":0}'
+                             for q in range(max(conf["readQueueNums"], conf["writeQueueNums"])))
+            body = f'{{"offsetTable":{{{stats}}}}}'.encode()
+            return RemotingCommand.response(ResponseCode.SUCCESS, 0, body=body)
+        if request.code == RequestCode.GET_TOPIC_CONFIG:
+            return RemotingCommand.response(ResponseCode.SUCCESS, 0, body=json.dumps(table[topic]).encode())
+        return route(c, request)
+
+    c = FakeCluster(answer)
+    try:
+        backend = RocketMQBackend(BackendConfig(namesrv_addr=c.addr), timeout_s=3.0)
+        topics = ["wo", "more-w", "ro"]
+        for topic in topics:
+            backend.route(topic, refresh=True)
+        assert backend.unlisted_queues(topics) == {
+            "more-w": {"x": [MessageQueue("more-w", "x", q) for q in range(2)]},
+            "ro": {"x": [MessageQueue("ro", "x", q) for q in range(3)]},
+        }
+        assert c.asked[RequestCode.GET_ALL_TOPIC_CONFIG] == 0
+        assert c.asked[RequestCode.GET_TOPIC_CONFIG] == 3
+    finally:
+        c.close()

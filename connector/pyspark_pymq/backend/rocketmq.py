@@ -320,8 +320,22 @@ class RocketMQBackend(Backend):
                 if config is not None and config.read_queue_ids():
                     out.setdefault(topic, {})[broker] = [MessageQueue(topic, broker, q)
                                                          for q in config.read_queue_ids()]
-        for broker, held in self._held_by_stats(by_stats, info.broker_addrs).items():
-            for topic, queues in held.items():
+        held_by_stats = self._held_by_stats(by_stats, info.broker_addrs)
+        # the stats' queues are the topic config's, whatever its perm (max of read and write queues):
+        # where a broker holds the topic, its config (RocketMQ 5) narrows them to those a read reads, as
+        # the listing does; a broker that cannot tell (4.x, a refusal, no answer) keeps the stats' queues
+        perms = {(b, t): self.api.get_topic_config_async(info.broker_addrs[b], t)
+                 for b, held in held_by_stats.items() for t in held}
+        for (broker, topic), asked_config in perms.items():
+            queues = held_by_stats[broker][topic]
+            try:
+                ids = asked_config.result().read_queue_ids()
+            except PymqError as err:
+                log.debug("pymq: broker %s did not give topic %r's config (%s); its stats' queues count",
+                          broker, topic, err.remark)
+            else:
+                queues = [mq for mq in queues if mq.queue_id in ids]
+            if queues:
                 out.setdefault(topic, {})[broker] = queues
         return dict(sorted(out.items()))
 

@@ -1083,6 +1083,22 @@ class MQClientAPI:
             )
         return dict(sorted(out.items()))
 
+    def get_topic_config_async(
+        self, addr: str, topic: str, *, timeout_s: float | None = None
+    ) -> Future[TopicConfig]:
+        """``topic``'s configuration on this broker (GET_TOPIC_CONFIG, RocketMQ 5; 4.x answers
+        REQUEST_CODE_NOT_SUPPORTED), without waiting."""
+        request = RemotingCommand(RequestCode.GET_TOPIC_CONFIG, ext_fields={"topic": topic})
+
+        def parse(response: RemotingCommand) -> TopicConfig:
+            if response.code != ResponseCode.SUCCESS:
+                raise response_error(response, addr, f"GET_TOPIC_CONFIG of topic {topic!r}")
+            c: Any = loads_fastjson(response.body) if response.body else {}
+            return TopicConfig(str(c.get("topicName", topic)), int(c.get("readQueueNums", 0)),
+                               int(c.get("writeQueueNums", 0)), int(c.get("perm", 0)))
+
+        return _then(self.remoting.invoke_async(addr, request, self._timeout(timeout_s)), parse)
+
     def get_all_topic_config_async(
         self, addr: str, *, timeout_s: float | None = None
     ) -> Future[dict[str, TopicConfig]]:
