@@ -11,6 +11,7 @@ to the broker's give-up topic.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -149,6 +150,43 @@ def test_abort_after_the_marker_keeps_the_decided_rows(
         ts.TransactionalStreamSinkWriter(opts).abort(lost, 8)  # type: ignore[arg-type]
         time.sleep(0.3)
         assert Counter(m.body for m in read_all(broker.endpoint, topic)) == got
+
+
+def test_markers_of_an_earlier_query_in_the_checkpoint_do_not_drop_a_new_querys_rows(tmp_path: Path) -> None:
+    # Spark's checkpoint removed or replaced (a query reset to run from the start) while
+    # <checkpointLocation>/pymq stays: the new query (a new id) meets the old one's markers at
+    # its batch ids. Following them rolled back every batch's rows while Spark recorded them as
+    # written: nothing delivered, no error. Now the commit fails naming the markers to remove.
+    import pyarrow as pa
+    from pyspark.sql.types import BinaryType, StructField, StructType
+    from pyspark_pymq.errors import PymqError
+    from pyspark_pymq.spark import transactional_sink as ts
+
+    with BrokerProcess(tmp_path / "broker") as broker:
+        ep, topic = broker.endpoint, unique("eo")
+        Admin(ep).create_topic(topic, queues=2)
+        ckpt = tmp_path / "ckpt"
+        markers = SinkCommitLog(str(ckpt))
+        markers.add(SinkCommitMarker("earlier-query", 0, (("0123456789ABCDEF", 5),)))
+        opts = parse_sink_options(
+            {"endpoint": ep, "topic": topic, "deliveryGuarantee": "exactly-once",
+             "checkpointLocation": str(ckpt)},
+            StructType([StructField("body", BinaryType())]), stream=True,
+        )
+        batch = pa.RecordBatch.from_pydict({"body": pa.array([b"row-%d" % i for i in range(5)])})
+        written = [ts.TransactionalStreamSinkWriter(opts).write(iter([batch]))]
+        with pytest.raises(PymqError, match=r"batch 0: the commit marker .* is of another streaming query "
+                                            r"\(id earlier-query; .*Remove .*pymq"):
+            ts.TransactionalStreamSinkWriter(opts).commit(written, 0)  # type: ignore[arg-type]
+        ts.TransactionalStreamSinkWriter(opts).abort(written, 0)  # type: ignore[arg-type]
+        assert Admin(ep).broker_info()["transactionsPending"] == "0", "the batch's rows were left pending"
+        assert read_all(ep, topic) == []
+        # the earlier query's markers removed, the batch runs again and is delivered once
+        shutil.rmtree(ckpt / "pymq")
+        again = [ts.TransactionalStreamSinkWriter(opts).write(iter([batch]))]
+        ts.TransactionalStreamSinkWriter(opts).commit(again, 0)  # type: ignore[arg-type]
+        got = Counter(m.body for m in _read_at_least(ep, topic, 5))
+        assert got == Counter(b"row-%d" % i for i in range(5))
 
 
 def test_a_batch_that_ran_past_the_check_window_is_not_committed(tmp_path: Path) -> None:

@@ -262,7 +262,7 @@ class TransactionalStreamSinkWriter(PymqStreamSinkWriter):
         ours = _transactions(messages)
         commit_log = SinkCommitLog(opts.checkpoint_location)
         crash_point("before-marker", batchId)
-        marker = commit_log.get(batchId)
+        marker = _own_marker(commit_log, batchId, messages)
         if marker is None:
             if not ours:
                 log.info("pymq exactly-once sink batch %d: no rows", batchId)
@@ -299,7 +299,10 @@ class TransactionalStreamSinkWriter(PymqStreamSinkWriter):
         # here would lose the batch: the next run finds the marker and keeps its rows, not its own.
         opts = self.options
         assert opts.checkpoint_location is not None
-        marker = SinkCommitLog(opts.checkpoint_location).get(batchId)
+        commit_log = SinkCommitLog(opts.checkpoint_location)
+        marker = commit_log.get(batchId)
+        if marker is not None and marker.query_id != _query_id(messages, marker.query_id):
+            marker = None  # another query's (see _own_marker): it decided nothing of this one
         decided = set(marker.transactions) if marker is not None else set()
         ours = tuple(t for t in _transactions(messages) if t not in decided)
         if ours:
@@ -310,6 +313,36 @@ class TransactionalStreamSinkWriter(PymqStreamSinkWriter):
                         "row(s)", batchId, sum(n for _t, n in decided), sum(n for _t, n in ours))
             return
         log.warning("pymq exactly-once sink batch %d aborted (rolled back): %s", batchId, _summary(messages))
+
+
+def _query_id(messages: Sequence[WriterCommitMessage | None], default: str) -> str:
+    """The streaming query that wrote ``messages`` (``default`` when no task sent a message)."""
+    return next((m.query_id for m in messages if isinstance(m, SinkCommitMessage) and m.query_id), default)
+
+
+def _own_marker(commit_log: SinkCommitLog, batch_id: int,
+                messages: Sequence[WriterCommitMessage | None]) -> SinkCommitMarker | None:
+    """Marker ``batch_id``, when this query wrote it; fails on another query's marker.
+
+    The markers live under ``<checkpointLocation>/pymq``, next to Spark's checkpoint but not in
+    it: when Spark's own files are removed or replaced (a query reset to run from the start)
+    and ``pymq/`` stays, a new query (a new id) finds the markers of the old one at its batch
+    ids. Following them would commit the old query's transactions (ended long ago) and roll
+    this batch's rows back, every batch up to the old query's last, while Spark records them as
+    written: the rows would be lost without a word.
+    """
+    marker = commit_log.get(batch_id)
+    query_id = _query_id(messages, "")
+    if marker is None or not query_id or marker.query_id == query_id:
+        return marker
+    raise PymqError(
+        f"pymq exactly-once sink batch {batch_id}: the commit marker {commit_log.path / str(batch_id)} "
+        f"is of another streaming query (id {marker.query_id}; this query's id is {query_id}): "
+        f"{commit_log.path.parent} holds the markers of an earlier query whose Spark checkpoint was "
+        "removed or replaced. Following them would roll back this batch's rows, so nothing is "
+        f"committed (the batch is rolled back). Remove {commit_log.path.parent} (the earlier query's "
+        "markers; its batches are long decided) and restart the query, or give it a new checkpointLocation"
+    )
 
 
 def _check_window(opts: SinkOptions, messages: Sequence[WriterCommitMessage | None], batch_id: int) -> None:
