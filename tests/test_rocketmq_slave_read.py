@@ -82,6 +82,13 @@ def _recv(conn: socket.socket, n: int) -> bytes:
     return bytes(out)
 
 
+def _stats_answer(broker: str, queues: int, topic: str = TOPIC) -> RemotingCommand:
+    """GET_TOPIC_STATS_INFO's answer: a Map<MessageQueue, TopicOffset> (fastjson writes object keys)."""
+    table = ",".join(json.dumps({"brokerName": broker, "queueId": q, "topic": topic})
+                     + ':{"maxOffset":5,"minOffset":0}' for q in range(queues))
+    return RemotingCommand.response(ResponseCode.SUCCESS, 0, body=f'{{"offsetTable":{{{table}}}}}'.encode())
+
+
 def _slave(c: FakeCluster, request: RemotingCommand) -> RemotingCommand:
     """A name server whose route of T has broker b's slave only, and that slave."""
     ok = ResponseCode.SUCCESS
@@ -91,10 +98,7 @@ def _slave(c: FakeCluster, request: RemotingCommand) -> RemotingCommand:
         properties = "".join(f"{k}={v}\n" for k, v in c.config.items())  # MixAll.properties2String
         return RemotingCommand.response(ok, 0, body=properties.encode())
     if request.code == RequestCode.GET_TOPIC_STATS_INFO:
-        # a Map<MessageQueue, TopicOffset>: fastjson writes object keys
-        table = ",".join(json.dumps({"brokerName": "b", "queueId": q, "topic": TOPIC})
-                         + ':{"maxOffset":5,"minOffset":0}' for q in (0, 1))
-        return RemotingCommand.response(ok, 0, body=f'{{"offsetTable":{{{table}}}}}'.encode())
+        return _stats_answer("b", 2)
     if request.code == RequestCode.PULL_MESSAGE and c.config["slaveReadEnable"] != "true":
         return RemotingCommand.response(ResponseCode.SYSTEM_BUSY, 0, remark=REJECT_REMARK)
     if request.code == RequestCode.PULL_MESSAGE:
@@ -112,6 +116,26 @@ def fake() -> Iterator[FakeCluster]:
 
 def _backend(c: FakeCluster) -> RocketMQBackend:
     return RocketMQBackend(BackendConfig(namesrv_addr=c.addr), timeout_s=3.0)
+
+
+def _unlisted(c: FakeCluster, topics: list[str], *, timeout_s: float = 3.0,
+              listing_from: int | None = None) -> dict[str, dict[str, list[MessageQueue]]]:
+    """``unlisted_queues(topics)`` of a backend on ``c``'s name server, the topics' routes looked up
+    first (as a batch read does); ``listing_from``: its LISTING_FROM_TOPICS."""
+    backend = RocketMQBackend(BackendConfig(namesrv_addr=c.addr), timeout_s=timeout_s)
+    if listing_from is not None:
+        backend.LISTING_FROM_TOPICS = listing_from
+    for topic in dict.fromkeys(topics):
+        backend.route(topic, refresh=True)
+    return backend.unlisted_queues(topics)
+
+
+# a write-only topic, one with more write than read queues, one read-only (topicConfigTable entries)
+_PERMS = {"wo": {"topicName": "wo", "readQueueNums": 4, "writeQueueNums": 4, "perm": 2},
+          "more-w": {"topicName": "more-w", "readQueueNums": 2, "writeQueueNums": 4, "perm": 6},
+          "ro": {"topicName": "ro", "readQueueNums": 3, "writeQueueNums": 1, "perm": 4}}
+_READ_OF_PERMS = {"more-w": {"x": [MessageQueue("more-w", "x", q) for q in range(2)]},
+                  "ro": {"x": [MessageQueue("ro", "x", q) for q in range(3)]}}
 
 
 def test_a_slave_with_reads_off_makes_its_broker_unreachable_asked_once_per_interval(
@@ -361,10 +385,7 @@ def test_unlisted_queues_of_many_topics_cost_one_request_per_broker() -> None:
     c = FakeCluster(_route_of_a_in_a_cluster_with_x(a_addr="127.0.0.1:1",
                                                     topic_config=lambda: _all_topic_config(held)))
     try:
-        backend = RocketMQBackend(BackendConfig(namesrv_addr=c.addr), timeout_s=3.0)
-        for topic in topics:
-            backend.route(topic, refresh=True)
-        assert backend.unlisted_queues(topics) == {
+        assert _unlisted(c, topics) == {
             "t42": {"x": [MessageQueue("t42", "x", q) for q in range(2)]},
             "t7": {"x": [MessageQueue("t7", "x", q) for q in range(4)]},
         }
@@ -378,20 +399,11 @@ def test_unlisted_queues_of_a_few_topics_do_not_list_the_broker_topic_table() ->
     """A read of one topic downloaded and parsed the whole topic table of every broker its route leaves
     out (100,000 topics: 18.5 MB, 0.3-9 s per read): a broker asked about few topics answers a stats
     request per topic."""
-
-    def stats() -> RemotingCommand:
-        table = ",".join(json.dumps({"brokerName": "x", "queueId": q, "topic": TOPIC})
-                         + ':{"maxOffset":5,"minOffset":0}' for q in range(2))
-        body = f'{{"offsetTable":{{{table}}}}}'.encode()
-        return RemotingCommand.response(ResponseCode.SUCCESS, 0, body=body)
-
-    c = FakeCluster(_route_of_a_in_a_cluster_with_x(a_addr="127.0.0.1:1", topic_stats=stats,
+    c = FakeCluster(_route_of_a_in_a_cluster_with_x(a_addr="127.0.0.1:1",
+                                                    topic_stats=lambda: _stats_answer("x", 2),
                                                     topic_config=lambda: _all_topic_config({TOPIC: 2})))
     try:
-        backend = RocketMQBackend(BackendConfig(namesrv_addr=c.addr), timeout_s=3.0)
-        backend.route(TOPIC, refresh=True)
-        held = {TOPIC: {"x": [MessageQueue(TOPIC, "x", q) for q in range(2)]}}
-        assert backend.unlisted_queues([TOPIC]) == held
+        assert _unlisted(c, [TOPIC]) == {TOPIC: {"x": [MessageQueue(TOPIC, "x", q) for q in range(2)]}}
         assert c.asked[RequestCode.GET_ALL_TOPIC_CONFIG] == 0
         assert c.asked[RequestCode.GET_TOPIC_STATS_INFO] == 1
     finally:
@@ -406,23 +418,13 @@ def test_unlisted_queues_are_those_a_read_would_read_once_the_route_lists_the_br
     with PERM_READ)."""
 
     def config() -> RemotingCommand:
-        table = {"wo": {"topicName": "wo", "readQueueNums": 4, "writeQueueNums": 4, "perm": 2},
-                 "more-w": {"topicName": "more-w", "readQueueNums": 2, "writeQueueNums": 4, "perm": 6},
-                 "ro": {"topicName": "ro", "readQueueNums": 3, "writeQueueNums": 1, "perm": 4}}
         return RemotingCommand.response(ResponseCode.SUCCESS, 0, body=json.dumps(
-            {"dataVersion": {"counter": 1}, "topicConfigTable": table}).encode())
+            {"dataVersion": {"counter": 1}, "topicConfigTable": _PERMS}).encode())
 
     c = FakeCluster(_route_of_a_in_a_cluster_with_x(a_addr="127.0.0.1:1", topic_config=config))
     try:
-        backend = RocketMQBackend(BackendConfig(namesrv_addr=c.addr), timeout_s=3.0)
-        backend.LISTING_FROM_TOPICS = 3  # the listing, as for a read of many topics
-        topics = ["wo", "more-w", "ro"]
-        for topic in topics:
-            backend.route(topic, refresh=True)
-        assert backend.unlisted_queues(topics) == {
-            "more-w": {"x": [MessageQueue("more-w", "x", q) for q in range(2)]},
-            "ro": {"x": [MessageQueue("ro", "x", q) for q in range(3)]},
-        }
+        # the listing, as for a read of many topics
+        assert _unlisted(c, list(_PERMS), listing_from=len(_PERMS)) == _READ_OF_PERMS
     finally:
         c.close()
 
@@ -440,11 +442,7 @@ def test_unlisted_queues_of_a_broker_refusing_the_listing_are_asked_per_topic() 
     c = FakeCluster(_route_of_a_in_a_cluster_with_x(a_addr="127.0.0.1:1", topic_stats=stats,
                                                     topic_config=refused))
     try:
-        backend = RocketMQBackend(BackendConfig(namesrv_addr=c.addr), timeout_s=3.0)
-        topics = [f"t{i}" for i in range(20)]
-        for topic in topics:
-            backend.route(topic, refresh=True)
-        assert backend.unlisted_queues(topics) == {}
+        assert _unlisted(c, [f"t{i}" for i in range(20)]) == {}
         assert c.asked[RequestCode.GET_ALL_TOPIC_CONFIG] == 1
         assert c.asked[RequestCode.GET_TOPIC_STATS_INFO] == 20
     finally:
@@ -460,9 +458,7 @@ def test_unlisted_queues_of_a_broker_that_refuses_the_user_do_not_fail_the_read(
 
     c = FakeCluster(_route_of_a_in_a_cluster_with_x(a_addr="127.0.0.1:1", topic_stats=refused))
     try:
-        backend = RocketMQBackend(BackendConfig(namesrv_addr=c.addr), timeout_s=1.0)
-        backend.route(TOPIC, refresh=True)
-        assert backend.unlisted_queues([TOPIC, TOPIC]) == {}
+        assert _unlisted(c, [TOPIC, TOPIC], timeout_s=1.0) == {}
         assert c.asked[RequestCode.GET_TOPIC_STATS_INFO] == 1  # asked once
     finally:
         c.close()
@@ -475,16 +471,11 @@ def test_a_batch_read_of_a_topic_a_registered_broker_holds_unlisted_gives_safe_a
     from pyspark_pymq.spark.offset_reader import OffsetReader
     from pyspark_pymq.spark.options import parse_source_options
 
-    def stats(broker: str, queues: int) -> RemotingCommand:
-        table = ",".join(json.dumps({"brokerName": broker, "queueId": q, "topic": TOPIC})
-                         + ':{"maxOffset":5,"minOffset":0}' for q in range(queues))
-        body = f'{{"offsetTable":{{{table}}}}}'.encode()
-        return RemotingCommand.response(ResponseCode.SUCCESS, 0, body=body)
-
-    x = FakeCluster(lambda c, r: stats("x", 16) if r.code == RequestCode.GET_TOPIC_STATS_INFO
+    x = FakeCluster(lambda c, r: _stats_answer("x", 16) if r.code == RequestCode.GET_TOPIC_STATS_INFO
                     else RemotingCommand.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, 0, remark="no"))
 
-    ns = FakeCluster(_route_of_a_in_a_cluster_with_x(x_addr=x.addr, topic_stats=lambda: stats("a", 1)))
+    ns = FakeCluster(_route_of_a_in_a_cluster_with_x(x_addr=x.addr,
+                                                     topic_stats=lambda: _stats_answer("a", 1)))
     try:
         opts = parse_source_options({"namesrvAddr": ns.addr, "topic": TOPIC, "consumerGroup": "g",
                                      "includeRetry": "false"}, stream=False)
@@ -505,34 +496,20 @@ def test_unlisted_queues_of_a_few_topics_are_those_a_read_would_read_too() -> No
     route leaves out, or its write queues beyond the read ones, failed a one-topic read again, naming
     queues it would not read even once the route lists the broker: the topic's config (GET_TOPIC_CONFIG)
     narrows them to readQueueNums with PERM_READ, as the listing does."""
-    table = {"wo": {"topicName": "wo", "readQueueNums": 4, "writeQueueNums": 4, "perm": 2},
-             "more-w": {"topicName": "more-w", "readQueueNums": 2, "writeQueueNums": 4, "perm": 6},
-             "ro": {"topicName": "ro", "readQueueNums": 3, "writeQueueNums": 1, "perm": 4}}
     route = _route_of_a_in_a_cluster_with_x(a_addr="127.0.0.1:1")
 
     def answer(c: FakeCluster, request: RemotingCommand) -> RemotingCommand:
         topic = (request.ext_fields or {}).get("topic", "")
         if request.code == RequestCode.GET_TOPIC_STATS_INFO:  # AdminBrokerProcessor: max(read, write)
-            conf = table[topic]
-            stats = ",".join(json.dumps({"brokerName": "x", "queueId": q, "topic": topic})
-                             + ':{"maxOffset":5,"minOffset":0}'
-                             for q in range(max(conf["readQueueNums"], conf["writeQueueNums"])))
-            body = f'{{"offsetTable":{{{stats}}}}}'.encode()
-            return RemotingCommand.response(ResponseCode.SUCCESS, 0, body=body)
+            conf = _PERMS[topic]
+            return _stats_answer("x", max(int(conf["readQueueNums"]), int(conf["writeQueueNums"])), topic)
         if request.code == RequestCode.GET_TOPIC_CONFIG:
-            return RemotingCommand.response(ResponseCode.SUCCESS, 0, body=json.dumps(table[topic]).encode())
+            return RemotingCommand.response(ResponseCode.SUCCESS, 0, body=json.dumps(_PERMS[topic]).encode())
         return route(c, request)
 
     c = FakeCluster(answer)
     try:
-        backend = RocketMQBackend(BackendConfig(namesrv_addr=c.addr), timeout_s=3.0)
-        topics = ["wo", "more-w", "ro"]
-        for topic in topics:
-            backend.route(topic, refresh=True)
-        assert backend.unlisted_queues(topics) == {
-            "more-w": {"x": [MessageQueue("more-w", "x", q) for q in range(2)]},
-            "ro": {"x": [MessageQueue("ro", "x", q) for q in range(3)]},
-        }
+        assert _unlisted(c, list(_PERMS)) == _READ_OF_PERMS
         assert c.asked[RequestCode.GET_ALL_TOPIC_CONFIG] == 0
         assert c.asked[RequestCode.GET_TOPIC_CONFIG] == 3
     finally:

@@ -17,8 +17,8 @@ import numpy as np
 import pyarrow as pa
 
 __all__ = [
-    "binaries", "binary_scalar", "booleans", "from_numpy", "indices_of", "null_scalar", "string_scalar",
-    "strings", "to_numpy",
+    "INT32_ZERO", "binaries", "binary_scalar", "booleans", "from_numpy", "indices_of", "null_scalar",
+    "string_scalar", "strings", "to_numpy",
 ]
 
 
@@ -115,3 +115,6 @@ def binary_scalar(value: bytes) -> pa.Scalar:
 def null_scalar(type_: pa.DataType) -> pa.Scalar:
     """``pa.scalar(None, type_)``."""
     return pa.nulls(1, type_)[0]
+
+
+INT32_ZERO = from_numpy(np.zeros(1), pa.int32())[0]  # to compare with or fill in Arrow's int32 lengths

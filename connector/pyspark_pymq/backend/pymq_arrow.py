@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pymq_proto.record import HEADER_DTYPE, HEADER_SIZE, MessageConst
 
+from ..arrow_arrays import INT32_ZERO as _ZERO
 from ..arrow_arrays import from_numpy, indices_of, null_scalar, string_scalar, to_numpy
 from ..spark.rows import empty_batch, messages_to_batch
 from ..spark.schema import arrow_schema, needs_properties, wants
@@ -56,7 +57,6 @@ _SIZE_BYTES = np.arange(4, dtype=np.int64)
 
 _TAGS = MessageConst.PROPERTY_TAGS
 _KEYS = MessageConst.PROPERTY_KEYS
-_ZERO = from_numpy(np.zeros(1), pa.int32())[0]
 _UNIQ_KEY = MessageConst.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
 _RETRY_TOPIC = MessageConst.PROPERTY_RETRY_TOPIC
 

@@ -298,46 +298,64 @@ class RocketMQBackend(Backend):
                 if info.broker_addrs.get(broker) is not None:
                     asked.setdefault(broker, []).append(topic)
         by_stats = {b: t for b, t in asked.items() if len(t) < self.LISTING_FROM_TOPICS}
-        configs = {b: self.api.get_all_topic_config_async(info.broker_addrs[b])
-                   for b in sorted(asked) if b not in by_stats}
-        for broker, fut in configs.items():
+        listing = {b: t for b, t in asked.items() if b not in by_stats}
+        held = self._held_by_listing(listing, info.broker_addrs, refused=by_stats)
+        held.update(self._readable(self._held_by_stats(by_stats, info.broker_addrs), info.broker_addrs))
+        for broker, topics_held in held.items():
+            for topic, queues in topics_held.items():
+                out.setdefault(topic, {})[broker] = queues
+        return dict(sorted(out.items()))
+
+    def _held_by_listing(
+        self, asked: Mapping[str, Sequence[str]], addrs: Mapping[str, str], *, refused: dict[str, list[str]],
+    ) -> dict[str, dict[str, list[MessageQueue]]]:
+        """broker -> topic -> the queues a read of it would read there (readQueueNums with PERM_READ),
+        by one GET_ALL_TOPIC_CONFIG per broker, all at once. A broker that does not answer cannot tell
+        (asked once); one that refuses the listing goes into ``refused``, to be asked per topic."""
+        listings = {b: self.api.get_all_topic_config_async(addrs[b]) for b in sorted(asked)}
+        out: dict[str, dict[str, list[MessageQueue]]] = {}
+        for broker, fut in listings.items():
             try:
                 table = fut.result()
             except (BrokerUnavailableError, RequestTimeoutError):
-                continue  # a broker that does not answer cannot tell; asked once, not once per topic
+                continue
             except PymqError as err:
-                # one that refuses the listing (RocketMQ 5.3.3 checks no permission for it; another
-                # version or ACL plug-in may) is asked per topic, as mqadmin topicStatus does
+                # RocketMQ 5.3.3 checks no permission for the listing; another version or ACL plug-in
+                # may: such a broker is asked per topic, as mqadmin topicStatus does
                 log.debug("pymq: broker %s refused GET_ALL_TOPIC_CONFIG (%s); asking per topic",
                           broker, err.remark)
-                by_stats[broker] = asked[broker]
+                refused[broker] = list(asked[broker])
                 continue
             for topic in asked[broker]:
-                # the queues a read of the topic would read there once a route lists the broker (its
-                # subscribe queues): readQueueNums, with PERM_READ. A write-only topic, or write
-                # queues beyond the read ones, are not read even then: naming them failed the read
+                # a write-only topic, or write queues beyond the read ones, are not read even once a
+                # route lists the broker: naming them failed the read
                 config = table.get(topic)
                 if config is not None and config.read_queue_ids():
-                    out.setdefault(topic, {})[broker] = [MessageQueue(topic, broker, q)
+                    out.setdefault(broker, {})[topic] = [MessageQueue(topic, broker, q)
                                                          for q in config.read_queue_ids()]
-        held_by_stats = self._held_by_stats(by_stats, info.broker_addrs)
-        # the stats' queues are the topic config's, whatever its perm (max of read and write queues):
-        # where a broker holds the topic, its config (RocketMQ 5) narrows them to those a read reads, as
-        # the listing does; a broker that cannot tell (4.x, a refusal, no answer) keeps the stats' queues
-        perms = {(b, t): self.api.get_topic_config_async(info.broker_addrs[b], t)
-                 for b, held in held_by_stats.items() for t in held}
-        for (broker, topic), asked_config in perms.items():
-            queues = held_by_stats[broker][topic]
+        return out
+
+    def _readable(
+        self, held: Mapping[str, Mapping[str, list[MessageQueue]]], addrs: Mapping[str, str],
+    ) -> dict[str, dict[str, list[MessageQueue]]]:
+        """``held`` (by stats: the topic config's queues, whatever its perm, max of read and write)
+        narrowed to those a read reads, by each held topic's config (GET_TOPIC_CONFIG, RocketMQ 5),
+        all at once; a broker that cannot tell (4.x, a refusal, no answer) keeps the stats' queues."""
+        configs = {(b, t): self.api.get_topic_config_async(addrs[b], t) for b, topics in held.items()
+                   for t in topics}
+        out: dict[str, dict[str, list[MessageQueue]]] = {}
+        for (broker, topic), fut in configs.items():
+            queues = held[broker][topic]
             try:
-                ids = asked_config.result().read_queue_ids()
+                ids = fut.result().read_queue_ids()
             except PymqError as err:
                 log.debug("pymq: broker %s did not give topic %r's config (%s); its stats' queues count",
                           broker, topic, err.remark)
             else:
                 queues = [mq for mq in queues if mq.queue_id in ids]
             if queues:
-                out.setdefault(topic, {})[broker] = queues
-        return dict(sorted(out.items()))
+                out.setdefault(broker, {})[topic] = queues
+        return out
 
     def _held_by_stats(
         self, asked: Mapping[str, Sequence[str]], addrs: Mapping[str, str],

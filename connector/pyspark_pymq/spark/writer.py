@@ -36,7 +36,8 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from ..arrow_arrays import binary_scalar, from_numpy, to_numpy
+from ..arrow_arrays import INT32_ZERO as _ZERO
+from ..arrow_arrays import binary_scalar, to_numpy
 from ..backend.base import Backend, cached_backend
 from ..client.codec import fixed_width, uniq_property_matrix
 from ..client.consumer import PullConsumer
@@ -489,7 +490,6 @@ def _naming(err: PymqError, what: str) -> PymqError:
 _TAGS_KEY = binary_scalar(property_key(MC.PROPERTY_TAGS))
 _END_BYTES = binary_scalar(_END.encode())
 _NO_BYTES = binary_scalar(b"")
-_ZERO = from_numpy(np.zeros(1), pa.int32())[0]
 _PER_ROW_COLUMNS = ("keys", "properties", "delay_level", "sharding_key", "queue_id", "deliver_time_ms")
 
 
